@@ -1,0 +1,222 @@
+//! Rejections: the node-local "retry later" and the system-wide "stop retrying".
+
+use std::time::Duration;
+
+use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
+use http::{Response, StatusCode};
+
+use super::{
+    GRPC_MESSAGE, GRPC_RESOURCE_EXHAUSTED, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_UNAVAILABLE,
+    STOP_RETRYING, X_OVERLOADED, format_grpc_pushback, format_retry_after, is_grpc,
+};
+
+/// Which form of the protocol a message uses.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Protocol {
+    /// Plain HTTP: status codes carry the outcome.
+    Http,
+    /// gRPC over HTTP/2: HTTP `200` with the outcome in `grpc-status`.
+    Grpc,
+}
+
+impl Protocol {
+    /// The protocol of a message with these headers (gRPC when its `content-type` says so).
+    pub fn of_headers(headers: &HeaderMap) -> Self {
+        if is_grpc(headers) {
+            Protocol::Grpc
+        } else {
+            Protocol::Http
+        }
+    }
+
+    /// The protocol of a request; see [`Protocol::of_headers`].
+    pub fn of_request<B>(request: &http::Request<B>) -> Self {
+        Self::of_headers(request.headers())
+    }
+}
+
+/// Whether a response's headers carry the stop signal: an `X-Overloaded` header (any value,
+/// even empty), or a negative `grpc-retry-pushback-ms`.
+///
+/// A client that sees it must not retry, and should surface it to its caller.
+pub fn is_stop_signal(headers: &HeaderMap) -> bool {
+    headers.contains_key(X_OVERLOADED)
+        || matches!(
+            super::grpc_pushback(headers),
+            Some(super::GrpcPushback::Stop)
+        )
+}
+
+const STOP_MESSAGE: &str = "system overloaded, stop retrying";
+const RESOURCE_EXHAUSTED_MESSAGE: &str = "rate limit exceeded, retry later";
+
+/// A new response carrying the stop signal, with an empty (default) body.
+///
+/// - HTTP: `503 Service Unavailable`, `X-Overloaded: stop-retrying`.
+/// - gRPC: `200 OK`, `content-type: application/grpc`, `grpc-status: 14`,
+///   `grpc-message`, `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying`.
+pub fn stop_signal_response<B: Default>(protocol: Protocol) -> Response<B> {
+    let mut response = Response::new(B::default());
+    set_stop_signal(&mut response, protocol);
+    response
+}
+
+/// Turns an existing response into the stop signal, in place: status and signal headers are
+/// set as in [`stop_signal_response`]; `Retry-After` and `RateLimit` fields, which invite a
+/// retry, are removed; other headers and the body are kept.
+///
+/// For gRPC, only a trailers-only response (empty body, status in headers) is well-formed
+/// afterwards; callers rewriting a gRPC response should give it an empty body.
+pub fn set_stop_signal<B>(response: &mut Response<B>, protocol: Protocol) {
+    let headers = response.headers_mut();
+    headers.remove(RETRY_AFTER);
+    headers.remove(super::RATELIMIT);
+    headers.insert(X_OVERLOADED, HeaderValue::from_static(STOP_RETRYING));
+    match protocol {
+        Protocol::Http => {
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        Protocol::Grpc => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_UNAVAILABLE));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static(STOP_MESSAGE));
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+            *response.status_mut() = StatusCode::OK;
+        }
+    }
+}
+
+/// A new node-local rejection ("retry later, elsewhere") with an empty (default) body.
+///
+/// - HTTP: `429 Too Many Requests`, `Retry-After` in whole seconds, rounded up, at least 1.
+/// - gRPC: `200 OK`, `content-type: application/grpc`, `grpc-status: 8`, `grpc-message`,
+///   `grpc-retry-pushback-ms` in whole milliseconds, rounded up.
+///
+/// The IETF `RateLimit` fields are the caller's to add; see
+/// [`RateLimitPolicy`](super::RateLimitPolicy) and [`RateLimitStatus`](super::RateLimitStatus).
+pub fn too_many_requests_response<B: Default>(
+    protocol: Protocol,
+    retry_after: Duration,
+) -> Response<B> {
+    let mut response = Response::new(B::default());
+    let headers = response.headers_mut();
+    match protocol {
+        Protocol::Http => {
+            headers.insert(RETRY_AFTER, format_retry_after(retry_after));
+            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        }
+        Protocol::Grpc => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_RESOURCE_EXHAUSTED));
+            headers.insert(
+                GRPC_MESSAGE,
+                HeaderValue::from_static(RESOURCE_EXHAUSTED_MESSAGE),
+            );
+            headers.insert(GRPC_RETRY_PUSHBACK_MS, format_grpc_pushback(retry_after));
+        }
+    }
+    response
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::protocol::{GrpcPushback, grpc_pushback, grpc_status, retry_after};
+
+    #[test]
+    fn http_stop_signal_row() {
+        let r = stop_signal_response::<()>(Protocol::Http);
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[X_OVERLOADED], "stop-retrying");
+        assert!(is_stop_signal(r.headers()));
+    }
+
+    #[test]
+    fn grpc_stop_signal_row() {
+        let r = stop_signal_response::<()>(Protocol::Grpc);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(grpc_status(r.headers()), Some(14));
+        assert_eq!(r.headers()[GRPC_RETRY_PUSHBACK_MS], "-1");
+        assert_eq!(r.headers()[X_OVERLOADED], "stop-retrying");
+        assert_eq!(grpc_pushback(r.headers()), Some(GrpcPushback::Stop));
+        assert!(is_stop_signal(r.headers()));
+    }
+
+    #[test]
+    fn signal_is_the_header_presence_whatever_its_value() {
+        let mut h = HeaderMap::new();
+        assert!(!is_stop_signal(&h));
+        h.insert(X_OVERLOADED, HeaderValue::from_static(""));
+        assert!(is_stop_signal(&h));
+        h.insert(X_OVERLOADED, HeaderValue::from_static("yes please"));
+        assert!(is_stop_signal(&h));
+    }
+
+    #[test]
+    fn negative_pushback_alone_is_the_signal() {
+        let mut h = HeaderMap::new();
+        h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-5"));
+        assert!(is_stop_signal(&h));
+        h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("250"));
+        assert!(!is_stop_signal(&h));
+        h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("junk"));
+        assert!(!is_stop_signal(&h));
+    }
+
+    #[test]
+    fn plain_503_is_not_the_signal() {
+        let r = Response::builder().status(503).body(()).unwrap();
+        assert!(!is_stop_signal(r.headers()));
+    }
+
+    #[test]
+    fn set_stop_signal_rewrites_a_429_and_drops_retry_invitations() {
+        let mut r =
+            too_many_requests_response::<String>(Protocol::Http, Duration::from_millis(1500));
+        r.headers_mut()
+            .insert(crate::protocol::RATELIMIT, HeaderValue::from_static("x"));
+        *r.body_mut() = "slow down".to_owned();
+        set_stop_signal(&mut r, Protocol::Http);
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().get(RETRY_AFTER).is_none());
+        assert!(r.headers().get(crate::protocol::RATELIMIT).is_none());
+        assert!(is_stop_signal(r.headers()));
+        assert_eq!(r.body(), "slow down");
+    }
+
+    #[test]
+    fn http_rejection_row() {
+        let r = too_many_requests_response::<()>(Protocol::Http, Duration::from_millis(1));
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        assert!(!is_stop_signal(r.headers()));
+        let r = too_many_requests_response::<()>(Protocol::Http, Duration::from_millis(2001));
+        assert_eq!(
+            retry_after(r.headers(), std::time::SystemTime::UNIX_EPOCH),
+            Some(Duration::from_secs(3))
+        );
+    }
+
+    #[test]
+    fn grpc_rejection_row() {
+        let r = too_many_requests_response::<()>(Protocol::Grpc, Duration::from_millis(250));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(grpc_status(r.headers()), Some(8));
+        assert_eq!(
+            grpc_pushback(r.headers()),
+            Some(GrpcPushback::Delay(Duration::from_millis(250)))
+        );
+        assert!(!is_stop_signal(r.headers()));
+    }
+
+    #[test]
+    fn protocol_detection() {
+        let req = http::Request::builder()
+            .header(CONTENT_TYPE, "application/grpc+proto")
+            .body(())
+            .unwrap();
+        assert_eq!(Protocol::of_request(&req), Protocol::Grpc);
+        let req = http::Request::builder().body(()).unwrap();
+        assert_eq!(Protocol::of_request(&req), Protocol::Http);
+    }
+}
