@@ -1,3 +1,10 @@
 //! Cheap server-side rejection above a rate, as a Tower layer.
-//!
-//! This crate is being built and exports nothing yet. See the workspace README for the plan.
+
+mod algorithm;
+mod clock;
+
+pub use algorithm::{
+    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, SlidingWindow,
+    SlidingWindowState, TokenBucket, TokenBucketState,
+};
+pub use clock::{Clock, FakeClock, RealClock};
