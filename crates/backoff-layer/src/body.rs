@@ -556,4 +556,54 @@ mod tests {
         assert!(first.frame().await.unwrap().is_err());
         assert!(source.replay().is_none());
     }
+
+    proptest::proptest! {
+        /// Whatever the chunking, the limit and where earlier attempts stopped reading, every
+        /// attempt that reads to the end sends exactly the original bytes, and a retry is
+        /// possible exactly when everything read so far fits in the limit.
+        #[test]
+        fn every_attempt_sends_exactly_the_original(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..12),
+            limit in 0usize..300,
+            stops in proptest::collection::vec(0usize..14, 0..4),
+        ) {
+            use futures_util::FutureExt;
+
+            let original: Vec<u8> = parts.concat();
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> = parts
+                .iter()
+                .map(|p| Ok(Frame::data(Bytes::from(p.clone()))))
+                .collect();
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            let (mut attempt, source) = ReplayBody::first_of(body, limit);
+            let mut read = 0usize; // bytes read from the caller's body so far
+            // Attempts that stop early, after `stop` frames.
+            for stop in stops {
+                let mut got = Vec::new();
+                for _ in 0..stop {
+                    match attempt.frame().now_or_never().expect("always ready") {
+                        Some(Ok(f)) => got.extend_from_slice(&f.into_data().unwrap()),
+                        Some(Err(e)) => panic!("{e}"),
+                        None => break,
+                    }
+                }
+                proptest::prop_assert_eq!(&got[..], &original[..got.len()]);
+                read = read.max(got.len());
+                drop(attempt);
+                match source.replay() {
+                    Some(next) => {
+                        proptest::prop_assert!(read <= limit);
+                        attempt = next;
+                    }
+                    None => {
+                        proptest::prop_assert!(read > limit);
+                        return Ok(());
+                    }
+                }
+            }
+            let (all, _) = collect(attempt).now_or_never().expect("always ready");
+            proptest::prop_assert_eq!(&all.concat(), &original);
+            proptest::prop_assert_eq!(source.replay().is_some(), original.len() <= limit);
+        }
+    }
 }
