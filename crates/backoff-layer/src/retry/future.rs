@@ -149,7 +149,7 @@ impl<B> RetryState<B> {
         &mut self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Next<Response<ResBody>> {
-        let config = Arc::clone(&self.config);
+        let classifier = &*self.config.classifier;
         let (classification, hint) = match &outcome {
             Ok(response) => {
                 if protocol::is_stop_signal(response.headers()) {
@@ -160,9 +160,7 @@ impl<B> RetryState<B> {
                     tracing::debug!(attempts = self.attempts, "stop signal received");
                     return Next::Return(Err(Box::new(Overloaded::new())));
                 }
-                let c = config
-                    .classifier
-                    .classify_response(response.status(), response.headers());
+                let c = classifier.classify_response(response.status(), response.headers());
                 let hint = if c == Classification::Retryable {
                     server_hint(response.headers())
                 } else {
@@ -170,11 +168,14 @@ impl<B> RetryState<B> {
                 };
                 (c, hint)
             }
-            Err(e) => (config.classifier.classify_error(&**e), None),
+            Err(e) => (classifier.classify_error(&**e), None),
         };
         if classification == Classification::Final {
             return Next::Return(self.finish(outcome, None));
         }
+        // NOTE: cloned only on the retry path; the happy path touches the shared count once
+        // per request (in `Retry::call`).
+        let config = Arc::clone(&self.config);
 
         let give_up = |this: &mut Self, reason| Next::Return(this.finish(outcome, Some(reason)));
         if !self.may_retry {
