@@ -1,5 +1,7 @@
 //! Retry budget cost: `RetryBudget` side by side with tower's `TpsBudget`, in the same run.
 //!
+//! - `clock`: `tokio::time::Instant::now()` alone, which both budgets read on every call:
+//!   the floor under every other figure.
 //! - `deposit`: one first attempt recorded, one thread.
 //! - `withdraw_refused`: a withdrawal from an empty budget (the common case when a
 //!   dependency is failing and the budget has run out), one thread.
@@ -58,6 +60,8 @@ fn subjects(ratio: f32) -> [(&'static str, Arc<dyn Subject>); 2] {
 }
 
 fn single_thread(c: &mut Criterion) {
+    c.bench_function("clock", |bench| bench.iter(tokio::time::Instant::now));
+
     let mut group = c.benchmark_group("deposit");
     for (name, b) in subjects(0.1) {
         group.bench_function(name, |bench| bench.iter(|| b.put()));
