@@ -18,9 +18,12 @@
 //!
 //! This crate has no optional features.
 
+pub mod client;
 pub mod duration;
+pub mod load;
 pub mod output;
 pub mod plot;
+pub mod process;
 pub mod record;
 pub mod report;
 pub mod strategy;
