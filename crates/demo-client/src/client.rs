@@ -9,7 +9,7 @@
 //! - [`Record`] counts every attempt, retry and stop signal into a [`Recorder`];
 //! - the timeout bounds one attempt, body included, because [`Collect`] sits under it and
 //!   reads the whole body before the attempt counts as answered;
-//! - the transport is a hyper-util legacy [`Client`](hyper_util::client::legacy::Client)
+//! - the transport is a hyper-util legacy [`Client`]
 //!   (see [`http_transport`]) or, in the simulation, [`Loopback`], an in-process hop to a
 //!   server that keeps working on a request after the client has given up on it, as a real
 //!   server does.
