@@ -18,8 +18,10 @@
 //!
 //! This crate has no optional features.
 
+pub mod cli;
 pub mod client;
 pub mod duration;
+pub mod experiment;
 pub mod load;
 pub mod output;
 pub mod plot;

@@ -38,11 +38,17 @@ pub const DEFAULT_URL: &str = "http://127.0.0.1:8070/api";
 
 /// Why a [`LoadConfig`] could not be built.
 ///
-/// The rules: the think time is greater than zero (an exponential distribution with mean 0
+/// The rules: the per-attempt timeout is greater than zero; the think time is greater than zero (an exponential distribution with mean 0
 /// does not exist) and at most one day (a longer think time is certainly a typo); the URL has
 /// a scheme and an authority, and the scheme is `http`.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidLoad(&'static str);
+
+impl InvalidLoad {
+    pub(crate) const fn new(reason: &'static str) -> Self {
+        Self(reason)
+    }
+}
 
 impl fmt::Display for InvalidLoad {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
