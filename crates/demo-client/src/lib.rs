@@ -20,6 +20,7 @@
 
 pub mod cli;
 pub mod client;
+pub mod drive;
 pub mod duration;
 pub mod experiment;
 pub mod load;
