@@ -32,9 +32,6 @@ pub enum Command {
     /// The outage experiment against real `demo-server` processes: steady state, SIGSTOP,
     /// SIGCONT, observation; one run per strategy; a table, a CSV and an SVG plot.
     Scenario(ScenarioArgs),
-    /// The same experiment in virtual time, in process: the demo server's model behind the
-    /// real layers, a paused clock and seeded randomness. Takes seconds.
-    Simulate(ExperimentArgs),
     /// The article's figure: retry delay against attempt number for its two parameter
     /// sets, in linear and log scale, as SVG.
     PlotDelays(PlotDelaysArgs),
@@ -156,7 +153,7 @@ pub struct ScenarioArgs {
 #[derive(Debug, Clone, Args)]
 pub struct PlotDelaysArgs {
     /// Number of retries to plot.
-    #[arg(long, default_value = "12")]
+    #[arg(long, default_value = "15")]
     pub retries: u32,
     /// Seed of the jitter.
     #[arg(long, default_value = "1")]
@@ -241,9 +238,10 @@ mod tests {
         assert_eq!(s.experiment.timing(), Ok(Timing::DEFAULT));
         assert_eq!(s.experiment.runs, RunSpec::DEFAULT.to_vec());
         assert_eq!(s.experiment.out, PathBuf::from("target/scenario"));
-        let Command::Simulate(q) = parse(&["simulate", "--quick"]).unwrap().command else {
-            panic!("not simulate");
+        let Command::Scenario(q) = parse(&["scenario", "--quick"]).unwrap().command else {
+            panic!("not scenario");
         };
+        let q = q.experiment;
         assert_eq!(q.timing(), Ok(Timing::QUICK));
         let Command::Scenario(s) = parse(&[
             "scenario",
@@ -269,7 +267,7 @@ mod tests {
         let Command::PlotDelays(p) = parse(&["plot-delays"]).unwrap().command else {
             panic!("not plot-delays");
         };
-        assert_eq!((p.retries, p.seed), (12, 1));
+        assert_eq!((p.retries, p.seed), (15, 1));
     }
 
     #[test]

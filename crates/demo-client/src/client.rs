@@ -22,6 +22,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::task::{Context, Poll, ready};
 
+use backoff_layer::ReplayBody;
 use backoff_layer::budget::Budget;
 use bytes::{BufMut, Bytes, BytesMut};
 use http::{Request, Response};
@@ -42,8 +43,9 @@ use crate::record::{Event, Recorder};
 /// The body of every request and response in the demo stack: small and replayable.
 pub type DemoBody = Full<Bytes>;
 
-/// The hyper-util legacy client the `run` and `scenario` commands send through.
-pub type HttpTransport = Client<HttpConnector, DemoBody>;
+/// The hyper-util legacy client the `run` and `scenario` commands send through: under the
+/// retry layer, requests carry `backoff-layer`'s replayable body.
+pub type HttpTransport = Client<HttpConnector, ReplayBody<DemoBody>>;
 
 /// A hyper-util legacy client for plain HTTP/1 on 127.0.0.1.
 ///

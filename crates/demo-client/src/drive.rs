@@ -291,6 +291,9 @@ mod tests {
         assert_eq!(parse_gauge(text, "other"), Some(4));
         assert_eq!(parse_gauge(text, "missing"), None);
         assert_eq!(parse_gauge("demo_in_flight NaN\n", "demo_in_flight"), None);
-        assert_eq!(parse_gauge("demo_in_flight{broken 3\n", "demo_in_flight"), None);
+        assert_eq!(
+            parse_gauge("demo_in_flight{broken 3\n", "demo_in_flight"),
+            None
+        );
     }
 }

@@ -29,4 +29,6 @@ pub mod plot;
 pub mod process;
 pub mod record;
 pub mod report;
+pub mod scenario;
+pub mod stack;
 pub mod strategy;

@@ -134,6 +134,49 @@ pub fn outage_svg(runs: &[RunRecord]) -> String {
     plot::render(&panels)
 }
 
+/// The article's figure: the delay before each retry for its two parameter sets (blue:
+/// 100 ms, x2.7, jitter 0.1, at most 10 min; green: 1 s, x1.5, jitter 0.1, at most 5 min),
+/// `retries` retries each, jitter drawn from generators seeded by `seed`; one panel in
+/// linear scale and one in log scale.
+pub fn delays_svg(retries: u32, seed: u64) -> String {
+    use backoff_layer::backoff::{Backoff, Exponential, Seeds};
+
+    let curve = |label: &str, color: &str, backoff: Exponential| {
+        let points = backoff
+            .delays(Seeds::from_seed(seed).rng())
+            .take(retries as usize)
+            .enumerate()
+            .map(|(i, d)| ((i + 1) as f64, d.as_secs_f64()))
+            .collect();
+        Line {
+            label: label.to_owned(),
+            color: color.to_owned(),
+            points,
+        }
+    };
+    let lines = vec![
+        curve(
+            "100 ms, x2.7, jitter 0.1, max 10 min",
+            "#1f77b4",
+            Exponential::article_blue(),
+        ),
+        curve(
+            "1 s, x1.5, jitter 0.1, max 5 min",
+            "#2ca02c",
+            Exponential::article_green(),
+        ),
+    ];
+    let panel = |scale, name: &str| Panel {
+        title: format!("Delay before each retry ({name} scale)"),
+        x_label: "retry number".to_owned(),
+        y_label: "delay (seconds)".to_owned(),
+        lines: lines.clone(),
+        shade: None,
+        scale,
+    };
+    plot::render(&[panel(Scale::Linear, "linear"), panel(Scale::Log, "log")])
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -181,6 +224,16 @@ mod tests {
     fn record_pads_to_the_run_length() {
         let r = RunRecord::new("short", vec![Second::default()], PHASES);
         assert_eq!(r.seconds.len(), PHASES.end());
+    }
+
+    #[test]
+    fn delays_figure_has_both_curves_in_both_scales() {
+        let svg = delays_svg(12, 1);
+        assert_eq!(svg.matches("<path").count(), 4);
+        assert!(svg.contains("x2.7") && svg.contains("x1.5"));
+        assert!(svg.contains("log scale") && svg.contains("linear scale"));
+        // Seeded: the same figure twice.
+        assert_eq!(svg, delays_svg(12, 1));
     }
 
     #[test]
