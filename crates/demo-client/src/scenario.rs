@@ -26,8 +26,9 @@ use crate::record::{Event, Recorder};
 use crate::report::{RunReport, Table};
 use crate::stack::client_stack;
 
-/// The gauge of requests in flight that `demo-server` exposes on `/metrics`.
-pub const SERVER_CONCURRENCY_METRIC: &str = "demo_server_concurrency";
+/// The gauge `demo-server` exposes on `/metrics` with the highest number of requests inside
+/// its model since the previous scrape.
+pub const SERVER_CONCURRENCY_METRIC: &str = "demo_server_concurrency_peak";
 
 /// How often the server's concurrency is sampled during a real run: every 100 ms.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
