@@ -214,8 +214,10 @@ struct Inner {
 ///
 /// - Counts saturate at `u32::MAX` (about 4.3 billion) per bucket and class.
 /// - A bucket's counters carry its number modulo 2<sup>32</sup>: a counter nobody touched
-///   for exactly a multiple of 2<sup>32</sup> buckets (136 years with 1-second buckets,
-///   49 days with the narrowest, 1-millisecond, buckets) would be read as current once.
+///   for 2<sup>32</sup> buckets, less at most 65,536 (136 years with 1-second buckets, 49
+///   days with the narrowest, 1-millisecond, buckets) is mistaken for a recent one: a
+///   snapshot may count it once, or the next request of that class and bucket may go
+///   uncounted.
 #[derive(Clone)]
 pub struct AttemptHistogram {
     inner: Arc<Inner>,
