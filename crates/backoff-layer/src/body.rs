@@ -14,13 +14,17 @@
 //! A body whose size hint already exceeds the limit, and the body of a request that may not be
 //! retried at all, are streamed through without any copy.
 //!
+//! If an earlier attempt is still reading the caller's body when a retry has replayed every
+//! copied frame (a connection may go on sending a request whose response already came back),
+//! the retry waits for it to read on or to release the body, and continues from there.
+//!
 //! Trailers are replayed too. Data frames are turned into [`Bytes`] (without a copy when they
 //! already are `Bytes`).
 
 use std::fmt;
 use std::pin::Pin;
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll, Waker, ready};
 
 use bytes::{Buf, Bytes};
 use http::HeaderMap;
@@ -83,30 +87,37 @@ pub(crate) struct Shared<B> {
     trailers: Option<HeaderMap>,
     /// The caller's body's size hint before anything was read.
     initial_hint: SizeHint,
+    /// An attempt that caught up with the copy while another attempt holds the caller's
+    /// body; woken whenever the state changes.
+    // NOTE: one slot is enough: the retry layer has at most one new attempt at a time, and
+    // only the attempt holding the caller's body can be behind it.
+    waiter: Option<Waker>,
 }
 
-/// Why a [`ReplayBody`] could not produce the rest of the body. Seen by the inner service
-/// (as the body's error) only in a race the retry layer avoids in practice: an earlier
-/// attempt, still alive, holds the caller's body.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum ReplayError {
-    /// Another attempt (an earlier one, whose request has not been dropped yet) is reading
-    /// the caller's body.
-    InUse,
-    /// The copy was dropped because the body grew over the replay limit, or the caller's
-    /// body failed.
-    NotReplayable,
+impl<B> Shared<B> {
+    fn wake_waiter(&mut self) {
+        if let Some(waker) = self.waiter.take() {
+            waker.wake();
+        }
+    }
+}
+
+/// A [`ReplayBody`] could not produce the rest of the body: while it was waiting for an
+/// earlier attempt to release the caller's body, that attempt read past the replay limit,
+/// or the caller's body failed.
+///
+/// The retry layer checks that a body is replayable before it retries, so the inner service
+/// sees this error (as the body's error) only when an earlier attempt, still alive (for
+/// example a connection still sending a request whose response has already come back), goes
+/// on reading the body after the retry started.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct ReplayError {
+    _priv: (),
 }
 
 impl fmt::Display for ReplayError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            ReplayError::InUse => {
-                f.write_str("request body is still being read by an earlier attempt")
-            }
-            ReplayError::NotReplayable => f.write_str("request body can no longer be replayed"),
-        }
+        f.write_str("request body can no longer be replayed")
     }
 }
 
@@ -157,6 +168,7 @@ impl<B: Body> ReplayBody<B> {
             ended: false,
             trailers: None,
             initial_hint: hint,
+            waiter: None,
         }));
         let first = Replay {
             shared: Arc::clone(&shared),
@@ -206,7 +218,9 @@ impl<B> Drop for Replay<B> {
     fn drop(&mut self) {
         // Hand the caller's body back so that the next attempt can go on reading it.
         if let Some(body) = self.body.take() {
-            lock(&self.shared).rest = Some(body);
+            let mut s = lock(&self.shared);
+            s.rest = Some(body);
+            s.wake_waiter();
         }
     }
 }
@@ -282,7 +296,7 @@ where
         if self.body.is_none() {
             // Replay what earlier attempts copied.
             if s.overflowed || s.failed {
-                return Poll::Ready(Some(Err(ReplayError::NotReplayable.into())));
+                return Poll::Ready(Some(Err(ReplayError::default().into())));
             }
             if let Some(frame) = s.frames.get(self.next) {
                 let frame = frame.clone();
@@ -297,7 +311,12 @@ where
             // Caught up: go on reading the caller's body.
             match s.rest.take() {
                 Some(body) => self.body = Some(body),
-                None => return Poll::Ready(Some(Err(ReplayError::InUse.into()))),
+                None => {
+                    // NOTE: an earlier attempt still holds it (its connection may still be
+                    // sending it). Wait until it hands the body back, reads more, or ends.
+                    s.waiter = Some(cx.waker().clone());
+                    return Poll::Pending;
+                }
             }
         }
         drop(s);
@@ -307,6 +326,7 @@ where
         };
         let polled = ready!(body.as_mut().poll_frame(cx));
         let mut s = lock(&self.shared);
+        s.wake_waiter();
         match polled {
             None => {
                 s.ended = true;
@@ -492,18 +512,35 @@ mod tests {
     }
 
     #[tokio::test]
-    async fn an_attempt_alive_while_another_needs_the_body_is_an_error_not_a_hang() {
-        let (first, source) = ReplayBody::first_of(chunks(&[b"x", b"y"], None), 100);
-        let mut first = std::pin::pin!(first);
-        let _ = first.frame().await; // holds the caller's body
-        let (res_second, _) = {
-            let mut second = std::pin::pin!(source.replay().unwrap());
-            let f = second.frame().await.unwrap().unwrap();
-            assert_eq!(f.into_data().unwrap(), "x");
-            (second.frame().await.unwrap(), ())
-        };
-        let err = res_second.unwrap_err();
-        assert_eq!(err.downcast_ref::<ReplayError>(), Some(&ReplayError::InUse));
+    async fn a_retry_waits_for_an_earlier_attempt_to_release_the_body() {
+        use futures_util::FutureExt;
+
+        let (mut first, source) = ReplayBody::first_of(chunks(&[b"x", b"y"], None), 100);
+        let f = first.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "x"); // the first attempt holds the caller's body
+        let mut second = source.replay().unwrap();
+        let f = second.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "x");
+        // Caught up; the rest is still with the first attempt: wait, do not fail.
+        assert!(second.frame().now_or_never().is_none());
+        drop(first);
+        let f = second.frame().await.unwrap().unwrap();
+        assert_eq!(f.into_data().unwrap(), "y");
+        assert!(second.frame().await.is_none());
+    }
+
+    #[tokio::test]
+    async fn a_waiting_retry_is_woken_when_the_earlier_attempt_reads_on() {
+        let (mut first, source) = ReplayBody::first_of(chunks(&[b"x", b"y"], None), 100);
+        let _ = first.frame().await;
+        let second = source.replay().unwrap();
+        let reader = tokio::spawn(collect(second));
+        tokio::task::yield_now().await;
+        // The first attempt reads on to the end and is dropped; the retry sees everything.
+        let (rest, _) = collect(first).await;
+        assert_eq!(rest, [&b"y"[..]]);
+        let (all, _) = reader.await.unwrap();
+        assert_eq!(all, [&b"x"[..], b"y"]);
     }
 
     #[tokio::test]
@@ -518,5 +555,55 @@ mod tests {
         assert!(first.frame().await.unwrap().is_ok());
         assert!(first.frame().await.unwrap().is_err());
         assert!(source.replay().is_none());
+    }
+
+    proptest::proptest! {
+        /// Whatever the chunking, the limit and where earlier attempts stopped reading, every
+        /// attempt that reads to the end sends exactly the original bytes, and a retry is
+        /// possible exactly when everything read so far fits in the limit.
+        #[test]
+        fn every_attempt_sends_exactly_the_original(
+            parts in proptest::collection::vec(proptest::collection::vec(proptest::num::u8::ANY, 0..40), 0..12),
+            limit in 0usize..300,
+            stops in proptest::collection::vec(0usize..14, 0..4),
+        ) {
+            use futures_util::FutureExt;
+
+            let original: Vec<u8> = parts.concat();
+            let frames: Vec<Result<Frame<Bytes>, Infallible>> = parts
+                .iter()
+                .map(|p| Ok(Frame::data(Bytes::from(p.clone()))))
+                .collect();
+            let body = StreamBody::new(futures_util::stream::iter(frames));
+            let (mut attempt, source) = ReplayBody::first_of(body, limit);
+            let mut read = 0usize; // bytes read from the caller's body so far
+            // Attempts that stop early, after `stop` frames.
+            for stop in stops {
+                let mut got = Vec::new();
+                for _ in 0..stop {
+                    match attempt.frame().now_or_never().expect("always ready") {
+                        Some(Ok(f)) => got.extend_from_slice(&f.into_data().unwrap()),
+                        Some(Err(e)) => panic!("{e}"),
+                        None => break,
+                    }
+                }
+                proptest::prop_assert_eq!(&got[..], &original[..got.len()]);
+                read = read.max(got.len());
+                drop(attempt);
+                match source.replay() {
+                    Some(next) => {
+                        proptest::prop_assert!(read <= limit);
+                        attempt = next;
+                    }
+                    None => {
+                        proptest::prop_assert!(read > limit);
+                        return Ok(());
+                    }
+                }
+            }
+            let (all, _) = collect(attempt).now_or_never().expect("always ready");
+            proptest::prop_assert_eq!(&all.concat(), &original);
+            proptest::prop_assert_eq!(source.replay().is_some(), original.len() <= limit);
+        }
     }
 }

@@ -62,6 +62,9 @@
 //!
 //! First attempts are not counted here: they happen on every request, and the retry layer's
 //! own request metrics already count them.
+//!
+//! The counters are registered when the budget is built (registering on every call would
+//! cost more than the budget itself), so install the recorder before building budgets.
 
 use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -175,12 +178,17 @@ pub struct RetryBudget {
     /// Deposits since creation. Not part of `head`: a withdrawal that misses a concurrent
     /// deposit only errs on the strict side.
     deposits: CachePadded<AtomicU64>,
-    /// For slot `s`, at index `s % slots`: the counts when `s` became current.
+    /// For slot `s`, at index `s & index_mask`: the counts when `s` became current. The
+    /// length is the number of slots rounded up to a power of two, so the slots of one
+    /// window never share a record and indexing needs no division.
     starts: Box<[SlotStart]>,
+    index_mask: u64,
     origin: Instant,
     slot_nanos: u64,
     ratio_units: u64,
     floor_units: u64,
+    allowed: metrics::Counter,
+    refused: metrics::Counter,
     config: RetryBudgetBuilder,
 }
 
@@ -256,10 +264,10 @@ impl RetryBudget {
     ///
     /// A snapshot: concurrent deposits and withdrawals change it at once.
     pub fn remaining(&self) -> u64 {
-        let now = self.epoch_now();
+        let nanos = self.elapsed_nanos();
         loop {
             let seen = self.head.load(Ordering::Acquire);
-            let current = epoch_of(seen).max(now);
+            let current = self.epoch_at(nanos, seen);
             if epoch_of(seen) < current {
                 // The window has moved since the last call: count as if it had slid.
                 self.rotate(seen, current);
@@ -276,13 +284,29 @@ impl RetryBudget {
         }
     }
 
-    fn epoch_now(&self) -> u64 {
+    /// Nanoseconds since the budget was built, by tokio's clock.
+    fn elapsed_nanos(&self) -> u64 {
         let elapsed = Instant::now().saturating_duration_since(self.origin);
-        let nanos = elapsed
+        elapsed
             .as_secs()
             .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(elapsed.subsec_nanos()));
-        (nanos / self.slot_nanos).min(EPOCH_MAX)
+            .saturating_add(u64::from(elapsed.subsec_nanos()))
+    }
+
+    /// The slot at `nanos`, or `head`'s if that is as new: the common case, a call in the
+    /// current slot, costs a multiplication instead of a division.
+    fn epoch_at(&self, nanos: u64, head: u64) -> u64 {
+        let current = epoch_of(head);
+        if nanos < (current + 1).saturating_mul(self.slot_nanos) {
+            current
+        } else {
+            (nanos / self.slot_nanos).min(EPOCH_MAX)
+        }
+    }
+
+    fn start(&self, epoch: u64) -> &SlotStart {
+        // The mask is below the length of `starts`, so this never goes out of bounds.
+        &self.starts[(epoch & self.index_mask) as usize]
     }
 
     /// Allowance earned by `deposited` first attempts, in millionths of a retry, capped so
@@ -302,7 +326,7 @@ impl RetryBudget {
         // one saw no calls, so the counts at the start of the next recorded slot are the
         // counts at the end of the last slot before the window.
         for epoch in current.saturating_sub(n - 1)..=current {
-            let start = &self.starts[(epoch % n) as usize];
+            let start = self.start(epoch);
             let tag = start.tag.load(Ordering::Acquire);
             if epoch_of(tag) == epoch {
                 let withdrawn = count_of(head).wrapping_sub(count_of(tag)) & COUNT_MASK;
@@ -321,7 +345,7 @@ impl RetryBudget {
     /// Makes slot `to` current, if `head` still reads `seen` (an older slot).
     fn rotate(&self, seen: u64, to: u64) {
         let withdrawn = count_of(seen);
-        let start = &self.starts[(to % u64::from(self.config.slots)) as usize];
+        let start = self.start(to);
         // NOTE: deposits first, then the tag (release): a reader that sees the tag sees
         // a deposit count at least this recent. `fetch_max` because deposits only grow,
         // so a late writer for an older slot can only leave a larger (stricter) value.
@@ -358,9 +382,13 @@ impl RetryBudget {
 
 impl Budget for RetryBudget {
     fn deposit(&self) {
-        let now = self.epoch_now();
+        let nanos = self.elapsed_nanos();
         let mut seen = self.head.load(Ordering::Acquire);
-        while epoch_of(seen) < now {
+        loop {
+            let now = self.epoch_at(nanos, seen);
+            if epoch_of(seen) >= now {
+                break;
+            }
             self.rotate(seen, now);
             seen = self.head.load(Ordering::Acquire);
         }
@@ -368,10 +396,11 @@ impl Budget for RetryBudget {
     }
 
     fn withdraw(&self) -> bool {
-        let now = self.epoch_now();
+        let nanos = self.elapsed_nanos();
         loop {
             let seen = self.head.load(Ordering::Acquire);
             let epoch = epoch_of(seen);
+            let now = self.epoch_at(nanos, seen);
             if epoch < now {
                 self.rotate(seen, now);
                 continue;
@@ -381,7 +410,7 @@ impl Budget for RetryBudget {
             };
             let wanted = u128::from(withdrawn + 1) * u128::from(SCALE);
             if wanted > self.earned(deposited) {
-                metrics::counter!(RETRIES_REFUSED).increment(1);
+                self.refused.increment(1);
                 return false;
             }
             // NOTE: the whole decision rests on `seen`: if any withdrawal (or a new slot)
@@ -397,7 +426,7 @@ impl Budget for RetryBudget {
                 )
                 .is_ok()
             {
-                metrics::counter!(RETRIES_ALLOWED).increment(1);
+                self.allowed.increment(1);
                 return true;
             }
         }
@@ -508,6 +537,9 @@ impl RetryBudgetBuilder {
 
     /// Builds the budget; its window starts now (by [`tokio::time::Instant`]).
     ///
+    /// The budget's metrics are registered here, with the recorder installed at this
+    /// moment: install the recorder before building budgets.
+    ///
     /// # Errors
     ///
     /// [`InvalidBudget`] if a setting breaks one of the rules listed there.
@@ -539,7 +571,8 @@ impl RetryBudgetBuilder {
         // retries/s * window in ns / 1e9 * SCALE, with SCALE = 1e6: exact in u128.
         let floor_units = u128::from(self.min_retries_per_sec) * self.window.as_nanos() / 1_000;
         let floor_units = u64::try_from(floor_units).unwrap_or(u64::MAX);
-        let starts = (0..self.slots)
+        let records = self.slots.next_power_of_two();
+        let starts = (0..records)
             .map(|_| SlotStart {
                 // Slot 0 starts with nothing deposited or withdrawn; the other records
                 // hold slot 0, which never maps to their index, so they read as empty.
@@ -551,10 +584,13 @@ impl RetryBudgetBuilder {
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             deposits: CachePadded(AtomicU64::new(0)),
             starts,
+            index_mask: u64::from(records - 1),
             origin: Instant::now(),
             slot_nanos,
             ratio_units,
             floor_units,
+            allowed: metrics::counter!(RETRIES_ALLOWED),
+            refused: metrics::counter!(RETRIES_REFUSED),
             config: self.clone(),
         })
     }
@@ -720,6 +756,22 @@ mod tests {
         tokio::time::advance(Duration::from_secs(1)).await; // slot 5: slot 1 gone
         assert_eq!(b.remaining(), 4);
         tokio::time::advance(Duration::from_secs(1)).await; // slot 6: slot 2 gone
+        assert_eq!(b.remaining(), 0);
+    }
+
+    /// Three slots share four records: the window's slots must still never collide.
+    #[tokio::test(start_paused = true)]
+    async fn window_slides_with_a_slot_count_that_is_not_a_power_of_two() {
+        let b = budget(1.0, Duration::from_secs(3), 3, 0);
+        for (slot, n) in [(0usize, 1), (1, 2), (2, 4), (3, 8), (4, 16)] {
+            deposit(&b, n);
+            let in_window: usize = [1, 2, 4, 8, 16][slot.saturating_sub(2)..=slot].iter().sum();
+            assert_eq!(b.remaining(), in_window as u64, "slot {slot}");
+            tokio::time::advance(Duration::from_secs(1)).await;
+        }
+        // Slot 5 holds nothing; slots 3 and 4 still count.
+        assert_eq!(b.remaining(), 24);
+        tokio::time::advance(Duration::from_secs(2)).await;
         assert_eq!(b.remaining(), 0);
     }
 
@@ -908,7 +960,8 @@ mod tests {
     #[tokio::test(start_paused = true)]
     async fn metrics_count_allowed_and_refused() {
         let recorder = TestRecorder::default();
-        let b = budget(0.5, Duration::from_secs(10), 10, 0);
+        let b =
+            metrics::with_local_recorder(&recorder, || budget(0.5, Duration::from_secs(10), 10, 0));
         metrics::with_local_recorder(&recorder, || {
             deposit(&b, 4);
             for _ in 0..5 {

@@ -19,6 +19,40 @@
 //!   response bodies;
 //! - errors: connect errors and timeouts, recognised anywhere in the error's `source()` chain
 //!   (see [`is_connect_error`] and [`is_timeout`]).
+//!
+//! # A classifier of your own
+//!
+//! Also retry `500` for an internal service known to fail transiently, and keep the rest of
+//! the defaults:
+//!
+//! ```
+//! use std::error::Error;
+//! use backoff_layer::classify::{Classification, Classify, DefaultClassifier};
+//! use backoff_layer::RetryLayer;
+//! use http::{HeaderMap, Method, StatusCode};
+//!
+//! #[derive(Debug)]
+//! struct AlsoRetry500;
+//!
+//! impl Classify for AlsoRetry500 {
+//!     fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
+//!         DefaultClassifier.may_retry(method, headers)
+//!     }
+//!     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classification {
+//!         if status == StatusCode::INTERNAL_SERVER_ERROR {
+//!             return Classification::Retryable;
+//!         }
+//!         DefaultClassifier.classify_response(status, headers)
+//!     }
+//!     fn classify_error(&self, error: &(dyn Error + 'static)) -> Classification {
+//!         DefaultClassifier.classify_error(error)
+//!     }
+//! }
+//!
+//! let layer = RetryLayer::builder().classifier(AlsoRetry500).build()?;
+//! # let _ = layer;
+//! # Ok::<(), backoff_layer::InvalidRetryConfig>(())
+//! ```
 
 use std::error::Error;
 use std::fmt;

@@ -486,3 +486,35 @@ async fn the_layer_is_reusable_and_clones_share_it() {
     }
     assert_eq!(mock.seen().len(), 3);
 }
+
+/// The readiness contract (tower-test's mock panics on a call it did not say it was ready
+/// for): every retry waits for the inner service to be ready again, and a retry does not
+/// start while the service is not.
+#[tokio::test(start_paused = true)]
+async fn every_retry_waits_for_readiness() {
+    let (mock, mut handle) = tower_test::mock::pair::<
+        Request<backoff_layer::ReplayBody<Empty<Bytes>>>,
+        Response<Empty<Bytes>>,
+    >();
+    handle.allow(1);
+    let svc = layer().build().unwrap().layer(mock);
+    let call = tokio::spawn(svc.oneshot(get()));
+
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::from_request(&req), Attempt::Number(0));
+    let mut unavailable = Response::new(Empty::new());
+    *unavailable.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    send.send_response(unavailable);
+
+    // The backoff (100 ms) passes, but the service has no capacity: no retry is sent.
+    tokio::time::sleep(SECOND).await;
+    assert!(handle.poll_request().is_pending());
+
+    handle.allow(1);
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::from_request(&req), Attempt::Number(1));
+    send.send_response(Response::new(Empty::new()));
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response).attempts, 2);
+}

@@ -30,7 +30,7 @@ pin_project! {
         S: Service<Request<ReplayBody<B>>>,
     {
         #[pin]
-        state: State<S::Future, B>,
+        state: State<S::Future>,
         // Armed during an attempt when a per-attempt timeout or a deadline is set, and during
         // every backoff wait.
         #[pin]
@@ -43,13 +43,13 @@ pin_project! {
 
 pin_project! {
     #[project = StateProj]
-    enum State<F, B> {
+    enum State<F> {
         // An attempt is in flight.
         Called { #[pin] future: F, span: tracing::Span },
-        // Waiting out the backoff before sending `request`.
-        Waiting { request: Option<Request<ReplayBody<B>>> },
-        // Waiting for the inner service to be ready for `request`.
-        Polling { request: Option<Request<ReplayBody<B>>> },
+        // Waiting out the backoff before the next attempt.
+        Waiting,
+        // Waiting for the inner service to be ready for the next attempt.
+        Polling,
         // The output was returned.
         Done,
     }
@@ -62,6 +62,10 @@ struct RetryState<B> {
     /// retried.
     template: Option<Parts>,
     body: BodySource<B>,
+    /// The next attempt's body, from the decision to retry until the attempt is sent.
+    // NOTE: the next request is built only when it is sent, so that the future does not
+    // carry a whole request (over 250 bytes) through every move.
+    next_body: Option<ReplayBody<B>>,
     may_retry: bool,
     /// Attempts sent so far.
     attempts: u32,
@@ -73,15 +77,10 @@ struct RetryState<B> {
 }
 
 /// What to do with an attempt's outcome.
-// NOTE: lives for one function return and is destructured at once; boxing the request would
-// cost an allocation per retry for nothing.
-#[allow(clippy::large_enum_variant)]
-enum Next<R, B> {
+enum Next<R> {
     Return(Result<R, BoxError>),
-    Retry {
-        request: Request<ReplayBody<B>>,
-        at: Instant,
-    },
+    /// Send the next attempt at this instant.
+    Retry(Instant),
 }
 
 impl<S, B> ResponseFuture<S, B>
@@ -105,6 +104,7 @@ where
             config,
             template,
             body,
+            next_body: None,
             may_retry,
             attempts: 1,
             deadline,
@@ -148,8 +148,8 @@ impl<B> RetryState<B> {
     fn next<ResBody>(
         &mut self,
         outcome: Result<Response<ResBody>, BoxError>,
-    ) -> Next<Response<ResBody>, B> {
-        let config = Arc::clone(&self.config);
+    ) -> Next<Response<ResBody>> {
+        let classifier = &*self.config.classifier;
         let (classification, hint) = match &outcome {
             Ok(response) => {
                 if protocol::is_stop_signal(response.headers()) {
@@ -160,9 +160,7 @@ impl<B> RetryState<B> {
                     tracing::debug!(attempts = self.attempts, "stop signal received");
                     return Next::Return(Err(Box::new(Overloaded::new())));
                 }
-                let c = config
-                    .classifier
-                    .classify_response(response.status(), response.headers());
+                let c = classifier.classify_response(response.status(), response.headers());
                 let hint = if c == Classification::Retryable {
                     server_hint(response.headers())
                 } else {
@@ -170,11 +168,14 @@ impl<B> RetryState<B> {
                 };
                 (c, hint)
             }
-            Err(e) => (config.classifier.classify_error(&**e), None),
+            Err(e) => (classifier.classify_error(&**e), None),
         };
         if classification == Classification::Final {
             return Next::Return(self.finish(outcome, None));
         }
+        // NOTE: cloned only on the retry path; the happy path touches the shared count once
+        // per request (in `Retry::call`).
+        let config = Arc::clone(&self.config);
 
         let give_up = |this: &mut Self, reason| Next::Return(this.finish(outcome, Some(reason)));
         if !self.may_retry {
@@ -209,11 +210,7 @@ impl<B> RetryState<B> {
             return give_up(self, GiveUpReason::BudgetExhausted);
         }
 
-        let Some(template) = self.template.as_ref() else {
-            unreachable!("a template is kept whenever the request may be retried");
-        };
-        let mut parts = template.clone();
-        Attempt::set(&mut parts.headers, self.attempts);
+        self.next_body = Some(body);
         metrics::histogram!(metric::RETRY_DELAY).record(delay.as_secs_f64());
         tracing::debug!(
             attempt = self.attempts,
@@ -221,10 +218,17 @@ impl<B> RetryState<B> {
             "retrying after a retryable failure"
         );
         drop(give_up); // the outcome it holds is not returned: the retry replaces it
-        Next::Retry {
-            request: Request::from_parts(parts, body),
-            at,
-        }
+        Next::Retry(at)
+    }
+
+    /// The request of the next attempt (number `self.attempts`, counting from 0).
+    fn next_request(&mut self) -> Request<ReplayBody<B>> {
+        let (Some(template), Some(body)) = (self.template.as_ref(), self.next_body.take()) else {
+            unreachable!("a retry is decided only with a template and a body");
+        };
+        let mut parts = template.clone();
+        Attempt::set(&mut parts.headers, self.attempts);
+        Request::from_parts(parts, body)
     }
 
     /// The final output: responses carry a [`RetryInfo`]; a retryable error given up on is
@@ -306,33 +310,28 @@ where
                             this.timer.set(None);
                             return Poll::Ready(output);
                         }
-                        Next::Retry { request, at } => {
+                        Next::Retry(at) => {
                             match this.timer.as_mut().as_pin_mut() {
                                 Some(timer) => timer.reset(at),
                                 None => this.timer.set(Some(sleep_until(at))),
                             }
-                            this.state.set(State::Waiting {
-                                request: Some(request),
-                            });
+                            this.state.set(State::Waiting);
                         }
                     }
                 }
-                StateProj::Waiting { request } => {
+                StateProj::Waiting => {
                     if let Some(timer) = this.timer.as_mut().as_pin_mut() {
                         ready!(timer.poll(cx));
                     }
-                    let request = request.take();
-                    this.state.set(State::Polling { request });
+                    this.state.set(State::Polling);
                 }
-                StateProj::Polling { request } => {
+                StateProj::Polling => {
                     if let Err(e) = ready!(this.service.poll_ready(cx)) {
                         this.state.set(State::Done);
                         this.timer.set(None);
                         return Poll::Ready(Err(e.into()));
                     }
-                    let Some(request) = request.take() else {
-                        unreachable!("the request is taken only here, once");
-                    };
+                    let request = this.retry.next_request();
                     let attempt = this.retry.attempts;
                     this.retry.attempts += 1;
                     metrics::counter!(metric::ATTEMPTS).increment(1);
