@@ -732,6 +732,46 @@ mod tests {
         assert_eq!(s.retries(), 1);
     }
 
+    proptest::proptest! {
+        /// Against a naive model (every event kept with its bucket number), for any number
+        /// of buckets and any sequence of records with gaps (including gaps longer than the
+        /// window), every snapshot counts exactly the events of its window.
+        #[test]
+        fn snapshots_match_a_naive_model(
+            slots in 1u32..12,
+            events in proptest::collection::vec((0u64..30, 0usize..6), 0..200),
+            lookahead in 0u64..30,
+        ) {
+            let h = AttemptHistogram::new(
+                Duration::from_millis(u64::from(slots) * 10),
+                NonZeroU32::new(slots).unwrap(),
+            )
+            .unwrap();
+            let mut bucket = 0u64;
+            let mut model: Vec<(u64, AttemptClass)> = Vec::new();
+            for (gap, class) in events {
+                // Mostly small steps, sometimes a jump past the window.
+                bucket += if gap < 25 { gap / 5 } else { gap };
+                let class = AttemptClass::ALL[class];
+                h.record_in_bucket(class, bucket);
+                model.push((bucket, class));
+                for at in [bucket, bucket + lookahead] {
+                    let oldest = at.saturating_sub(u64::from(slots) - 1);
+                    let mut expected = [0u64; 6];
+                    for &(b, c) in &model {
+                        if (oldest..=at).contains(&b) {
+                            expected[c.index()] += 1;
+                        }
+                    }
+                    proptest::prop_assert_eq!(
+                        h.snapshot_of_bucket(at),
+                        AttemptSnapshot::from_counts(expected)
+                    );
+                }
+            }
+        }
+    }
+
     #[test]
     fn concurrent_recording_loses_nothing() {
         let h = h(10, 10);
