@@ -1,15 +1,19 @@
 //! The limiters side by side with governor, in the same run.
 //!
-//! Rows (each `ratelimit-layer` vs `governor`, token bucket / GCRA on both sides, each with
-//! its default real clock):
+//! Rows (token bucket / GCRA on both sides):
 //!
+//! - `clock/now`: what reading each library's default clock costs;
 //! - `single/allowed`, `single/denied`: one limiter, every call admitted / rejected;
 //! - `keyed/hot_key`: a keyed limiter, always the same key;
 //! - `keyed/100k_keys`: 100 000 known keys in turn;
 //! - `keyed/new_key`: a key never seen before on every call (a fresh limiter per sample,
-//!   so governor's unbounded map is dropped between samples);
+//!   so governor's unbounded map is dropped between samples; ours stays at its cap);
 //! - `contended/*`: both threads of the machine calling the same limiter at once; the time
 //!   is per call on each thread.
+//!
+//! Each row has three functions: `governor` (its default clock: quanta, reading the TSC),
+//! `ratelimit-layer` (the same TSC clock, through our `Clock` trait: the algorithms and maps
+//! compared on equal terms) and `ratelimit-layer-tokio-clock` (our default `RealClock`).
 //!
 //! Run: `cargo bench -p ratelimit-layer --bench limiters -- --warm-up-time 1 --measurement-time 3`
 
@@ -18,15 +22,31 @@ use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::Duration;
 
-// NOTE: tokio's `Instant` is std's outside a paused runtime; the workspace bans std's by name.
-use tokio::time::Instant;
-
 use criterion::{
     BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
 };
 use governor::{Quota, RateLimiter};
-use ratelimit_layer::{Clock, KeyedLimiter, Limiter, RealClock, TokenBucket};
+use ratelimit_layer::{Clock, DEFAULT_MAX_KEYS, KeyedLimiter, Limiter, RealClock, TokenBucket};
+// NOTE: tokio's `Instant` is std's outside a paused runtime; the workspace bans std's by name.
+use tokio::time::Instant;
 
+/// governor's default clock (quanta, reading the TSC) behind our `Clock` trait.
+#[derive(Clone, Default)]
+struct Tsc(governor::clock::QuantaClock);
+
+impl Clock for Tsc {
+    #[inline]
+    fn now(&self) -> u64 {
+        use governor::clock::{Clock as _, Reference as _};
+        let now = self.0.now();
+        let origin = now.saturating_sub(governor::nanos::Nanos::from(u64::MAX));
+        now.duration_since(origin).as_u64()
+    }
+}
+
+const OURS: &str = "ratelimit-layer";
+const OURS_TOKIO: &str = "ratelimit-layer-tokio-clock";
+const GOVERNOR: &str = "governor";
 const ALLOW_RATE: u32 = 1_000_000_000;
 const KEYS: u64 = 100_000;
 
@@ -50,75 +70,93 @@ fn denying() -> (TokenBucket, Quota) {
     )
 }
 
+fn clocks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clock");
+    let tsc = Tsc::default();
+    group.bench_function(format!("now/{OURS}"), |b| b.iter(|| black_box(tsc.now())));
+    let tokio = RealClock::new();
+    group.bench_function(format!("now/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(tokio.now()));
+    });
+    let theirs = governor::clock::QuantaClock::default();
+    group.bench_function(format!("now/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(governor::clock::Clock::now(&theirs)));
+    });
+    group.finish();
+}
+
+fn single_ours<C: Clock>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: String,
+    limiter: &TokenBucket,
+    clock: &C,
+    expect: bool,
+) {
+    let state = Default::default();
+    limiter.check(&state, clock.now(), 1);
+    assert_eq!(limiter.check(&state, clock.now(), 1).is_allowed(), expect);
+    group.bench_function(id, |b| {
+        b.iter(|| black_box(limiter.check(&state, clock.now(), black_box(1))));
+    });
+}
+
 fn single(c: &mut Criterion) {
     let mut group = c.benchmark_group("single");
     for (name, (ours, theirs), expect) in
         [("allowed", allowing(), true), ("denied", denying(), false)]
     {
-        let clock = RealClock::new();
-        let state = Default::default();
-        ours.check(&state, clock.now(), 1);
-        assert_eq!(ours.check(&state, clock.now(), 1).is_allowed(), expect);
-        group.bench_function(format!("{name}/ratelimit-layer"), |b| {
-            b.iter(|| black_box(ours.check(&state, clock.now(), black_box(1))))
-        });
+        single_ours(
+            &mut group,
+            format!("{name}/{OURS}"),
+            &ours,
+            &Tsc::default(),
+            expect,
+        );
+        single_ours(
+            &mut group,
+            format!("{name}/{OURS_TOKIO}"),
+            &ours,
+            &RealClock::new(),
+            expect,
+        );
         let governor = RateLimiter::direct(theirs);
         let _ = governor.check();
         assert_eq!(governor.check().is_ok(), expect);
-        group.bench_function(format!("{name}/governor"), |b| {
-            b.iter(|| black_box(governor.check()))
+        group.bench_function(format!("{name}/{GOVERNOR}"), |b| {
+            b.iter(|| black_box(governor.check()));
         });
     }
     group.finish();
 }
 
-fn ours_keyed(max_keys: usize) -> KeyedLimiter<TokenBucket, u64> {
-    KeyedLimiter::new(allowing().0, max_keys)
+fn ours_keyed<C: Clock>(clock: C, max_keys: usize) -> KeyedLimiter<TokenBucket, u64, C> {
+    KeyedLimiter::with_clock(allowing().0, clock, max_keys)
 }
 
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<u64> {
     RateLimiter::keyed(allowing().1)
 }
 
-fn keyed(c: &mut Criterion) {
-    let mut group = c.benchmark_group("keyed");
-
-    let ours = ours_keyed(2 * KEYS as usize);
-    let theirs = governor_keyed();
-    group.bench_function("hot_key/ratelimit-layer", |b| {
-        b.iter(|| black_box(ours.check(black_box(&42), 1)))
-    });
-    group.bench_function("hot_key/governor", |b| {
-        b.iter(|| black_box(theirs.check_key(black_box(&42))))
-    });
-
-    for k in 0..KEYS {
-        ours.check(&k, 1);
-        let _ = theirs.check_key(&k);
-    }
-    let mut i = 0u64;
-    group.bench_function("100k_keys/ratelimit-layer", |b| {
-        b.iter(|| {
-            i = if i + 1 == KEYS { 0 } else { i + 1 };
-            black_box(ours.check(&i, 1))
-        })
-    });
-    let mut i = 0u64;
-    group.bench_function("100k_keys/governor", |b| {
-        b.iter(|| {
-            i = if i + 1 == KEYS { 0 } else { i + 1 };
-            black_box(theirs.check_key(&i))
-        })
-    });
-
-    new_key(&mut group);
-    group.finish();
+fn next(i: &mut u64) -> u64 {
+    *i = if *i + 1 == KEYS { 0 } else { *i + 1 };
+    *i
 }
 
-fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
-    group.bench_function("new_key/ratelimit-layer", |b| {
+fn keyed_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: &C) {
+    let ours = ours_keyed(clock.clone(), 2 * KEYS as usize);
+    group.bench_function(format!("hot_key/{name}"), |b| {
+        b.iter(|| black_box(ours.check(black_box(&42), 1)));
+    });
+    for k in 0..KEYS {
+        ours.check(&k, 1);
+    }
+    let mut i = 0;
+    group.bench_function(format!("100k_keys/{name}"), |b| {
+        b.iter(|| black_box(ours.check(&next(&mut i), 1)));
+    });
+    group.bench_function(format!("new_key/{name}"), |b| {
         b.iter_custom(|iters| {
-            let limiter = ours_keyed(ratelimit_layer::DEFAULT_MAX_KEYS);
+            let limiter = ours_keyed(clock.clone(), DEFAULT_MAX_KEYS);
             let start = Instant::now();
             for k in 0..iters {
                 black_box(limiter.check(&k, 1));
@@ -126,9 +164,27 @@ fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
             let elapsed = start.elapsed();
             drop(limiter);
             elapsed
-        })
+        });
     });
-    group.bench_function("new_key/governor", |b| {
+}
+
+fn keyed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed");
+    keyed_ours(&mut group, OURS, &Tsc::default());
+    keyed_ours(&mut group, OURS_TOKIO, &RealClock::new());
+
+    let theirs = governor_keyed();
+    group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(theirs.check_key(black_box(&42))));
+    });
+    for k in 0..KEYS {
+        let _ = theirs.check_key(&k);
+    }
+    let mut i = 0;
+    group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(theirs.check_key(&next(&mut i))));
+    });
+    group.bench_function(format!("new_key/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             let limiter = governor_keyed();
             let start = Instant::now();
@@ -138,14 +194,16 @@ fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
             let elapsed = start.elapsed();
             drop(limiter);
             elapsed
-        })
+        });
     });
+    group.finish();
 }
 
-/// Runs `op(thread, i)` for `i in 0..iters` on two threads at once; the time of the slower.
+/// Runs `op(thread, i)` for `i in 0..iters` on two threads at once; the time until both
+/// are done.
 fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
     let barrier = Barrier::new(3);
-    std::thread::scope(|s| {
+    let start = std::thread::scope(|s| {
         for t in 0..2 {
             let (barrier, op) = (&barrier, &op);
             s.spawn(move || {
@@ -156,70 +214,75 @@ fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
             });
         }
         barrier.wait();
-        let start = Instant::now();
         // The scope joins both threads before returning.
-        start
-    })
-    .elapsed()
+        Instant::now()
+    });
+    start.elapsed()
 }
 
-fn contended(c: &mut Criterion) {
-    let mut group = c.benchmark_group("contended");
-    let (ours, theirs) = allowing();
-    let clock = RealClock::new();
+fn contended_ours<C: Clock>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: C) {
+    let limiter = allowing().0;
     let state = Default::default();
-    group.bench_function("single_allowed/ratelimit-layer", |b| {
+    group.bench_function(format!("single_allowed/{name}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(ours.check(&state, clock.now(), 1));
+                black_box(limiter.check(&state, clock.now(), 1));
             })
-        })
+        });
     });
-    let governor = RateLimiter::direct(theirs);
-    group.bench_function("single_allowed/governor", |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| {
-                let _ = black_box(governor.check());
-            })
-        })
-    });
-
-    let ours = ours_keyed(2 * KEYS as usize);
-    let theirs = governor_keyed();
-    group.bench_function("hot_key/ratelimit-layer", |b| {
+    let ours = ours_keyed(clock, 2 * KEYS as usize);
+    group.bench_function(format!("hot_key/{name}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
                 black_box(ours.check(&42, 1));
             })
-        })
-    });
-    group.bench_function("hot_key/governor", |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| {
-                let _ = black_box(theirs.check_key(&42));
-            })
-        })
+        });
     });
     for k in 0..KEYS {
         ours.check(&k, 1);
-        let _ = theirs.check_key(&k);
     }
-    group.bench_function("100k_keys/ratelimit-layer", |b| {
+    group.bench_function(format!("100k_keys/{name}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
                 black_box(ours.check(&((i + t * KEYS / 2) % KEYS), 1));
             })
-        })
+        });
     });
-    group.bench_function("100k_keys/governor", |b| {
+}
+
+fn contended(c: &mut Criterion) {
+    let mut group = c.benchmark_group("contended");
+    contended_ours(&mut group, OURS, Tsc::default());
+    contended_ours(&mut group, OURS_TOKIO, RealClock::new());
+
+    let governor = RateLimiter::direct(allowing().1);
+    group.bench_function(format!("single_allowed/{GOVERNOR}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(governor.check());
+            })
+        });
+    });
+    let theirs = governor_keyed();
+    group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(theirs.check_key(&42));
+            })
+        });
+    });
+    for k in 0..KEYS {
+        let _ = theirs.check_key(&k);
+    }
+    group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
                 let _ = black_box(theirs.check_key(&((i + t * KEYS / 2) % KEYS)));
             })
-        })
+        });
     });
     group.finish();
 }
 
-criterion_group!(benches, single, keyed, contended);
+criterion_group!(benches, clocks, single, keyed, contended);
 criterion_main!(benches);
