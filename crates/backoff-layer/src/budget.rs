@@ -109,14 +109,14 @@ const RETRIES_REFUSED: &str = "backoff_layer_budget_retries_refused_total";
 const SCALE: u64 = 1_000_000;
 
 /// Bits of a slot number in a packed word; the low [`COUNT_BITS`] hold a withdrawal count.
-const COUNT_BITS: u32 = 24;
+const COUNT_BITS: u32 = 28;
 /// Mask of the withdrawal count in a packed word.
 const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-/// The largest slot number: with the shortest slot (1 ms) it is reached after 34 years.
+/// The largest slot number: with the shortest slot (10 ms) it is reached after 21 years.
 const EPOCH_MAX: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
 /// The largest number of retries one window can allow. Withdrawals are counted modulo
-/// 2^24 in the packed word, so the allowance must stay below that to be unambiguous.
+/// 2^28 in the packed word, so the allowance must stay below that to be unambiguous.
 pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
 
 /// A sliding-window retry budget: retries may be at most a share of first attempts.
@@ -168,11 +168,12 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
 ///   so races only ever make the budget stricter, never more generous.
 /// - At most [`MAX_RETRIES_PER_WINDOW`] retries are allowed in one window, however large
 ///   the ratio and the traffic.
-/// - Slots are numbered from the budget's creation in 40 bits; after 2^40 slots (34 years
-///   with the shortest 1 ms slot) the window stops sliding and the ratio then applies to
+/// - Slots are numbered from the budget's creation in 36 bits; after 2^36 slots (21 years
+///   with the shortest 10 ms slot, 2000 years with the default 1 s) the window stops
+///   sliding and the ratio then applies to
 ///   all deposits since.
 pub struct RetryBudget {
-    /// The current slot and the withdrawals so far, packed: `slot << 24 | withdrawals`.
+    /// The current slot and the withdrawals so far, packed: `slot << 28 | withdrawals`.
     /// Every successful withdrawal is a compare-and-swap on this word.
     head: CachePadded<AtomicU64>,
     /// Deposits since creation. Not part of `head`: a withdrawal that misses a concurrent
@@ -195,7 +196,7 @@ pub struct RetryBudget {
 /// The cumulative counts at the start of one slot.
 #[derive(Debug)]
 struct SlotStart {
-    /// `slot << 24 | withdrawals`, written after `deposits`.
+    /// `slot << 28 | withdrawals`, written after `deposits`.
     tag: AtomicU64,
     /// Deposits when the slot began; only ever raised (`fetch_max`), so a late writer from
     /// an older slot cannot lower it.
@@ -227,7 +228,7 @@ const fn count_of(word: u64) -> u64 {
     word & COUNT_MASK
 }
 
-/// Whether withdrawal count `a` is later than `b` (counts wrap at 2^24; two counts of the
+/// Whether withdrawal count `a` is later than `b` (counts wrap at 2^28; two counts of the
 /// same slot are never half the range apart).
 const fn count_after(a: u64, b: u64) -> bool {
     let d = a.wrapping_sub(b) & COUNT_MASK;
@@ -488,8 +489,8 @@ impl RetryBudgetBuilder {
     pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
     /// The most slots accepted: 64; a withdrawal may look at every slot.
     pub const MAX_SLOTS: u32 = 64;
-    /// The shortest slot (window divided by slots) accepted: 1 millisecond.
-    pub const MIN_SLOT: Duration = Duration::from_millis(1);
+    /// The shortest slot (window divided by slots) accepted: 10 milliseconds.
+    pub const MIN_SLOT: Duration = Duration::from_millis(10);
 
     /// A builder with the defaults: ratio 0.1, window 10 s, 10 slots, 1 retry per second.
     pub const fn new() -> Self {
@@ -603,7 +604,7 @@ impl RetryBudgetBuilder {
 /// - the ratio is a finite number, not negative, and at most 1000;
 /// - the window is more than zero and at most one hour;
 /// - the number of slots is from 1 to 64;
-/// - a slot (the window divided by the number of slots) is at least 1 millisecond.
+/// - a slot (the window divided by the number of slots) is at least 10 milliseconds.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct InvalidBudget(Kind);
 
@@ -628,7 +629,7 @@ impl fmt::Display for InvalidBudget {
             Kind::WindowTooLong => "retry budget window must be at most one hour",
             Kind::Slots => "retry budget slots must be from 1 to 64",
             Kind::SlotTooShort => {
-                "retry budget slot (window divided by slots) must be at least 1 millisecond"
+                "retry budget slot (window divided by slots) must be at least 10 milliseconds"
             }
         })
     }
@@ -849,9 +850,9 @@ mod tests {
             ),
             (
                 RetryBudget::builder()
-                    .window(Duration::from_millis(9))
+                    .window(Duration::from_millis(99))
                     .slots(10),
-                "retry budget slot (window divided by slots) must be at least 1 millisecond",
+                "retry budget slot (window divided by slots) must be at least 10 milliseconds",
             ),
         ];
         for (builder, message) in cases {
@@ -867,7 +868,7 @@ mod tests {
             .unwrap();
         RetryBudget::builder()
             .ratio(0.0)
-            .window(Duration::from_millis(10))
+            .window(Duration::from_millis(100))
             .slots(10)
             .build()
             .unwrap();
