@@ -220,11 +220,20 @@ mod tests {
 
     #[test]
     fn repeated_headers_must_agree() {
-        assert_eq!(Attempt::from_headers(&with(&[b"2", b"2"])), Attempt::Number(2));
-        assert_eq!(Attempt::from_headers(&with(&[b"2", b"3"])), Attempt::Malformed);
+        assert_eq!(
+            Attempt::from_headers(&with(&[b"2", b"2"])),
+            Attempt::Number(2)
+        );
+        assert_eq!(
+            Attempt::from_headers(&with(&[b"2", b"3"])),
+            Attempt::Malformed
+        );
         assert_eq!(Attempt::from_headers(&with(&[b"2, 2"])), Attempt::Number(2));
         assert_eq!(Attempt::from_headers(&with(&[b"2,3"])), Attempt::Malformed);
-        assert_eq!(Attempt::from_headers(&with(&[b"2", b"x"])), Attempt::Malformed);
+        assert_eq!(
+            Attempt::from_headers(&with(&[b"2", b"x"])),
+            Attempt::Malformed
+        );
     }
 
     #[test]

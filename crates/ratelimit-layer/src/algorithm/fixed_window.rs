@@ -1,0 +1,208 @@
+//! The fixed window: a count per window of time.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::{Decision, InvalidLimit, Limiter, nanos};
+
+/// At most `quota` units per window; windows are aligned on the clock's origin
+/// (`[0, w)`, `[w, 2w)`, ...) and the count starts again at zero in each.
+///
+/// The cheapest algorithm to explain, with a known flaw the paper describes: the count
+/// forgets everything at a window edge, so a client can spend a whole quota at the end of
+/// one window and another whole quota at the start of the next. **Up to `2 * quota` units
+/// can be admitted within a few milliseconds across an edge.** Prefer [`SlidingWindow`]
+/// (which estimates across the edge) or [`TokenBucket`] when that matters.
+///
+/// [`SlidingWindow`]: super::SlidingWindow
+/// [`TokenBucket`]: super::TokenBucket
+///
+/// The state is the window number and its count, under a per-key mutex held for a few
+/// instructions.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_layer::{FixedWindow, Limiter};
+///
+/// let window = FixedWindow::new(2, Duration::from_secs(1))?;
+/// let state = Default::default();
+/// assert!(window.check(&state, 0, 1).is_allowed());
+/// assert!(window.check(&state, 0, 1).is_allowed());
+/// assert!(!window.check(&state, 999_999_999, 1).is_allowed());
+/// assert!(window.check(&state, 1_000_000_000, 1).is_allowed());
+/// # Ok::<(), ratelimit_layer::InvalidLimit>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct FixedWindow {
+    quota: u64,
+    window: Duration,
+    window_nanos: u64,
+}
+
+/// The state of one [`FixedWindow`] key.
+#[derive(Debug, Default)]
+pub struct FixedWindowState {
+    inner: Mutex<FixedInner>,
+}
+
+#[derive(Debug, Default)]
+struct FixedInner {
+    /// Which window `count` belongs to: `now / window`.
+    index: u64,
+    count: u64,
+}
+
+impl FixedWindow {
+    /// At most `quota` units per `window`.
+    ///
+    /// # Errors
+    ///
+    /// Zero quota, zero window, or a window longer than 584 years; see [`InvalidLimit`].
+    pub fn new(quota: u32, window: Duration) -> Result<Self, InvalidLimit> {
+        if quota == 0 {
+            return Err(InvalidLimit::ZeroRate);
+        }
+        if window.is_zero() {
+            return Err(InvalidLimit::ZeroPeriod);
+        }
+        Ok(Self {
+            quota: u64::from(quota),
+            window,
+            window_nanos: nanos(window)?,
+        })
+    }
+}
+
+impl Limiter for FixedWindow {
+    type State = FixedWindowState;
+
+    fn check(&self, state: &FixedWindowState, now: u64, cost: u32) -> Decision {
+        let cost = u64::from(cost);
+        if cost > self.quota {
+            return Decision::OverCapacity {
+                capacity: self.quota,
+            };
+        }
+        let mut s = state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = now / self.window_nanos;
+        let into = if index > s.index {
+            s.index = index;
+            s.count = 0;
+            now % self.window_nanos
+        } else if index == s.index {
+            now % self.window_nanos
+        } else {
+            // NOTE: another thread read a later time and already moved to a newer window;
+            // count this request there, as if at its start.
+            0
+        };
+        let reset = Duration::from_nanos(self.window_nanos - into);
+        if s.count + cost <= self.quota {
+            s.count += cost;
+            Decision::Allow {
+                remaining: self.quota - s.count,
+                reset,
+            }
+        } else {
+            Decision::Reject {
+                retry_after: reset,
+                remaining: self.quota - s.count,
+                reset,
+            }
+        }
+    }
+
+    fn is_idle(&self, state: &FixedWindowState, now: u64) -> bool {
+        let s = state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        s.count == 0 || now / self.window_nanos > s.index
+    }
+
+    fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    fn window(&self) -> Duration {
+        self.window
+    }
+
+    fn capacity(&self) -> u64 {
+        self.quota
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn edge_burst_admits_twice_the_quota_across_an_edge() {
+        // The paper's flaw: quota 10 per second, 10 at 0.99 s and 10 more at 1.00 s.
+        let window = FixedWindow::new(10, Duration::from_secs(1)).unwrap();
+        let state = FixedWindowState::default();
+        let mut admitted = 0;
+        for t in [990 * MS, 1_000 * MS] {
+            for _ in 0..15 {
+                if window.check(&state, t, 1).is_allowed() {
+                    admitted += 1;
+                }
+            }
+        }
+        assert_eq!(admitted, 20, "20 admitted within 10 ms");
+    }
+
+    #[test]
+    fn counts_per_window_and_rejects_until_the_edge() {
+        let window = FixedWindow::new(3, Duration::from_secs(1)).unwrap();
+        let state = FixedWindowState::default();
+        assert_eq!(
+            window.check(&state, 100 * MS, 2),
+            Decision::Allow {
+                remaining: 1,
+                reset: Duration::from_millis(900)
+            }
+        );
+        assert_eq!(
+            window.check(&state, 400 * MS, 2),
+            Decision::Reject {
+                retry_after: Duration::from_millis(600),
+                remaining: 1,
+                reset: Duration::from_millis(600)
+            }
+        );
+        assert!(window.check(&state, 400 * MS, 1).is_allowed());
+        assert!(!window.is_idle(&state, 999 * MS));
+        assert!(window.is_idle(&state, 1_000 * MS));
+        assert!(window.check(&state, 1_000 * MS, 3).is_allowed());
+        assert_eq!(
+            window.check(&state, 0, 4),
+            Decision::OverCapacity { capacity: 3 }
+        );
+    }
+
+    #[test]
+    fn a_late_reader_counts_in_the_newer_window() {
+        let window = FixedWindow::new(1, Duration::from_secs(1)).unwrap();
+        let state = FixedWindowState::default();
+        assert!(window.check(&state, 1_500 * MS, 1).is_allowed());
+        // A thread that read the clock before 1 s arrives after: the newer window counts.
+        assert!(!window.check(&state, 900 * MS, 1).is_allowed());
+    }
+
+    #[test]
+    fn invalid_configurations() {
+        assert_eq!(
+            FixedWindow::new(0, Duration::from_secs(1)),
+            Err(InvalidLimit::ZeroRate)
+        );
+        assert_eq!(
+            FixedWindow::new(1, Duration::ZERO),
+            Err(InvalidLimit::ZeroPeriod)
+        );
+        assert_eq!(
+            FixedWindow::new(1, Duration::MAX),
+            Err(InvalidLimit::TooLong)
+        );
+    }
+}

@@ -1,0 +1,309 @@
+//! The sliding window, with the paper's estimate from two counts.
+
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::{Decision, InvalidLimit, Limiter, nanos};
+
+/// About `quota` units per sliding window, estimated from the counts of the current and
+/// the previous fixed window, as the paper describes:
+///
+/// ```text
+/// r = c_n + (1 - (t mod w) / w) * c_{n-1}
+/// ```
+///
+/// where `c_n` is the count of the current window and `c_{n-1}` of the previous one: the
+/// previous window's requests are assumed evenly spread, and only the part of it still
+/// inside the sliding window counts. A request of cost 1 is admitted when `r < quota` (the
+/// paper's rule); a request of cost `n` when `r + n - 1 < quota`, which is the same rule
+/// applied as if its units arrived one by one. There is no edge burst as with
+/// [`FixedWindow`](super::FixedWindow), and no per-request timestamps are stored.
+///
+/// The state is the window number and two counts, under a per-key mutex held for a few
+/// instructions. The estimate is computed in integers (nanoseconds times counts), so it is
+/// exact. The `RateLimit` field's reset time is the end of the current window.
+///
+/// The paper's worked example, quota 10 per second:
+///
+/// ```
+/// use ratelimit_layer::{Limiter, SlidingWindow};
+/// use std::time::Duration;
+///
+/// let limiter = SlidingWindow::new(10, Duration::from_secs(1))?;
+/// let state = Default::default();
+/// for i in 0..10 {
+///     assert!(limiter.check(&state, i * 90_000_000, 1).is_allowed()); // 10 in [0, 1)
+/// }
+/// assert!(limiter.check(&state, 1_050_000_000, 1).is_allowed()); // 1 in [1, 2)
+/// // At 1.15 s: 1 + (1 - 0.15) * 10 = 9.5 < 10, so one more is admitted.
+/// assert!((limiter.estimate(&state, 1_150_000_000) - 9.5).abs() < 1e-9);
+/// assert!(limiter.check(&state, 1_150_000_000, 1).is_allowed());
+/// # Ok::<(), ratelimit_layer::InvalidLimit>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct SlidingWindow {
+    quota: u64,
+    window: Duration,
+    window_nanos: u64,
+}
+
+/// The state of one [`SlidingWindow`] key.
+#[derive(Debug, Default)]
+pub struct SlidingWindowState {
+    inner: Mutex<SlidingInner>,
+}
+
+#[derive(Clone, Copy, Debug, Default)]
+struct SlidingInner {
+    /// Which fixed window `current` counts: `now / window`.
+    index: u64,
+    current: u64,
+    previous: u64,
+}
+
+/// The counts as seen at some time, and how long is left of the current window.
+struct View {
+    current: u64,
+    previous: u64,
+    left: u64,
+}
+
+impl SlidingWindow {
+    /// About `quota` units per sliding `window`.
+    ///
+    /// # Errors
+    ///
+    /// Zero quota, zero window, or a window longer than 584 years; see [`InvalidLimit`].
+    pub fn new(quota: u32, window: Duration) -> Result<Self, InvalidLimit> {
+        if quota == 0 {
+            return Err(InvalidLimit::ZeroRate);
+        }
+        if window.is_zero() {
+            return Err(InvalidLimit::ZeroPeriod);
+        }
+        Ok(Self {
+            quota: u64::from(quota),
+            window,
+            window_nanos: nanos(window)?,
+        })
+    }
+
+    /// The paper's estimate `r` for `state` at `now`, before any new request.
+    pub fn estimate(&self, state: &SlidingWindowState, now: u64) -> f64 {
+        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(s, now);
+        // NOTE: display only; decisions use the exact integer form.
+        #[allow(clippy::cast_precision_loss)]
+        let r = v.current as f64 + (v.left as f64 / self.window_nanos as f64) * v.previous as f64;
+        r
+    }
+
+    /// The state rolled forward to `now`, without storing it.
+    fn view(&self, s: SlidingInner, now: u64) -> (View, u64) {
+        let w = self.window_nanos;
+        let index = now / w;
+        if index > s.index {
+            let previous = if index == s.index + 1 { s.current } else { 0 };
+            let view = View {
+                current: 0,
+                previous,
+                left: w - now % w,
+            };
+            (view, index)
+        } else if index == s.index {
+            let view = View {
+                current: s.current,
+                previous: s.previous,
+                left: w - now % w,
+            };
+            (view, index)
+        } else {
+            // NOTE: another thread read a later time and already moved to a newer window;
+            // count this request there, as if at its start.
+            let view = View {
+                current: s.current,
+                previous: s.previous,
+                left: w,
+            };
+            (view, s.index)
+        }
+    }
+
+    /// Whole units left under the quota with these counts (the estimate rounded up).
+    fn remaining(&self, v: &View) -> u64 {
+        let w = u128::from(self.window_nanos);
+        let used = u128::from(v.current) * w + u128::from(v.left) * u128::from(v.previous);
+        let quota = u128::from(self.quota) * w;
+        // NOTE: at most `quota`, so the cast cannot truncate.
+        u64::try_from(quota.saturating_sub(used) / w).unwrap_or(u64::MAX)
+    }
+
+    /// How long until a request of `cost` units (`1 <= cost <= quota`) is admitted, given
+    /// that it is not now.
+    fn retry_after(&self, v: &View, cost: u64) -> u64 {
+        let w = u128::from(self.window_nanos);
+        // Admitted when current * w + left * previous < need * w.
+        let need = u128::from(self.quota - cost + 1);
+        let current = u128::from(v.current);
+        let left = u128::from(v.left);
+        if current < need {
+            // Later in this window, as the previous window's weight decays. Rejected now
+            // means previous > 0.
+            let previous = u128::from(v.previous.max(1));
+            let left_max = ((need - current) * w).div_ceil(previous) - 1;
+            to_u64(left - left_max.min(left))
+        } else {
+            // In the next window, where this window's count becomes the previous one.
+            let left_max = (need * w).div_ceil(current) - 1;
+            if left_max >= w {
+                to_u64(left)
+            } else {
+                to_u64(left + (w - left_max))
+            }
+        }
+    }
+}
+
+fn to_u64(n: u128) -> u64 {
+    u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+impl Limiter for SlidingWindow {
+    type State = SlidingWindowState;
+
+    fn check(&self, state: &SlidingWindowState, now: u64, cost: u32) -> Decision {
+        let cost = u64::from(cost);
+        if cost > self.quota {
+            return Decision::OverCapacity {
+                capacity: self.quota,
+            };
+        }
+        let mut s = state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let (mut v, index) = self.view(*s, now);
+        let w = u128::from(self.window_nanos);
+        let admitted = cost == 0
+            || u128::from(v.current + cost - 1) * w + u128::from(v.left) * u128::from(v.previous)
+                < u128::from(self.quota) * w;
+        let reset = Duration::from_nanos(v.left);
+        if admitted {
+            v.current += cost;
+            *s = SlidingInner {
+                index,
+                current: v.current,
+                previous: v.previous,
+            };
+            Decision::Allow {
+                remaining: self.remaining(&v),
+                reset,
+            }
+        } else {
+            Decision::Reject {
+                retry_after: Duration::from_nanos(self.retry_after(&v, cost)),
+                remaining: self.remaining(&v),
+                reset,
+            }
+        }
+    }
+
+    fn is_idle(&self, state: &SlidingWindowState, now: u64) -> bool {
+        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(s, now);
+        v.current == 0 && v.previous == 0
+    }
+
+    fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    fn window(&self) -> Duration {
+        self.window
+    }
+
+    fn capacity(&self) -> u64 {
+        self.quota
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const MS: u64 = 1_000_000;
+
+    #[test]
+    fn the_papers_worked_example() {
+        // 10 in [0, 1), 1 in [1, 2); at t = 1.15 s the estimate is 9.5 < 10.
+        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let state = SlidingWindowState::default();
+        for i in 0..10 {
+            assert!(limiter.check(&state, i * 100 * MS, 1).is_allowed());
+        }
+        assert!(!limiter.check(&state, 999 * MS, 1).is_allowed());
+        // At 1.0 s exactly the whole previous window still counts: 0 + 1 * 10 = 10.
+        assert!(!limiter.check(&state, 1_000 * MS, 1).is_allowed());
+        assert!(limiter.check(&state, 1_100 * MS, 1).is_allowed());
+        let estimate = limiter.estimate(&state, 1_150 * MS);
+        assert!((estimate - 9.5).abs() < 1e-9, "estimate {estimate}");
+        assert!(limiter.check(&state, 1_150 * MS, 1).is_allowed());
+        // Now 2 + 0.85 * 10 = 10.5: full.
+        assert!(!limiter.check(&state, 1_150 * MS, 1).is_allowed());
+    }
+
+    #[test]
+    fn no_edge_burst() {
+        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let state = SlidingWindowState::default();
+        let mut admitted = 0;
+        for t in [990 * MS, 1_000 * MS] {
+            for _ in 0..15 {
+                if limiter.check(&state, t, 1).is_allowed() {
+                    admitted += 1;
+                }
+            }
+        }
+        assert_eq!(admitted, 10, "the fixed window would admit 20");
+    }
+
+    #[test]
+    fn retry_after_is_exact() {
+        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let state = SlidingWindowState::default();
+        for _ in 0..10 {
+            assert!(limiter.check(&state, 500 * MS, 1).is_allowed());
+        }
+        // Current window full: wait for the next one, then for the weight to fall below 10.
+        let Decision::Reject { retry_after, .. } = limiter.check(&state, 600 * MS, 1) else {
+            panic!("expected a rejection");
+        };
+        let at = 600 * MS + u64::try_from(retry_after.as_nanos()).unwrap();
+        assert!(!limiter.check(&state, at - 1, 1).is_allowed());
+        assert!(limiter.check(&state, at, 1).is_allowed());
+        assert!(at > 1_000 * MS && at <= 1_001 * MS, "at {at}");
+    }
+
+    #[test]
+    fn idle_after_two_quiet_windows() {
+        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let state = SlidingWindowState::default();
+        assert!(limiter.is_idle(&state, 0));
+        assert!(limiter.check(&state, 500 * MS, 4).is_allowed());
+        assert!(!limiter.is_idle(&state, 1_999 * MS));
+        assert!(limiter.is_idle(&state, 2_000 * MS));
+        assert_eq!(
+            limiter.check(&state, 0, 11),
+            Decision::OverCapacity { capacity: 10 }
+        );
+    }
+
+    #[test]
+    fn invalid_configurations() {
+        assert_eq!(
+            SlidingWindow::new(0, Duration::from_secs(1)),
+            Err(InvalidLimit::ZeroRate)
+        );
+        assert_eq!(
+            SlidingWindow::new(1, Duration::ZERO),
+            Err(InvalidLimit::ZeroPeriod)
+        );
+    }
+}

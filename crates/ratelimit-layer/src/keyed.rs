@@ -1,0 +1,477 @@
+//! Limits per key (client IP, API key, ...) with bounded memory.
+
+use std::borrow::Borrow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, RandomState};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{PoisonError, RwLock};
+use std::time::Duration;
+
+use hashbrown::HashTable;
+
+use crate::algorithm::{Decision, Limiter};
+use crate::clock::{Clock, RealClock};
+
+/// The default cap on tracked keys: 100 000.
+///
+/// With the token bucket and IP keys an entry takes 32 bytes, so the map stays under about
+/// 8 MiB (see [`KeyedLimiter::memory_bound`]); the figure is this crate's choice, large
+/// enough for the distinct clients a single server sees within a few seconds.
+pub const DEFAULT_MAX_KEYS: usize = 100_000;
+
+/// The default interval between sweeps of idle keys in a shard: one second.
+///
+/// Sweeping costs one pass over a shard (at most `max_keys / shards` entries) per interval,
+/// only when a new key arrives in that shard; the figure is this crate's choice.
+pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+
+/// Fewest keys a shard is made to hold (unless `max_keys` itself is smaller).
+const MIN_SHARD_CAP: usize = 256;
+
+/// Which kind of limit a request was checked against; also the `key_class` label of the
+/// rejection metric.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum KeyClass {
+    /// The one limit of a layer without keys.
+    Global,
+    /// The request's own key.
+    Keyed,
+    /// The shared overflow limit of keys that arrived while the map was at its cap.
+    Overflow,
+    /// The shared limit of requests from which no key could be extracted.
+    Unkeyed,
+}
+
+impl KeyClass {
+    /// The label value: `global`, `keyed`, `overflow` or `unkeyed`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Self::Global => "global",
+            Self::Keyed => "keyed",
+            Self::Overflow => "overflow",
+            Self::Unkeyed => "unkeyed",
+        }
+    }
+}
+
+/// One limiter applied per key, in a sharded map whose memory is bounded.
+///
+/// # How keys are stored
+///
+/// Keys live in a fixed number of shards (a power of two, four per available CPU, at most
+/// 256, and few enough that each holds at least 256 keys), each a hash table behind a reader-writer lock. A key is
+/// hashed once, with std's DoS-resistant `RandomState` (peers choose the keys), which both
+/// picks the shard and finds the entry. A request for a known key takes the shard's *read*
+/// lock only: the per-key state is updated in place (atomically for the token bucket), so
+/// requests for different keys, or for the same hot key, do not serialise on a writer.
+///
+/// # Bounded memory
+///
+/// - **Idle eviction, lossless.** A key whose state equals a fresh one
+///   ([`Limiter::is_idle`]: a full bucket, or windows that have passed) is removed by a sweep
+///   of its shard, which runs when a new key arrives in that shard and the sweep interval
+///   has passed. Forgetting such a key changes no decision.
+/// - **A hard cap.** Each shard holds at most `ceil(max_keys / shards)` keys. **At the cap**
+///   (after a due sweep, if any), a new key is *not* stored: its request is checked against
+///   one shared *overflow* state with the same limit, [`KeyClass::Overflow`]. So a flood of
+///   distinct keys cannot grow memory; the flood as a whole gets one key's quota; keys
+///   already tracked keep their own limits. Once sweeps free room, new keys are tracked
+///   again. Because the cap is per shard, a few new keys may go to the overflow state
+///   shortly before `max_keys` keys are tracked in total (shards fill unevenly).
+///
+/// The map's heap use is at most [`memory_bound`](Self::memory_bound) bytes, plus whatever
+/// heap the keys themselves own (none for IP addresses).
+pub struct KeyedLimiter<L: Limiter, K, C = RealClock> {
+    limiter: L,
+    clock: C,
+    hasher: RandomState,
+    shards: Box<[Shard<K, L::State>]>,
+    shard_mask: usize,
+    shard_cap: usize,
+    sweep_interval: u64,
+    len: AtomicUsize,
+    overflow: L::State,
+    keys_gauge: metrics::Gauge,
+}
+
+/// One shard, on its own cache lines so that two shards' locks never share one.
+#[repr(align(128))]
+struct Shard<K, S> {
+    table: RwLock<ShardTable<K, S>>,
+}
+
+struct ShardTable<K, S> {
+    entries: HashTable<(K, S)>,
+    /// Clock time (nanoseconds) after which the next new key sweeps idle entries.
+    next_sweep: u64,
+}
+
+impl<L: Limiter, K: Hash + Eq> KeyedLimiter<L, K, RealClock> {
+    /// A keyed limiter on the real clock, tracking at most `max_keys` keys (at least one).
+    pub fn new(limiter: L, max_keys: usize) -> Self {
+        Self::with_clock(limiter, RealClock::new(), max_keys)
+    }
+}
+
+impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
+    /// A keyed limiter on `clock`, tracking at most `max_keys` keys (at least one; a zero
+    /// is taken as one).
+    pub fn with_clock(limiter: L, clock: C, max_keys: usize) -> Self {
+        let max_keys = max_keys.max(1);
+        let cpus = std::thread::available_parallelism().map_or(1, usize::from);
+        // NOTE: a power of two, so that a mask picks the shard. The cap is enforced per shard,
+        // so each shard must hold enough keys (256) for hashing to spread them evenly.
+        let per_shard_floor = (max_keys / MIN_SHARD_CAP).max(1);
+        let largest_pow2_under_max = 1usize << (usize::BITS - 1 - per_shard_floor.leading_zeros());
+        let shards = (cpus * 4)
+            .next_power_of_two()
+            .clamp(1, 256)
+            .min(largest_pow2_under_max);
+        let shard_cap = max_keys.div_ceil(shards);
+        Self {
+            limiter,
+            clock,
+            hasher: RandomState::new(),
+            shards: (0..shards)
+                .map(|_| Shard {
+                    table: RwLock::new(ShardTable {
+                        entries: HashTable::new(),
+                        next_sweep: 0,
+                    }),
+                })
+                .collect(),
+            shard_mask: shards - 1,
+            shard_cap,
+            sweep_interval: nanos(DEFAULT_SWEEP_INTERVAL),
+            len: AtomicUsize::new(0),
+            overflow: L::State::default(),
+            keys_gauge: metrics::Gauge::noop(),
+        }
+    }
+
+    /// Sets the interval between sweeps of idle keys in a shard. Default:
+    /// [`DEFAULT_SWEEP_INTERVAL`] (one second).
+    #[must_use]
+    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = nanos(interval);
+        self
+    }
+
+    /// Reports the number of tracked keys to this gauge (normally
+    /// `ratelimit_layer_keys`). Default: no gauge.
+    #[must_use]
+    pub fn keys_gauge(mut self, gauge: metrics::Gauge) -> Self {
+        self.keys_gauge = gauge;
+        self
+    }
+
+    /// The limiter applied to each key.
+    pub fn limiter(&self) -> &L {
+        &self.limiter
+    }
+
+    /// The clock.
+    pub fn clock(&self) -> &C {
+        &self.clock
+    }
+
+    /// The cap on tracked keys, rounded up to a multiple of the shard count.
+    pub fn max_keys(&self) -> usize {
+        self.shard_cap * self.shards.len()
+    }
+
+    /// The number of shards.
+    pub fn shards(&self) -> usize {
+        self.shards.len()
+    }
+
+    /// Keys tracked now.
+    pub fn len(&self) -> usize {
+        self.len.load(Ordering::Relaxed)
+    }
+
+    /// Whether no key is tracked.
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+
+    /// Decides a request of `cost` units for `key`, now.
+    ///
+    /// A known key takes its shard's read lock only. A new key is stored (under the write
+    /// lock) unless the request leaves its state idle (a free or over-capacity request) or
+    /// the shard is at its cap, in which case the shared overflow state decides.
+    pub fn check<Q>(&self, key: &Q, cost: u32) -> (Decision, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        let now = self.clock.now();
+        let hash = self.hasher.hash_one(key);
+        // NOTE: hashbrown indexes buckets with the low bits and tags them with the top 7;
+        // the shard comes from the middle bits so the three stay independent.
+        let shard = &self.shards[(hash >> 32) as usize & self.shard_mask];
+        {
+            let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
+            if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
+                return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+            }
+        }
+        self.check_new(shard, hash, key, now, cost)
+    }
+
+    #[cold]
+    fn check_new<Q>(
+        &self,
+        shard: &Shard<K, L::State>,
+        hash: u64,
+        key: &Q,
+        now: u64,
+        cost: u32,
+    ) -> (Decision, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+        // Another request may have inserted the key between the two locks.
+        if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
+            return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+        }
+        if now >= table.next_sweep {
+            table.next_sweep = now.saturating_add(self.sweep_interval);
+            self.sweep(&mut table, now);
+        }
+        if table.entries.len() >= self.shard_cap {
+            tracing::debug!(
+                shard_cap = self.shard_cap,
+                "rate limit key map shard is full; checking a new key against the overflow limit"
+            );
+            return (
+                self.limiter.check(&self.overflow, now, cost),
+                KeyClass::Overflow,
+            );
+        }
+        let state = L::State::default();
+        let decision = self.limiter.check(&state, now, cost);
+        if !self.limiter.is_idle(&state, now) {
+            let hasher = &self.hasher;
+            table
+                .entries
+                .insert_unique(hash, (key.to_owned().into(), state), |(k, _)| {
+                    hasher.hash_one(k)
+                });
+            let len = self.len.fetch_add(1, Ordering::Relaxed) + 1;
+            #[allow(clippy::cast_precision_loss)]
+            self.keys_gauge.set(len as f64);
+        }
+        (decision, KeyClass::Keyed)
+    }
+
+    fn sweep(&self, table: &mut ShardTable<K, L::State>, now: u64) {
+        let before = table.entries.len();
+        table
+            .entries
+            .retain(|(_, state)| !self.limiter.is_idle(state, now));
+        let removed = before - table.entries.len();
+        if removed > 0 {
+            let len = self.len.fetch_sub(removed, Ordering::Relaxed) - removed;
+            #[allow(clippy::cast_precision_loss)]
+            self.keys_gauge.set(len as f64);
+        }
+    }
+
+    /// Sweeps every shard now, removing idle keys whatever the sweep interval; returns how
+    /// many were removed. Sweeps also happen on their own as new keys arrive.
+    pub fn evict_idle(&self) -> usize {
+        let now = self.clock.now();
+        let before = self.len();
+        for shard in &self.shards {
+            let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
+            self.sweep(&mut table, now);
+        }
+        before.saturating_sub(self.len())
+    }
+
+    /// Bytes of heap the map's tables hold now (not counting heap owned by the keys).
+    pub fn allocated_bytes(&self) -> usize {
+        self.shards
+            .iter()
+            .map(|s| {
+                s.table
+                    .read()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .entries
+                    .allocation_size()
+            })
+            .sum::<usize>()
+            + self.shards.len() * size_of::<Shard<K, L::State>>()
+    }
+
+    /// The most heap the map can ever hold, whatever keys arrive (not counting heap owned
+    /// by the keys): the shards themselves, plus for each shard a table grown to hold its
+    /// cap. A table holds `7/8` of its buckets, a power of two; each bucket costs one entry
+    /// (`size_of::<(K, L::State)>()`) and one control byte, plus 16 trailing control bytes.
+    pub fn memory_bound(&self) -> usize {
+        let buckets = if self.shard_cap < 8 {
+            if self.shard_cap < 4 { 4 } else { 8 }
+        } else {
+            (self.shard_cap * 8).div_ceil(7).next_power_of_two()
+        };
+        let per_table = buckets * (size_of::<(K, L::State)>() + 1) + 16 + 16;
+        self.shards.len() * (per_table + size_of::<Shard<K, L::State>>())
+    }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
+}
+
+impl<L: Limiter + fmt::Debug, K, C: fmt::Debug> fmt::Debug for KeyedLimiter<L, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiter")
+            .field("limiter", &self.limiter)
+            .field("clock", &self.clock)
+            .field("shards", &self.shards.len())
+            .field("shard_cap", &self.shard_cap)
+            .field("len", &self.len.load(Ordering::Relaxed))
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::{FakeClock, SlidingWindow, TokenBucket};
+    use std::net::{IpAddr, Ipv4Addr};
+
+    fn ip(n: u32) -> IpAddr {
+        IpAddr::V4(Ipv4Addr::from(n))
+    }
+
+    #[test]
+    fn keys_have_their_own_limits() {
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(1, 2).unwrap(), clock, 100);
+        for _ in 0..2 {
+            assert!(keyed.check(&ip(1), 1).0.is_allowed());
+        }
+        assert!(!keyed.check(&ip(1), 1).0.is_allowed());
+        assert!(keyed.check(&ip(2), 1).0.is_allowed());
+        assert_eq!(keyed.len(), 2);
+    }
+
+    #[test]
+    fn borrowed_lookups_store_owned_keys() {
+        let keyed: KeyedLimiter<_, Box<[u8]>, _> = KeyedLimiter::with_clock(
+            TokenBucket::per_second(1, 1).unwrap(),
+            FakeClock::new(),
+            100,
+        );
+        let key: &[u8] = b"api-key-1";
+        assert!(keyed.check(key, 1).0.is_allowed());
+        assert!(!keyed.check(key, 1).0.is_allowed());
+        assert_eq!(keyed.len(), 1);
+    }
+
+    #[test]
+    fn idle_keys_are_evicted_without_changing_decisions() {
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(10, 1).unwrap(), clock.clone(), 100);
+        for n in 0..50 {
+            assert!(keyed.check(&ip(n), 1).0.is_allowed());
+        }
+        assert_eq!(keyed.len(), 50);
+        assert_eq!(keyed.evict_idle(), 0, "nothing is idle yet");
+        clock.advance(Duration::from_millis(100));
+        assert_eq!(keyed.evict_idle(), 50);
+        assert!(keyed.is_empty());
+        // A swept key starts fresh, which is exactly the state it was in.
+        assert!(keyed.check(&ip(0), 1).0.is_allowed());
+    }
+
+    #[test]
+    fn sweeps_run_on_their_own_as_new_keys_arrive() {
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
+            SlidingWindow::new(5, Duration::from_secs(1)).unwrap(),
+            clock.clone(),
+            1_000,
+        );
+        for n in 0..200 {
+            keyed.check(&ip(n), 1);
+        }
+        assert_eq!(keyed.len(), 200);
+        clock.advance(Duration::from_secs(2));
+        // NOTE: 100 new keys reach every shard (there are two) but with odds of 2^-99.
+        assert_eq!(keyed.shards(), 2);
+        for n in 1_000..1_100 {
+            keyed.check(&ip(n), 1);
+        }
+        assert_eq!(keyed.len(), 100, "the 200 idle keys were swept");
+    }
+
+    #[test]
+    fn at_the_cap_new_keys_share_the_overflow_limit() {
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(1, 3).unwrap(), clock.clone(), 16);
+        let cap = keyed.max_keys();
+        let mut classes = std::collections::HashMap::new();
+        let mut overflow_admitted = 0;
+        for n in 0..1_000 {
+            let (decision, class) = keyed.check(&ip(n), 1);
+            *classes.entry(class).or_insert(0) += 1;
+            if class == KeyClass::Overflow && decision.is_allowed() {
+                overflow_admitted += 1;
+            }
+        }
+        assert_eq!(keyed.len(), cap);
+        assert!(keyed.len() <= 16 + keyed.shards());
+        assert_eq!(classes[&KeyClass::Keyed], cap);
+        assert_eq!(classes[&KeyClass::Overflow], 1_000 - cap);
+        assert_eq!(
+            overflow_admitted, 3,
+            "the flood as a whole gets one key's burst"
+        );
+        // Tracked keys keep their own limit.
+        assert!(keyed.check(&ip(0), 1).0.is_allowed());
+        assert_eq!(keyed.check(&ip(0), 1).1, KeyClass::Keyed);
+        // Once the tracked keys are idle, a sweep makes room again.
+        clock.advance(Duration::from_secs(10));
+        assert_eq!(keyed.check(&ip(5_000), 1).1, KeyClass::Keyed);
+    }
+
+    #[test]
+    fn over_capacity_and_free_requests_store_nothing() {
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(1, 3).unwrap(), FakeClock::new(), 16);
+        assert_eq!(
+            keyed.check(&ip(1), 4).0,
+            Decision::OverCapacity { capacity: 3 }
+        );
+        assert!(keyed.check(&ip(1), 0).0.is_allowed());
+        assert!(keyed.is_empty());
+    }
+
+    #[test]
+    fn memory_stays_under_the_bound() {
+        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
+            TokenBucket::per_second(1, 1).unwrap(),
+            FakeClock::new(),
+            1_000,
+        );
+        let bound = keyed.memory_bound();
+        for n in 0..20_000 {
+            keyed.check(&ip(n), 1);
+            if n % 997 == 0 {
+                assert!(keyed.allocated_bytes() <= bound);
+            }
+        }
+        assert!(keyed.allocated_bytes() <= bound);
+        assert!(keyed.len() <= keyed.max_keys());
+    }
+}

@@ -1,0 +1,111 @@
+//! The [`RateLimit`] service.
+
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::{Request, Response};
+use overload_signal::protocol::{
+    Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
+};
+use tower_service::Service;
+
+use super::Shared;
+use super::future::ResponseFuture;
+use crate::algorithm::Decision;
+
+/// Rejects requests above a rate before they reach the inner service; see the
+/// [crate docs](crate).
+///
+/// Built by [`RateLimitLayer`](crate::RateLimitLayer); clones share the same limits.
+#[derive(Clone, Debug)]
+pub struct RateLimit<S> {
+    inner: S,
+    shared: Arc<Shared>,
+}
+
+impl<S> RateLimit<S> {
+    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+        Self { inner, shared }
+    }
+
+    /// The inner service.
+    pub fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// The inner service, consuming this one.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    /// Delegates to the inner service.
+    ///
+    /// The limit is decided in `call`, where the request is visible; this layer needs no
+    /// capacity of its own. As with every short-circuiting `tower-http` layer, a rejected
+    /// request leaves the readiness the inner service reserved for the next `call` on this
+    /// instance (or releases it when the instance is dropped, as axum and hyper do per
+    /// request).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let shared = &*self.shared;
+        let cost = shared.cost(&parts);
+        let (decision, class) = shared.decide.decide(&parts, cost);
+        let (retry_after, remaining, reset) = match decision {
+            Decision::Allow { remaining, reset } => {
+                shared.metrics.admitted.increment(1);
+                let fields = shared.admitted_headers.then(|| {
+                    (
+                        shared.policy.to_header_value(),
+                        shared.policy.status(remaining, reset),
+                    )
+                });
+                let future = self.inner.call(Request::from_parts(parts, body));
+                return ResponseFuture::admitted(future, fields);
+            }
+            Decision::Reject {
+                retry_after,
+                remaining,
+                reset,
+            } => (retry_after, remaining, reset),
+            Decision::OverCapacity { .. } => (shared.window, 0, shared.window),
+        };
+        shared.metrics.rejected(class).increment(1);
+        tracing::trace!(key_class = class.as_str(), ?retry_after, "rate limited");
+        let protocol = Protocol::of_headers(&parts.headers);
+        ResponseFuture::rejected(rejection(shared, protocol, retry_after, remaining, reset))
+    }
+}
+
+fn rejection<B: Default>(
+    shared: &Shared,
+    protocol: Protocol,
+    retry_after: Duration,
+    remaining: u64,
+    reset: Duration,
+) -> Response<B> {
+    let mut response = too_many_requests_response(protocol, retry_after);
+    let headers = response.headers_mut();
+    headers.insert(RATELIMIT_POLICY, shared.policy.to_header_value());
+    headers.insert(RATELIMIT, shared.policy.status(remaining, reset));
+    response
+}

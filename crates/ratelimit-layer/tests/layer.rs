@@ -1,0 +1,345 @@
+//! The layer's contract, with a fake clock and plain Tower services.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use overload_signal::protocol::{GRPC_RETRY_PUSHBACK_MS, RATELIMIT, RATELIMIT_POLICY, grpc_status};
+use ratelimit_layer::{
+    ClientIp, FakeClock, FixedWindow, InvalidConfig, InvalidLimit, RateLimit, RateLimitLayer,
+    TokenBucket,
+};
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+
+type Calls = Arc<AtomicUsize>;
+
+fn counting_service(
+    calls: &Calls,
+) -> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone + use<>
+{
+    let calls = Arc::clone(calls);
+    service_fn(move |_req: Request<String>| {
+        calls.fetch_add(1, Ordering::SeqCst);
+        async { Ok::<_, Infallible>(Response::new("hello".to_owned())) }
+    })
+}
+
+fn request() -> Request<String> {
+    Request::new(String::new())
+}
+
+fn from(peer: &str) -> Request<String> {
+    let mut req = request();
+    req.extensions_mut()
+        .insert(peer.parse::<SocketAddr>().unwrap());
+    req
+}
+
+#[tokio::test]
+async fn rejects_above_the_rate_without_calling_the_inner_service() {
+    let clock = FakeClock::new();
+    let layer =
+        RateLimitLayer::builder_with_clock(TokenBucket::per_second(10, 5).unwrap(), clock.clone())
+            .build()
+            .unwrap();
+    let calls = Calls::default();
+    let svc = layer.layer(counting_service(&calls));
+    for _ in 0..5 {
+        let res = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK);
+        assert!(res.headers().get(RATELIMIT).is_none(), "off by default");
+    }
+    let res = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
+    assert_eq!(res.headers()[RATELIMIT_POLICY], "\"default\";q=10;w=1");
+    assert_eq!(res.headers()[RATELIMIT], "\"default\";r=0;t=1");
+    assert_eq!(res.body(), "", "rejections have the default body");
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+
+    clock.advance(Duration::from_millis(100));
+    let res = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
+}
+
+#[tokio::test]
+async fn grpc_requests_get_resource_exhausted_with_pushback() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(10, 1).unwrap(),
+        FakeClock::new(),
+    )
+    .build()
+    .unwrap();
+    let calls = Calls::default();
+    let svc = layer.layer(counting_service(&calls));
+    let grpc = || {
+        Request::builder()
+            .header(http::header::CONTENT_TYPE, "application/grpc")
+            .body(String::new())
+            .unwrap()
+    };
+    assert_eq!(
+        grpc_status(svc.clone().oneshot(grpc()).await.unwrap().headers()),
+        None
+    );
+    let res = svc.clone().oneshot(grpc()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(grpc_status(res.headers()), Some(8));
+    assert_eq!(res.headers()[GRPC_RETRY_PUSHBACK_MS], "100");
+    assert!(res.headers().get(http::header::RETRY_AFTER).is_none());
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[tokio::test]
+async fn admitted_responses_carry_the_fields_when_asked() {
+    let layer = RateLimitLayer::builder_with_clock(
+        FixedWindow::new(3, Duration::from_secs(10)).unwrap(),
+        FakeClock::new(),
+    )
+    .policy_name("api")
+    .admitted_headers(true)
+    .build()
+    .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let res = svc.oneshot(request()).await.unwrap();
+    assert_eq!(res.status(), StatusCode::OK);
+    assert_eq!(res.headers()[RATELIMIT_POLICY], "\"api\";q=3;w=10");
+    assert_eq!(res.headers()[RATELIMIT], "\"api\";r=2;t=10");
+}
+
+#[tokio::test]
+async fn keyed_by_client_ip() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(1, 2).unwrap(),
+        FakeClock::new(),
+    )
+    .key_by_client_ip(ClientIp::socket_addr())
+    .build()
+    .unwrap();
+    let calls = Calls::default();
+    let svc = layer.layer(counting_service(&calls));
+    let status = |req| {
+        let svc = svc.clone();
+        async move { svc.oneshot(req).await.unwrap().status() }
+    };
+    assert_eq!(status(from("192.0.2.1:1000")).await, StatusCode::OK);
+    assert_eq!(status(from("192.0.2.1:1001")).await, StatusCode::OK);
+    assert_eq!(
+        status(from("192.0.2.1:1002")).await,
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    // Another client has its own bucket.
+    assert_eq!(status(from("192.0.2.2:1000")).await, StatusCode::OK);
+    // A spoofed X-Forwarded-For from an untrusted peer changes nothing.
+    let mut spoofed = from("192.0.2.1:1003");
+    spoofed
+        .headers_mut()
+        .insert("x-forwarded-for", HeaderValue::from_static("198.51.100.9"));
+    assert_eq!(status(spoofed).await, StatusCode::TOO_MANY_REQUESTS);
+    // Requests without a peer address share one limit.
+    assert_eq!(status(request()).await, StatusCode::OK);
+    assert_eq!(status(request()).await, StatusCode::OK);
+    assert_eq!(status(request()).await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+}
+
+#[tokio::test]
+async fn keyed_by_header() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(1, 1).unwrap(),
+        FakeClock::new(),
+    )
+    .key_by_header(http::HeaderName::from_static("x-api-key"))
+    .build()
+    .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let with_key = |k: &'static str| {
+        Request::builder()
+            .header("x-api-key", k)
+            .body(String::new())
+            .unwrap()
+    };
+    assert_eq!(
+        svc.clone().oneshot(with_key("a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(with_key("b")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(with_key("a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+}
+
+#[tokio::test]
+async fn weighted_requests() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(10, 10).unwrap(),
+        FakeClock::new(),
+    )
+    .cost_by(|parts| if parts.uri.path() == "/heavy" { 6 } else { 1 })
+    .build()
+    .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let to = |path: &str| Request::builder().uri(path).body(String::new()).unwrap();
+    assert_eq!(
+        svc.clone().oneshot(to("/heavy")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let res = svc.clone().oneshot(to("/heavy")).await.unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()[RATELIMIT], "\"default\";r=4;t=1");
+    for _ in 0..4 {
+        assert_eq!(
+            svc.clone().oneshot(to("/light")).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+}
+
+#[tokio::test]
+async fn over_capacity_requests_are_rejected_with_the_window() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::new(5, Duration::from_secs(3), 5).unwrap(),
+        FakeClock::new(),
+    )
+    .cost_by(|_| 6)
+    .build()
+    .unwrap();
+    let calls = Calls::default();
+    let res = layer
+        .layer(counting_service(&calls))
+        .oneshot(request())
+        .await
+        .unwrap();
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(res.headers()[http::header::RETRY_AFTER], "3");
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+}
+
+#[test]
+fn invalid_builds_are_refused() {
+    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
+        .cost(6)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err,
+        InvalidConfig::Limit(InvalidLimit::CostExceedsCapacity {
+            cost: 6,
+            capacity: 5
+        })
+    );
+    assert_eq!(
+        err.to_string(),
+        "request cost 6 exceeds the burst or quota 5, so no such request could ever be admitted"
+    );
+    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
+        .key_by_client_ip(ClientIp::default())
+        .max_keys(0)
+        .build()
+        .unwrap_err();
+    assert_eq!(err, InvalidConfig::ZeroMaxKeys);
+    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
+        .policy_name("é")
+        .build()
+        .unwrap_err();
+    assert!(matches!(err, InvalidConfig::Policy(_)));
+}
+
+#[test]
+fn layer_and_service_are_clone_send_sync() {
+    fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+    assert_traits::<RateLimitLayer>();
+    assert_traits::<
+        RateLimit<tower::util::BoxCloneSyncService<Request<String>, Response<String>, Infallible>>,
+    >();
+}
+
+// NOTE: paused time makes the "no request arrives" timeout deterministic.
+#[tokio::test(start_paused = true)]
+async fn composes_in_service_builder_and_delegates_readiness() {
+    let layer = RateLimitLayer::new(TokenBucket::per_second(1, 1).unwrap()).unwrap();
+    let (mock, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
+    let mut svc = ServiceBuilder::new().layer(layer).service(mock);
+    handle.allow(0);
+    assert!(
+        tokio_test_poll_ready(&mut svc).is_pending(),
+        "inner not ready: neither are we"
+    );
+    handle.allow(2);
+    assert!(tokio_test_poll_ready(&mut svc).is_ready());
+    let first = svc.call(request());
+    let (_req, send) = handle.next_request().await.unwrap();
+    send.send_response(Response::new("ok".to_owned()));
+    assert_eq!(first.await.unwrap().status(), StatusCode::OK);
+    svc.ready().await.unwrap();
+    let second = svc.call(request()).await.unwrap();
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The rejected request never reached the inner service.
+    assert!(
+        tokio::time::timeout(Duration::from_millis(10), handle.next_request())
+            .await
+            .is_err()
+    );
+}
+
+fn tokio_test_poll_ready<S: Service<Request<String>>>(svc: &mut S) -> std::task::Poll<()> {
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    svc.poll_ready(&mut cx).map(|r| {
+        assert!(r.is_ok());
+    })
+}
+
+#[tokio::test]
+async fn metrics_count_admitted_rejected_and_keys() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let layer = metrics::with_local_recorder(&recorder, || {
+        RateLimitLayer::builder_with_clock(TokenBucket::per_second(1, 1).unwrap(), FakeClock::new())
+            .key_by_client_ip(ClientIp::socket_addr())
+            .policy_name("edge")
+            .build()
+            .unwrap()
+    });
+    let svc = layer.layer(counting_service(&Calls::default()));
+    for peer in ["192.0.2.1:1", "192.0.2.1:2", "192.0.2.2:1"] {
+        svc.clone().oneshot(from(peer)).await.unwrap();
+    }
+    svc.clone().oneshot(request()).await.unwrap();
+    svc.clone().oneshot(request()).await.unwrap();
+    let mut admitted = 0;
+    let mut rejected = Vec::new();
+    let mut keys = 0.0;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        assert!(
+            key.labels()
+                .any(|l| l.key() == "policy" && l.value() == "edge")
+        );
+        match (key.name(), value) {
+            ("ratelimit_layer_requests_admitted_total", DebugValue::Counter(n)) => admitted = n,
+            ("ratelimit_layer_requests_rejected_total", DebugValue::Counter(n)) if n > 0 => {
+                let class = key.labels().find(|l| l.key() == "key_class").unwrap();
+                rejected.push((class.value().to_owned(), n));
+            }
+            ("ratelimit_layer_keys", DebugValue::Gauge(g)) => keys = g.into_inner(),
+            _ => {}
+        }
+    }
+    assert_eq!(admitted, 3);
+    rejected.sort();
+    assert_eq!(
+        rejected,
+        vec![("keyed".to_owned(), 1), ("unkeyed".to_owned(), 1)]
+    );
+    assert!((keys - 2.0).abs() < f64::EPSILON);
+}

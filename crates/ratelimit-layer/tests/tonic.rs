@@ -1,0 +1,64 @@
+//! The layer in a tonic server, end to end on 127.0.0.1, with the real gRPC health service.
+
+use std::time::Duration;
+
+use ratelimit_layer::{ClientIp, FakeClock, RateLimitLayer, TokenBucket};
+use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
+use tonic::transport::{Channel, Server};
+use tonic_health::pb::HealthCheckRequest;
+use tonic_health::pb::health_client::HealthClient;
+
+#[tokio::test]
+async fn tonic_server_answers_resource_exhausted_with_pushback() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(4, 1).unwrap(),
+        FakeClock::new(),
+    )
+    .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| {
+        ci.remote_addr
+    }))
+    .build()
+    .unwrap();
+    let (_reporter, health) = tonic_health::server::health_reporter();
+
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        Server::builder()
+            .layer(layer)
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect_timeout(Duration::from_secs(10))
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let first = client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap();
+    assert_eq!(first.into_inner().status, 1, "SERVING");
+
+    let status = client
+        .check(HealthCheckRequest {
+            service: String::new(),
+        })
+        .await
+        .unwrap_err();
+    assert_eq!(status.code(), tonic::Code::ResourceExhausted);
+    assert_eq!(status.message(), "rate limit exceeded, retry later");
+    assert_eq!(
+        status.metadata().get("grpc-retry-pushback-ms").unwrap(),
+        "250"
+    );
+
+    server.abort();
+}
