@@ -1,5 +1,6 @@
 //! The axum application: `/api` served by a model, `/healthz`, `/metrics`.
 
+use std::convert::Infallible;
 use std::fmt;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -8,11 +9,14 @@ use axum::Router;
 use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
-use axum::routing::get;
+use axum::routing::{MethodRouter, get};
 use metrics_exporter_prometheus::PrometheusHandle;
-use overload_signal::protocol::is_stop_signal;
+use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
+use overload_signal::{OverloadSignalLayer, is_overloaded};
+use ratelimit_layer::RateLimitLayer;
 use tower::util::MapResponseLayer;
 
+use crate::downstream::Downstream;
 use crate::model::Model;
 
 /// Names of the metrics `demo-server` records, through the `metrics` facade.
@@ -61,18 +65,54 @@ const FAILED: &str = "failed";
 #[derive(Clone, Debug)]
 pub struct AppConfig {
     model: Model,
+    stack: Stack,
+    downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
     stats: ServerStats,
 }
 
+/// What stands in front of the model on `/api`.
+#[derive(Clone, Debug)]
+pub enum Stack {
+    /// The bare model: the article's server.
+    None,
+    /// [`OverloadSignalLayer`] outside [`RateLimitLayer`], in front of the model:
+    ///
+    /// ```text
+    /// network ──► OverloadSignalLayer ──► RateLimitLayer ──► model
+    /// ```
+    Full {
+        /// The overload layer; keep a clone to read its histogram.
+        overload: OverloadSignalLayer,
+        /// The rate limiter.
+        rate_limit: RateLimitLayer,
+    },
+}
+
 impl AppConfig {
-    /// `/api` served by `model`, no `/metrics` route.
+    /// `/api` served by the bare `model` ([`Stack::None`]), no downstream, no `/metrics`
+    /// route.
     pub fn new(model: Model) -> Self {
         Self {
             model,
+            stack: Stack::None,
+            downstream: None,
             metrics: None,
             stats: ServerStats::default(),
         }
+    }
+
+    /// Puts `stack` in front of the model. Default [`Stack::None`].
+    pub fn stack(mut self, stack: Stack) -> Self {
+        self.stack = stack;
+        self
+    }
+
+    /// Makes `/api` call `downstream` after the model's work and before answering, so tiers
+    /// chain. Default: no downstream.
+    pub fn downstream(mut self, downstream: Downstream) -> Self {
+        self.downstream = Some(downstream);
+        self
     }
 
     /// Serves `GET /metrics` from `handle`. The caller installs the recorder the handle
@@ -175,13 +215,17 @@ impl fmt::Display for StatsSnapshot {
 #[derive(Clone)]
 struct AppState {
     model: Model,
+    downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
 }
 
 /// The demo server's routes:
 ///
-/// - `GET /api`: one request through the model; `200 OK` with `ok\n` once done. A paused
-///   in-process model whose backlog is full answers `503 Service Unavailable`.
+/// - `GET /api`: the [`Stack`], then one request through the model, then the downstream call
+///   if any; `200 OK` with `ok\n`. A paused in-process model whose backlog is full answers
+///   `503 Service Unavailable`. A downstream call that ends with the stop signal answers
+///   with the stop signal (`503` with `X-Overloaded`), with or without the overload layer;
+///   any other downstream failure answers `502 Bad Gateway`.
 /// - `GET /healthz`: `200 OK` with `ok\n` at once, never limited.
 /// - `GET /metrics`: Prometheus text from the handle given to [`AppConfig::metrics`] (route
 ///   absent without one); see [`metric_names`].
@@ -190,11 +234,24 @@ struct AppState {
 pub fn app(config: AppConfig) -> Router {
     let AppConfig {
         model,
+        stack,
+        downstream,
         metrics,
         stats,
     } = config;
     let has_metrics = metrics.is_some();
-    let api = get(api).layer(MapResponseLayer::new(move |response: Response| {
+    let api: MethodRouter<AppState> = match stack {
+        Stack::None => get(api),
+        // NOTE: `MethodRouter::layer` wraps the route in order, so the last layer added is the
+        // outermost: the overload layer must see the limiter's rejections.
+        Stack::Full {
+            overload,
+            rate_limit,
+        } => get(api)
+            .layer::<_, Infallible>(rate_limit)
+            .layer::<_, Infallible>(overload),
+    };
+    let api = api.layer(MapResponseLayer::new(move |response: Response| {
         stats.record(&response);
         response
     }));
@@ -206,16 +263,43 @@ pub fn app(config: AppConfig) -> Router {
     } else {
         router
     };
-    router.with_state(AppState { model, metrics })
+    router.with_state(AppState {
+        model,
+        downstream,
+        metrics,
+    })
 }
 
 async fn api(State(state): State<AppState>) -> Response {
-    match state.model.serve().await {
-        Ok(took) => {
-            metrics::histogram!(metric_names::MODEL_SECONDS).record(took.as_secs_f64());
-            "ok\n".into_response()
+    let took = match state.model.serve().await {
+        Ok(took) => took,
+        Err(refused) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{refused}\n")).into_response();
         }
-        Err(refused) => (StatusCode::SERVICE_UNAVAILABLE, format!("{refused}\n")).into_response(),
+    };
+    metrics::histogram!(metric_names::MODEL_SECONDS).record(took.as_secs_f64());
+    let Some(downstream) = state.downstream else {
+        return "ok\n".into_response();
+    };
+    match downstream.call().await {
+        Ok(status) if status.is_success() => "ok\n".into_response(),
+        Ok(status) => (
+            StatusCode::BAD_GATEWAY,
+            format!("downstream answered {status}\n"),
+        )
+            .into_response(),
+        // NOTE: behind the overload layer the retry layer's marker would turn any failure
+        // into the stop signal anyway; answering it here keeps `--stack none` tiers honest
+        // too (the typed-error path of `overload_signal`'s propagation).
+        Err(e) if is_overloaded(&*e) => stop_signal_response::<axum::body::Body>(Protocol::Http),
+        Err(e) => {
+            tracing::debug!(error = %e, "downstream call failed");
+            (
+                StatusCode::BAD_GATEWAY,
+                format!("downstream call failed: {e}\n"),
+            )
+                .into_response()
+        }
     }
 }
 
