@@ -106,8 +106,9 @@ impl<S> Layer<S> for RecordLayer {
 
 /// Records every attempt that passes through it: [`Event::Attempt`], with `retry` set when
 /// the request's [`AttemptCounter`] says an attempt went before (or, without a counter, when
-/// the `X-Request-Attempt` header says it is a retry), and [`Event::StopSignal`] for every
-/// response that carries the stop signal.
+/// the `X-Request-Attempt` header says it is a retry), [`Event::StopSignal`] for every
+/// response that carries the stop signal, and [`Event::Timeout`] for every attempt that
+/// timed out (the timeout sits under it).
 #[derive(Debug, Clone)]
 pub struct Record<S> {
     inner: S,
@@ -139,6 +140,7 @@ impl<S> Record<S> {
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Record<S>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: AsRef<dyn std::error::Error + Send + Sync>,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
@@ -174,16 +176,20 @@ pin_project! {
 impl<F, B, E> Future for RecordFuture<F>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    E: AsRef<dyn std::error::Error + Send + Sync>,
 {
     type Output = F::Output;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let this = self.project();
         let result = ready!(this.inner.poll(cx));
-        if let Ok(response) = &result {
-            if protocol::is_stop_signal(response.headers()) {
+        match &result {
+            Ok(response) if protocol::is_stop_signal(response.headers()) => {
                 this.recorder.record(Event::StopSignal);
             }
+            Ok(_) => {}
+            Err(e) if is_timeout(e.as_ref()) => this.recorder.record(Event::Timeout),
+            Err(_) => {}
         }
         Poll::Ready(result)
     }
@@ -397,7 +403,9 @@ impl Gate {
 /// An in-process hop to a server service, for the simulation.
 ///
 /// Each request is served on its own task, as a connection would be, behind a [`Gate`] that
-/// stops and resumes the whole server. What happens to a request whose client gives up is
+/// stops and resumes the whole server. Its body is read at once, as it would be sent at once
+/// over a socket, so the client side never waits on the server to release it (a retry
+/// layer's replayable body needs the previous attempt's copy back). What happens to a request whose client gives up is
 /// chosen by [`Abandoned`].
 #[derive(Debug, Clone)]
 pub struct Loopback<S> {
@@ -434,10 +442,12 @@ impl<S> Loopback<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Loopback<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone + Send + 'static,
+    S: Service<Request<DemoBody>, Response = Response<ResBody>> + Clone + Send + 'static,
     S::Future: Send + 'static,
     S::Error: Into<BoxError> + Send,
-    ReqBody: Send + 'static,
+    ReqBody: Body + Send + 'static,
+    ReqBody::Data: Send,
+    ReqBody::Error: Into<BoxError>,
     ResBody: Send + 'static,
 {
     type Response = Response<ResBody>;
@@ -455,6 +465,17 @@ where
         let gate = self.gate.clone();
         let abandoned = self.abandoned;
         tokio::spawn(async move {
+            // The request is on the wire at once: its body is read now, and the client's
+            // copy released, whatever the server does with it later.
+            let (parts, body) = request.into_parts();
+            let body = match http_body_util::BodyExt::collect(body).await {
+                Ok(collected) => collected.to_bytes(),
+                Err(e) => {
+                    let _ = tx.send(Err(e.into()));
+                    return;
+                }
+            };
+            let request = Request::from_parts(parts, Full::new(body));
             if gate.is_paused() {
                 if !gate.enqueue() {
                     // The listen queue is full: the kernel drops the connection attempt, the
@@ -593,17 +614,13 @@ mod tests {
     use tower::ServiceExt;
 
     fn ok_server()
-    -> impl Service<
-        Request<DemoBody>,
-        Response = Response<DemoBody>,
-        Error = Infallible,
-        Future: Send,
-    > + Clone
+    -> impl Service<Request<DemoBody>, Response = Response<DemoBody>, Error = BoxError, Future: Send>
+    + Clone
     + Send
     + 'static {
         tower::service_fn(|req: Request<DemoBody>| async move {
             if req.uri().path() == "/stop" {
-                Ok::<_, Infallible>(protocol::stop_signal_response(protocol::Protocol::Http))
+                Ok::<_, BoxError>(protocol::stop_signal_response(protocol::Protocol::Http))
             } else {
                 Ok(Response::new(Full::new(Bytes::from_static(b"hello"))))
             }
