@@ -12,7 +12,8 @@
 //!   healthy on its own (successes at least [`RecoveryCriteria::ok_fraction`] of baseline,
 //!   timeouts under [`RecoveryCriteria::timeout_fraction`] of baseline), and so must every
 //!   window of [`RecoveryCriteria::window`] seconds that starts at `r` or later and ends within
-//!   the observation, judged on its means. The window (10 s by default) keeps Poisson noise
+//!   the observation, judged on its means. The window (10 s, or half the observation when
+//!   that is shorter: [`RecoveryCriteria::for_phases`]) keeps Poisson noise
 //!   from deciding whether the server "stays" up: at 100 requests per second one second in
 //!   seven falls under 90% of the mean by chance alone, a 10-second mean almost never does;
 //!   judging `r` alone keeps the resolution at one second;
@@ -72,8 +73,21 @@ pub struct RecoveryCriteria {
     pub timeout_fraction: f64,
     /// The number of seconds averaged when judging whether the server stays healthy.
     /// Default is 10, so that the noise of a Poisson arrival process at 100 requests per
-    /// second does not decide.
+    /// second does not decide (see [`RecoveryCriteria::for_phases`] for short runs).
     pub window: usize,
+}
+
+impl RecoveryCriteria {
+    /// The default criteria, with the window shortened to half the observation when the
+    /// observation is shorter than two windows (a `--quick` run observes 10 s and judges on
+    /// 5-second windows), so that a recovery after the first second can still be seen.
+    pub fn for_phases(phases: Phases) -> Self {
+        let default = Self::default();
+        Self {
+            window: default.window.min(phases.observe_for / 2).max(1),
+            ..default
+        }
+    }
 }
 
 impl Default for RecoveryCriteria {
@@ -112,9 +126,9 @@ pub struct RunReport {
 
 impl RunReport {
     /// Computes the figures of `series` (one row per second from the start of the run;
-    /// missing seconds count as empty) with the default [`RecoveryCriteria`].
+    /// missing seconds count as empty) with [`RecoveryCriteria::for_phases`].
     pub fn compute(label: impl Into<String>, series: &[Second], phases: Phases) -> Self {
-        Self::compute_with(label, series, phases, RecoveryCriteria::default())
+        Self::compute_with(label, series, phases, RecoveryCriteria::for_phases(phases))
     }
 
     /// Computes the figures of `series` with the given criteria.
@@ -420,7 +434,18 @@ mod tests {
                 ..Second::default()
             })
             .collect();
-        assert_eq!(RunReport::compute("short", &s, short).recovery, None);
+        let r = RunReport::compute_with("short", &s, short, RecoveryCriteria::default());
+        assert_eq!(r.recovery, None);
+        // With the window fitted to it, the same observation shows it.
+        let s: Vec<Second> = (0..short.end())
+            .map(|_| Second {
+                ok: 100,
+                ..Second::default()
+            })
+            .collect();
+        assert_eq!(RunReport::compute("short", &s, short).recovery, Some(0));
+        assert_eq!(RecoveryCriteria::for_phases(short).window, 4);
+        assert_eq!(RecoveryCriteria::for_phases(PHASES).window, 10);
         let exact = Phases {
             observe_for: 10,
             ..PHASES
