@@ -18,6 +18,9 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 /// interval of length `L` at most `L / T + B` units are admitted. `T` is rounded down to
 /// whole nanoseconds, so the rate is at most one part in `T` (in nanoseconds) generous.
 ///
+/// In `RateLimit-Policy` it advertises `q = rate` per `w = period`; the burst shows in the
+/// `RateLimit` field's `r`, which can be up to `burst`.
+///
 /// ```
 /// use std::time::Duration;
 /// use ratelimit_layer::{Decision, Limiter, QuotaStatus, TokenBucket};
