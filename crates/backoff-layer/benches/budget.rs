@@ -5,7 +5,8 @@
 //! - `deposit`: one first attempt recorded, one thread.
 //! - `withdraw_refused`: a withdrawal from an empty budget (the common case when a
 //!   dependency is failing and the budget has run out), one thread.
-//! - `deposit_withdraw`: a deposit and a granted withdrawal (ratio 1), one thread.
+//! - `deposit_withdraw`: a deposit and a withdrawal (ratio 1, so almost always granted),
+//!   one thread.
 //! - `deposit_withdraw_2_threads`: the same pair on two threads sharing one budget; the
 //!   time is per pair on each thread, wall clock for both threads together.
 //!
@@ -83,7 +84,10 @@ fn single_thread(c: &mut Criterion) {
         group.bench_function(name, |bench| {
             bench.iter(|| {
                 b.put();
-                assert!(b.take(), "ratio 1: every deposit pays for one retry");
+                // Granted, except just after a slot boundary that split a pair: the
+                // deposit has left the window, its withdrawal not yet. Both budgets
+                // refuse then.
+                black_box(b.take())
             });
         });
     }
