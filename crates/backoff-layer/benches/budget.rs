@@ -48,7 +48,7 @@ impl Subject for TpsBudget {
 /// Both budgets with the same settings: a 1 s window in 10 slots, no floor, `ratio`.
 ///
 /// One second rather than the default ten: a tight loop of granted withdrawals would
-/// otherwise reach `RetryBudget`'s cap of 2^28 retries per window on a fast machine, and
+/// otherwise reach `RetryBudget`'s cap of 2^27 retries per window on a fast machine, and
 /// the cost of either budget does not depend on the window's length.
 fn subjects(ratio: f32) -> [(&'static str, Arc<dyn Subject>); 2] {
     let ours = RetryBudget::builder()

@@ -115,9 +115,10 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 /// The largest slot number: with the shortest slot (10 ms) it is reached after 21 years.
 const EPOCH_MAX: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
-/// The largest number of retries one window can allow. Withdrawals are counted modulo
-/// 2^28 in the packed word, so the allowance must stay below that to be unambiguous.
-pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
+/// The largest number of retries one window can allow: 2^27 - 1 (134,217,727). Withdrawals
+/// are counted modulo 2^28 in the packed word, so counts in one window must stay well below
+/// that to be compared unambiguously.
+pub const MAX_RETRIES_PER_WINDOW: u64 = (1 << (COUNT_BITS - 1)) - 1;
 
 /// A sliding-window retry budget: retries may be at most a share of first attempts.
 ///
@@ -163,15 +164,16 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
 /// # Precision
 ///
 /// - The ratio is kept in millionths (0.1234567 acts as 0.123457).
-/// - A deposit racing with the start of a new slot may be counted in that new slot, and so
-///   expire up to one slot later; a withdrawal never uses counts newer than it can see,
-///   so races only ever make the budget stricter, never more generous.
+/// - A deposit racing with the start of a new slot may be counted in either slot. A
+///   withdrawal racing with deposits may not see them yet, and a withdrawal racing with
+///   the start of a new slot is checked against the window of the new slot: every
+///   granted withdrawal keeps `retries <= ratio * first_attempts + floor` in the window
+///   it was checked against.
 /// - At most [`MAX_RETRIES_PER_WINDOW`] retries are allowed in one window, however large
 ///   the ratio and the traffic.
 /// - Slots are numbered from the budget's creation in 36 bits; after 2^36 slots (21 years
 ///   with the shortest 10 ms slot, 2000 years with the default 1 s) the window stops
-///   sliding and the ratio then applies to
-///   all deposits since.
+///   sliding and the ratio then applies to all deposits since.
 pub struct RetryBudget {
     /// The current slot and the withdrawals so far, packed: `slot << 28 | withdrawals`.
     /// Every successful withdrawal is a compare-and-swap on this word.
@@ -228,8 +230,10 @@ const fn count_of(word: u64) -> u64 {
     word & COUNT_MASK
 }
 
-/// Whether withdrawal count `a` is later than `b` (counts wrap at 2^28; two counts of the
-/// same slot are never half the range apart).
+/// Whether withdrawal count `a` is later than `b`. Counts wrap at 2^28; two counts read
+/// around one slot boundary differ by at most an allowance, under 2^27. A misjudged order
+/// could only keep an older (smaller) count, which counts more withdrawals in the window:
+/// stricter, never more generous.
 const fn count_after(a: u64, b: u64) -> bool {
     let d = a.wrapping_sub(b) & COUNT_MASK;
     d != 0 && d < (1 << (COUNT_BITS - 1))
