@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use backoff_layer::backoff::{Backoff, Seeds};
 use backoff_layer::budget::{Budget, RetryBudget, Unlimited};
-use backoff_layer::{BoxError, ReplayBody, RetryLayer};
+use backoff_layer::{BoxError, GiveUpReason, ReplayBody, RetryInfo, RetryLayer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
@@ -502,4 +502,31 @@ async fn three_tiers_with_budget_stay_near_1_1_cubed() {
         (1.2..=1.36).contains(&steady_multiplication),
         "multiplication {steady_multiplication}"
     );
+}
+
+/// The retry layer's default budget is `RetryBudget::default()`: against a server that is
+/// down, a lone request with no limit on attempts gets the floor's 10 retries, and then a
+/// typed give-up.
+#[tokio::test(start_paused = true)]
+async fn the_layer_budgets_retries_by_default() {
+    let model = Arc::new(Mutex::new(Server::new(Instant::now(), 0.0)));
+    let layer = RetryLayer::builder()
+        .max_attempts(u32::MAX)
+        .backoff(Immediate)
+        .seeds(Seeds::from_seed(6))
+        .build()
+        .expect("valid retry layer");
+    let response = layer
+        .layer(server(Arc::clone(&model)))
+        .oneshot(request())
+        .await
+        .expect("a response");
+    assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+    let info = response
+        .extensions()
+        .get::<RetryInfo>()
+        .expect("retry info");
+    assert_eq!(info.attempts, 11);
+    assert_eq!(info.gave_up, Some(GiveUpReason::BudgetExhausted));
+    assert_eq!(sum(&model.lock().unwrap().buckets).total(), 11);
 }
