@@ -154,7 +154,8 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = (1 << (COUNT_BITS - 1)) - 1;
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`
 /// (the retry layer holds it as `Arc<dyn Budget>`). Both operations are lock-free: a
-/// deposit reads the clock, one shared word and adds to a counter; a withdrawal also reads
+/// deposit reads the clock and the current slot (a word that changes once a slot) and
+/// adds to a counter; a withdrawal also reads
 /// the counts at the start of the window and takes its retry with a compare-and-swap
 /// loop, so concurrent withdrawals never take more than the allowance.
 ///
@@ -181,6 +182,10 @@ pub struct RetryBudget {
     /// Deposits since creation. Not part of `head`: a withdrawal that misses a concurrent
     /// deposit only errs on the strict side.
     deposits: CachePadded<AtomicU64>,
+    /// The slot of `head`, or an older one: raised after `head` moves. A deposit in this slot
+    /// reads only this word, which changes once a slot, not `head`, which every granted
+    /// withdrawal changes.
+    slot: CachePadded<AtomicU64>,
     /// For slot `s`, at index `s & index_mask`: the counts when `s` became current. The
     /// length is the number of slots rounded up to a power of two, so the slots of one
     /// window never share a record and indexing needs no division.
@@ -376,26 +381,38 @@ impl RetryBudget {
         // NOTE: the slot's record is written before `head` moves to it, so whoever sees
         // the new `head` finds the record. Failure means someone else moved `head`, or a
         // withdrawal raised the count; the caller reloads and tries again.
-        let _ = self.head.compare_exchange(
-            seen,
-            pack(to, withdrawn),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        if self
+            .head
+            .compare_exchange(
+                seen,
+                pack(to, withdrawn),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            self.slot.fetch_max(to, Ordering::Relaxed);
+        }
     }
 }
 
 impl Budget for RetryBudget {
     fn deposit(&self) {
         let nanos = self.elapsed_nanos();
-        let mut seen = self.head.load(Ordering::Acquire);
-        loop {
-            let now = self.epoch_at(nanos, seen);
-            if epoch_of(seen) >= now {
-                break;
+        // NOTE: `slot` never runs ahead of `head`, so a call within its slot is within
+        // `head`'s too: nothing to rotate.
+        let slot = self.slot.load(Ordering::Relaxed);
+        if nanos >= (slot + 1).saturating_mul(self.slot_nanos) {
+            let mut seen = self.head.load(Ordering::Acquire);
+            loop {
+                let now = self.epoch_at(nanos, seen);
+                if epoch_of(seen) >= now {
+                    break;
+                }
+                self.rotate(seen, now);
+                seen = self.head.load(Ordering::Acquire);
             }
-            self.rotate(seen, now);
-            seen = self.head.load(Ordering::Acquire);
+            self.slot.fetch_max(epoch_of(seen), Ordering::Relaxed);
         }
         self.deposits.fetch_add(1, Ordering::Relaxed);
     }
@@ -588,6 +605,7 @@ impl RetryBudgetBuilder {
         Ok(RetryBudget {
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             deposits: CachePadded(AtomicU64::new(0)),
+            slot: CachePadded(AtomicU64::new(0)),
             starts,
             index_mask: u64::from(records - 1),
             origin: Instant::now(),
