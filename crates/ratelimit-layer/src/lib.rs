@@ -155,7 +155,7 @@ mod keyed;
 mod layer;
 
 pub use algorithm::{
-    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, SlidingWindow,
+    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, QuotaStatus, SlidingWindow,
     SlidingWindowState, TokenBucket, TokenBucketState,
 };
 pub use clock::{Clock, FakeClock, RealClock};
