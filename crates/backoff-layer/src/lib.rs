@@ -64,6 +64,14 @@
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
 //!
+//! # The inner service's body type
+//!
+//! The inner service receives `http::Request<ReplayBody<B>>`, where `B` is the caller's
+//! body type. hyper-util's legacy `Client<C, ReplayBody<B>>` takes it as is. A service that
+//! accepts one body type only (tonic's `Channel` takes `tonic::body::Body`) needs the body
+//! converted under the retry layer, for example with
+//! `ServiceBuilder::new().layer(RetryLayer::new()).map_request(|r: Request<ReplayBody<_>>| r.map(tonic::body::Body::new))`.
+//!
 //! # What is retried
 //!
 //! The [`classify::DefaultClassifier`]: connect errors and timeouts, and `429`, `502`, `503`
