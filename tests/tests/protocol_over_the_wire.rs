@@ -23,8 +23,10 @@ async fn start() -> TestServer {
             "/grpc-stop" => protocol::stop_signal_response(Protocol::Grpc),
             "/limit" => {
                 let policy = RateLimitPolicy::new("default", 100, Duration::from_secs(1)).unwrap();
-                let mut r =
-                    protocol::too_many_requests_response(Protocol::Http, Duration::from_millis(1500));
+                let mut r = protocol::too_many_requests_response(
+                    Protocol::Http,
+                    Duration::from_millis(1500),
+                );
                 r.headers_mut()
                     .insert(protocol::RATELIMIT_POLICY, policy.to_header_value());
                 r.headers_mut().insert(
@@ -69,7 +71,11 @@ async fn attempt_counter_arrives_as_sent() {
             }
             let resp = client.request(req).await.unwrap();
             assert_eq!(resp.status(), StatusCode::OK);
-            assert_eq!(resp.headers()["x-seen-attempt"], seen, "sent {sent:?}, h2={http2}");
+            assert_eq!(
+                resp.headers()["x-seen-attempt"],
+                seen,
+                "sent {sent:?}, h2={http2}"
+            );
         }
     }
 }
@@ -80,19 +86,30 @@ async fn stop_signal_is_recognised_by_a_client() {
     for http2 in [false, true] {
         let client = client(http2);
         let resp = client
-            .request(Request::get(server.url("/stop")).body(Empty::new()).unwrap())
+            .request(
+                Request::get(server.url("/stop"))
+                    .body(Empty::new())
+                    .unwrap(),
+            )
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(protocol::is_stop_signal(resp.headers()));
 
         let resp = client
-            .request(Request::get(server.url("/grpc-stop")).body(Empty::new()).unwrap())
+            .request(
+                Request::get(server.url("/grpc-stop"))
+                    .body(Empty::new())
+                    .unwrap(),
+            )
             .await
             .unwrap();
         assert_eq!(resp.status(), StatusCode::OK);
         assert_eq!(protocol::grpc_status(resp.headers()), Some(14));
-        assert_eq!(protocol::grpc_pushback(resp.headers()), Some(GrpcPushback::Stop));
+        assert_eq!(
+            protocol::grpc_pushback(resp.headers()),
+            Some(GrpcPushback::Stop)
+        );
         assert!(protocol::is_stop_signal(resp.headers()));
 
         let resp = client
@@ -107,7 +124,11 @@ async fn stop_signal_is_recognised_by_a_client() {
 async fn rate_limit_rejection_carries_its_fields() {
     let server = start().await;
     let resp = client(false)
-        .request(Request::get(server.url("/limit")).body(Empty::new()).unwrap())
+        .request(
+            Request::get(server.url("/limit"))
+                .body(Empty::new())
+                .unwrap(),
+        )
         .await
         .unwrap();
     assert_eq!(resp.status(), StatusCode::TOO_MANY_REQUESTS);

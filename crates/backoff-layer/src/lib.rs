@@ -1,6 +1,136 @@
 //! A Tower retry layer that does not cause retry storms.
 //!
-//! This crate is being built; today it holds only the [`budget::Budget`] contract that the
-//! retry layer and the retry budget share. See the workspace README for the plan.
+//! Wrap any `Service<http::Request<B>>` (a hyper-util `Client`, a tonic `Channel`, ...) with
+//! [`RetryLayer`] and its transient failures are retried in a way that is safe for the
+//! server:
+//!
+//! - **backoff with jitter** between attempts ([`backoff`]; the article's exponential
+//!   backoff with normal jitter by default), with a random generator of its own per request;
+//! - a **retry budget** ([`budget`]) that caps the extra load retries may add;
+//! - the **attempt counter** `X-Request-Attempt: N` on every attempt (`0` first), so servers
+//!   can see how much of their load is retries;
+//! - **respect for a server that says stop**: a response carrying the stop signal
+//!   (`X-Overloaded`, or a negative `grpc-retry-pushback-ms`) is never retried;
+//! - `Retry-After` and `grpc-retry-pushback-ms` as a **lower bound** on the next wait (capped
+//!   by the strategy's maximum), and an overall **deadline** that no wait may pass;
+//! - a **per-attempt timeout** whose expiry is a retryable failure;
+//! - **body replay**: request bodies up to 64 KiB are kept while they stream, and sent again
+//!   byte for byte ([`ReplayBody`]); larger bodies are sent once and never retried.
+//!
+//! # Examples
+//!
+//! With every default (3 attempts, the article's backoff, a 10% retry budget, the default
+//! classification, 64 KiB replay buffer):
+//!
+//! ```
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), backoff_layer::BoxError> {
+//! use backoff_layer::RetryLayer;
+//! use http::{Request, Response};
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! let client = ServiceBuilder::new()
+//!     .layer(RetryLayer::new())
+//!     .service(service_fn(|request: Request<_>| async move {
+//!         // stands in for a hyper-util `Client`
+//!         Ok::<_, std::io::Error>(Response::new(String::from("hello")))
+//!     }));
+//! let request = Request::get("http://127.0.0.1:8070/api").body(String::new())?;
+//! let response = client.oneshot(request).await?;
+//! assert_eq!(response.body(), "hello");
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Customised: five attempts, decorrelated jitter, a 2 s timeout per attempt, a 10 s
+//! deadline, and a budget shared by every client of one downstream:
+//!
+//! ```
+//! use std::sync::Arc;
+//! use std::time::Duration;
+//! use backoff_layer::backoff::Decorrelated;
+//! use backoff_layer::budget::{Budget, RetryBudget};
+//! use backoff_layer::RetryLayer;
+//!
+//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::builder().ratio(0.2).build()?);
+//! let layer = RetryLayer::builder()
+//!     .max_attempts(5)
+//!     .backoff(Decorrelated::new(Duration::from_millis(50), Duration::from_secs(5))?)
+//!     .attempt_timeout(Duration::from_secs(2))
+//!     .deadline(Duration::from_secs(10))
+//!     .shared_budget(budget)
+//!     .build()?;
+//! # let _ = layer;
+//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # The inner service's body type
+//!
+//! The inner service receives `http::Request<ReplayBody<B>>`, where `B` is the caller's
+//! body type. hyper-util's legacy `Client<C, ReplayBody<B>>` takes it as is. A service that
+//! accepts one body type only (tonic's `Channel` takes `tonic::body::Body`) needs the body
+//! converted under the retry layer, for example with
+//! `ServiceBuilder::new().layer(RetryLayer::new()).map_request(|r: Request<ReplayBody<_>>| r.map(tonic::body::Body::new))`.
+//!
+//! # What is retried
+//!
+//! The [`classify::DefaultClassifier`]: connect errors and timeouts, and `429`, `502`, `503`
+//! (without the stop signal) and `504` responses; only for idempotent methods (`GET`, `HEAD`,
+//! `OPTIONS`, `PUT`, `DELETE`, `TRACE`) or requests carrying `Idempotency-Key`. Bring your own
+//! with [`RetryBuilder::classifier`]. The stop signal is never retried, whatever the
+//! classifier says.
+//!
+//! # Outcomes
+//!
+//! Every outcome is typed and matchable:
+//!
+//! | outcome | what the caller gets |
+//! |---|---|
+//! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
+//! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable) or [`NotRetryable`](GiveUpReason::NotRetryable) |
+//! | the stop signal | `Err`, an [`overload_signal::Overloaded`] (`err.is::<Overloaded>()`); the task-local marker of [`overload_signal::propagation`] is raised |
+//! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
+//! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
+//! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
+//!
+//! # Metrics
+//!
+//! Recorded through the [`metrics`] facade (install any recorder; none is installed here):
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `backoff_layer_requests_total` | counter | requests (first attempts) |
+//! | `backoff_layer_attempts_total` | counter | attempts sent, first ones included |
+//! | `backoff_layer_retries_total` | counter | attempts after the first |
+//! | `backoff_layer_gave_up_total` | counter | give-ups, label `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable` |
+//! | `backoff_layer_stop_signals_total` | counter | responses carrying the stop signal |
+//! | `backoff_layer_retry_delay_seconds` | histogram | the wait before each retry |
+//!
+//! # Tracing
+//!
+//! Each attempt runs in a `debug` span named `attempt` with the field `attempt` (the
+//! `X-Request-Attempt` value); the layer emits `debug` events when it schedules a retry
+//! (with `delay_ms`), when an attempt times out, when it sees the stop signal and when it
+//! gives up (with `reason`).
+//!
+//! # Feature flags
+//!
+//! - `tower` (default): recognise `tower::timeout::error::Elapsed` as a retryable timeout,
+//!   for stacks that put tower's `Timeout` under the retry layer.
 
+pub mod backoff;
+mod body;
 pub mod budget;
+pub mod classify;
+mod retry;
+
+pub use body::{ReplayBody, ReplayError};
+pub use retry::future;
+pub use retry::{
+    AttemptTimedOut, GaveUp, GiveUpReason, InvalidRetryConfig, Retry, RetryBuilder, RetryInfo,
+    RetryLayer,
+};
+
+/// The boxed error type the retry layer returns: `Box<dyn Error + Send + Sync>`, the same as
+/// `tower::BoxError`.
+pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -1,3 +1,34 @@
 //! The demo load generator and the pause-and-resume outage experiment.
 //!
-//! This crate is being built and exports nothing yet. See the workspace README for the plan.
+//! The experiment (from the article *Exponential backoff, or how not to crash a server*):
+//! many clients send requests to a server; the server is paused for a while (SIGSTOP) and
+//! resumed (SIGCONT). Clients that retry at a fixed interval keep it down after resume;
+//! clients that back off exponentially let it up slowly; clients with this workspace's full
+//! stack (backoff with jitter, a retry budget, the attempt header, and respect for the stop
+//! signal) let it up at once.
+//!
+//! - [`duration`]: command-line durations such as `500ms`, `2s`, `1m`;
+//! - [`strategy`]: the retry strategies compared;
+//! - [`record`]: the per-second recorder;
+//! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
+//! - [`output`]: the CSV and the SVG plot of a scenario;
+//! - [`plot`]: the dependency-free SVG plotter.
+//!
+//! # Feature flags
+//!
+//! This crate has no optional features.
+
+pub mod cli;
+pub mod client;
+pub mod drive;
+pub mod duration;
+pub mod experiment;
+pub mod load;
+pub mod output;
+pub mod plot;
+pub mod process;
+pub mod record;
+pub mod report;
+pub mod scenario;
+pub mod stack;
+pub mod strategy;

@@ -1,3 +1,49 @@
-//! The demo backend: the article's and the paper's latency models behind the full overload stack.
+//! The demo backend: the article's and the paper's latency models behind the full overload
+//! stack.
 //!
-//! This crate is being built and exports nothing yet. See the workspace README for the plan.
+//! - [`model`]: latency models as Tower services, runnable in process and under paused tokio
+//!   time: the article's server ([`model::ArticleModel`]), the paper's M/M/10 server
+//!   ([`model::MmcModel`]), and a [`model::PauseSwitch`] that freezes a model like `SIGSTOP`.
+//! - [`app()`]: the axum router of the `demo-server` binary (`GET /api`, `/healthz`,
+//!   `/metrics`), with the overload layers in front of the model ([`app::Stack`]) and an
+//!   optional [`downstream`] tier.
+//!
+//! The binary's flags and a load-testing walk-through are in the crate's README.
+//!
+//! # Example
+//!
+//! The article's server behind the full stack, tested with `oneshot`:
+//!
+//! ```
+//! use demo_server::app::{AppConfig, Stack, app};
+//! use demo_server::model::{LatencyModel, Model};
+//! use overload_signal::OverloadSignalLayer;
+//! use ratelimit_layer::RateLimitConfig;
+//! use tower::ServiceExt;
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let stack = Stack::Full {
+//!     overload: OverloadSignalLayer::default(),
+//!     rate_limit: RateLimitConfig { rate: 250, burst: Some(5), ..Default::default() }.layer()?,
+//! };
+//! let model = Model::new(LatencyModel::default());
+//! let router = app(AppConfig::new(model.clone()).stack(stack));
+//!
+//! let request = http::Request::get("/api").body(axum::body::Body::empty())?;
+//! let response = router.oneshot(request).await?;
+//! assert_eq!(response.status(), 200);
+//! assert_eq!(model.last_delay(), std::time::Duration::from_millis(100));
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # Feature flags
+//!
+//! This crate has no optional features.
+
+pub mod app;
+pub mod downstream;
+pub mod model;
+
+pub use app::app;

@@ -12,6 +12,16 @@
 //! - [`propagation`]: a request-scoped marker that carries a downstream stop signal up
 //!   through a server without handler code.
 //!
+//! And the server side of the paper's second defence:
+//!
+//! - [`AttemptHistogram`]: a lock-free sliding-window histogram of the attempt counters a
+//!   server receives, and the share of them that are retries.
+//! - [`OverloadSignalLayer`]: a Tower layer, outside the rate limiter, that records every
+//!   request, answers a rejection with "stop retrying" when the retry share says the whole
+//!   fleet is drowning in retries ([`StopRule`]), and passes a downstream stop signal up to
+//!   its own caller. See [`signal`] for the decision rule, the defaults and their reasons,
+//!   the two propagation paths, and a three-tier example.
+//!
 //! # Example
 //!
 //! ```
@@ -30,12 +40,64 @@
 //! assert!(protocol::is_stop_signal(response.headers()));
 //! ```
 //!
+//! A server:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! // Defaults: a 10-second window; stop signal above a 5 % retry share over 200 requests.
+//! let layer = OverloadSignalLayer::default();
+//!
+//! // Customised: a 30-second window in 30 buckets; above 10 % over 500 requests.
+//! let histogram = AttemptHistogram::new(
+//!     std::time::Duration::from_secs(30),
+//!     std::num::NonZeroU32::new(30).unwrap(),
+//! )
+//! .unwrap();
+//! let layer = OverloadSignalLayer::new(histogram.clone(), StopRule::new(0.10, 500).unwrap());
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(layer)
+//!     // .layer(rate_limit) goes here, inside.
+//!     .service(service_fn(|_req: Request<()>| async {
+//!         Ok::<_, Infallible>(Response::new(()))
+//!     }));
+//! # drop(service);
+//! // `histogram.snapshot()` reads the window at any time.
+//! ```
+//!
+//! # Metrics
+//!
+//! Through the [`metrics`](https://docs.rs/metrics) facade; this crate never installs a
+//! recorder. All names start with `overload_signal_`; see [`metric_names`] for the list.
+//!
+//! | name | kind |
+//! |---|---|
+//! | `overload_signal_stop_signals_total` | counter |
+//! | `overload_signal_rejections_passed_total` | counter |
+//! | `overload_signal_propagated_total{via}` | counter |
+//! | `overload_signal_window_requests{attempt}` | gauge |
+//! | `overload_signal_window_retry_share` | gauge |
+//!
 //! # Feature flags
 //!
-//! This crate has no optional features.
+//! - `axum` (off by default): implements `axum::response::IntoResponse` for [`Overloaded`],
+//!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal.
+//!   Off by default because the crate is plain Tower over `http`, usable with tonic, hyper
+//!   or any other server; only axum users should pay for axum.
 
+#[cfg(feature = "axum")]
+mod axum;
 mod error;
+pub mod histogram;
+pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
+pub mod signal;
 
 pub use error::{Overloaded, is_overloaded};
+pub use histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot, InvalidHistogram};
+pub use signal::{InvalidStopRule, OverloadSignal, OverloadSignalLayer, StopRule};

@@ -106,7 +106,10 @@ mod tests {
             assert!(stop_received(inner.as_mut()));
             in_scope_stop_received()
         }));
-        assert!(!outer.as_mut().await, "inner mark must not raise the outer scope");
+        assert!(
+            !outer.as_mut().await,
+            "inner mark must not raise the outer scope"
+        );
         assert!(!stop_received(outer.as_mut()));
     }
 

@@ -193,7 +193,11 @@ impl RateLimitStatus {
 
     /// The `RateLimit` field value. The reset is written in whole seconds, rounded up.
     pub fn to_header_value(&self) -> HeaderValue {
-        format_status(&self.name, self.remaining, self.reset.unwrap_or(Duration::ZERO))
+        format_status(
+            &self.name,
+            self.remaining,
+            self.reset.unwrap_or(Duration::ZERO),
+        )
     }
 
     /// Parses the first item of a `RateLimit` field. Returns `None` for anything that is
@@ -220,7 +224,9 @@ impl RateLimitStatus {
             }
             rest = rest.strip_prefix(';')?.trim_start_matches(' ');
             let key_len = rest
-                .find(|c: char| !(c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.*".contains(c)))
+                .find(|c: char| {
+                    !(c.is_ascii_lowercase() || c.is_ascii_digit() || "_-.*".contains(c))
+                })
                 .unwrap_or(rest.len());
             let (key, after) = rest.split_at(key_len);
             if key.is_empty() {
@@ -333,7 +339,15 @@ mod tests {
         assert_eq!(s.name(), "a");
         assert_eq!(s.remaining(), 3);
         assert_eq!(s.reset(), Some(Duration::from_secs(9)));
-        for junk in ["", "a;r=1", "\"a\"", "\"a\";r=-1", "\"a\";r=x", "\"a", "\"a\";=1"] {
+        for junk in [
+            "",
+            "a;r=1",
+            "\"a\"",
+            "\"a\";r=-1",
+            "\"a\";r=x",
+            "\"a",
+            "\"a\";=1",
+        ] {
             assert_eq!(
                 RateLimitStatus::parse(&HeaderValue::from_static(junk)),
                 None,

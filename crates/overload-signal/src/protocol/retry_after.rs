@@ -140,8 +140,14 @@ mod tests {
     #[test]
     fn delta_seconds() {
         assert_eq!(parse_retry_after(&hv("0"), at(0)), Some(Duration::ZERO));
-        assert_eq!(parse_retry_after(&hv("3"), at(0)), Some(Duration::from_secs(3)));
-        assert_eq!(parse_retry_after(&hv(" 120 "), at(0)), Some(Duration::from_secs(120)));
+        assert_eq!(
+            parse_retry_after(&hv("3"), at(0)),
+            Some(Duration::from_secs(3))
+        );
+        assert_eq!(
+            parse_retry_after(&hv(" 120 "), at(0)),
+            Some(Duration::from_secs(120))
+        );
     }
 
     #[test]
@@ -182,7 +188,11 @@ mod tests {
             "Sun, 32 Nov 1994 08:49:37 GMT",
             "18446744073709551616",
         ] {
-            assert_eq!(parse_retry_after(&HeaderValue::from_str(v).unwrap(), at(0)), None, "{v:?}");
+            assert_eq!(
+                parse_retry_after(&HeaderValue::from_str(v).unwrap(), at(0)),
+                None,
+                "{v:?}"
+            );
         }
         assert_eq!(
             parse_retry_after(&HeaderValue::from_bytes(b"\xff1").unwrap(), at(0)),
@@ -198,7 +208,10 @@ mod tests {
         assert_eq!(format_retry_after(Duration::from_secs(1)), "1");
         assert_eq!(format_retry_after(Duration::from_millis(1001)), "2");
         assert_eq!(format_retry_after(Duration::from_secs(60)), "60");
-        assert_eq!(format_retry_after(Duration::MAX), u64::MAX.to_string().as_str());
+        assert_eq!(
+            format_retry_after(Duration::MAX),
+            u64::MAX.to_string().as_str()
+        );
     }
 
     #[test]
@@ -216,7 +229,16 @@ mod tests {
             parse_grpc_pushback(&hv("-99999999999999999999999")),
             Some(GrpcPushback::Stop)
         );
-        for junk in ["", "-", "+5", "1.0", "1 0", "abc", "99999999999999999999999", "--1"] {
+        for junk in [
+            "",
+            "-",
+            "+5",
+            "1.0",
+            "1 0",
+            "abc",
+            "99999999999999999999999",
+            "--1",
+        ] {
             assert_eq!(parse_grpc_pushback(&hv(junk)), None, "{junk:?}");
         }
         assert_eq!(format_grpc_pushback(Duration::from_micros(1500)), "2");

@@ -1,0 +1,113 @@
+//! The retry layer's cost on the happy path (first attempt succeeds), side by side with the
+//! bare inner service in the same run.
+//!
+//! ```text
+//! cargo bench -p backoff-layer --bench retry -- --warm-up-time 1 --measurement-time 3
+//! ```
+
+#![allow(missing_docs)]
+
+use std::convert::Infallible;
+use std::future::{Future, Ready, ready};
+use std::hint::black_box;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backoff_layer::RetryLayer;
+use bytes::Bytes;
+use criterion::{Criterion, criterion_group, criterion_main};
+use futures_util::task::noop_waker_ref;
+use http::{Request, Response};
+use http_body::Body;
+use http_body_util::{Empty, Full};
+use tower::{Layer, Service, ServiceExt};
+
+/// An inner service that reads the whole request body (as a client would send it) and
+/// answers `200` at once.
+#[derive(Clone, Copy)]
+struct Answer;
+
+impl<B: Body + Unpin> Service<Request<B>> for Answer {
+    type Response = Response<Empty<Bytes>>;
+    type Error = Infallible;
+    type Future = Ready<Result<Self::Response, Infallible>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Infallible>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<B>) -> Self::Future {
+        let mut body = request.into_body();
+        let mut cx = Context::from_waker(noop_waker_ref());
+        let mut n = 0;
+        while let Poll::Ready(Some(Ok(frame))) = Pin::new(&mut body).poll_frame(&mut cx) {
+            if let Ok(data) = frame.into_data() {
+                n += bytes::Buf::remaining(&data);
+            }
+        }
+        black_box(n);
+        ready(Ok(Response::new(Empty::new())))
+    }
+}
+
+/// Drives a future that completes without waiting.
+fn now<F: Future>(f: F) -> F::Output {
+    let mut f = std::pin::pin!(f);
+    match f.as_mut().poll(&mut Context::from_waker(noop_waker_ref())) {
+        Poll::Ready(out) => out,
+        Poll::Pending => panic!("the happy path must not wait"),
+    }
+}
+
+fn happy_path(c: &mut Criterion) {
+    // A runtime context, for the timers of the layer with a deadline and a timeout.
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .unwrap();
+    let _guard = rt.enter();
+
+    let defaults = RetryLayer::new().layer(Answer);
+    let timed = RetryLayer::builder()
+        .attempt_timeout(Duration::from_secs(2))
+        .deadline(Duration::from_secs(10))
+        .build()
+        .unwrap()
+        .layer(Answer);
+
+    let mut g = c.benchmark_group("retry_happy_path_get");
+    let get = || {
+        Request::get("http://127.0.0.1/api")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    g.bench_function("bare", |b| {
+        b.iter(|| now(Answer.oneshot(black_box(get()))).unwrap());
+    });
+    g.bench_function("retry_defaults", |b| {
+        b.iter(|| now(defaults.clone().oneshot(black_box(get()))).unwrap());
+    });
+    g.bench_function("retry_timeout_deadline", |b| {
+        b.iter(|| now(timed.clone().oneshot(black_box(get()))).unwrap());
+    });
+    g.finish();
+
+    let mut g = c.benchmark_group("retry_happy_path_put_1k");
+    let payload = Bytes::from(vec![1u8; 1024]);
+    let put = || {
+        Request::put("http://127.0.0.1/api")
+            .body(Full::new(payload.clone()))
+            .unwrap()
+    };
+    g.bench_function("bare", |b| {
+        b.iter(|| now(Answer.oneshot(black_box(put()))).unwrap());
+    });
+    g.bench_function("retry_defaults", |b| {
+        b.iter(|| now(defaults.clone().oneshot(black_box(put()))).unwrap());
+    });
+    g.finish();
+}
+
+criterion_group!(benches, happy_path);
+criterion_main!(benches);

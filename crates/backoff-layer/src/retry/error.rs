@@ -1,0 +1,228 @@
+//! Typed outcomes of the retry layer.
+
+use std::fmt;
+
+use crate::BoxError;
+
+/// Why the retry layer stopped retrying while the last attempt's outcome was still a
+/// retryable failure.
+///
+/// Callers see it in [`RetryInfo::gave_up`] when the last attempt was a response, and in
+/// [`GaveUp::reason`] when it was an error. Each reason is counted in the metric
+/// `backoff_layer_gave_up_total` with the label `reason` set to [`GiveUpReason::as_str`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum GiveUpReason {
+    /// The maximum number of attempts was reached.
+    MaxAttempts,
+    /// The retry budget refused the retry: the client is already retrying too much.
+    BudgetExhausted,
+    /// The next attempt could not start (after its backoff) before the overall deadline, or
+    /// the deadline cut an attempt short.
+    Deadline,
+    /// The request body was streamed without a copy (over the replay limit, or its size was
+    /// unknown and turned out too large), so it cannot be sent again.
+    BodyNotReplayable,
+    /// The request may not be retried: its method is not idempotent and it carries no
+    /// `Idempotency-Key` (by the default classifier), or retries are off (max attempts 1).
+    NotRetryable,
+}
+
+impl GiveUpReason {
+    /// The reason as the metric label value: `max_attempts`, `budget`, `deadline`,
+    /// `body_not_replayable` or `not_retryable`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            GiveUpReason::MaxAttempts => "max_attempts",
+            GiveUpReason::BudgetExhausted => "budget",
+            GiveUpReason::Deadline => "deadline",
+            GiveUpReason::BodyNotReplayable => "body_not_replayable",
+            GiveUpReason::NotRetryable => "not_retryable",
+        }
+    }
+}
+
+impl fmt::Display for GiveUpReason {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            GiveUpReason::MaxAttempts => "maximum attempts reached",
+            GiveUpReason::BudgetExhausted => "retry budget exhausted",
+            GiveUpReason::Deadline => "deadline would pass",
+            GiveUpReason::BodyNotReplayable => "request body cannot be replayed",
+            GiveUpReason::NotRetryable => "request may not be retried",
+        })
+    }
+}
+
+/// Added to the extensions of every response the retry layer returns.
+///
+/// ```
+/// use backoff_layer::{GiveUpReason, RetryInfo};
+/// # let response = http::Response::new(());
+/// # let mut response = response;
+/// # response.extensions_mut().insert(RetryInfo { attempts: 3, gave_up: Some(GiveUpReason::MaxAttempts) });
+/// if let Some(info) = response.extensions().get::<RetryInfo>() {
+///     if info.gave_up == Some(GiveUpReason::BudgetExhausted) {
+///         // the last response was a retryable failure, and the budget said no more
+///     }
+/// }
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct RetryInfo {
+    /// How many attempts were sent, the one that produced this response included (`1` when
+    /// there was no retry).
+    pub attempts: u32,
+    /// `Some(reason)` when this response is a retryable failure (by the classifier) that was
+    /// not retried, and why; `None` when it is final (a success, or a failure not worth a
+    /// retry).
+    pub gave_up: Option<GiveUpReason>,
+}
+
+/// The retry layer gave up while the last attempt's outcome was a retryable error.
+///
+/// The last attempt's error is the [`source`](std::error::Error::source); it is
+/// [`AttemptTimedOut`] when the last attempt ran out of time.
+///
+/// ```
+/// use backoff_layer::{GaveUp, GiveUpReason};
+/// # fn handle(err: Box<dyn std::error::Error + Send + Sync>) {
+/// if let Some(gave_up) = err.downcast_ref::<GaveUp>() {
+///     match gave_up.reason() {
+///         GiveUpReason::BudgetExhausted => { /* shed load */ }
+///         _ => { /* ... */ }
+///     }
+/// }
+/// # }
+/// ```
+#[derive(Debug)]
+pub struct GaveUp {
+    reason: GiveUpReason,
+    attempts: u32,
+    source: BoxError,
+}
+
+impl GaveUp {
+    pub(crate) fn new(reason: GiveUpReason, attempts: u32, source: BoxError) -> Self {
+        Self {
+            reason,
+            attempts,
+            source,
+        }
+    }
+
+    /// Why the layer stopped.
+    pub const fn reason(&self) -> GiveUpReason {
+        self.reason
+    }
+
+    /// How many attempts were sent.
+    pub const fn attempts(&self) -> u32 {
+        self.attempts
+    }
+
+    /// The last attempt's error.
+    pub fn into_source(self) -> BoxError {
+        self.source
+    }
+}
+
+impl fmt::Display for GaveUp {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "gave up after {} attempt{}: {}",
+            self.attempts,
+            if self.attempts == 1 { "" } else { "s" },
+            self.reason
+        )
+    }
+}
+
+impl std::error::Error for GaveUp {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&*self.source)
+    }
+}
+
+/// An attempt did not complete within the per-attempt timeout (or before the deadline).
+///
+/// The default classifier treats it as retryable. When it is the final outcome it is the
+/// source of a [`GaveUp`], or returned as is if a custom classifier calls it final.
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct AttemptTimedOut {
+    _priv: (),
+}
+
+impl AttemptTimedOut {
+    /// A new `AttemptTimedOut`.
+    pub const fn new() -> Self {
+        Self { _priv: () }
+    }
+}
+
+impl fmt::Display for AttemptTimedOut {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("attempt timed out")
+    }
+}
+
+impl std::error::Error for AttemptTimedOut {}
+
+/// A [`RetryBuilder`](crate::RetryBuilder) was given a configuration that makes no sense.
+///
+/// The rules:
+///
+/// - max attempts must be at least 1 (1 turns retries off);
+/// - the overall deadline, if set, must be greater than zero;
+/// - the per-attempt timeout, if set, must be greater than zero.
+#[derive(Clone, Debug, PartialEq, Eq)]
+#[non_exhaustive]
+pub enum InvalidRetryConfig {
+    /// Max attempts was zero.
+    ZeroMaxAttempts,
+    /// The deadline was zero.
+    ZeroDeadline,
+    /// The per-attempt timeout was zero.
+    ZeroAttemptTimeout,
+}
+
+impl fmt::Display for InvalidRetryConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            InvalidRetryConfig::ZeroMaxAttempts => "max attempts must be at least 1",
+            InvalidRetryConfig::ZeroDeadline => "deadline must be greater than zero",
+            InvalidRetryConfig::ZeroAttemptTimeout => {
+                "per-attempt timeout must be greater than zero"
+            }
+        })
+    }
+}
+
+impl std::error::Error for InvalidRetryConfig {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::error::Error as _;
+
+    #[test]
+    fn gave_up_exposes_the_last_error() {
+        let e = GaveUp::new(
+            GiveUpReason::MaxAttempts,
+            3,
+            Box::new(AttemptTimedOut::new()),
+        );
+        assert_eq!(
+            e.to_string(),
+            "gave up after 3 attempts: maximum attempts reached"
+        );
+        assert!(e.source().unwrap().is::<AttemptTimedOut>());
+        let boxed: BoxError = Box::new(e);
+        assert!(crate::classify::is_timeout(&*boxed));
+        let one = GaveUp::new(GiveUpReason::BudgetExhausted, 1, "x".into());
+        assert_eq!(
+            one.to_string(),
+            "gave up after 1 attempt: retry budget exhausted"
+        );
+    }
+}

@@ -1,0 +1,102 @@
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use http_body::Body;
+use overload_signal::protocol::Attempt;
+use tower_service::Service;
+
+use super::Config;
+use super::future::ResponseFuture;
+use super::metric;
+use crate::BoxError;
+use crate::body::{BodySource, ReplayBody};
+
+/// Retries requests to the inner service; see the [crate docs](crate).
+///
+/// Made by [`RetryLayer`](crate::RetryLayer). Clones share the configuration, the budget and
+/// the seed source.
+#[derive(Debug)]
+pub struct Retry<S> {
+    inner: S,
+    config: Arc<Config>,
+}
+
+impl<S: Clone> Clone for Retry<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            config: Arc::clone(&self.config),
+        }
+    }
+}
+
+impl<S> Retry<S> {
+    pub(crate) const fn from_config(inner: S, config: Arc<Config>) -> Self {
+        Self { inner, config }
+    }
+
+    /// The inner service.
+    pub const fn get_ref(&self) -> &S {
+        &self.inner
+    }
+
+    /// The inner service, mutably.
+    pub const fn get_mut(&mut self) -> &mut S {
+        &mut self.inner
+    }
+
+    /// Consumes `self`, returning the inner service.
+    pub fn into_inner(self) -> S {
+        self.inner
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S>
+where
+    S: Service<Request<ReplayBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+    S::Error: Into<BoxError>,
+    ReqBody: Body,
+    ReqBody::Error: Into<BoxError>,
+{
+    type Response = Response<ResBody>;
+    type Error = BoxError;
+    type Future = ResponseFuture<S, ReqBody>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        // NOTE: `self.inner` was made ready by `poll_ready`; the ready one serves the first
+        // attempt and moves into the future for the retries, and a fresh clone (not yet
+        // ready) stays here for the next `poll_ready`.
+        let clone = self.inner.clone();
+        let mut service = std::mem::replace(&mut self.inner, clone);
+        let config = Arc::clone(&self.config);
+
+        let (mut parts, body) = request.into_parts();
+        Attempt::set(&mut parts.headers, 0);
+        let may_retry =
+            config.max_attempts > 1 && config.classifier.may_retry(&parts.method, &parts.headers);
+        let (body, source) = if may_retry {
+            ReplayBody::first_of(body, config.body_limit)
+        } else {
+            (ReplayBody::streamed(body), BodySource::Streamed)
+        };
+        // NOTE: the parts are cloned only when a retry is possible at all; a retry rebuilds
+        // its request from them.
+        let template = may_retry.then(|| parts.clone());
+
+        config.budget.deposit();
+        metrics::counter!(metric::REQUESTS).increment(1);
+        metrics::counter!(metric::ATTEMPTS).increment(1);
+        let span = tracing::debug_span!("attempt", attempt = 0u32);
+        let future = {
+            let _entered = span.enter();
+            tracing::trace!("sending first attempt");
+            service.call(Request::from_parts(parts, body))
+        };
+        ResponseFuture::new(future, span, service, config, template, source, may_retry)
+    }
+}

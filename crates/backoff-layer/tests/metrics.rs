@@ -1,0 +1,97 @@
+//! The layer's metrics, recorded through the `metrics` facade.
+//!
+//! One test only: it installs a global recorder for this test binary.
+
+mod support;
+
+use std::collections::HashMap;
+
+use backoff_layer::RetryLayer;
+use backoff_layer::backoff::{Fixed, Seeds};
+use backoff_layer::budget::Budget;
+use bytes::Bytes;
+use http::Request;
+use http_body_util::Empty;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use support::{MS, Mock, Reply, status};
+use tower::{Layer, ServiceExt};
+
+struct Refuse;
+
+impl Budget for Refuse {
+    fn deposit(&self) {}
+
+    fn withdraw(&self) -> bool {
+        false
+    }
+}
+
+fn get() -> Request<Empty<Bytes>> {
+    Request::get("http://example.test/")
+        .body(Empty::new())
+        .unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn counters_by_name_and_reason() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    recorder.install().unwrap();
+
+    let builder = || {
+        RetryLayer::builder()
+            .backoff(Fixed::new(100 * MS).unwrap())
+            .seeds(Seeds::from_seed(5))
+    };
+    // Three attempts, then give up on max attempts.
+    let mock = Mock::new(vec![status(503)]);
+    let layer = builder().build().unwrap();
+    layer.layer(mock).oneshot(get()).await.unwrap();
+    // The stop signal.
+    let mock = Mock::new(vec![Reply::Status(
+        503,
+        vec![("x-overloaded", "stop-retrying")],
+    )]);
+    layer.layer(mock).oneshot(get()).await.unwrap_err();
+    // The budget refuses.
+    let mock = Mock::new(vec![status(503)]);
+    let refusing = builder().budget(Refuse).build().unwrap();
+    refusing.layer(mock).oneshot(get()).await.unwrap();
+
+    let mut counters: HashMap<String, u64> = HashMap::new();
+    let mut delays = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let mut name = key.name().to_owned();
+        for label in key.labels() {
+            name.push_str(&format!("{{{}={}}}", label.key(), label.value()));
+        }
+        match value {
+            DebugValue::Counter(n) => {
+                counters.insert(name, n);
+            }
+            DebugValue::Histogram(values) => {
+                assert_eq!(name, "backoff_layer_retry_delay_seconds");
+                delays.extend(values.into_iter().map(|v| v.into_inner()));
+            }
+            DebugValue::Gauge(_) => panic!("no gauges expected: {name}"),
+        }
+    }
+    let expected: HashMap<String, u64> = [
+        ("backoff_layer_requests_total", 3),
+        ("backoff_layer_attempts_total", 5),
+        ("backoff_layer_retries_total", 2),
+        ("backoff_layer_stop_signals_total", 1),
+        ("backoff_layer_gave_up_total{reason=max_attempts}", 1),
+        ("backoff_layer_gave_up_total{reason=budget}", 1),
+        // The default budget's own counters: it granted both retries of the first request
+        // (the floor allows 10 per window) and refused none.
+        ("backoff_layer_budget_retries_allowed_total", 2),
+        ("backoff_layer_budget_retries_refused_total", 0),
+    ]
+    .into_iter()
+    .map(|(k, v)| (k.to_owned(), v))
+    .collect();
+    assert_eq!(counters, expected);
+    assert_eq!(delays, [0.1, 0.1]);
+}

@@ -1,0 +1,520 @@
+//! Behaviour of the retry layer around a scripted mock service, under paused time.
+
+mod support;
+
+use std::io::ErrorKind;
+use std::pin::pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU32, Ordering};
+use std::time::Duration;
+
+use backoff_layer::backoff::{Exponential, Fixed, Seeds};
+use backoff_layer::budget::Budget;
+use backoff_layer::{AttemptTimedOut, BoxError, GaveUp, GiveUpReason, RetryInfo, RetryLayer};
+use bytes::Bytes;
+use http::{Method, Request, Response, StatusCode};
+use http_body_util::{Empty, Full};
+use overload_signal::protocol::{Attempt, IDEMPOTENCY_KEY};
+use overload_signal::{Overloaded, propagation};
+use support::{MS, Mock, Reply, SECOND, status};
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+fn layer() -> RetryBuilder {
+    RetryLayer::builder()
+        .backoff(Fixed::new(100 * MS).unwrap())
+        .seeds(Seeds::from_seed(1))
+}
+
+fn get() -> Request<Empty<Bytes>> {
+    Request::get("http://example.test/")
+        .body(Empty::new())
+        .unwrap()
+}
+
+async fn send<B>(
+    layer: RetryBuilder,
+    mock: &Mock,
+    request: Request<B>,
+) -> Result<Response<Empty<Bytes>>, BoxError>
+where
+    B: http_body::Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    layer
+        .build()
+        .unwrap()
+        .layer(mock.clone())
+        .oneshot(request)
+        .await
+}
+
+use backoff_layer::RetryBuilder;
+
+fn info(r: &Response<Empty<Bytes>>) -> RetryInfo {
+    *r.extensions()
+        .get::<RetryInfo>()
+        .expect("RetryInfo on every response")
+}
+
+fn gave_up(e: &BoxError) -> &GaveUp {
+    e.downcast_ref::<GaveUp>()
+        .unwrap_or_else(|| panic!("expected GaveUp, got {e:?}"))
+}
+
+#[tokio::test(start_paused = true)]
+async fn attempt_header_is_0_then_1_then_2() {
+    let mock = Mock::new(vec![status(503), status(502), status(200)]);
+    let r = send(layer(), &mock, get()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        mock.attempts(),
+        [Attempt::Number(0), Attempt::Number(1), Attempt::Number(2)]
+    );
+    assert_eq!(
+        info(&r),
+        RetryInfo {
+            attempts: 3,
+            gave_up: None
+        }
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_caller_attempt_header_is_replaced_not_appended() {
+    let mock = Mock::new(vec![status(200)]);
+    let mut req = get();
+    req.headers_mut()
+        .insert("x-request-attempt", "7".parse().unwrap());
+    send(layer(), &mock, req).await.unwrap();
+    assert_eq!(
+        mock.seen()[0]
+            .headers
+            .get_all("x-request-attempt")
+            .iter()
+            .count(),
+        1
+    );
+    assert_eq!(mock.attempts(), [Attempt::Number(0)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn success_needs_one_attempt() {
+    let mock = Mock::new(vec![status(200)]);
+    let start = Instant::now();
+    let r = send(layer(), &mock, get()).await.unwrap();
+    assert_eq!(info(&r).attempts, 1);
+    assert_eq!(mock.seen().len(), 1);
+    assert_eq!(start.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn stop_signal_means_exactly_one_attempt_and_a_typed_error() {
+    let mock = Mock::new(vec![
+        Reply::Status(503, vec![("x-overloaded", "stop-retrying")]),
+        status(200),
+    ]);
+    let mut call = pin!(propagation::scope(send(layer(), &mock, get())));
+    let err = call.as_mut().await.unwrap_err();
+    assert!(err.is::<Overloaded>(), "{err:?}");
+    assert_eq!(mock.seen().len(), 1);
+    assert!(
+        propagation::stop_received(call.as_mut()),
+        "a server layer above must learn about the signal"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_stop_signal_is_not_retried_either() {
+    let mock = Mock::new(vec![
+        Reply::Status(
+            200,
+            vec![
+                ("content-type", "application/grpc"),
+                ("grpc-status", "14"),
+                ("grpc-retry-pushback-ms", "-1"),
+            ],
+        ),
+        status(200),
+    ]);
+    let err = send(layer(), &mock, get()).await.unwrap_err();
+    assert!(overload_signal::is_overloaded(&*err));
+    assert_eq!(mock.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retry_after_delays_the_retry_by_at_least_its_value() {
+    let mock = Mock::new(vec![
+        Reply::Status(429, vec![("retry-after", "3")]),
+        status(200),
+    ]);
+    // The backoff alone would wait 100 ms; its maximum is large enough not to cap the hint.
+    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    let r = send(layer().backoff(backoff), &mock, get()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = mock.seen();
+    let waited = seen[1].at - seen[0].at;
+    assert!(waited >= 3 * SECOND, "waited only {waited:?}");
+    assert!(waited < 4 * SECOND, "waited {waited:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_pushback_is_a_lower_bound_too() {
+    let mock = Mock::new(vec![
+        Reply::Status(
+            200,
+            vec![
+                ("content-type", "application/grpc"),
+                ("grpc-status", "8"),
+                ("grpc-retry-pushback-ms", "1500"),
+            ],
+        ),
+        status(200),
+    ]);
+    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    send(layer().backoff(backoff), &mock, get()).await.unwrap();
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].at - seen[0].at, 1500 * MS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_hint_is_capped_by_the_strategy_maximum() {
+    let mock = Mock::new(vec![
+        Reply::Status(503, vec![("retry-after", "3600")]),
+        status(200),
+    ]);
+    let backoff = Exponential::new(100 * MS, 2 * SECOND, 2.0, 0.0).unwrap();
+    send(layer().backoff(backoff), &mock, get()).await.unwrap();
+    let seen = mock.seen();
+    assert_eq!(seen[1].at - seen[0].at, 2 * SECOND);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_wait_past_the_deadline_gives_up_at_once() {
+    let mock = Mock::new(vec![
+        Reply::Status(503, vec![("retry-after", "10")]),
+        status(200),
+    ]);
+    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    let start = Instant::now();
+    let r = send(layer().backoff(backoff).deadline(5 * SECOND), &mock, get())
+        .await
+        .unwrap();
+    assert_eq!(
+        start.elapsed(),
+        Duration::ZERO,
+        "must not sleep towards the deadline"
+    );
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        info(&r),
+        RetryInfo {
+            attempts: 1,
+            gave_up: Some(GiveUpReason::Deadline)
+        }
+    );
+    assert_eq!(mock.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_deadline_cuts_a_hanging_attempt() {
+    let mock = Mock::new(vec![Reply::Hang]);
+    let start = Instant::now();
+    let err = send(layer().deadline(2 * SECOND), &mock, get())
+        .await
+        .unwrap_err();
+    assert_eq!(start.elapsed(), 2 * SECOND);
+    let g = gave_up(&err);
+    assert_eq!(g.reason(), GiveUpReason::Deadline);
+    assert!(
+        std::error::Error::source(g)
+            .unwrap()
+            .is::<AttemptTimedOut>()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_is_not_retried_by_default() {
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let req = Request::post("http://example.test/")
+        .body(Full::new(Bytes::from_static(b"order")))
+        .unwrap();
+    let r = send(layer(), &mock, req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(mock.seen().len(), 1);
+    assert_eq!(mock.seen()[0].attempt, Attempt::Number(0));
+    assert_eq!(info(&r).gave_up, Some(GiveUpReason::NotRetryable));
+}
+
+#[tokio::test(start_paused = true)]
+async fn post_with_an_idempotency_key_is_retried() {
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let req = Request::post("http://example.test/")
+        .header(IDEMPOTENCY_KEY, "8e03978e")
+        .body(Full::new(Bytes::from_static(b"order")))
+        .unwrap();
+    let r = send(layer(), &mock, req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 2);
+    assert_eq!(seen[1].body, "order");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_body_one_byte_over_64_kib_is_sent_once_and_whole() {
+    let big = Bytes::from(vec![7u8; 64 * 1024 + 1]);
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let req = Request::put("http://example.test/")
+        .body(Full::new(big.clone()))
+        .unwrap();
+    let r = send(layer(), &mock, req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(info(&r).gave_up, Some(GiveUpReason::BodyNotReplayable));
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, big);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_streamed_body_that_grows_over_the_limit_is_sent_once_and_whole() {
+    // 17 chunks of 4 KiB: 68 KiB, with no size hint, so the layer finds out while streaming.
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let req = Request::put("http://example.test/")
+        .body(support::streamed(17, 4096))
+        .unwrap();
+    let r = send(layer(), &mock, req).await.unwrap();
+    assert_eq!(info(&r).gave_up, Some(GiveUpReason::BodyNotReplayable));
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 1);
+    assert_eq!(seen[0].body, support::expected_bytes(17, 4096));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_replayed_body_is_identical_to_the_original() {
+    // 16 chunks of 4 KiB: exactly 64 KiB, the largest replayable body; plus trailers.
+    let mock = Mock::new(vec![
+        status(503),
+        Reply::Io(ErrorKind::ConnectionRefused),
+        status(200),
+    ]);
+    let req = Request::put("http://example.test/")
+        .body(support::streamed(16, 4096))
+        .unwrap();
+    let r = send(layer(), &mock, req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    let seen = mock.seen();
+    assert_eq!(seen.len(), 3);
+    let original = support::expected_bytes(16, 4096);
+    for s in &seen {
+        assert_eq!(s.body, original, "attempt {}", s.attempt);
+        assert_eq!(s.method, Method::PUT);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_attempts_bounds_retries() {
+    let mock = Mock::new(vec![status(503)]);
+    let r = send(layer().max_attempts(4), &mock, get()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(
+        info(&r),
+        RetryInfo {
+            attempts: 4,
+            gave_up: Some(GiveUpReason::MaxAttempts)
+        }
+    );
+    assert_eq!(mock.seen().len(), 4);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_attempts_one_turns_retries_off() {
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let r = send(layer().max_attempts(1), &mock, get()).await.unwrap();
+    assert_eq!(info(&r).gave_up, Some(GiveUpReason::NotRetryable));
+    assert_eq!(mock.seen().len(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn waits_follow_the_backoff_strategy() {
+    let mock = Mock::new(vec![status(503)]);
+    let backoff = Exponential::new(100 * MS, 60 * SECOND, 3.0, 0.0).unwrap();
+    send(layer().backoff(backoff).max_attempts(4), &mock, get())
+        .await
+        .unwrap();
+    let seen = mock.seen();
+    let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
+    assert_eq!(gaps, [100 * MS, 300 * MS, 900 * MS]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn two_requests_draw_different_jitter() {
+    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.5).unwrap();
+    let layer = layer().backoff(backoff).build().unwrap();
+    let mut gaps = Vec::new();
+    for _ in 0..2 {
+        let mock = Mock::new(vec![status(503), status(200)]);
+        layer.layer(mock.clone()).oneshot(get()).await.unwrap();
+        let seen = mock.seen();
+        gaps.push(seen[1].at - seen[0].at);
+    }
+    assert_ne!(gaps[0], gaps[1]);
+}
+
+#[derive(Debug, Default)]
+struct Counting {
+    deposits: AtomicU32,
+    withdrawals: AtomicU32,
+    allow: u32,
+}
+
+impl Budget for Counting {
+    fn deposit(&self) {
+        self.deposits.fetch_add(1, Ordering::Relaxed);
+    }
+
+    fn withdraw(&self) -> bool {
+        self.withdrawals.fetch_add(1, Ordering::Relaxed) < self.allow
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn budget_refusal_is_typed_for_responses_and_errors() {
+    let budget = Arc::new(Counting {
+        allow: 1,
+        ..Counting::default()
+    });
+    let layer = layer()
+        .max_attempts(5)
+        .shared_budget(Arc::clone(&budget) as Arc<dyn Budget>);
+
+    let mock = Mock::new(vec![status(503)]);
+    let r = send(layer, &mock, get()).await.unwrap();
+    assert_eq!(
+        info(&r),
+        RetryInfo {
+            attempts: 2,
+            gave_up: Some(GiveUpReason::BudgetExhausted)
+        }
+    );
+    assert_eq!(budget.deposits.load(Ordering::Relaxed), 1);
+    assert_eq!(budget.withdrawals.load(Ordering::Relaxed), 2);
+
+    let layer = RetryLayer::builder()
+        .backoff(Fixed::new(100 * MS).unwrap())
+        .shared_budget(Arc::clone(&budget) as Arc<dyn Budget>);
+    let mock = Mock::new(vec![Reply::Io(ErrorKind::ConnectionRefused)]);
+    let err = send(layer, &mock, get()).await.unwrap_err();
+    let g = gave_up(&err);
+    assert_eq!(g.reason(), GiveUpReason::BudgetExhausted);
+    assert_eq!(g.attempts(), 1);
+    let source = std::error::Error::source(g).unwrap();
+    assert_eq!(
+        source.downcast_ref::<std::io::Error>().unwrap().kind(),
+        ErrorKind::ConnectionRefused
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn connect_errors_are_retried_and_other_errors_returned_as_is() {
+    let mock = Mock::new(vec![Reply::Io(ErrorKind::ConnectionRefused), status(200)]);
+    let r = send(layer(), &mock, get()).await.unwrap();
+    assert_eq!(info(&r).attempts, 2);
+
+    let mock = Mock::new(vec![Reply::Io(ErrorKind::InvalidData), status(200)]);
+    let err = send(layer(), &mock, get()).await.unwrap_err();
+    assert_eq!(
+        err.downcast_ref::<std::io::Error>().unwrap().kind(),
+        ErrorKind::InvalidData
+    );
+    assert_eq!(mock.seen().len(), 1);
+
+    let mock = Mock::new(vec![Reply::Io(ErrorKind::ConnectionRefused)]);
+    let err = send(layer(), &mock, get()).await.unwrap_err();
+    assert_eq!(gave_up(&err).reason(), GiveUpReason::MaxAttempts);
+    assert_eq!(gave_up(&err).attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_attempt_timeout_is_a_retryable_failure() {
+    let mock = Mock::new(vec![Reply::Hang, status(200)]);
+    let start = Instant::now();
+    let r = send(layer().attempt_timeout(SECOND), &mock, get())
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(info(&r).attempts, 2);
+    assert_eq!(start.elapsed(), SECOND + 100 * MS);
+
+    let mock = Mock::new(vec![Reply::Hang]);
+    let err = send(layer().attempt_timeout(SECOND), &mock, get())
+        .await
+        .unwrap_err();
+    let g = gave_up(&err);
+    assert_eq!(g.reason(), GiveUpReason::MaxAttempts);
+    assert!(
+        std::error::Error::source(g)
+            .unwrap()
+            .is::<AttemptTimedOut>()
+    );
+    assert!(backoff_layer::classify::is_timeout(&*err));
+}
+
+#[tokio::test(start_paused = true)]
+async fn final_statuses_are_returned_with_no_retry() {
+    for code in [200, 404, 500] {
+        let mock = Mock::new(vec![status(code), status(200)]);
+        let r = send(layer(), &mock, get()).await.unwrap();
+        assert_eq!(r.status().as_u16(), code);
+        assert_eq!(
+            info(&r),
+            RetryInfo {
+                attempts: 1,
+                gave_up: None
+            }
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_layer_is_reusable_and_clones_share_it() {
+    let mock = Mock::new(vec![status(200)]);
+    let svc = layer().build().unwrap().layer(mock.clone());
+    for _ in 0..3 {
+        svc.clone().oneshot(get()).await.unwrap();
+    }
+    assert_eq!(mock.seen().len(), 3);
+}
+
+/// The readiness contract (tower-test's mock panics on a call it did not say it was ready
+/// for): every retry waits for the inner service to be ready again, and a retry does not
+/// start while the service is not.
+#[tokio::test(start_paused = true)]
+async fn every_retry_waits_for_readiness() {
+    let (mock, mut handle) = tower_test::mock::pair::<
+        Request<backoff_layer::ReplayBody<Empty<Bytes>>>,
+        Response<Empty<Bytes>>,
+    >();
+    handle.allow(1);
+    let svc = layer().build().unwrap().layer(mock);
+    let call = tokio::spawn(svc.oneshot(get()));
+
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::from_request(&req), Attempt::Number(0));
+    let mut unavailable = Response::new(Empty::new());
+    *unavailable.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+    send.send_response(unavailable);
+
+    // The backoff (100 ms) passes, but the service has no capacity: no retry is sent.
+    tokio::time::sleep(SECOND).await;
+    assert!(handle.poll_request().is_pending());
+
+    handle.allow(1);
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(Attempt::from_request(&req), Attempt::Number(1));
+    send.send_response(Response::new(Empty::new()));
+    let response = call.await.unwrap().unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(info(&response).attempts, 2);
+}

@@ -1,0 +1,145 @@
+//! A scripted mock inner service that records what every attempt carried.
+
+#![allow(dead_code, unreachable_pub)]
+
+use std::convert::Infallible;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::{Arc, Mutex};
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use backoff_layer::{BoxError, ReplayBody};
+use bytes::Bytes;
+use http::{HeaderMap, Method, Request, Response, StatusCode};
+use http_body::{Body, Frame};
+use http_body_util::{BodyExt, Empty, StreamBody};
+use overload_signal::protocol::Attempt;
+use tokio::time::Instant;
+use tower_service::Service;
+
+/// What the mock does for one attempt.
+#[derive(Clone, Debug)]
+pub enum Reply {
+    /// Answers with this status and headers.
+    Status(u16, Vec<(&'static str, &'static str)>),
+    /// Fails with an `std::io::Error` of this kind.
+    Io(std::io::ErrorKind),
+    /// Never answers.
+    Hang,
+}
+
+pub fn status(code: u16) -> Reply {
+    Reply::Status(code, Vec::new())
+}
+
+/// What one attempt carried.
+#[derive(Clone, Debug)]
+pub struct Seen {
+    pub attempt: Attempt,
+    pub method: Method,
+    pub headers: HeaderMap,
+    pub body: Bytes,
+    pub trailers: Option<HeaderMap>,
+    pub at: Instant,
+}
+
+#[derive(Clone)]
+pub struct Mock {
+    script: Arc<[Reply]>,
+    pub seen: Arc<Mutex<Vec<Seen>>>,
+}
+
+impl Mock {
+    /// Replies in order; the last reply repeats.
+    pub fn new(script: Vec<Reply>) -> Self {
+        assert!(!script.is_empty());
+        Self {
+            script: script.into(),
+            seen: Arc::default(),
+        }
+    }
+
+    pub fn seen(&self) -> Vec<Seen> {
+        self.seen.lock().unwrap().clone()
+    }
+
+    pub fn attempts(&self) -> Vec<Attempt> {
+        self.seen().iter().map(|s| s.attempt).collect()
+    }
+}
+
+impl<B> Service<Request<ReplayBody<B>>> for Mock
+where
+    B: Body + Send + 'static,
+    B::Data: Send,
+    B::Error: Into<BoxError>,
+{
+    type Response = Response<Empty<Bytes>>;
+    type Error = std::io::Error;
+    type Future = Pin<Box<dyn Future<Output = Result<Self::Response, Self::Error>> + Send>>;
+
+    fn poll_ready(&mut self, _: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, request: Request<ReplayBody<B>>) -> Self::Future {
+        let seen = Arc::clone(&self.seen);
+        let script = Arc::clone(&self.script);
+        Box::pin(async move {
+            let at = Instant::now();
+            let (parts, body) = request.into_parts();
+            let collected = body.collect().await.expect("request body");
+            let trailers = collected.trailers().cloned();
+            let body = collected.to_bytes();
+            let n = {
+                let mut seen = seen.lock().unwrap();
+                seen.push(Seen {
+                    attempt: Attempt::from_headers(&parts.headers),
+                    method: parts.method,
+                    headers: parts.headers,
+                    body,
+                    trailers,
+                    at,
+                });
+                seen.len() - 1
+            };
+            match script[n.min(script.len() - 1)].clone() {
+                Reply::Status(code, headers) => {
+                    let mut r = Response::new(Empty::new());
+                    *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                    for (k, v) in headers {
+                        r.headers_mut().append(k, v.parse().unwrap());
+                    }
+                    Ok(r)
+                }
+                Reply::Io(kind) => Err(std::io::Error::from(kind)),
+                Reply::Hang => std::future::pending().await,
+            }
+        })
+    }
+}
+
+/// A body streamed from a list of frames, with no size hint.
+pub type Streamed =
+    StreamBody<futures_util::stream::Iter<std::vec::IntoIter<Result<Frame<Bytes>, Infallible>>>>;
+
+/// A body of `chunks` frames of `size` bytes each, with distinct contents, and no size hint.
+pub fn streamed(chunks: usize, size: usize) -> Streamed {
+    let frames: Vec<Result<Frame<Bytes>, Infallible>> = (0..chunks)
+        .map(|i| {
+            let data: Vec<u8> = (0..size).map(|j| ((i * 31 + j * 7) % 251) as u8).collect();
+            Ok(Frame::data(Bytes::from(data)))
+        })
+        .collect();
+    StreamBody::new(futures_util::stream::iter(frames))
+}
+
+pub fn expected_bytes(chunks: usize, size: usize) -> Vec<u8> {
+    (0..chunks)
+        .flat_map(|i| (0..size).map(move |j| ((i * 31 + j * 7) % 251) as u8))
+        .collect()
+}
+
+pub const SECOND: Duration = Duration::from_secs(1);
+pub const MS: Duration = Duration::from_millis(1);

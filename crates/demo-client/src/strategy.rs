@@ -1,0 +1,83 @@
+//! The client retry strategies the experiment compares.
+
+use std::fmt;
+use std::str::FromStr;
+
+/// How a demo client retries a failed attempt.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Strategy {
+    /// Retry every 100 ms, without end, as the article's simulation client does: the
+    /// strategy that keeps a resumed server down.
+    Fixed,
+    /// The article's exponential backoff (100 ms, x2, jitter 0.1, at most 15 minutes),
+    /// retrying without end, with nothing else.
+    Exponential,
+    /// Everything this workspace offers: the article's exponential backoff with jitter, a
+    /// retry budget, at most 3 attempts, the `X-Request-Attempt` header, and no retry after
+    /// a stop signal.
+    Full,
+}
+
+impl Strategy {
+    /// Every strategy, in the order the experiment runs them.
+    pub const ALL: [Strategy; 3] = [Strategy::Fixed, Strategy::Exponential, Strategy::Full];
+
+    /// The name used on the command line.
+    pub const fn name(self) -> &'static str {
+        match self {
+            Strategy::Fixed => "fixed",
+            Strategy::Exponential => "exponential",
+            Strategy::Full => "full",
+        }
+    }
+}
+
+impl fmt::Display for Strategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.name())
+    }
+}
+
+/// A strategy name that is not `fixed`, `exponential` or `full`.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct UnknownStrategy(String);
+
+impl fmt::Display for UnknownStrategy {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "unknown strategy {:?}: expected fixed, exponential or full",
+            self.0
+        )
+    }
+}
+
+impl std::error::Error for UnknownStrategy {}
+
+impl FromStr for Strategy {
+    type Err = UnknownStrategy;
+
+    fn from_str(s: &str) -> Result<Self, Self::Err> {
+        Strategy::ALL
+            .into_iter()
+            .find(|st| st.name() == s)
+            .ok_or_else(|| UnknownStrategy(s.to_owned()))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_round_trip() {
+        for s in Strategy::ALL {
+            assert_eq!(s.name().parse::<Strategy>(), Ok(s));
+        }
+        let err = "Full".parse::<Strategy>().unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "unknown strategy \"Full\": expected fixed, exponential or full"
+        );
+    }
+}

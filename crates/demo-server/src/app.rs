@@ -1,0 +1,328 @@
+//! The axum application: `/api` served by a model, `/healthz`, `/metrics`.
+
+use std::convert::Infallible;
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+
+use axum::Router;
+use axum::extract::State;
+use axum::http::{StatusCode, header};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{MethodRouter, get};
+use metrics_exporter_prometheus::PrometheusHandle;
+use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
+use overload_signal::{OverloadSignalLayer, is_overloaded};
+use ratelimit_layer::RateLimitLayer;
+use tower::util::MapResponseLayer;
+
+use crate::downstream::Downstream;
+use crate::model::Model;
+
+/// Names of the metrics `demo-server` records, through the `metrics` facade.
+///
+/// They are stable: scripts and the demo client read them from `GET /metrics`. The library
+/// records them but never installs a recorder; without one (as in an in-process simulation)
+/// recording costs next to nothing.
+pub mod metric_names {
+    /// Counter of `/api` responses, labelled `outcome`: `served` (2xx), `rejected` (429,
+    /// the rate limiter), `stop_signal` (a response carrying the stop-retrying signal),
+    /// `failed` (anything else).
+    pub const REQUESTS: &str = "demo_server_requests_total";
+    /// Gauge: requests inside the model when `/metrics` was scraped.
+    pub const CONCURRENCY: &str = "demo_server_concurrency";
+    /// Gauge: the highest concurrency since the previous scrape of `/metrics` (so a client
+    /// scraping once a second sees each second's peak). Several scrapers share the periods.
+    pub const CONCURRENCY_PEAK: &str = "demo_server_concurrency_peak";
+    /// Gauge, seconds: the model's last delay (see `Model::last_delay`).
+    pub const LAST_DELAY: &str = "demo_server_last_delay_seconds";
+    /// Histogram (a summary in Prometheus text), seconds: time `/api` requests spent in the
+    /// model.
+    pub const MODEL_SECONDS: &str = "demo_server_model_seconds";
+}
+
+/// The outcome labels of [`metric_names::REQUESTS`].
+const SERVED: &str = "served";
+const REJECTED: &str = "rejected";
+const STOP_SIGNAL: &str = "stop_signal";
+const FAILED: &str = "failed";
+
+/// What [`app`] serves.
+///
+/// Build it from a [`Model`] and keep a clone of the model and of [`stats`](Self::stats) to
+/// watch the server, as the `demo-server` binary does for its status line.
+///
+/// ```
+/// use demo_server::app::{AppConfig, app};
+/// use demo_server::model::{LatencyModel, Model};
+///
+/// let model = Model::new(LatencyModel::default());
+/// let config = AppConfig::new(model.clone());
+/// let stats = config.stats().clone();
+/// let router = app(config);
+/// # let _ = (router, stats);
+/// ```
+#[derive(Clone, Debug)]
+pub struct AppConfig {
+    model: Model,
+    stack: Stack,
+    downstream: Option<Downstream>,
+    metrics: Option<PrometheusHandle>,
+    stats: ServerStats,
+}
+
+/// What stands in front of the model on `/api`.
+#[derive(Clone, Debug)]
+pub enum Stack {
+    /// The bare model: the article's server.
+    None,
+    /// [`OverloadSignalLayer`] outside [`RateLimitLayer`], in front of the model:
+    ///
+    /// ```text
+    /// network ──► OverloadSignalLayer ──► RateLimitLayer ──► model
+    /// ```
+    Full {
+        /// The overload layer; keep a clone to read its histogram.
+        overload: OverloadSignalLayer,
+        /// The rate limiter.
+        rate_limit: RateLimitLayer,
+    },
+}
+
+impl AppConfig {
+    /// `/api` served by the bare `model` ([`Stack::None`]), no downstream, no `/metrics`
+    /// route.
+    pub fn new(model: Model) -> Self {
+        Self {
+            model,
+            stack: Stack::None,
+            downstream: None,
+            metrics: None,
+            stats: ServerStats::default(),
+        }
+    }
+
+    /// Puts `stack` in front of the model. Default [`Stack::None`].
+    pub fn stack(mut self, stack: Stack) -> Self {
+        self.stack = stack;
+        self
+    }
+
+    /// Makes `/api` call `downstream` after the model's work and before answering, so tiers
+    /// chain. Default: no downstream.
+    pub fn downstream(mut self, downstream: Downstream) -> Self {
+        self.downstream = Some(downstream);
+        self
+    }
+
+    /// Serves `GET /metrics` from `handle`. The caller installs the recorder the handle
+    /// belongs to (the binary installs it globally); without this, there is no `/metrics`
+    /// route.
+    pub fn metrics(mut self, handle: PrometheusHandle) -> Self {
+        self.metrics = Some(handle);
+        self
+    }
+
+    /// The model behind `/api`.
+    pub fn model(&self) -> &Model {
+        &self.model
+    }
+
+    /// The counters of `/api` outcomes, shared with the router [`app`] builds.
+    pub fn stats(&self) -> &ServerStats {
+        &self.stats
+    }
+}
+
+/// Counts of `/api` responses by outcome, since the server started. Clones share the
+/// counts. The same outcomes are recorded in [`metric_names::REQUESTS`].
+#[derive(Clone, Debug, Default)]
+pub struct ServerStats {
+    inner: Arc<Counts>,
+}
+
+#[derive(Debug, Default)]
+struct Counts {
+    served: AtomicU64,
+    rejected: AtomicU64,
+    stop_signals: AtomicU64,
+    failed: AtomicU64,
+}
+
+/// A reading of [`ServerStats`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct StatsSnapshot {
+    /// 2xx responses.
+    pub served: u64,
+    /// 429 responses without the stop signal.
+    pub rejected: u64,
+    /// Responses carrying the stop-retrying signal.
+    pub stop_signals: u64,
+    /// Every other response.
+    pub failed: u64,
+}
+
+impl StatsSnapshot {
+    /// The counts since `earlier` (saturating, so a reset never underflows).
+    pub fn since(&self, earlier: &StatsSnapshot) -> StatsSnapshot {
+        StatsSnapshot {
+            served: self.served.saturating_sub(earlier.served),
+            rejected: self.rejected.saturating_sub(earlier.rejected),
+            stop_signals: self.stop_signals.saturating_sub(earlier.stop_signals),
+            failed: self.failed.saturating_sub(earlier.failed),
+        }
+    }
+}
+
+impl ServerStats {
+    /// The counts now.
+    pub fn snapshot(&self) -> StatsSnapshot {
+        let c = &self.inner;
+        StatsSnapshot {
+            served: c.served.load(Ordering::Relaxed),
+            rejected: c.rejected.load(Ordering::Relaxed),
+            stop_signals: c.stop_signals.load(Ordering::Relaxed),
+            failed: c.failed.load(Ordering::Relaxed),
+        }
+    }
+
+    fn record(&self, response: &Response) {
+        let c = &self.inner;
+        let (counter, outcome) = if is_stop_signal(response.headers()) {
+            (&c.stop_signals, STOP_SIGNAL)
+        } else if response.status().is_success() {
+            (&c.served, SERVED)
+        } else if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            (&c.rejected, REJECTED)
+        } else {
+            (&c.failed, FAILED)
+        };
+        counter.fetch_add(1, Ordering::Relaxed);
+        metrics::counter!(metric_names::REQUESTS, "outcome" => outcome).increment(1);
+    }
+}
+
+impl fmt::Display for StatsSnapshot {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(
+            f,
+            "served: {}, rejected: {}, stop signals: {}, failed: {}",
+            self.served, self.rejected, self.stop_signals, self.failed
+        )
+    }
+}
+
+#[derive(Clone)]
+struct AppState {
+    model: Model,
+    downstream: Option<Downstream>,
+    metrics: Option<PrometheusHandle>,
+}
+
+/// The demo server's routes:
+///
+/// - `GET /api`: the [`Stack`], then one request through the model, then the downstream call
+///   if any; `200 OK` with `ok\n`. A paused in-process model whose backlog is full answers
+///   `503 Service Unavailable`. A downstream call that ends with the stop signal answers
+///   with the stop signal (`503` with `X-Overloaded`), with or without the overload layer;
+///   any other downstream failure answers `502 Bad Gateway`.
+/// - `GET /healthz`: `200 OK` with `ok\n` at once, never limited.
+/// - `GET /metrics`: Prometheus text from the handle given to [`AppConfig::metrics`] (route
+///   absent without one); see [`metric_names`].
+///
+/// Every `/api` response is counted in [`AppConfig::stats`] and [`metric_names::REQUESTS`].
+pub fn app(config: AppConfig) -> Router {
+    let AppConfig {
+        model,
+        stack,
+        downstream,
+        metrics,
+        stats,
+    } = config;
+    let has_metrics = metrics.is_some();
+    let api: MethodRouter<AppState> = match stack {
+        Stack::None => get(api),
+        // NOTE: `MethodRouter::layer` wraps the route in order, so the last layer added is the
+        // outermost: the overload layer must see the limiter's rejections.
+        Stack::Full {
+            overload,
+            rate_limit,
+        } => get(api)
+            .layer::<_, Infallible>(rate_limit)
+            .layer::<_, Infallible>(overload),
+    };
+    let api = api.layer(MapResponseLayer::new(move |response: Response| {
+        stats.record(&response);
+        response
+    }));
+    let router = Router::new()
+        .route("/api", api)
+        .route("/healthz", get(healthz));
+    let router = if has_metrics {
+        router.route("/metrics", get(render_metrics))
+    } else {
+        router
+    };
+    router.with_state(AppState {
+        model,
+        downstream,
+        metrics,
+    })
+}
+
+async fn api(State(state): State<AppState>) -> Response {
+    let took = match state.model.serve().await {
+        Ok(took) => took,
+        Err(refused) => {
+            return (StatusCode::SERVICE_UNAVAILABLE, format!("{refused}\n")).into_response();
+        }
+    };
+    metrics::histogram!(metric_names::MODEL_SECONDS).record(took.as_secs_f64());
+    let Some(downstream) = state.downstream else {
+        return "ok\n".into_response();
+    };
+    match downstream.call().await {
+        Ok(status) if status.is_success() => "ok\n".into_response(),
+        Ok(status) => (
+            StatusCode::BAD_GATEWAY,
+            format!("downstream answered {status}\n"),
+        )
+            .into_response(),
+        // NOTE: behind the overload layer the retry layer's marker would turn any failure
+        // into the stop signal anyway; answering it here keeps `--stack none` tiers honest
+        // too (the typed-error path of `overload_signal`'s propagation).
+        Err(e) if is_overloaded(&*e) => stop_signal_response::<axum::body::Body>(Protocol::Http),
+        Err(e) => {
+            tracing::debug!(error = %e, "downstream call failed");
+            (
+                StatusCode::BAD_GATEWAY,
+                format!("downstream call failed: {e}\n"),
+            )
+                .into_response()
+        }
+    }
+}
+
+// NOTE: axum handlers must be async even when they do not await.
+#[allow(clippy::unused_async)]
+async fn healthz() -> &'static str {
+    "ok\n"
+}
+
+#[allow(clippy::unused_async)]
+async fn render_metrics(State(state): State<AppState>) -> Response {
+    let Some(handle) = state.metrics else {
+        return StatusCode::NOT_FOUND.into_response();
+    };
+    let model = &state.model;
+    // Gauges are read from the model at scrape time, so they are fresh whatever the
+    // scrape interval.
+    metrics::gauge!(metric_names::CONCURRENCY).set(model.concurrency() as f64);
+    metrics::gauge!(metric_names::CONCURRENCY_PEAK).set(model.take_peak_concurrency() as f64);
+    metrics::gauge!(metric_names::LAST_DELAY).set(model.last_delay().as_secs_f64());
+    (
+        [(header::CONTENT_TYPE, "text/plain; version=0.0.4")],
+        handle.render(),
+    )
+        .into_response()
+}

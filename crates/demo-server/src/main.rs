@@ -1,0 +1,588 @@
+//! `demo-server`: a backend that behaves like an overloaded server, so the overload layers
+//! can be watched at work. See `demo-server --help`.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::process::ExitCode;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
+use demo_server::app::{AppConfig, ServerStats, Stack, app};
+use demo_server::downstream::Downstream;
+use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
+use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
+use overload_signal::{AttemptHistogram, OverloadSignalLayer};
+use ratelimit_layer::{Algorithm, ClientIp, KeyBy, RateLimitConfig};
+use tokio::net::TcpListener;
+
+mod duration;
+
+use duration::parse_duration;
+
+const ABOUT: &str = "A demo backend that behaves like an overloaded server.";
+
+const LONG_ABOUT: &str = "\
+A demo backend that behaves like an overloaded server, so retry storms and the layers that stop
+them can be watched with any HTTP client (curl, oha, the demo-client).
+
+GET /api is served by a latency model:
+  article  (default) 100 ms while at most 30 requests are inside, then
+           100ms * 1.05^((c - 30)/15) for c requests inside, re-evaluated every 50 ms
+           (the server of the article 'Exponential backoff, or how not to crash a server')
+  mmc      10 workers, exponential service time of mean 50 ms, one FIFO queue
+           (the M/M/10 server of the paper 'Handling overloads in distributed systems')
+  instant  answers at once (to measure what the layers cost)
+
+With --stack full (the default), an overload-signal layer and a rate limiter stand in front of
+the model: above --rate-limit requests are rejected at once with 429 Too Many Requests,
+Retry-After and the IETF RateLimit fields; when most of the traffic is retries (the
+X-Request-Attempt header), rejections become 503 with X-Overloaded: stop-retrying.
+--stack none serves the bare model.
+
+Other routes: GET /healthz (never limited), GET /metrics (Prometheus text).
+Once a second a status line is printed on standard output. Ctrl-C (SIGINT) or SIGTERM stops
+the server after in-flight requests finish; a second Ctrl-C stops it at once.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  demo-server                                  the article's server behind the full stack
+  demo-server --stack none                     the article's server, bare
+  demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
+  demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
+                                               a tier that calls the next one
+  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject";
+
+/// The command line. Flag names are stable: people script against them.
+#[derive(Debug, Parser)]
+#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+struct Cli {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
+    listen: SocketAddr,
+
+    /// What stands in front of the model: `full` (overload signal + rate limiter) or `none`.
+    #[arg(long, value_enum, default_value_t = StackArg::Full)]
+    stack: StackArg,
+
+    /// The latency model behind GET /api.
+    #[arg(long, value_enum, default_value_t = ModelArg::Article)]
+    model: ModelArg,
+
+    /// Rate limit, requests per second [default: 250 for article and instant, 183 for mmc].
+    ///
+    /// The article model's default keeps it under its 30-request knee: a token bucket admits
+    /// at most rate x T + burst requests in any T, so with requests lasting 100 ms at most
+    /// 250 x 0.1 + 5 = 30 are ever inside. The mmc default is the paper's: 183 req/s keeps the
+    /// M/M/10 server's response times under 200 ms.
+    #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
+    rate_limit: Option<u32>,
+
+    /// Token bucket burst: requests admitted at once above the rate [default: 5 for article and
+    /// instant, 10 for mmc]. Not allowed with the window algorithms, whose burst is their
+    /// quota.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: Option<u32>,
+
+    /// Rate limiting algorithm.
+    #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
+    algorithm: AlgorithmArg,
+
+    /// What the rate limit applies to: all requests together, or each client IP address.
+    #[arg(long, value_enum, default_value_t = KeyArg::Global)]
+    key: KeyArg,
+
+    /// Call this URL (GET, through the retrying client stack) before answering each /api
+    /// request, to chain tiers: server -> server -> server.
+    #[arg(long, value_name = "URL")]
+    downstream: Option<http::Uri>,
+
+    /// article: delay at or below the knee.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration, help_heading = "Article model")]
+    base_delay: Duration,
+
+    /// article: concurrency up to which the delay is flat.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 30,
+        help_heading = "Article model"
+    )]
+    knee: usize,
+
+    /// article: growth factor of the delay per --step requests above the knee.
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        default_value_t = 1.05,
+        help_heading = "Article model"
+    )]
+    growth: f64,
+
+    /// article: requests above the knee per growth factor.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 15,
+        help_heading = "Article model"
+    )]
+    step: usize,
+
+    /// article: how often a request re-evaluates its delay.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, help_heading = "Article model")]
+    tick: Duration,
+
+    /// article: the cap on the delay (the original simulation overflowed without one).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, help_heading = "Article model")]
+    max_delay: Duration,
+
+    /// mmc: number of workers.
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(10).expect("not zero"), help_heading = "M/M/c model")]
+    workers: NonZeroUsize,
+
+    /// mmc: mean service time.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, help_heading = "M/M/c model")]
+    mean_service: Duration,
+
+    /// mmc: seed of the service times [default: random].
+    #[arg(long, value_name = "N", help_heading = "M/M/c model")]
+    seed: Option<u64>,
+
+    /// Do not print the status line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StackArg {
+    /// Overload signal and rate limiter in front of the model.
+    Full,
+    /// The bare model.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModelArg {
+    /// The article's server.
+    Article,
+    /// The paper's M/M/c server.
+    Mmc,
+    /// No latency at all.
+    Instant,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AlgorithmArg {
+    /// Token bucket (GCRA): the rate, with bursts of --burst.
+    TokenBucket,
+    /// Fixed window of one second.
+    FixedWindow,
+    /// Sliding window of one second.
+    SlidingWindow,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum KeyArg {
+    /// One limit for all clients.
+    Global,
+    /// One limit per client IP address.
+    Ip,
+}
+
+/// Everything the flags describe, validated.
+struct Plan {
+    listen: SocketAddr,
+    latency: LatencyModel,
+    stack: Stack,
+    downstream: Option<Downstream>,
+    quiet: bool,
+}
+
+impl Cli {
+    /// Validates the flags; the error says which flag is wrong.
+    fn plan(&self) -> Result<Plan, String> {
+        let latency = match self.model {
+            ModelArg::Article => ArticleModel::builder()
+                .base(self.base_delay)
+                .knee(self.knee)
+                .growth(self.growth)
+                .step(self.step)
+                .tick(self.tick)
+                .max_delay(self.max_delay)
+                .build()
+                .map_err(|e| e.to_string())?
+                .into(),
+            ModelArg::Mmc => {
+                let mut b = MmcModel::builder()
+                    .workers(self.workers)
+                    .mean_service(self.mean_service);
+                if let Some(seed) = self.seed {
+                    b = b.seed(seed);
+                }
+                b.build().map_err(|e| e.to_string())?.into()
+            }
+            ModelArg::Instant => LatencyModel::Instant,
+        };
+        let stack = match self.stack {
+            StackArg::None => Stack::None,
+            StackArg::Full => Stack::Full {
+                overload: OverloadSignalLayer::default(),
+                rate_limit: self
+                    .rate_limit_config()
+                    .layer()
+                    .map_err(|e| e.to_string())?,
+            },
+        };
+        let downstream = self
+            .downstream
+            .clone()
+            .map(Downstream::new)
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        Ok(Plan {
+            listen: self.listen,
+            latency,
+            stack,
+            downstream,
+            quiet: self.quiet,
+        })
+    }
+
+    fn rate_limit_config(&self) -> RateLimitConfig {
+        let (rate, burst) = match self.model {
+            ModelArg::Article | ModelArg::Instant => (250, 5),
+            ModelArg::Mmc => (183, 10),
+        };
+        let algorithm = match self.algorithm {
+            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
+            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
+            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
+        };
+        let burst = match algorithm {
+            Algorithm::TokenBucket => Some(self.burst.unwrap_or(burst)),
+            // NOTE: an explicit --burst with a window algorithm is kept, so the limiter's
+            // own validation refuses it with its message.
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.burst,
+        };
+        RateLimitConfig {
+            algorithm,
+            rate: self.rate_limit.unwrap_or(rate),
+            burst,
+            key: match self.key {
+                KeyArg::Global => KeyBy::Global,
+                KeyArg::Ip => KeyBy::Ip,
+            },
+            client_ip: ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0)),
+            ..RateLimitConfig::default()
+        }
+    }
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let plan = match cli.plan() {
+        Ok(plan) => plan,
+        Err(message) => Cli::command()
+            .error(ErrorKind::ValueValidation, message)
+            .exit(),
+    };
+    tracing_subscriber::fmt()
+        .with_env_filter(
+            tracing_subscriber::EnvFilter::try_from_default_env()
+                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+        )
+        .with_writer(std::io::stderr)
+        .init();
+    let runtime = match tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+    {
+        Ok(runtime) => runtime,
+        Err(e) => {
+            eprintln!("error: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match runtime.block_on(serve(plan)) {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(message) => {
+            eprintln!("error: {message}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+async fn serve(plan: Plan) -> Result<(), String> {
+    let listener = TcpListener::bind(plan.listen)
+        .await
+        .map_err(|e| bind_error(plan.listen, &e))?;
+    let addr = listener.local_addr().map_err(|e| e.to_string())?;
+    let metrics = PrometheusBuilder::new()
+        .install_recorder()
+        .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
+
+    let model = Model::new(plan.latency);
+    let histogram = match &plan.stack {
+        Stack::Full { overload, .. } => Some(overload.histogram().clone()),
+        Stack::None => None,
+    };
+    let mut config = AppConfig::new(model.clone())
+        .stack(plan.stack)
+        .metrics(metrics.clone());
+    if let Some(downstream) = plan.downstream {
+        config = config.downstream(downstream);
+    }
+    let stats = config.stats().clone();
+    let router = app(config);
+
+    println!(
+        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}",
+        describe(model.latency()),
+        if histogram.is_some() { "full" } else { "none" },
+    );
+    let status = tokio::spawn(status_lines(model, stats, histogram, metrics, plan.quiet));
+    let result = axum::serve(
+        listener,
+        router.into_make_service_with_connect_info::<SocketAddr>(),
+    )
+    .with_graceful_shutdown(shutdown_signal())
+    .await;
+    status.abort();
+    result.map_err(|e| format!("the server failed: {e}"))
+}
+
+fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
+    match e.kind() {
+        std::io::ErrorKind::AddrInUse => format!(
+            "cannot listen on {addr}: the address is already in use (another demo-server?); \
+             stop it or choose another address with --listen"
+        ),
+        std::io::ErrorKind::AddrNotAvailable => format!(
+            "cannot listen on {addr}: the address is not one of this machine's; \
+             try --listen 127.0.0.1:8070"
+        ),
+        std::io::ErrorKind::PermissionDenied => {
+            format!("cannot listen on {addr}: permission denied (ports below 1024 need privileges)")
+        }
+        _ => format!("cannot listen on {addr}: {e}"),
+    }
+}
+
+fn describe(latency: &LatencyModel) -> String {
+    match latency {
+        LatencyModel::Article(m) => format!(
+            "article ({:?} up to {} inside, x{} per {} above, cap {:?})",
+            m.base(),
+            m.knee(),
+            m.growth(),
+            m.step(),
+            m.max_delay()
+        ),
+        LatencyModel::Mmc(m) => format!(
+            "mmc ({} workers, mean service {:?}, seed {})",
+            m.workers(),
+            m.mean_service(),
+            m.seed()
+        ),
+        LatencyModel::Instant => "instant".to_owned(),
+    }
+}
+
+/// Once a second: the article's status line plus the stack's counters. Also runs the
+/// Prometheus recorder's upkeep, which the recorder needs when no exporter task runs it.
+async fn status_lines(
+    model: Model,
+    stats: ServerStats,
+    histogram: Option<AttemptHistogram>,
+    metrics: PrometheusHandle,
+    quiet: bool,
+) {
+    let mut ticker = tokio::time::interval(Duration::from_secs(1));
+    ticker.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+    ticker.tick().await;
+    let mut before = stats.snapshot();
+    loop {
+        ticker.tick().await;
+        metrics.run_upkeep();
+        let now = stats.snapshot();
+        let second = now.since(&before);
+        before = now;
+        if let Some(h) = &histogram {
+            h.snapshot().export_metrics();
+        }
+        if quiet {
+            continue;
+        }
+        let retry_share = histogram
+            .as_ref()
+            .and_then(|h| h.snapshot().retry_share())
+            .map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0));
+        println!(
+            "concurrency: {}, last delay: {:?}, admitted: {}/s, rejected: {}/s, stop signals: {}/s, failed: {}/s, retry share (10 s): {}",
+            model.concurrency(),
+            model.last_delay(),
+            second.served,
+            second.rejected,
+            second.stop_signals,
+            second.failed,
+            retry_share,
+        );
+    }
+}
+
+/// Resolves on the first SIGINT or SIGTERM; a second one exits at once.
+async fn shutdown_signal() {
+    wait_for_signal().await;
+    eprintln!("shutting down: waiting for in-flight requests (Ctrl-C again to stop now)");
+    tokio::spawn(async {
+        wait_for_signal().await;
+        eprintln!("stopping now");
+        std::process::exit(130);
+    });
+}
+
+async fn wait_for_signal() {
+    let ctrl_c = async {
+        if tokio::signal::ctrl_c().await.is_err() {
+            std::future::pending::<()>().await;
+        }
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut s) => {
+                s.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        () = ctrl_c => {}
+        () = terminate => {}
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+        Cli::try_parse_from(std::iter::once("demo-server").chain(args.iter().copied()))
+    }
+
+    #[test]
+    fn the_command_line_is_consistent() {
+        Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn defaults_are_the_articles_server_behind_the_full_stack() {
+        let cli = parse(&[]).unwrap();
+        assert_eq!(cli.listen, "127.0.0.1:8070".parse().unwrap());
+        assert_eq!(cli.stack, StackArg::Full);
+        let plan = cli.plan().unwrap();
+        assert_eq!(plan.latency, LatencyModel::Article(ArticleModel::default()));
+        assert!(matches!(plan.stack, Stack::Full { .. }));
+        let rl = cli.rate_limit_config();
+        assert_eq!((rl.rate, rl.burst), (250, Some(5)));
+        assert_eq!(rl.algorithm, Algorithm::TokenBucket);
+    }
+
+    #[test]
+    fn mmc_defaults_follow_the_paper() {
+        let cli = parse(&["--model", "mmc", "--seed", "3"]).unwrap();
+        let plan = cli.plan().unwrap();
+        let LatencyModel::Mmc(m) = plan.latency else {
+            panic!("not mmc")
+        };
+        assert_eq!((m.workers().get(), m.seed()), (10, 3));
+        assert_eq!(m.mean_service(), Duration::from_millis(50));
+        let rl = cli.rate_limit_config();
+        assert_eq!((rl.rate, rl.burst), (183, Some(10)));
+    }
+
+    #[test]
+    fn flags_reach_the_plan() {
+        let cli = parse(&[
+            "--listen",
+            "127.0.0.1:0",
+            "--stack",
+            "none",
+            "--rate-limit",
+            "40",
+            "--algorithm",
+            "sliding-window",
+            "--key",
+            "ip",
+            "--base-delay",
+            "20ms",
+            "--downstream",
+            "http://127.0.0.1:9/api",
+        ])
+        .unwrap();
+        let rl = cli.rate_limit_config();
+        assert_eq!((rl.rate, rl.burst), (40, None));
+        assert_eq!(rl.algorithm, Algorithm::SlidingWindow);
+        assert_eq!(rl.key, KeyBy::Ip);
+        let plan = cli.plan().unwrap();
+        assert!(matches!(plan.stack, Stack::None));
+        assert_eq!(
+            plan.latency,
+            LatencyModel::Article(
+                ArticleModel::builder()
+                    .base(Duration::from_millis(20))
+                    .build()
+                    .unwrap()
+            )
+        );
+        assert!(plan.downstream.is_some());
+    }
+
+    #[test]
+    fn bad_flags_are_clear_errors() {
+        for (args, needle) in [
+            (&["--stack", "half"][..], "invalid value 'half'"),
+            (&["--listen", "localhost"], "invalid socket address"),
+            (&["--rate-limit", "0"], "0 is not in 1.."),
+            (&["--algorithm", "leaky-bucket"], "token-bucket"),
+            (&["--base-delay", "soon"], "unit"),
+            (&["--workers", "0"], "zero"),
+            (&["--bogus"], "unexpected argument '--bogus'"),
+        ] {
+            let err = parse(args).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn invalid_combinations_are_refused_by_the_plan() {
+        for (args, needle) in [
+            (
+                &["--algorithm", "fixed-window", "--burst", "5"][..],
+                "burst",
+            ),
+            (&["--base-delay", "0s"], "base delay must not be zero"),
+            (&["--growth", "0.5"], "growth"),
+            (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
+            (&["--downstream", "https://example.com/"], "http://"),
+            (&["--downstream", "/api"], "http://"),
+        ] {
+            let Err(err) = parse(args).unwrap().plan() else {
+                panic!("{args:?} was accepted")
+            };
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn busy_port_error_says_what_to_do() {
+        let e = std::io::Error::from(std::io::ErrorKind::AddrInUse);
+        let msg = bind_error("127.0.0.1:8070".parse().unwrap(), &e);
+        assert!(
+            msg.contains("already in use") && msg.contains("--listen"),
+            "{msg}"
+        );
+    }
+}

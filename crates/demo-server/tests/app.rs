@@ -1,0 +1,169 @@
+//! `app()` through `oneshot`, in process.
+
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use demo_server::app::{AppConfig, Stack, StatsSnapshot, app};
+use demo_server::model::{LatencyModel, Model};
+use http::{Request, StatusCode};
+use http_body_util::BodyExt;
+use metrics_exporter_prometheus::PrometheusBuilder;
+use overload_signal::protocol::{Attempt, RATELIMIT, RATELIMIT_POLICY, is_stop_signal};
+use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+use ratelimit_layer::RateLimitConfig;
+use tower::ServiceExt;
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+async fn body_text(response: http::Response<Body>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+fn full_stack(rate: u32, burst: u32) -> Stack {
+    Stack::Full {
+        overload: OverloadSignalLayer::new(AttemptHistogram::default(), StopRule::default()),
+        rate_limit: RateLimitConfig {
+            rate,
+            burst: Some(burst),
+            ..RateLimitConfig::default()
+        }
+        .layer()
+        .unwrap(),
+    }
+}
+
+#[tokio::test]
+async fn healthz_answers_ok() {
+    let router = app(AppConfig::new(Model::new(LatencyModel::Instant)));
+    let response = router.oneshot(get("/healthz")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_text(response).await, "ok\n");
+}
+
+#[tokio::test(start_paused = true)]
+async fn api_is_served_by_the_model() {
+    let model = Model::new(LatencyModel::default());
+    let config = AppConfig::new(model.clone());
+    let stats = config.stats().clone();
+    let router = app(config);
+    let started = tokio::time::Instant::now();
+    let response = router.oneshot(get("/api")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+    assert_eq!(body_text(response).await, "ok\n");
+    assert_eq!(model.last_delay(), Duration::from_millis(100));
+    assert_eq!(
+        stats.snapshot(),
+        StatsSnapshot {
+            served: 1,
+            ..StatsSnapshot::default()
+        }
+    );
+}
+
+#[tokio::test]
+async fn unknown_routes_and_methods_are_refused() {
+    let router = app(AppConfig::new(Model::new(LatencyModel::Instant)));
+    let missing = router.clone().oneshot(get("/nope")).await.unwrap();
+    assert_eq!(missing.status(), StatusCode::NOT_FOUND);
+    let post = Request::post("/api").body(Body::empty()).unwrap();
+    let response = router.clone().oneshot(post).await.unwrap();
+    assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
+    // Without a metrics handle there is no /metrics route.
+    let metrics = router.oneshot(get("/metrics")).await.unwrap();
+    assert_eq!(metrics.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(start_paused = true)]
+async fn metrics_report_outcomes_and_concurrency() {
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let model = Model::new(LatencyModel::Instant);
+    let router: Router = app(AppConfig::new(model)
+        .stack(full_stack(1, 1))
+        .metrics(handle));
+    assert_eq!(
+        router.clone().oneshot(get("/api")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        router.clone().oneshot(get("/api")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
+    let response = router.oneshot(get("/metrics")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let text = body_text(response).await;
+    for line in [
+        "demo_server_requests_total{outcome=\"served\"} 1",
+        "demo_server_requests_total{outcome=\"rejected\"} 1",
+        "demo_server_concurrency 0",
+        "demo_server_concurrency_peak 1",
+        "demo_server_last_delay_seconds 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_limiter_rejects_with_the_protocols_headers() {
+    let config = AppConfig::new(Model::new(LatencyModel::Instant)).stack(full_stack(10, 2));
+    let stats = config.stats().clone();
+    let router = app(config);
+    let mut statuses = Vec::new();
+    let mut rejection = None;
+    for _ in 0..5 {
+        let response = router.clone().oneshot(get("/api")).await.unwrap();
+        statuses.push(response.status());
+        if response.status() == StatusCode::TOO_MANY_REQUESTS {
+            rejection = Some(response);
+        }
+    }
+    // The burst of 2 passes; the rest is rejected before the model runs.
+    assert_eq!(&statuses[..2], &[StatusCode::OK; 2]);
+    assert!(
+        statuses[2..]
+            .iter()
+            .all(|s| *s == StatusCode::TOO_MANY_REQUESTS)
+    );
+    let rejection = rejection.unwrap();
+    let headers = rejection.headers();
+    assert_eq!(headers[http::header::RETRY_AFTER], "1");
+    assert_eq!(headers[RATELIMIT_POLICY], "\"default\";q=10;w=1");
+    assert!(
+        headers[RATELIMIT]
+            .to_str()
+            .unwrap()
+            .starts_with("\"default\";r=0;"),
+        "{:?}",
+        headers[RATELIMIT]
+    );
+    assert_eq!(stats.snapshot().served, 2);
+    assert_eq!(stats.snapshot().rejected, 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_storm_turns_rejections_into_the_stop_signal() {
+    let config = AppConfig::new(Model::new(LatencyModel::Instant)).stack(full_stack(10, 10));
+    let stats = config.stats().clone();
+    let router = app(config);
+    let mut last = None;
+    // Most requests are retries, far above the limit: the fleet is drowning.
+    for n in 0..300u32 {
+        let mut request = get("/api");
+        Attempt::set(request.headers_mut(), n % 4);
+        last = Some(router.clone().oneshot(request).await.unwrap());
+    }
+    let last = last.unwrap();
+    assert_eq!(last.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(is_stop_signal(last.headers()));
+    assert!(last.headers().get(http::header::RETRY_AFTER).is_none());
+    let s = stats.snapshot();
+    assert_eq!(s.served, 10);
+    assert!(s.stop_signals > 0, "{s}");
+    assert_eq!(s.served + s.rejected + s.stop_signals, 300, "{s}");
+}

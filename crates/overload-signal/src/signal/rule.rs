@@ -1,0 +1,230 @@
+//! The decision rule: when a rejection becomes the stop signal.
+
+use std::fmt;
+
+use crate::histogram::AttemptSnapshot;
+
+/// When a rejected request is answered with the stop signal instead of the plain rejection.
+///
+/// The rule fires when the attempt histogram's window holds **at least
+/// [`min_requests`](StopRule::min_requests)** requests **and** the
+/// [retry share](AttemptSnapshot::retry_share) is **strictly above
+/// [`retry_share`](StopRule::retry_share)**.
+///
+/// # Defaults and why
+///
+/// - **Retry share above 5 %** ([`StopRule::DEFAULT_RETRY_SHARE`]). Steady traffic with a
+///   failure rate `p` whose failures are retried has a retry share of about `p` (each
+///   failure adds one retry, a second retry only `p²`): about 1 % for 1 % transient failures,
+///   five times below the threshold. At the other end, clients that keep to the usual 10 %
+///   retry budget (the paper, the SRE book) cannot push the share above about 9 %
+///   (10 retries per 100 first tries) however badly the server fails; a threshold at or above
+///   10 % would never fire for them, and the stop signal would only ever reach clients
+///   without a budget. Half the budget is the middle ground: the fleet has spent half its
+///   retry allowance on this server, which transient failures do not do.
+/// - **At least 200 requests in the window** ([`StopRule::DEFAULT_MIN_REQUESTS`]), 20 per
+///   second over the default 10-second window. A share needs enough requests to mean
+///   something: with 1 % failures and 200 requests the expected number of retries is 2, and
+///   the chance of more than 10 (over 5 %) is below 1 in 100,000; with 100 requests it would
+///   be 1 in 1,700. A server with less traffic than that is not the victim of a retry storm
+///   that this rule could help with, and still has its rate limiter and its clients' budgets.
+///
+/// # Deep call chains
+///
+/// The rule bounds the retries of a server's *own* callers: while it fires they stop, and
+/// once the window's share falls back to the threshold they may retry again, so in a
+/// sustained overload their retries settle at about the threshold. A tier further up
+/// retries the middle tier, and its retries reach the bottom tier as *first* tries, which
+/// the bottom tier's histogram cannot tell apart. Each tier's retries add up: in the
+/// workspace's three-tier test (10 % client budgets, the bottom tier admitting 40 % of the
+/// offered load) the bottom tier receives about 1.14 times the offered load with the
+/// defaults, and about 1.07 times with `StopRule::new(0.02, 100)`, against 1.38 times with
+/// budgets alone. For a chain of `n` tiers, a threshold near `target extra load / n` keeps
+/// the bottom under its target; keep it well above the failure rate the service sees on a
+/// normal day, and raise the minimum with the traffic so the share is not noise.
+///
+/// ```
+/// use overload_signal::{AttemptSnapshot, StopRule};
+///
+/// let rule = StopRule::default();
+/// assert_eq!(rule.retry_share(), 0.05);
+/// assert_eq!(rule.min_requests(), 200);
+///
+/// // Counts per class: attempt 0, 1, 2, 3+, unknown, malformed.
+/// let storm = AttemptSnapshot::from_counts([300, 200, 100, 0, 0, 0]);
+/// assert!(rule.should_stop(&storm));
+/// let transient = AttemptSnapshot::from_counts([990, 10, 0, 0, 0, 0]);
+/// assert!(!rule.should_stop(&transient));
+/// let too_few = AttemptSnapshot::from_counts([50, 50, 0, 0, 0, 0]);
+/// assert!(!rule.should_stop(&too_few));
+///
+/// // Stricter: a quarter of the traffic must be retries, over at least 1000 requests.
+/// let strict = StopRule::new(0.25, 1000).unwrap();
+/// assert!(!strict.should_stop(&storm));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct StopRule {
+    retry_share: f64,
+    min_requests: u64,
+}
+
+impl StopRule {
+    /// The default retry-share threshold: 0.05 (5 %), half the usual 10 % client retry
+    /// budget. See [`StopRule`] for the reasoning.
+    pub const DEFAULT_RETRY_SHARE: f64 = 0.05;
+
+    /// The default minimum number of requests in the window: 200 (20 per second over the
+    /// default 10-second window). See [`StopRule`] for the reasoning.
+    pub const DEFAULT_MIN_REQUESTS: u64 = 200;
+
+    /// A rule that fires when more than `retry_share` of at least `min_requests` requests in
+    /// the window are retries.
+    ///
+    /// # Errors
+    ///
+    /// See [`InvalidStopRule`] for the rules.
+    pub fn new(retry_share: f64, min_requests: u64) -> Result<Self, InvalidStopRule> {
+        if !retry_share.is_finite() || !(0.0..1.0).contains(&retry_share) {
+            return Err(InvalidStopRule {
+                kind: InvalidStopRuleKind::RetryShare,
+            });
+        }
+        if min_requests == 0 {
+            return Err(InvalidStopRule {
+                kind: InvalidStopRuleKind::MinRequests,
+            });
+        }
+        Ok(Self {
+            retry_share,
+            min_requests,
+        })
+    }
+
+    /// The retry-share threshold: the rule fires strictly above it.
+    pub const fn retry_share(&self) -> f64 {
+        self.retry_share
+    }
+
+    /// The fewest requests the window must hold for the rule to fire.
+    pub const fn min_requests(&self) -> u64 {
+        self.min_requests
+    }
+
+    /// Whether a rejection seen with this window should become the stop signal.
+    pub fn should_stop(&self, window: &AttemptSnapshot) -> bool {
+        window.total() >= self.min_requests
+            && window
+                .retry_share()
+                .is_some_and(|share| share > self.retry_share)
+    }
+}
+
+impl Default for StopRule {
+    /// Retry share above [5 %](StopRule::DEFAULT_RETRY_SHARE), at least
+    /// [200 requests](StopRule::DEFAULT_MIN_REQUESTS) in the window.
+    fn default() -> Self {
+        Self {
+            retry_share: Self::DEFAULT_RETRY_SHARE,
+            min_requests: Self::DEFAULT_MIN_REQUESTS,
+        }
+    }
+}
+
+/// Why a [`StopRule`] was refused.
+///
+/// A rule is valid when:
+///
+/// - its retry-share threshold is a finite number in `[0, 1)` (at `1` or above it could
+///   never fire, since the share is at most 1 and the rule needs to exceed it);
+/// - its minimum request count is at least 1.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct InvalidStopRule {
+    kind: InvalidStopRuleKind,
+}
+
+#[derive(Clone, Debug, PartialEq, Eq)]
+enum InvalidStopRuleKind {
+    RetryShare,
+    MinRequests,
+}
+
+impl fmt::Display for InvalidStopRule {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self.kind {
+            InvalidStopRuleKind::RetryShare => {
+                "retry share threshold must be a finite number in [0, 1)"
+            }
+            InvalidStopRuleKind::MinRequests => "minimum request count must be at least 1",
+        })
+    }
+}
+
+impl std::error::Error for InvalidStopRule {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn snap(first: u64, retries: u64, unknown: u64) -> AttemptSnapshot {
+        AttemptSnapshot::from_counts([first, retries, 0, 0, unknown, 0])
+    }
+
+    #[test]
+    fn invalid_rules_are_refused() {
+        for share in [f64::NAN, f64::INFINITY, -0.01, 1.0, 1.5] {
+            let e = StopRule::new(share, 10).unwrap_err();
+            assert_eq!(
+                e.to_string(),
+                "retry share threshold must be a finite number in [0, 1)",
+                "{share}"
+            );
+        }
+        let e = StopRule::new(0.1, 0).unwrap_err();
+        assert_eq!(e.to_string(), "minimum request count must be at least 1");
+        assert!(StopRule::new(0.0, 1).is_ok());
+        assert!(StopRule::new(0.999, u64::MAX).is_ok());
+    }
+
+    #[test]
+    fn fires_strictly_above_the_share_and_at_the_minimum() {
+        let rule = StopRule::new(0.1, 100).unwrap();
+        // Exactly 10 %: not above.
+        assert!(!rule.should_stop(&snap(90, 10, 0)));
+        // Just above, with exactly the minimum.
+        assert!(rule.should_stop(&snap(89, 11, 0)));
+        // Same share, one request short of the minimum.
+        assert!(!rule.should_stop(&snap(88, 11, 0)));
+        // Empty window.
+        assert!(!rule.should_stop(&AttemptSnapshot::default()));
+    }
+
+    #[test]
+    fn unknown_counters_count_towards_the_minimum_but_dilute_the_share() {
+        let rule = StopRule::new(0.1, 100).unwrap();
+        // 20 retries of 100: fires.
+        assert!(rule.should_stop(&snap(80, 20, 0)));
+        // Same retries, 150 requests without a counter: 20 of 250 = 8 %, quiet.
+        assert!(!rule.should_stop(&snap(80, 20, 150)));
+    }
+
+    #[test]
+    fn zero_threshold_fires_on_any_retry() {
+        let rule = StopRule::new(0.0, 1).unwrap();
+        assert!(!rule.should_stop(&snap(5, 0, 0)));
+        assert!(rule.should_stop(&snap(5, 1, 0)));
+    }
+
+    #[test]
+    fn defaults() {
+        let rule = StopRule::default();
+        assert_eq!(rule, StopRule::new(0.05, 200).unwrap());
+        // A storm of unbounded retries (3 attempts, everything rejected): 2/3 retries.
+        assert!(rule.should_stop(&AttemptSnapshot::from_counts([100, 100, 100, 0, 0, 0])));
+        // Budget-keeping clients in a full outage: 10 retries per 100 first tries.
+        assert!(rule.should_stop(&snap(1000, 100, 0)));
+        // 1 % transient failures, each retried once.
+        assert!(!rule.should_stop(&snap(1000, 10, 0)));
+        // Low traffic: 199 requests, all retries.
+        assert!(!rule.should_stop(&snap(0, 199, 0)));
+    }
+}

@@ -1,0 +1,580 @@
+use std::convert::Infallible;
+use std::num::NonZeroU32;
+use std::time::Duration;
+
+use bytes::Bytes;
+use http::header::{CONTENT_LENGTH, CONTENT_TYPE, RETRY_AFTER};
+use http::{HeaderValue, Request, Response, StatusCode};
+use http_body_util::Full;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use tower::{Service, ServiceExt, service_fn};
+
+use super::service::Shared;
+use super::*;
+use crate::histogram::{AttemptClass, AttemptHistogram};
+use crate::metric_names;
+use crate::propagation;
+use crate::protocol::{self, Attempt, Protocol};
+
+type Body = Full<Bytes>;
+
+fn rule(share: f64, min: u64) -> StopRule {
+    StopRule::new(share, min).unwrap()
+}
+
+fn request(attempt: Option<u32>) -> Request<Body> {
+    let mut req = Request::new(Body::default());
+    if let Some(n) = attempt {
+        Attempt::set(req.headers_mut(), n);
+    }
+    req
+}
+
+fn grpc_request(attempt: Option<u32>) -> Request<Body> {
+    let mut req = request(attempt);
+    req.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    req
+}
+
+fn status(code: StatusCode) -> Response<Body> {
+    let mut r = Response::new(Body::from("inner body"));
+    *r.status_mut() = code;
+    r
+}
+
+fn http_429() -> Response<Body> {
+    let mut r =
+        protocol::too_many_requests_response::<Body>(Protocol::Http, Duration::from_secs(1));
+    *r.body_mut() = Body::from("slow down");
+    r
+}
+
+fn grpc_status_response(code: u16) -> Response<Body> {
+    let mut r = Response::new(Body::from("grpc message frame"));
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+    r.headers_mut()
+        .insert(protocol::GRPC_STATUS, HeaderValue::from(code));
+    r.headers_mut()
+        .insert(CONTENT_LENGTH, HeaderValue::from(18));
+    r
+}
+
+/// A service that answers every request with `make()`.
+fn answering(
+    make: fn() -> Response<Body>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+    service_fn(move |_req: Request<Body>| async move { Ok::<_, Infallible>(make()) })
+}
+
+/// Sends `n` requests with attempt counters cycling through `attempts`.
+async fn send<S>(svc: &mut S, n: usize, attempts: &[Option<u32>])
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    for i in 0..n {
+        let req = request(attempts[i % attempts.len()]);
+        svc.ready().await.unwrap().call(req).await.unwrap();
+    }
+}
+
+async fn one<S>(svc: &mut S, req: Request<Body>) -> Response<Body>
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    svc.ready().await.unwrap().call(req).await.unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn records_every_request_including_rejected_ones() {
+    let layer = OverloadSignalLayer::default();
+    let histogram = layer.histogram().clone();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    send(
+        &mut svc,
+        12,
+        &[Some(0), Some(1), Some(2), Some(7), None, Some(0)],
+    )
+    .await;
+    let mut junk = request(None);
+    junk.headers_mut()
+        .insert(protocol::X_REQUEST_ATTEMPT, HeaderValue::from_static("-1"));
+    one(&mut svc, junk).await;
+    let s = histogram.snapshot();
+    assert_eq!(s.count(AttemptClass::First), 4);
+    assert_eq!(s.count(AttemptClass::Retry1), 2);
+    assert_eq!(s.count(AttemptClass::Retry2), 2);
+    assert_eq!(s.count(AttemptClass::Retry3OrMore), 2);
+    assert_eq!(s.count(AttemptClass::Unknown), 2);
+    assert_eq!(s.count(AttemptClass::Malformed), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn services_from_one_layer_share_one_histogram() {
+    let layer = OverloadSignalLayer::default();
+    let mut a = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
+    let mut b = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
+    send(&mut a, 3, &[Some(0)]).await;
+    send(&mut b, 2, &[Some(1)]).await;
+    assert_eq!(layer.histogram().snapshot().total(), 5);
+    assert_eq!(a.histogram().snapshot().retries(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejection_passes_through_when_few_requests_are_retries() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    // 100 requests, 5 % retries: under the 10 % threshold.
+    let mut attempts = vec![Some(0); 19];
+    attempts.push(Some(1));
+    send(&mut svc, 100, &attempts).await;
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(!protocol::is_stop_signal(r.headers()));
+    assert_eq!(r.headers()[RETRY_AFTER], "1");
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejection_passes_through_below_the_minimum_count() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 50));
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    // Every request a retry, but only 49 of them (the 50th is the one judged).
+    send(&mut svc, 48, &[Some(2)]).await;
+    let r = one(&mut svc, request(Some(2))).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    // The 50th request reaches the minimum.
+    let r = one(&mut svc, request(Some(2))).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+}
+
+#[tokio::test(start_paused = true)]
+async fn storm_turns_429_into_the_stop_signal() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    send(&mut svc, 30, &[Some(0), Some(1), Some(2)]).await;
+    // The judged request itself may be a first try: the window decides, not the request.
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert!(
+        r.headers().get(RETRY_AFTER).is_none(),
+        "retry invitation removed"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn storm_turns_a_load_shedders_503_into_the_stop_signal() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let mut svc = tower::Layer::layer(
+        &layer,
+        answering(|| status(StatusCode::SERVICE_UNAVAILABLE)),
+    );
+    send(&mut svc, 30, &[Some(1)]).await;
+    let r = one(&mut svc, request(Some(1))).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(r.headers()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn storm_leaves_successes_and_other_errors_alone() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    for code in [
+        StatusCode::OK,
+        StatusCode::NOT_FOUND,
+        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::BAD_GATEWAY,
+    ] {
+        let mut svc = tower::Layer::layer(
+            &layer,
+            service_fn(move |_req: Request<Body>| async move { Ok::<_, Infallible>(status(code)) }),
+        );
+        send(&mut svc, 30, &[Some(1)]).await;
+        let r = one(&mut svc, request(Some(1))).await;
+        assert_eq!(r.status(), code);
+        assert!(!protocol::is_stop_signal(r.headers()), "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn storm_ends_when_the_window_slides_past_it() {
+    let histogram =
+        AttemptHistogram::new(Duration::from_secs(10), NonZeroU32::new(10).unwrap()).unwrap();
+    let layer = OverloadSignalLayer::new(histogram, rule(0.1, 10));
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    send(&mut svc, 30, &[Some(1)]).await;
+    assert!(protocol::is_stop_signal(
+        one(&mut svc, request(Some(1))).await.headers()
+    ));
+    tokio::time::advance(Duration::from_secs(10)).await;
+    // A fresh window: first tries only.
+    send(&mut svc, 30, &[Some(0)]).await;
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_resource_exhausted_becomes_a_trailers_only_stop_signal() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    for code in [
+        protocol::GRPC_RESOURCE_EXHAUSTED,
+        protocol::GRPC_UNAVAILABLE,
+    ] {
+        let mut svc = tower::Layer::layer(
+            &layer,
+            service_fn(move |_req: Request<Body>| async move {
+                Ok::<_, Infallible>(grpc_status_response(code))
+            }),
+        );
+        for _ in 0..30 {
+            one(&mut svc, grpc_request(Some(1))).await;
+        }
+        let r = one(&mut svc, grpc_request(Some(1))).await;
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(
+            protocol::grpc_status(r.headers()),
+            Some(protocol::GRPC_UNAVAILABLE)
+        );
+        assert_eq!(r.headers()[protocol::GRPC_RETRY_PUSHBACK_MS], "-1");
+        assert!(protocol::is_stop_signal(r.headers()));
+        assert!(r.headers().get(CONTENT_LENGTH).is_none());
+        assert_eq!(
+            http_body::Body::size_hint(r.body()).exact(),
+            Some(0),
+            "body emptied"
+        );
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_attempts_are_read_from_grpc_previous_rpc_attempts() {
+    let layer = OverloadSignalLayer::default();
+    let mut svc = tower::Layer::layer(&layer, answering(|| grpc_status_response(0)));
+    let mut req = grpc_request(None);
+    req.headers_mut().insert(
+        protocol::GRPC_PREVIOUS_RPC_ATTEMPTS,
+        HeaderValue::from_static("2"),
+    );
+    let r = one(&mut svc, req).await;
+    assert_eq!(protocol::grpc_status(r.headers()), Some(0));
+    assert_eq!(layer.histogram().snapshot().count(AttemptClass::Retry2), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_ok_and_caller_errors_are_not_rejections() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.0, 1));
+    for code in [0, 3, 5, 13] {
+        let mut svc = tower::Layer::layer(
+            &layer,
+            service_fn(move |_req: Request<Body>| async move {
+                Ok::<_, Infallible>(grpc_status_response(code))
+            }),
+        );
+        let r = one(&mut svc, grpc_request(Some(2))).await;
+        assert_eq!(protocol::grpc_status(r.headers()), Some(code));
+        assert!(!protocol::is_stop_signal(r.headers()));
+    }
+}
+
+/// A handler whose downstream call "received the stop signal": it raises the marker as the
+/// retry layer does, then answers with `answer`.
+fn marking(
+    answer: fn() -> Response<Body>,
+) -> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+    service_fn(move |_req: Request<Body>| async move {
+        tokio::task::yield_now().await;
+        assert!(
+            propagation::mark_stop_received(),
+            "the layer installs a scope"
+        );
+        tokio::task::yield_now().await;
+        Ok::<_, Infallible>(answer())
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn marker_turns_a_handler_failure_into_the_stop_signal() {
+    // The rule could never fire: propagation does not depend on the histogram.
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.999, u64::MAX));
+    for code in [
+        StatusCode::INTERNAL_SERVER_ERROR,
+        StatusCode::BAD_GATEWAY,
+        StatusCode::SERVICE_UNAVAILABLE,
+        StatusCode::GATEWAY_TIMEOUT,
+        StatusCode::TOO_MANY_REQUESTS,
+    ] {
+        let mut svc = tower::Layer::layer(
+            &layer,
+            service_fn(move |_req: Request<Body>| async move {
+                assert!(propagation::mark_stop_received());
+                Ok::<_, Infallible>(status(code))
+            }),
+        );
+        let r = one(&mut svc, request(Some(0))).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE, "{code}");
+        assert!(protocol::is_stop_signal(r.headers()), "{code}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn marker_leaves_a_recovered_or_deliberate_answer_alone() {
+    let layer = OverloadSignalLayer::default();
+    let mut ok = tower::Layer::layer(&layer, marking(|| status(StatusCode::OK)));
+    let r = one(&mut ok, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert!(!protocol::is_stop_signal(r.headers()));
+    let mut not_found = tower::Layer::layer(&layer, marking(|| status(StatusCode::NOT_FOUND)));
+    let r = one(&mut not_found, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test(start_paused = true)]
+async fn marker_does_not_leak_between_requests() {
+    let layer = OverloadSignalLayer::default();
+    let mut svc = tower::Layer::layer(
+        &layer,
+        service_fn(|req: Request<Body>| async move {
+            if req.headers().contains_key("x-mark") {
+                propagation::mark_stop_received();
+            }
+            Ok::<_, Infallible>(status(StatusCode::INTERNAL_SERVER_ERROR))
+        }),
+    );
+    let mut marked = request(Some(0));
+    marked
+        .headers_mut()
+        .insert("x-mark", HeaderValue::from_static("1"));
+    assert!(protocol::is_stop_signal(
+        one(&mut svc, marked).await.headers()
+    ));
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::INTERNAL_SERVER_ERROR);
+    assert!(!protocol::is_stop_signal(r.headers()));
+}
+
+#[tokio::test(start_paused = true)]
+async fn marker_from_a_spawned_task_is_not_seen() {
+    // The documented limit: spawned tasks are outside the scope; use the typed error there.
+    let layer = OverloadSignalLayer::default();
+    let mut svc = tower::Layer::layer(
+        &layer,
+        service_fn(|_req: Request<Body>| async move {
+            let marked = tokio::spawn(async { propagation::mark_stop_received() })
+                .await
+                .unwrap();
+            assert!(!marked);
+            Ok::<_, Infallible>(status(StatusCode::BAD_GATEWAY))
+        }),
+    );
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+}
+
+#[tokio::test(start_paused = true)]
+async fn marker_with_a_grpc_failure_answers_in_grpc_form() {
+    let layer = OverloadSignalLayer::default();
+    let mut svc = tower::Layer::layer(&layer, marking(|| grpc_status_response(13)));
+    let r = one(&mut svc, grpc_request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(
+        protocol::grpc_status(r.headers()),
+        Some(protocol::GRPC_UNAVAILABLE)
+    );
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert_eq!(http_body::Body::size_hint(r.body()).exact(), Some(0));
+    // A deliberate gRPC answer (NOT_FOUND) is left alone.
+    let mut svc = tower::Layer::layer(&layer, marking(|| grpc_status_response(5)));
+    let r = one(&mut svc, grpc_request(Some(0))).await;
+    assert_eq!(protocol::grpc_status(r.headers()), Some(5));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_handlers_own_stop_signal_passes_unchanged() {
+    let layer = OverloadSignalLayer::default();
+    let mut svc = tower::Layer::layer(
+        &layer,
+        answering(|| {
+            let mut r = protocol::stop_signal_response::<Body>(Protocol::Http);
+            *r.body_mut() = Body::from("handler says stop");
+            r
+        }),
+    );
+    let r = one(&mut svc, request(Some(0))).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert_eq!(http_body::Body::size_hint(r.body()).exact(), Some(17));
+}
+
+#[tokio::test(start_paused = true)]
+async fn inner_errors_pass_through() {
+    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.0, 1));
+    let mut svc = tower::Layer::layer(
+        &layer,
+        service_fn(|_req: Request<Body>| async {
+            propagation::mark_stop_received();
+            Err::<Response<Body>, _>(std::io::Error::other("boom"))
+        }),
+    );
+    let err = svc
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some(1)))
+        .await
+        .unwrap_err();
+    assert_eq!(err.to_string(), "boom");
+    assert_eq!(layer.histogram().snapshot().retries(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn readiness_is_the_inner_services() {
+    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<Request<Body>, Response<Body>, _>(
+        OverloadSignalLayer::default(),
+    );
+    handle.allow(0);
+    assert!(svc.poll_ready().is_pending());
+    handle.allow(1);
+    assert!(svc.poll_ready().is_ready());
+    let response = svc.call(request(Some(3)));
+    let (req, send) = handle.next_request().await.unwrap();
+    assert_eq!(
+        Attempt::from_request(&req),
+        Attempt::Number(3),
+        "request unchanged"
+    );
+    send.send_response(status(StatusCode::OK));
+    assert_eq!(response.await.unwrap().status(), StatusCode::OK);
+}
+
+#[test]
+fn layer_and_service_are_clone_send_sync() {
+    fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+    assert_traits::<OverloadSignalLayer>();
+    assert_traits::<
+        OverloadSignal<tower::util::BoxCloneSyncService<Request<Body>, Response<Body>, Infallible>>,
+    >();
+    fn assert_send<T: Send>() {}
+    assert_send::<future::ResponseFuture<std::future::Ready<Result<Response<Body>, Infallible>>>>();
+}
+
+#[test]
+fn get_ref_get_mut_into_inner() {
+    let mut svc = OverloadSignal::new(7u8, AttemptHistogram::default(), StopRule::default());
+    assert_eq!(*svc.get_ref(), 7);
+    *svc.get_mut() = 8;
+    assert_eq!(svc.into_inner(), 8);
+}
+
+/// A metric's name, labels and value.
+type Metric = (String, Vec<(String, String)>, DebugValue);
+
+/// Every metric of one recorder snapshot, as (name, labels, value). A snapshot resets the
+/// recorder's values, so take one and read everything from it.
+fn metric_values(recorder: &DebuggingRecorder) -> Vec<Metric> {
+    recorder
+        .snapshotter()
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, _, _, value)| {
+            let labels = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (key.key().name().to_owned(), labels, value)
+        })
+        .collect()
+}
+
+fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'a DebugValue {
+    let found: Vec<_> = values
+        .iter()
+        .filter(|(n, labels, _)| {
+            n == name && label.is_none_or(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+        })
+        .collect();
+    assert_eq!(found.len(), 1, "{name} {label:?}: {values:?}");
+    &found[0].2
+}
+
+#[test]
+fn decisions_are_counted() {
+    let recorder = DebuggingRecorder::new();
+    let shared = Shared::new(AttemptHistogram::default(), rule(0.1, 2));
+    metrics::with_local_recorder(&recorder, || {
+        // Empty window: the rejection passes.
+        shared.respond(http_429(), Protocol::Http, false);
+        for _ in 0..3 {
+            shared.histogram.record(Attempt::Number(1));
+        }
+        shared.respond(http_429(), Protocol::Http, false);
+        shared.respond(http_429(), Protocol::Http, false);
+        shared.respond(status(StatusCode::BAD_GATEWAY), Protocol::Http, true);
+        shared.respond(
+            protocol::stop_signal_response::<Body>(Protocol::Http),
+            Protocol::Http,
+            false,
+        );
+        // Neither a rejection nor a failure: not counted at all.
+        shared.respond(status(StatusCode::OK), Protocol::Http, true);
+    });
+    let values = metric_values(&recorder);
+    assert_eq!(
+        find(&values, metric_names::REJECTIONS_PASSED, None),
+        &DebugValue::Counter(1)
+    );
+    assert_eq!(
+        find(&values, metric_names::STOP_SIGNALS, None),
+        &DebugValue::Counter(2)
+    );
+    assert_eq!(
+        find(&values, metric_names::PROPAGATED, Some(("via", "marker"))),
+        &DebugValue::Counter(1)
+    );
+    assert_eq!(
+        find(&values, metric_names::PROPAGATED, Some(("via", "response"))),
+        &DebugValue::Counter(1)
+    );
+}
+
+#[test]
+fn window_gauges_are_exported_once_per_bucket() {
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let shared = Shared::new(AttemptHistogram::default(), StopRule::default());
+            shared.record(Attempt::Number(0));
+            shared.record(Attempt::Number(2));
+            shared.record(Attempt::Number(0));
+            shared.record(Attempt::Number(1));
+            tokio::time::advance(Duration::from_secs(1)).await;
+            // The first request of the next bucket exports the window up to the last one.
+            shared.record(Attempt::Unknown);
+        });
+    });
+    let values = metric_values(&recorder);
+    let gauge = |label| match find(
+        &values,
+        metric_names::WINDOW_REQUESTS,
+        Some(("attempt", label)),
+    ) {
+        DebugValue::Gauge(v) => v.into_inner(),
+        other => panic!("{other:?}"),
+    };
+    assert_eq!(gauge("0").to_bits(), 2.0f64.to_bits());
+    assert_eq!(gauge("1").to_bits(), 1.0f64.to_bits());
+    assert_eq!(gauge("2").to_bits(), 1.0f64.to_bits());
+    assert_eq!(gauge("3+").to_bits(), 0.0f64.to_bits());
+    assert_eq!(gauge("unknown").to_bits(), 0.0f64.to_bits());
+    assert_eq!(gauge("malformed").to_bits(), 0.0f64.to_bits());
+    match find(&values, metric_names::WINDOW_RETRY_SHARE, None) {
+        DebugValue::Gauge(v) => assert_eq!(v.into_inner().to_bits(), 0.5f64.to_bits()),
+        other => panic!("{other:?}"),
+    }
+}
