@@ -106,7 +106,7 @@ fn single_ours<C: Clock>(
     expect: bool,
 ) {
     let state = Default::default();
-    limiter.check(&state, clock.now(), 1);
+    let _ = limiter.check(&state, clock.now(), 1);
     assert_eq!(limiter.check(&state, clock.now(), 1).is_allowed(), expect);
     group.bench_function(id, |b| {
         b.iter(|| black_box(limiter.check(&state, clock.now(), 1)));
@@ -161,7 +161,7 @@ fn new_key_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name
             let limiter = ours_keyed(clock.clone(), DEFAULT_MAX_KEYS);
             let start = Instant::now();
             for k in 0..iters {
-                black_box(limiter.check(&k, 1));
+                let _ = black_box(limiter.check(&k, 1));
             }
             let elapsed = start.elapsed();
             drop(limiter);
@@ -190,8 +190,8 @@ fn keyed(c: &mut Criterion) {
     });
 
     for k in 0..KEYS {
-        ours.check(&k, 1);
-        ours_tokio.check(&k, 1);
+        let _ = ours.check(&k, 1);
+        let _ = ours_tokio.check(&k, 1);
         let _ = theirs.check_key(&k);
     }
     let mut i = 0;
@@ -253,7 +253,7 @@ fn contended(c: &mut Criterion) {
     group.bench_function(format!("single_allowed/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(limiter.check(&state, tsc.now(), 1));
+                let _ = black_box(limiter.check(&state, tsc.now(), 1));
             })
         });
     });
@@ -267,7 +267,7 @@ fn contended(c: &mut Criterion) {
     group.bench_function(format!("single_allowed/{OURS_TOKIO}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(limiter.check(&state_tokio, tokio.now(), 1));
+                let _ = black_box(limiter.check(&state_tokio, tokio.now(), 1));
             })
         });
     });
@@ -278,7 +278,7 @@ fn contended(c: &mut Criterion) {
     group.bench_function(format!("hot_key/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(ours.check(&42, 1));
+                let _ = black_box(ours.check(&42, 1));
             })
         });
     });
@@ -292,20 +292,20 @@ fn contended(c: &mut Criterion) {
     group.bench_function(format!("hot_key/{OURS_TOKIO}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(ours_tokio.check(&42, 1));
+                let _ = black_box(ours_tokio.check(&42, 1));
             })
         });
     });
     for k in 0..KEYS {
-        ours.check(&k, 1);
-        ours_tokio.check(&k, 1);
+        let _ = ours.check(&k, 1);
+        let _ = ours_tokio.check(&k, 1);
         let _ = theirs.check_key(&k);
     }
     let key = |t: u64, i: u64| (i + t * KEYS / 2) % KEYS;
     group.bench_function(format!("100k_keys/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
-                black_box(ours.check(&key(t, i), 1));
+                let _ = black_box(ours.check(&key(t, i), 1));
             })
         });
     });
@@ -319,7 +319,7 @@ fn contended(c: &mut Criterion) {
     group.bench_function(format!("100k_keys/{OURS_TOKIO}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
-                black_box(ours_tokio.check(&key(t, i), 1));
+                let _ = black_box(ours_tokio.check(&key(t, i), 1));
             })
         });
     });

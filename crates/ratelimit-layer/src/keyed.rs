@@ -479,14 +479,14 @@ mod tests {
             1_000,
         );
         for n in 0..200 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
         }
         assert_eq!(keyed.len(), 200);
         clock.advance(Duration::from_secs(2));
         // NOTE: 100 new keys reach every shard (there are two) but with odds of 2^-99.
         assert_eq!(keyed.shards(), 2);
         for n in 1_000..1_100 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
         }
         assert_eq!(keyed.len(), 100, "the 200 idle keys were swept");
     }
@@ -522,6 +522,67 @@ mod tests {
         assert_eq!(keyed.check(&ip(5_000), 1).1, KeyClass::Keyed);
     }
 
+    /// A token bucket that counts `is_idle` calls: the work sweeps do.
+    struct CountingSweeps {
+        inner: TokenBucket,
+        idle_checks: AtomicUsize,
+    }
+
+    impl Limiter for CountingSweeps {
+        type State = <TokenBucket as Limiter>::State;
+        fn check(&self, state: &Self::State, now: u64, cost: u32) -> Decision {
+            self.inner.check(state, now, cost)
+        }
+        fn status(&self, state: &Self::State, now: u64) -> QuotaStatus {
+            self.inner.status(state, now)
+        }
+        fn is_idle(&self, state: &Self::State, now: u64) -> bool {
+            self.idle_checks.fetch_add(1, Ordering::Relaxed);
+            self.inner.is_idle(state, now)
+        }
+        fn quota(&self) -> u64 {
+            self.inner.quota()
+        }
+        fn window(&self) -> Duration {
+            self.inner.window()
+        }
+        fn capacity(&self) -> u64 {
+            self.inner.capacity()
+        }
+    }
+
+    #[test]
+    fn a_flood_at_the_cap_does_not_sweep_on_every_request() {
+        // Regression guard: sweeping a full shard for each new key would make a flood of
+        // distinct keys cost O(cap) per request.
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
+            CountingSweeps {
+                inner: TokenBucket::new(1, Duration::from_secs(3_600), 1).unwrap(),
+                idle_checks: AtomicUsize::new(0),
+            },
+            clock.clone(),
+            100,
+        );
+        for n in 0..10_000 {
+            let _ = keyed.check(&ip(n), 1);
+        }
+        let checks = keyed.limiter().idle_checks.load(Ordering::Relaxed);
+        // One check per stored key (is the new state idle?), and one sweep per shard when
+        // it was first used; nothing per overflowed request.
+        assert!(
+            checks <= 100 + 100,
+            "{checks} idle checks for 10 000 requests"
+        );
+        clock.advance(Duration::from_secs(1));
+        let _ = keyed.check(&ip(20_000), 1);
+        let after = keyed.limiter().idle_checks.load(Ordering::Relaxed);
+        assert!(
+            after - checks <= 100 + 1,
+            "one sweep of at most the cap per interval"
+        );
+    }
+
     #[test]
     fn over_capacity_and_free_requests_store_nothing() {
         let keyed: KeyedLimiter<_, IpAddr, _> =
@@ -544,7 +605,7 @@ mod tests {
         );
         let bound = keyed.memory_bound();
         for n in 0..20_000 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
             if n % 997 == 0 {
                 assert!(keyed.allocated_bytes() <= bound);
             }

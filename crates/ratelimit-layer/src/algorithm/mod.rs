@@ -59,6 +59,7 @@ pub trait Limiter: Send + Sync + 'static {
 
 /// What a limiter decided for one request.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use]
 pub enum Decision {
     /// Admitted; its cost has been taken from the quota.
     Allow,

@@ -196,6 +196,7 @@ impl Metrics {
     }
 
     pub(crate) fn rejected(&self, class: KeyClass) -> &Counter {
+        // NOTE: indexed by declaration order of `KeyClass`, which `new` follows.
         &self.rejected[class as usize]
     }
 }
