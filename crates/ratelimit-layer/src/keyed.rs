@@ -4,13 +4,14 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::clock::{Clock, RealClock};
+use crate::layer::METRIC_KEYS;
 
 /// The default cap on tracked keys: 100 000.
 ///
@@ -91,7 +92,23 @@ pub struct KeyedLimiter<L: Limiter, K, C = RealClock> {
     sweep_interval: u64,
     len: AtomicUsize,
     overflow: L::State,
-    keys_gauge: metrics::Gauge,
+    keys_gauge: Option<LazyGauge>,
+}
+
+/// The keys gauge, registered with the metrics recorder on its first change, so that a
+/// recorder installed after the limiter was built still receives it.
+struct LazyGauge {
+    policy: String,
+    gauge: OnceLock<metrics::Gauge>,
+}
+
+impl LazyGauge {
+    fn set(&self, keys: usize) {
+        #[allow(clippy::cast_precision_loss)]
+        self.gauge
+            .get_or_init(|| metrics::gauge!(METRIC_KEYS, "policy" => self.policy.clone()))
+            .set(keys as f64);
+    }
 }
 
 /// One shard, on its own cache lines so that two shards' locks never share one.
@@ -145,7 +162,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             sweep_interval: nanos(DEFAULT_SWEEP_INTERVAL),
             len: AtomicUsize::new(0),
             overflow: L::State::default(),
-            keys_gauge: metrics::Gauge::noop(),
+            keys_gauge: None,
         }
     }
 
@@ -157,12 +174,22 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         self
     }
 
-    /// Reports the number of tracked keys to this gauge (normally
-    /// `ratelimit_layer_keys`). Default: no gauge.
+    /// Reports the number of tracked keys as the gauge `ratelimit_layer_keys` with label
+    /// `policy`, registered with the `metrics` recorder when the count first changes.
+    /// Default: not reported.
     #[must_use]
-    pub fn keys_gauge(mut self, gauge: metrics::Gauge) -> Self {
-        self.keys_gauge = gauge;
+    pub fn report_keys(mut self, policy: &str) -> Self {
+        self.keys_gauge = Some(LazyGauge {
+            policy: policy.to_owned(),
+            gauge: OnceLock::new(),
+        });
         self
+    }
+
+    fn report(&self, keys: usize) {
+        if let Some(gauge) = &self.keys_gauge {
+            gauge.set(keys);
+        }
     }
 
     /// The limiter applied to each key.
@@ -320,8 +347,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                     hasher.hash_one(k)
                 });
             let len = self.len.fetch_add(1, Ordering::Relaxed) + 1;
-            #[allow(clippy::cast_precision_loss)]
-            self.keys_gauge.set(len as f64);
+            self.report(len);
         }
         (decision, status, KeyClass::Keyed)
     }
@@ -334,8 +360,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         let removed = before - table.entries.len();
         if removed > 0 {
             let len = self.len.fetch_sub(removed, Ordering::Relaxed) - removed;
-            #[allow(clippy::cast_precision_loss)]
-            self.keys_gauge.set(len as f64);
+            self.report(len);
         }
     }
 

@@ -78,7 +78,7 @@ where
         });
         let retry_after = match decision {
             Decision::Allow => {
-                shared.metrics.admitted.increment(1);
+                shared.metrics.admitted().increment(1);
                 let fields = shared.admitted_headers.then(|| {
                     (
                         shared.policy.to_header_value(),
