@@ -36,8 +36,9 @@ GET /api is served by a latency model:
 
 With --stack full (the default), an overload-signal layer and a rate limiter stand in front of
 the model: above --rate-limit requests are rejected at once with 429 Too Many Requests,
-Retry-After and the IETF RateLimit fields; when most of the traffic is retries (the
-X-Request-Attempt header), rejections become 503 with X-Overloaded: stop-retrying.
+Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
+were retries (the X-Request-Attempt header), rejections become 503 with
+X-Overloaded: stop-retrying.
 --stack none serves the bare model.
 
 Other routes: GET /healthz (never limited), GET /metrics (Prometheus text).
@@ -72,9 +73,9 @@ struct Cli {
     /// Rate limit, requests per second [default: 250 for article and instant, 183 for mmc].
     ///
     /// The article model's default keeps it under its 30-request knee: a token bucket admits
-    /// at most rate x T + burst requests in any T, so with requests lasting 100 ms at most
-    /// 250 x 0.1 + 5 = 30 are ever inside. The mmc default is the paper's: 183 req/s keeps the
-    /// M/M/10 server's response times under 200 ms.
+    /// at most rate x T + burst requests in any T, so while requests last their 100 ms at
+    /// most 250 x 0.1 + 5 = 30 are inside. The mmc default is the paper's: 183 req/s keeps
+    /// the M/M/10 server's mean response time under 100 ms.
     #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit: Option<u32>,
 
