@@ -227,6 +227,9 @@ fn grown(base: Duration, factor: f64, n: u32, cap: Duration) -> f64 {
 ///
 /// Every retry waits the same time, so a fleet of clients that failed together retries
 /// together, forever in step.
+///
+/// Its maximum is its interval, so a server's `Retry-After` cannot lengthen its waits (the
+/// retry layer caps hints at the strategy's maximum).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fixed {
     interval: Duration,

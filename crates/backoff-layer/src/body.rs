@@ -37,7 +37,10 @@ pin_project! {
     /// The request body the retry layer gives its inner service; see the [module docs](self).
     ///
     /// It implements [`http_body::Body`] with `Data = Bytes` and `Error = BoxError`, so it fits
-    /// hyper, hyper-util's legacy `Client` and tonic's transport.
+    /// hyper, hyper-util's legacy `Client` and tonic's transport. It is `Unpin` when `B` is
+    /// (hyper-util's `Client` requires it).
+    ///
+    /// The retry layer makes every `ReplayBody`; there is no public constructor.
     pub struct ReplayBody<B> {
         #[pin]
         kind: Kind<B>,

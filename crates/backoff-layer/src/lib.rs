@@ -19,7 +19,7 @@
 //!
 //! # Examples
 //!
-//! With every default (3 attempts, the article's backoff, no budget, the default
+//! With every default (3 attempts, the article's backoff, a 10% retry budget, the default
 //! classification, 64 KiB replay buffer):
 //!
 //! ```
@@ -49,10 +49,10 @@
 //! use std::sync::Arc;
 //! use std::time::Duration;
 //! use backoff_layer::backoff::Decorrelated;
-//! use backoff_layer::budget::{Budget, Unlimited};
+//! use backoff_layer::budget::{Budget, RetryBudget};
 //! use backoff_layer::RetryLayer;
 //!
-//! let budget: Arc<dyn Budget> = Arc::new(Unlimited); // a real budget in production
+//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::builder().ratio(0.2).build()?);
 //! let layer = RetryLayer::builder()
 //!     .max_attempts(5)
 //!     .backoff(Decorrelated::new(Duration::from_millis(50), Duration::from_secs(5))?)
@@ -63,6 +63,14 @@
 //! # let _ = layer;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # The inner service's body type
+//!
+//! The inner service receives `http::Request<ReplayBody<B>>`, where `B` is the caller's
+//! body type. hyper-util's legacy `Client<C, ReplayBody<B>>` takes it as is. A service that
+//! accepts one body type only (tonic's `Channel` takes `tonic::body::Body`) needs the body
+//! converted under the retry layer, for example with
+//! `ServiceBuilder::new().layer(RetryLayer::new()).map_request(|r: Request<ReplayBody<_>>| r.map(tonic::body::Body::new))`.
 //!
 //! # What is retried
 //!

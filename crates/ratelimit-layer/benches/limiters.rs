@@ -1,15 +1,19 @@
 //! The limiters side by side with governor, in the same run.
 //!
-//! Rows (each `ratelimit-layer` vs `governor`, token bucket / GCRA on both sides, each with
-//! its default real clock):
+//! Rows (token bucket / GCRA on both sides):
 //!
+//! - `clock/now`: what reading each library's default clock costs;
 //! - `single/allowed`, `single/denied`: one limiter, every call admitted / rejected;
 //! - `keyed/hot_key`: a keyed limiter, always the same key;
 //! - `keyed/100k_keys`: 100 000 known keys in turn;
 //! - `keyed/new_key`: a key never seen before on every call (a fresh limiter per sample,
-//!   so governor's unbounded map is dropped between samples);
+//!   so governor's unbounded map is dropped between samples; ours stays at its cap);
 //! - `contended/*`: both threads of the machine calling the same limiter at once; the time
 //!   is per call on each thread.
+//!
+//! Each row has three functions: `governor` (its default clock: quanta, reading the TSC),
+//! `ratelimit-layer` (the same TSC clock, through our `Clock` trait: the algorithms and maps
+//! compared on equal terms) and `ratelimit-layer-tokio-clock` (our default `RealClock`).
 //!
 //! Run: `cargo bench -p ratelimit-layer --bench limiters -- --warm-up-time 1 --measurement-time 3`
 
@@ -18,15 +22,44 @@ use std::num::NonZeroU32;
 use std::sync::Barrier;
 use std::time::Duration;
 
-// NOTE: tokio's `Instant` is std's outside a paused runtime; the workspace bans std's by name.
-use tokio::time::Instant;
-
 use criterion::{
     BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
 };
 use governor::{Quota, RateLimiter};
-use ratelimit_layer::{Clock, KeyedLimiter, Limiter, RealClock, TokenBucket};
+use ratelimit_layer::{Clock, DEFAULT_MAX_KEYS, KeyedLimiter, Limiter, RealClock, TokenBucket};
+// NOTE: tokio's `Instant` is std's outside a paused runtime; the workspace bans std's by name.
+use tokio::time::Instant;
 
+/// governor's default clock (quanta, reading the TSC) behind our `Clock` trait.
+#[derive(Clone)]
+struct Tsc {
+    clock: governor::clock::QuantaClock,
+    /// The clock's zero, to turn its opaque instants into nanoseconds.
+    origin: governor::clock::QuantaInstant,
+}
+
+impl Default for Tsc {
+    fn default() -> Self {
+        use governor::clock::{Clock as _, Reference as _};
+        let clock = governor::clock::QuantaClock::default();
+        let origin = clock
+            .now()
+            .saturating_sub(governor::nanos::Nanos::from(u64::MAX));
+        Self { clock, origin }
+    }
+}
+
+impl Clock for Tsc {
+    #[inline]
+    fn now(&self) -> u64 {
+        use governor::clock::{Clock as _, Reference as _};
+        self.clock.now().duration_since(self.origin).as_u64()
+    }
+}
+
+const OURS: &str = "ratelimit-layer";
+const OURS_TOKIO: &str = "ratelimit-layer-tokio-clock";
+const GOVERNOR: &str = "governor";
 const ALLOW_RATE: u32 = 1_000_000_000;
 const KEYS: u64 = 100_000;
 
@@ -50,75 +83,82 @@ fn denying() -> (TokenBucket, Quota) {
     )
 }
 
+fn clocks(c: &mut Criterion) {
+    let mut group = c.benchmark_group("clock");
+    let tsc = Tsc::default();
+    group.bench_function(format!("now/{OURS}"), |b| b.iter(|| black_box(tsc.now())));
+    let tokio = RealClock::new();
+    group.bench_function(format!("now/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(tokio.now()));
+    });
+    let theirs = governor::clock::QuantaClock::default();
+    group.bench_function(format!("now/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(governor::clock::Clock::now(&theirs)));
+    });
+    group.finish();
+}
+
+fn single_ours<C: Clock>(
+    group: &mut BenchmarkGroup<'_, WallTime>,
+    id: String,
+    limiter: &TokenBucket,
+    clock: &C,
+    expect: bool,
+) {
+    let state = Default::default();
+    limiter.check(&state, clock.now(), 1);
+    assert_eq!(limiter.check(&state, clock.now(), 1).is_allowed(), expect);
+    group.bench_function(id, |b| {
+        b.iter(|| black_box(limiter.check(&state, clock.now(), 1)));
+    });
+}
+
 fn single(c: &mut Criterion) {
     let mut group = c.benchmark_group("single");
     for (name, (ours, theirs), expect) in
         [("allowed", allowing(), true), ("denied", denying(), false)]
     {
-        let clock = RealClock::new();
-        let state = Default::default();
-        ours.check(&state, clock.now(), 1);
-        assert_eq!(ours.check(&state, clock.now(), 1).is_allowed(), expect);
-        group.bench_function(format!("{name}/ratelimit-layer"), |b| {
-            b.iter(|| black_box(ours.check(&state, clock.now(), black_box(1))))
-        });
+        single_ours(
+            &mut group,
+            format!("{name}/{OURS}"),
+            &ours,
+            &Tsc::default(),
+            expect,
+        );
         let governor = RateLimiter::direct(theirs);
         let _ = governor.check();
         assert_eq!(governor.check().is_ok(), expect);
-        group.bench_function(format!("{name}/governor"), |b| {
-            b.iter(|| black_box(governor.check()))
+        group.bench_function(format!("{name}/{GOVERNOR}"), |b| {
+            b.iter(|| black_box(governor.check()));
         });
+        single_ours(
+            &mut group,
+            format!("{name}/{OURS_TOKIO}"),
+            &ours,
+            &RealClock::new(),
+            expect,
+        );
     }
     group.finish();
 }
 
-fn ours_keyed(max_keys: usize) -> KeyedLimiter<TokenBucket, u64> {
-    KeyedLimiter::new(allowing().0, max_keys)
+fn ours_keyed<C: Clock>(clock: C, max_keys: usize) -> KeyedLimiter<TokenBucket, u64, C> {
+    KeyedLimiter::with_clock(allowing().0, clock, max_keys)
 }
 
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<u64> {
     RateLimiter::keyed(allowing().1)
 }
 
-fn keyed(c: &mut Criterion) {
-    let mut group = c.benchmark_group("keyed");
-
-    let ours = ours_keyed(2 * KEYS as usize);
-    let theirs = governor_keyed();
-    group.bench_function("hot_key/ratelimit-layer", |b| {
-        b.iter(|| black_box(ours.check(black_box(&42), 1)))
-    });
-    group.bench_function("hot_key/governor", |b| {
-        b.iter(|| black_box(theirs.check_key(black_box(&42))))
-    });
-
-    for k in 0..KEYS {
-        ours.check(&k, 1);
-        let _ = theirs.check_key(&k);
-    }
-    let mut i = 0u64;
-    group.bench_function("100k_keys/ratelimit-layer", |b| {
-        b.iter(|| {
-            i = if i + 1 == KEYS { 0 } else { i + 1 };
-            black_box(ours.check(&i, 1))
-        })
-    });
-    let mut i = 0u64;
-    group.bench_function("100k_keys/governor", |b| {
-        b.iter(|| {
-            i = if i + 1 == KEYS { 0 } else { i + 1 };
-            black_box(theirs.check_key(&i))
-        })
-    });
-
-    new_key(&mut group);
-    group.finish();
+fn next(i: &mut u64) -> u64 {
+    *i = if *i + 1 == KEYS { 0 } else { *i + 1 };
+    *i
 }
 
-fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
-    group.bench_function("new_key/ratelimit-layer", |b| {
+fn new_key_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: &C) {
+    group.bench_function(format!("new_key/{name}"), |b| {
         b.iter_custom(|iters| {
-            let limiter = ours_keyed(ratelimit_layer::DEFAULT_MAX_KEYS);
+            let limiter = ours_keyed(clock.clone(), DEFAULT_MAX_KEYS);
             let start = Instant::now();
             for k in 0..iters {
                 black_box(limiter.check(&k, 1));
@@ -126,9 +166,48 @@ fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
             let elapsed = start.elapsed();
             drop(limiter);
             elapsed
-        })
+        });
     });
-    group.bench_function("new_key/governor", |b| {
+}
+
+// NOTE: in every row the three functions run back to back, so that they see the same load
+// on a machine shared with other work.
+fn keyed(c: &mut Criterion) {
+    let mut group = c.benchmark_group("keyed");
+    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let ours = ours_keyed(tsc.clone(), 2 * KEYS as usize);
+    let ours_tokio = ours_keyed(tokio, 2 * KEYS as usize);
+    let theirs = governor_keyed();
+
+    group.bench_function(format!("hot_key/{OURS}"), |b| {
+        b.iter(|| black_box(ours.check(black_box(&42), 1)));
+    });
+    group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(theirs.check_key(black_box(&42))));
+    });
+    group.bench_function(format!("hot_key/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(ours_tokio.check(black_box(&42), 1)));
+    });
+
+    for k in 0..KEYS {
+        ours.check(&k, 1);
+        ours_tokio.check(&k, 1);
+        let _ = theirs.check_key(&k);
+    }
+    let mut i = 0;
+    group.bench_function(format!("100k_keys/{OURS}"), |b| {
+        b.iter(|| black_box(ours.check(&next(&mut i), 1)));
+    });
+    group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
+        b.iter(|| black_box(theirs.check_key(&next(&mut i))));
+    });
+    group.bench_function(format!("100k_keys/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(ours_tokio.check(&next(&mut i), 1)));
+    });
+    drop((ours, ours_tokio, theirs));
+
+    new_key_ours(&mut group, OURS, &tsc);
+    group.bench_function(format!("new_key/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             let limiter = governor_keyed();
             let start = Instant::now();
@@ -138,14 +217,17 @@ fn new_key(group: &mut BenchmarkGroup<'_, WallTime>) {
             let elapsed = start.elapsed();
             drop(limiter);
             elapsed
-        })
+        });
     });
+    new_key_ours(&mut group, OURS_TOKIO, &tokio);
+    group.finish();
 }
 
-/// Runs `op(thread, i)` for `i in 0..iters` on two threads at once; the time of the slower.
+/// Runs `op(thread, i)` for `i in 0..iters` on two threads at once; the time until both
+/// are done.
 fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
     let barrier = Barrier::new(3);
-    std::thread::scope(|s| {
+    let start = std::thread::scope(|s| {
         for t in 0..2 {
             let (barrier, op) = (&barrier, &op);
             s.spawn(move || {
@@ -156,70 +238,93 @@ fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
             });
         }
         barrier.wait();
-        let start = Instant::now();
         // The scope joins both threads before returning.
-        start
-    })
-    .elapsed()
+        Instant::now()
+    });
+    start.elapsed()
 }
 
 fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended");
-    let (ours, theirs) = allowing();
-    let clock = RealClock::new();
-    let state = Default::default();
-    group.bench_function("single_allowed/ratelimit-layer", |b| {
+    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let limiter = allowing().0;
+    let (state, state_tokio) = (Default::default(), Default::default());
+    let governor = RateLimiter::direct(allowing().1);
+    group.bench_function(format!("single_allowed/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
-                black_box(ours.check(&state, clock.now(), 1));
+                black_box(limiter.check(&state, tsc.now(), 1));
             })
-        })
+        });
     });
-    let governor = RateLimiter::direct(theirs);
-    group.bench_function("single_allowed/governor", |b| {
+    group.bench_function(format!("single_allowed/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
                 let _ = black_box(governor.check());
             })
-        })
+        });
+    });
+    group.bench_function(format!("single_allowed/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                black_box(limiter.check(&state_tokio, tokio.now(), 1));
+            })
+        });
     });
 
-    let ours = ours_keyed(2 * KEYS as usize);
+    let ours = ours_keyed(tsc, 2 * KEYS as usize);
+    let ours_tokio = ours_keyed(tokio, 2 * KEYS as usize);
     let theirs = governor_keyed();
-    group.bench_function("hot_key/ratelimit-layer", |b| {
+    group.bench_function(format!("hot_key/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
                 black_box(ours.check(&42, 1));
             })
-        })
+        });
     });
-    group.bench_function("hot_key/governor", |b| {
+    group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
                 let _ = black_box(theirs.check_key(&42));
             })
-        })
+        });
+    });
+    group.bench_function(format!("hot_key/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                black_box(ours_tokio.check(&42, 1));
+            })
+        });
     });
     for k in 0..KEYS {
         ours.check(&k, 1);
+        ours_tokio.check(&k, 1);
         let _ = theirs.check_key(&k);
     }
-    group.bench_function("100k_keys/ratelimit-layer", |b| {
+    let key = |t: u64, i: u64| (i + t * KEYS / 2) % KEYS;
+    group.bench_function(format!("100k_keys/{OURS}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
-                black_box(ours.check(&((i + t * KEYS / 2) % KEYS), 1));
+                black_box(ours.check(&key(t, i), 1));
             })
-        })
+        });
     });
-    group.bench_function("100k_keys/governor", |b| {
+    group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
-                let _ = black_box(theirs.check_key(&((i + t * KEYS / 2) % KEYS)));
+                let _ = black_box(theirs.check_key(&key(t, i)));
             })
-        })
+        });
+    });
+    group.bench_function(format!("100k_keys/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |t, i| {
+                black_box(ours_tokio.check(&key(t, i), 1));
+            })
+        });
     });
     group.finish();
 }
 
-criterion_group!(benches, single, keyed, contended);
+criterion_group!(benches, clocks, single, keyed, contended);
 criterion_main!(benches);

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use crate::algorithm::{Decision, Limiter};
+use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::clock::{Clock, RealClock};
 
 /// The default cap on tracked keys: 100 000.
@@ -200,7 +200,61 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
     /// A known key takes its shard's read lock only. A new key is stored (under the write
     /// lock) unless the request leaves its state idle (a free or over-capacity request) or
     /// the shard is at its cap, in which case the shared overflow state decides.
+    #[inline]
     pub fn check<Q>(&self, key: &Q, cost: u32) -> (Decision, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        let (decision, _, class) = self.check_inner(key, cost, false, false);
+        (decision, class)
+    }
+
+    /// As [`check`](Self::check), and also reads the key's [`QuotaStatus`] right after the
+    /// decision (under the same lock) when the request is rejected, or admitted and
+    /// `on_allow` is set: what a response's `RateLimit` field reports.
+    #[inline]
+    pub fn check_with_status<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        self.check_inner(key, cost, on_allow, true)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: &L::State,
+        now: u64,
+        cost: u32,
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>) {
+        let decision = self.limiter.check(state, now, cost);
+        let want = if decision.is_allowed() {
+            on_allow
+        } else {
+            on_reject
+        };
+        (decision, want.then(|| self.limiter.status(state, now)))
+    }
+
+    #[inline]
+    fn check_inner<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned,
@@ -214,13 +268,15 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-                return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+                let (decision, status) = self.decide(state, now, cost, on_allow, on_reject);
+                return (decision, status, KeyClass::Keyed);
             }
         }
-        self.check_new(shard, hash, key, now, cost)
+        self.check_new(shard, hash, key, now, cost, on_allow, on_reject)
     }
 
     #[cold]
+    #[allow(clippy::too_many_arguments)]
     fn check_new<Q>(
         &self,
         shard: &Shard<K, L::State>,
@@ -228,7 +284,9 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         key: &Q,
         now: u64,
         cost: u32,
-    ) -> (Decision, KeyClass)
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned,
@@ -237,7 +295,8 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         // Another request may have inserted the key between the two locks.
         if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-            return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+            let (decision, status) = self.decide(state, now, cost, on_allow, on_reject);
+            return (decision, status, KeyClass::Keyed);
         }
         if now >= table.next_sweep {
             table.next_sweep = now.saturating_add(self.sweep_interval);
@@ -248,13 +307,11 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                 shard_cap = self.shard_cap,
                 "rate limit key map shard is full; checking a new key against the overflow limit"
             );
-            return (
-                self.limiter.check(&self.overflow, now, cost),
-                KeyClass::Overflow,
-            );
+            let (decision, status) = self.decide(&self.overflow, now, cost, on_allow, on_reject);
+            return (decision, status, KeyClass::Overflow);
         }
         let state = L::State::default();
-        let decision = self.limiter.check(&state, now, cost);
+        let (decision, status) = self.decide(&state, now, cost, on_allow, on_reject);
         if !self.limiter.is_idle(&state, now) {
             let hasher = &self.hasher;
             table
@@ -266,7 +323,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             #[allow(clippy::cast_precision_loss)]
             self.keys_gauge.set(len as f64);
         }
-        (decision, KeyClass::Keyed)
+        (decision, status, KeyClass::Keyed)
     }
 
     fn sweep(&self, table: &mut ShardTable<K, L::State>, now: u64) {
@@ -348,6 +405,26 @@ mod tests {
 
     fn ip(n: u32) -> IpAddr {
         IpAddr::V4(Ipv4Addr::from(n))
+    }
+
+    #[test]
+    fn status_is_read_only_when_asked() {
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(1, 2).unwrap(), FakeClock::new(), 16);
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, false);
+        assert_eq!((d, status), (Decision::Allow, None));
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, true);
+        assert_eq!(d, Decision::Allow);
+        assert_eq!(
+            status,
+            Some(QuotaStatus {
+                remaining: 0,
+                reset: Duration::from_secs(2)
+            })
+        );
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, false);
+        assert!(!d.is_allowed());
+        assert_eq!(status.map(|s| s.remaining), Some(0));
     }
 
     #[test]
@@ -453,6 +530,7 @@ mod tests {
             keyed.check(&ip(1), 4).0,
             Decision::OverCapacity { capacity: 3 }
         );
+        assert!(keyed.check_with_status(&ip(1), 4, true).1.is_some());
         assert!(keyed.check(&ip(1), 0).0.is_allowed());
         assert!(keyed.is_empty());
     }

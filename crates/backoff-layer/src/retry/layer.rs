@@ -5,7 +5,7 @@ use tower_layer::Layer;
 
 use super::{Config, InvalidRetryConfig, Retry};
 use crate::backoff::{Backoff, Exponential, Seeds};
-use crate::budget::{Budget, Unlimited};
+use crate::budget::{Budget, RetryBudget};
 use crate::classify::{Classify, DefaultClassifier};
 
 /// Applies [`Retry`] to a service. Cheap to clone: the configuration is shared.
@@ -66,7 +66,7 @@ impl<S> Layer<S> for RetryLayer {
 /// | [`deadline`](Self::deadline) | none | |
 /// | [`attempt_timeout`](Self::attempt_timeout) | none | |
 /// | [`backoff`](Self::backoff) | [`Exponential::default()`]: 100 ms, x2, jitter 0.1, at most 15 min | the article |
-/// | [`budget`](Self::budget) | [`Unlimited`] | |
+/// | [`budget`](Self::budget) | [`RetryBudget::default()`]: retries at most 10% of first attempts over 10 s, plus 1 retry per second | paper, SRE book |
 /// | [`classifier`](Self::classifier) | [`DefaultClassifier`]: connect errors, timeouts, 429, 502, 503, 504; idempotent methods or `Idempotency-Key` | RFC 9110, Envoy, .NET |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
@@ -134,7 +134,8 @@ impl RetryBuilder {
     }
 
     /// The retry budget; every layer built from this builder shares it. Default is
-    /// [`Unlimited`].
+    /// [`RetryBudget::default()`] (10% of first attempts over 10 s, plus 1 retry per second);
+    /// [`Unlimited`](crate::budget::Unlimited) turns it off.
     pub fn budget(mut self, budget: impl Budget) -> Self {
         self.budget = Some(Arc::new(budget));
         self
@@ -194,7 +195,9 @@ impl RetryBuilder {
                 backoff: self
                     .backoff
                     .unwrap_or_else(|| Arc::new(Exponential::default())),
-                budget: self.budget.unwrap_or_else(|| Arc::new(Unlimited)),
+                budget: self
+                    .budget
+                    .unwrap_or_else(|| Arc::new(RetryBudget::default())),
                 classifier: self
                     .classifier
                     .unwrap_or_else(|| Arc::new(DefaultClassifier)),

@@ -97,8 +97,15 @@ impl Attempt {
     }
 
     /// The header value for attempt `n` (`0` is the first try).
+    ///
+    /// Values up to 9 (every attempt of any sane retry policy) are static and cost no
+    /// allocation; larger ones are formatted.
     pub fn header_value(n: u32) -> HeaderValue {
-        HeaderValue::from(n)
+        const SMALL: [&str; 10] = ["0", "1", "2", "3", "4", "5", "6", "7", "8", "9"];
+        match SMALL.get(n as usize) {
+            Some(s) => HeaderValue::from_static(s),
+            None => HeaderValue::from(n),
+        }
     }
 
     /// Sets `X-Request-Attempt: n` on `headers`, replacing any value already there.
@@ -276,6 +283,12 @@ mod tests {
             if let Ok(v) = HeaderValue::from_str(&s) {
                 let _ = Attempt::parse(&v);
             }
+        }
+
+        #[test]
+        fn header_value_is_the_decimal_number(n in any::<u32>()) {
+            let v = Attempt::header_value(n);
+            prop_assert_eq!(v.to_str().unwrap(), n.to_string());
         }
 
         #[test]

@@ -14,15 +14,16 @@
 //!    [`AttemptHistogram`](crate::AttemptHistogram), before the inner stack runs.
 //! 2. Runs the inner stack inside a [propagation scope](crate::propagation), so a client
 //!    layer used by the handler can report that a downstream call received the stop signal.
-//! 3. Looks at the response, in this order:
+//! 3. Looks at the response. A success, or any answer that is not a failure a client would
+//!    retry (HTTP 5xx or 429; gRPC `grpc-status` 2, 4, 8, 13, 14 or 15), passes after a
+//!    status check: that is the admitted path. A failure is examined in this order:
 //!    - it **already carries the stop signal** (the handler returned
 //!      [`Overloaded`](crate::Overloaded) through its own mapping, or the `axum` feature's
 //!      `IntoResponse`): passed on unchanged, counted as propagated;
-//!    - a downstream call **received the stop signal** (the marker is raised) and the
-//!      response is a failure a client would retry (HTTP 5xx or 429; gRPC `grpc-status` 2,
-//!      4, 8, 13, 14 or 15): **answered with the stop signal**, counted as propagated. A
-//!      success or a deliberate 4xx is left alone: the handler recovered (a fallback, a
-//!      cached answer) or chose its answer, and neither is retried anyway;
+//!    - a downstream call **received the stop signal** (the marker is raised):
+//!      **answered with the stop signal**, counted as propagated. (A success or a deliberate
+//!      4xx is never rewritten, marker or not: the handler recovered, with a fallback or a
+//!      cached answer, or chose its answer, and neither is retried anyway);
 //!    - it is a **rejection** (HTTP 429 or 503; gRPC `grpc-status` 8 or 14): the
 //!      [`StopRule`] looks at the histogram's window. Retry share above the threshold with
 //!      enough requests: **answered with the stop signal**; otherwise passed through;
@@ -32,6 +33,15 @@
 //! [`set_stop_signal`](crate::protocol::set_stop_signal): HTTP `503` with `X-Overloaded`, and
 //! the retry invitations (`Retry-After`, `RateLimit`) removed; for gRPC, `grpc-status: 14`,
 //! `grpc-retry-pushback-ms: -1`, and an empty body (trailers-only).
+//!
+//! # Limits
+//!
+//! - Only what is in the response head is seen: a gRPC status sent in the trailers of a
+//!   streamed body (rather than in a trailers-only response, the form rejections take) is
+//!   not examined.
+//! - An `Err` from the inner service passes through untouched: at the HTTP edge it closes
+//!   the connection without a response, so services under this layer should answer with
+//!   responses (axum and tonic do).
 //!
 //! # Propagation across tiers: two paths
 //!

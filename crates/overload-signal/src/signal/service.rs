@@ -138,13 +138,19 @@ impl Shared {
         protocol: Protocol,
         downstream_stop: bool,
     ) -> Response<B> {
+        // NOTE: every case below is a failure (rejections and stop signals included: 429,
+        // 503 and gRPC 8 and 14 are failures), so successes and deliberate 4xx, the admitted
+        // path, leave here after a status check.
+        if !is_failure(&response, protocol) {
+            return response;
+        }
         if protocol::is_stop_signal(response.headers()) {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
             // (or an inner layer sent it). Pass it on.
             metrics::counter!(metric_names::PROPAGATED, "via" => "response").increment(1);
             return response;
         }
-        if downstream_stop && is_failure(&response, protocol) {
+        if downstream_stop {
             tracing::debug!(
                 status = %response.status(),
                 "downstream call received the stop signal; propagating it"

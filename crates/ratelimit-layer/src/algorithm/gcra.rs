@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, nanos};
+use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 
 /// A token bucket with rate `R` and burst `B`, implemented as GCRA (the generic cell rate
 /// algorithm) on a single `AtomicU64`, lock-free.
@@ -20,7 +20,7 @@ use super::{Decision, InvalidLimit, Limiter, nanos};
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_layer::{Decision, Limiter, TokenBucket};
+/// use ratelimit_layer::{Decision, Limiter, QuotaStatus, TokenBucket};
 ///
 /// // 10 per second, bursts of 5.
 /// let bucket = TokenBucket::per_second(10, 5)?;
@@ -30,11 +30,11 @@ use super::{Decision, InvalidLimit, Limiter, nanos};
 /// }
 /// assert_eq!(
 ///     bucket.check(&state, 0, 1),
-///     Decision::Reject {
-///         retry_after: Duration::from_millis(100),
-///         remaining: 0,
-///         reset: Duration::from_millis(500),
-///     }
+///     Decision::Reject { retry_after: Duration::from_millis(100) }
+/// );
+/// assert_eq!(
+///     bucket.status(&state, 0),
+///     QuotaStatus { remaining: 0, reset: Duration::from_millis(500) }
 /// );
 /// assert!(bucket.check(&state, 100_000_000, 1).is_allowed());
 /// # Ok::<(), ratelimit_layer::InvalidLimit>(())
@@ -134,27 +134,33 @@ impl Limiter for TokenBucket {
         let mut tat = state.tat.load(Ordering::Acquire);
         loop {
             let base = tat.max(now);
-            let new_tat = base.saturating_add(increment);
-            let ahead = new_tat - now;
+            let ahead = base.saturating_add(increment) - now;
             if ahead > self.tolerance {
-                let backlog = base - now;
                 return Decision::Reject {
                     retry_after: Duration::from_nanos(ahead - self.tolerance),
-                    remaining: self.tolerance.saturating_sub(backlog) / self.emission,
-                    reset: Duration::from_nanos(backlog),
                 };
             }
             if increment == 0 {
                 // A free request: nothing to store.
-                return self.allowed(ahead);
+                return Decision::Allow;
             }
-            match state
-                .tat
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return self.allowed(ahead),
+            match state.tat.compare_exchange_weak(
+                tat,
+                now + ahead,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Decision::Allow,
                 Err(actual) => tat = actual,
             }
+        }
+    }
+
+    fn status(&self, state: &TokenBucketState, now: u64) -> QuotaStatus {
+        let backlog = state.tat.load(Ordering::Acquire).saturating_sub(now);
+        QuotaStatus {
+            remaining: self.tolerance.saturating_sub(backlog) / self.emission,
+            reset: Duration::from_nanos(backlog),
         }
     }
 
@@ -176,16 +182,6 @@ impl Limiter for TokenBucket {
     }
 }
 
-impl TokenBucket {
-    #[inline]
-    fn allowed(&self, ahead: u64) -> Decision {
-        Decision::Allow {
-            remaining: (self.tolerance - ahead) / self.emission,
-            reset: Duration::from_nanos(ahead),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -198,9 +194,10 @@ mod tests {
         let bucket = TokenBucket::per_second(10, 5).unwrap();
         let state = TokenBucketState::default();
         for i in 0..5 {
+            assert_eq!(bucket.check(&state, 0, 1), Decision::Allow);
             assert_eq!(
-                bucket.check(&state, 0, 1),
-                Decision::Allow {
+                bucket.status(&state, 0),
+                QuotaStatus {
                     remaining: 4 - i,
                     reset: Duration::from_millis(100 * (i + 1)),
                 }
@@ -210,6 +207,11 @@ mod tests {
             bucket.check(&state, 0, 1),
             Decision::Reject {
                 retry_after: Duration::from_millis(100),
+            }
+        );
+        assert_eq!(
+            bucket.status(&state, 0),
+            QuotaStatus {
                 remaining: 0,
                 reset: Duration::from_millis(500),
             }
@@ -250,8 +252,21 @@ mod tests {
             bucket.check(&state, 0, 3),
             Decision::Reject {
                 retry_after: Duration::from_millis(100),
+            }
+        );
+        assert_eq!(
+            bucket.status(&state, 0),
+            QuotaStatus {
                 remaining: 2,
                 reset: Duration::from_millis(300),
+            }
+        );
+        // An hour on, the bucket is full again.
+        assert_eq!(
+            bucket.status(&state, 3_600_000 * MS),
+            QuotaStatus {
+                remaining: 5,
+                reset: Duration::ZERO,
             }
         );
         assert!(bucket.check(&state, 0, 2).is_allowed());

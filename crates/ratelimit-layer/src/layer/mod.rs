@@ -17,7 +17,7 @@ use tower_layer::Layer;
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
-use crate::algorithm::{Decision, InvalidLimit, Limiter};
+use crate::algorithm::{Decision, InvalidLimit, Limiter, QuotaStatus};
 use crate::clock::{Clock, RealClock};
 use crate::key::{ClientIp, header_value};
 use crate::keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, KeyClass, KeyedLimiter};
@@ -91,7 +91,28 @@ impl From<InvalidRateLimitField> for InvalidConfig {
 
 /// Decides a request: the limiter with its state(s) and key extractor, type-erased.
 trait Decide: Send + Sync + 'static {
-    fn decide(&self, parts: &Parts, cost: u32) -> (Decision, KeyClass);
+    /// The decision, the quota status when a rejection (always) or an admission (when
+    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class.
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass);
+}
+
+/// `limiter.check`, plus its status when the response will report it.
+#[inline]
+fn check_and_status<L: Limiter>(
+    limiter: &L,
+    state: &L::State,
+    now: u64,
+    cost: u32,
+    status_on_allow: bool,
+) -> (Decision, Option<QuotaStatus>) {
+    let decision = limiter.check(state, now, cost);
+    let want = !decision.is_allowed() || status_on_allow;
+    (decision, want.then(|| limiter.status(state, now)))
 }
 
 struct Global<L: Limiter, C> {
@@ -102,9 +123,16 @@ struct Global<L: Limiter, C> {
 
 impl<L: Limiter, C: Clock> Decide for Global<L, C> {
     #[inline]
-    fn decide(&self, _: &Parts, cost: u32) -> (Decision, KeyClass) {
+    fn decide(
+        &self,
+        _: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
         let now = self.clock.now();
-        (self.limiter.check(&self.state, now, cost), KeyClass::Global)
+        let (decision, status) =
+            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
+        (decision, status, KeyClass::Global)
     }
 }
 
@@ -122,13 +150,24 @@ where
     F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
 {
     #[inline]
-    fn decide(&self, parts: &Parts, cost: u32) -> (Decision, KeyClass) {
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
         match (self.extract)(parts) {
-            Some(key) => self.map.check(&key, cost),
+            Some(key) => self.map.check_with_status(&key, cost, status_on_allow),
             None => {
                 let now = self.map.clock().now();
-                let decision = self.map.limiter().check(&self.unkeyed, now, cost);
-                (decision, KeyClass::Unkeyed)
+                let (decision, status) = check_and_status(
+                    self.map.limiter(),
+                    &self.unkeyed,
+                    now,
+                    cost,
+                    status_on_allow,
+                );
+                (decision, status, KeyClass::Unkeyed)
             }
         }
     }
