@@ -150,3 +150,42 @@ fn bad_flags_exit_with_usage_errors() {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
 }
+
+#[cfg(target_os = "linux")]
+/// One `GET /api` from `source` (an address on this machine), returning the status line.
+async fn get_from(source: &str, addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /api HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response.lines().next().unwrap_or_default().to_owned()
+}
+
+// NOTE: Linux routes all of 127.0.0.0/8 to loopback; other systems configure 127.0.0.1 only.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn key_ip_limits_each_client_address_separately() {
+    let server = start(&[
+        "--model",
+        "instant",
+        "--key",
+        "ip",
+        "--rate-limit",
+        "1",
+        "--burst",
+        "1",
+    ]);
+    assert_eq!(get_from("127.0.0.1", server.addr).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        get_from("127.0.0.1", server.addr).await,
+        "HTTP/1.1 429 Too Many Requests"
+    );
+    // Another client address (all of 127.0.0.0/8 is loopback on Linux) has its own limit.
+    assert_eq!(get_from("127.0.0.2", server.addr).await, "HTTP/1.1 200 OK");
+}
