@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
-use demo_server::app::{AppConfig, ServerStats, Stack, app};
+use demo_server::app::{
+    ARTICLE_BURST, ARTICLE_RATE_LIMIT, AppConfig, MMC_BURST, MMC_RATE_LIMIT, ServerStats, Stack,
+    app,
+};
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -251,8 +254,8 @@ impl Cli {
 
     fn rate_limit_config(&self) -> RateLimitConfig {
         let (rate, burst) = match self.model {
-            ModelArg::Article | ModelArg::Instant => (250, 5),
-            ModelArg::Mmc => (183, 10),
+            ModelArg::Article | ModelArg::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
+            ModelArg::Mmc => (MMC_RATE_LIMIT, MMC_BURST),
         };
         let algorithm = match self.algorithm {
             AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
