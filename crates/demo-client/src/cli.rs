@@ -10,6 +10,7 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use http::Uri;
 
+use crate::client::Abandoned;
 use crate::duration::parse_duration;
 use crate::experiment::{InvalidTiming, RunSpec, Timing};
 use crate::load::{InvalidLoad, LoadConfig};
@@ -32,6 +33,9 @@ pub enum Command {
     /// The outage experiment against real `demo-server` processes: steady state, SIGSTOP,
     /// SIGCONT, observation; one run per strategy; a table, a CSV and an SVG plot.
     Scenario(ScenarioArgs),
+    /// The same experiment in virtual time, in process: the demo server's model and
+    /// middleware behind the real client layers, a paused clock and seeded randomness.
+    Simulate(SimulateArgs),
     /// The article's figure: retry delay against attempt number for its two parameter
     /// sets, in linear and log scale, as SVG.
     PlotDelays(PlotDelaysArgs),
@@ -102,7 +106,7 @@ pub struct ExperimentArgs {
     /// Observation after resume, in whole seconds.
     #[arg(long, default_value = "60s", value_parser = parse_duration, conflicts_with = "quick")]
     pub observe: Duration,
-    /// A short run of the same comparison: 4 s steady, 6 s paused, 8 s observed.
+    /// A short run of the same comparison: 3 s steady, 5 s paused, 10 s observed.
     #[arg(long)]
     pub quick: bool,
     /// The runs, as STRATEGY:STACK, comma separated.
@@ -147,6 +151,37 @@ pub struct ScenarioArgs {
     /// An extra argument for every `demo-server` child (repeat for several).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+}
+
+/// What the simulated server does with a request whose client gave up.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum AbandonedArg {
+    /// Serve it to the end, as the article's server does.
+    Serve,
+    /// Drop it as soon as the server runs, as a hyper server does.
+    Cancel,
+}
+
+impl From<AbandonedArg> for Abandoned {
+    fn from(a: AbandonedArg) -> Self {
+        match a {
+            AbandonedArg::Serve => Abandoned::Serve,
+            AbandonedArg::Cancel => Abandoned::Cancel,
+        }
+    }
+}
+
+/// `demo-client simulate`.
+#[derive(Debug, Clone, Args)]
+pub struct SimulateArgs {
+    /// The experiment.
+    #[command(flatten)]
+    pub experiment: ExperimentArgs,
+    /// What the server does with a request whose client gave up: `serve` it to the end (the
+    /// article's server) or `cancel` it once the server runs (hyper, so the real
+    /// `demo-server`).
+    #[arg(long, value_enum, default_value = "serve")]
+    pub abandoned: AbandonedArg,
 }
 
 /// `demo-client plot-delays`.
@@ -238,9 +273,10 @@ mod tests {
         assert_eq!(s.experiment.timing(), Ok(Timing::DEFAULT));
         assert_eq!(s.experiment.runs, RunSpec::DEFAULT.to_vec());
         assert_eq!(s.experiment.out, PathBuf::from("target/scenario"));
-        let Command::Scenario(q) = parse(&["scenario", "--quick"]).unwrap().command else {
-            panic!("not scenario");
+        let Command::Simulate(q) = parse(&["simulate", "--quick"]).unwrap().command else {
+            panic!("not simulate");
         };
+        assert_eq!(Abandoned::from(q.abandoned), Abandoned::Serve);
         let q = q.experiment;
         assert_eq!(q.timing(), Ok(Timing::QUICK));
         let Command::Scenario(s) = parse(&[

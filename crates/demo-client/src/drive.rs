@@ -242,7 +242,7 @@ mod tests {
         let timing = Timing::new(
             Duration::from_secs(3),
             Duration::from_secs(2),
-            Duration::from_secs(5),
+            Duration::from_secs(10),
         )
         .unwrap();
         drive_phases(&recorder, timing, &mut guard, &mut Progress::new(false))
@@ -255,7 +255,7 @@ mod tests {
                 ("resume", Duration::from_secs(5))
             ]
         );
-        assert_eq!(Instant::now() - recorder.start(), Duration::from_secs(10));
+        assert_eq!(Instant::now() - recorder.start(), Duration::from_secs(15));
         assert!(!guard.is_paused());
     }
 

@@ -102,7 +102,7 @@ impl FromStr for RunSpec {
 ///
 /// The rules: every phase is a whole number of seconds (the figures are per second); the
 /// steady state lasts at least 2 s (the baseline leaves out a warm-up second); the pause at
-/// least 1 s; the observation at least 5 s (one recovery window, see
+/// least 1 s; the observation at least 10 s (one recovery window, see
 /// [`RecoveryCriteria`](crate::report::RecoveryCriteria)); and the whole run at most a day.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct InvalidTiming(&'static str);
@@ -131,13 +131,13 @@ impl Timing {
         },
     };
 
-    /// The `--quick` timing: 4 s steady, 6 s paused, 8 s observed; three runs take under a
-    /// minute.
+    /// The `--quick` timing: 3 s steady, 5 s paused, 10 s observed (one recovery window);
+    /// three runs take under a minute.
     pub const QUICK: Timing = Timing {
         phases: Phases {
-            pause_at: 4,
-            pause_for: 6,
-            observe_for: 8,
+            pause_at: 3,
+            pause_for: 5,
+            observe_for: 10,
         },
     };
 
@@ -163,8 +163,8 @@ impl Timing {
         if pause < 1 {
             return Err(InvalidTiming("the pause must last at least 1s"));
         }
-        if observe < 5 {
-            return Err(InvalidTiming("the observation must last at least 5s"));
+        if observe < 10 {
+            return Err(InvalidTiming("the observation must last at least 10s"));
         }
         if steady + pause + observe > 86_400 {
             return Err(InvalidTiming("the run is too long: at most a day"));
@@ -240,14 +240,14 @@ mod tests {
         assert_eq!(Timing::new(s(15), s(20), s(60)), Ok(Timing::DEFAULT));
         assert_eq!(Timing::DEFAULT.total(), s(95));
         assert!(Timing::QUICK.total() * 3 < s(60));
-        assert!(Timing::new(Duration::from_millis(1500), s(1), s(5)).is_err());
-        assert!(Timing::new(s(1), s(1), s(5)).is_err());
-        assert!(Timing::new(s(2), s(0), s(5)).is_err());
-        assert!(Timing::new(s(2), s(1), s(4)).is_err());
+        assert!(Timing::new(Duration::from_millis(1500), s(1), s(10)).is_err());
+        assert!(Timing::new(s(1), s(1), s(10)).is_err());
+        assert!(Timing::new(s(2), s(0), s(10)).is_err());
+        assert!(Timing::new(s(2), s(1), s(9)).is_err());
         assert!(Timing::new(s(2), s(1), s(86_400)).is_err());
-        let t = Timing::new(s(2), s(1), s(5)).unwrap();
-        assert_eq!((t.steady(), t.pause(), t.observe()), (s(2), s(1), s(5)));
-        let err = Timing::new(s(2), Duration::from_millis(500), s(5)).unwrap_err();
+        let t = Timing::new(s(2), s(1), s(10)).unwrap();
+        assert_eq!((t.steady(), t.pause(), t.observe()), (s(2), s(1), s(10)));
+        let err = Timing::new(s(2), Duration::from_millis(500), s(10)).unwrap_err();
         assert_eq!(
             err.to_string(),
             "the pause must be a whole number of seconds"

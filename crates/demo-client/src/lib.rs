@@ -30,5 +30,7 @@ pub mod process;
 pub mod record;
 pub mod report;
 pub mod scenario;
+pub mod server;
+pub mod simulate;
 pub mod stack;
 pub mod strategy;

@@ -158,14 +158,14 @@ where
                 request.extensions_mut().insert(AttemptCounter::new());
                 let start = Instant::now();
                 let result = service.clone().oneshot(request).await;
-                let event = match Outcome::of(&result) {
-                    Outcome::Ok => Event::Ok {
+                match Outcome::of(&result) {
+                    Outcome::Ok => recorder.record(Event::Ok {
                         latency: start.elapsed(),
-                    },
-                    Outcome::Timeout => Event::Timeout,
-                    Outcome::Error => Event::Error,
-                };
-                recorder.record(event);
+                    }),
+                    // NOTE: the stack's `Record` layer counted the timed-out attempt already.
+                    Outcome::Timeout => {}
+                    Outcome::Error => recorder.record(Event::Error),
+                }
             }
         });
     }
@@ -173,7 +173,7 @@ where
 }
 
 /// The article-style status line for `seconds` seconds summed in `totals`: OK, errors and
-/// timed out per second, then retries, budget refusals and stop signals per second.
+/// timed-out attempts per second, then retries, budget refusals and stop signals per second.
 pub fn status_line(totals: &Second, seconds: usize) -> String {
     let per = |n: u64| n as f64 / seconds.max(1) as f64;
     format!(

@@ -8,7 +8,9 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use clap::Parser;
-use demo_client::cli::{Cli, Command, ExperimentArgs, PlotDelaysArgs, RunArgs, ScenarioArgs};
+use demo_client::cli::{
+    Cli, Command, ExperimentArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
+};
 use demo_client::client::http_transport;
 use demo_client::drive::Progress;
 use demo_client::load::{spawn_clients, status_line};
@@ -17,6 +19,7 @@ use demo_client::process::{Pausable, find_server};
 use demo_client::record::{Recorder, Second};
 use demo_client::report::{Table, percentile};
 use demo_client::scenario::{RealRun, Target, real_run, write_outputs};
+use demo_client::simulate::{SimulatedRun, simulate_run};
 use demo_client::stack::client_stack;
 use tower::BoxError;
 
@@ -25,6 +28,7 @@ fn main() -> ExitCode {
     let result = match cli.command {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run(args))),
         Command::Scenario(args) => runtime().and_then(|rt| rt.block_on(scenario(args))),
+        Command::Simulate(args) => simulate(&args),
         Command::PlotDelays(args) => plot_delays(&args),
     };
     match result {
@@ -193,6 +197,29 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
         print_and_write(experiment, "scenario", &done)?;
     }
     outcome
+}
+
+fn simulate(args: &SimulateArgs) -> Result<(), BoxError> {
+    let experiment = &args.experiment;
+    let timing = experiment.timing()?;
+    let timeout = experiment.load.attempt_timeout()?;
+    let load = experiment
+        .load
+        .load_config(demo_client::load::DEFAULT_URL.parse()?)?;
+    let mut progress = Progress::new(true);
+    let mut done = Vec::new();
+    for (i, spec) in experiment.runs.iter().enumerate() {
+        progress.start_run(i + 1, experiment.runs.len(), &spec.label());
+        let run = SimulatedRun {
+            timing,
+            load: load.clone(),
+            timeout,
+            abandoned: args.abandoned.into(),
+        };
+        done.push(simulate_run(*spec, &run, &mut progress)?);
+        progress.finish_run();
+    }
+    print_and_write(&args.experiment, "simulate", &done)
 }
 
 fn plot_delays(args: &PlotDelaysArgs) -> Result<(), BoxError> {

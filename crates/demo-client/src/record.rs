@@ -18,7 +18,8 @@ pub struct Second {
     /// Requests that ended in an error other than a timeout: an error status, a refused
     /// connection, a stop signal, a retry the budget refused.
     pub errors: u64,
-    /// Requests whose last attempt timed out.
+    /// Attempts that timed out, each one, whether it was retried or not (a client that
+    /// retries without end never ends its request, but every one of its attempts counts).
     pub timeouts: u64,
     /// Attempts sent to the server, first tries and retries.
     pub attempts: u64,
@@ -72,7 +73,7 @@ pub enum Event {
     },
     /// A request failed with something other than a timeout.
     Error,
-    /// A request's last attempt timed out.
+    /// An attempt timed out.
     Timeout,
     /// The retry budget refused a retry.
     BudgetRefusal,

@@ -8,14 +8,14 @@
 //!   its first third (at least one second) as warm-up, while the clients' first think times
 //!   are still spreading out;
 //! - **recovery time**: seconds from resume to the first second from which the server is
-//!   healthy and stays healthy until the end of the observation. A second is healthy when,
-//!   over the window of [`RecoveryCriteria::window`] seconds that starts with it, successes
-//!   per second average at least [`RecoveryCriteria::ok_fraction`] of baseline and timeouts
-//!   per second average under [`RecoveryCriteria::timeout_fraction`] of baseline. The window
-//!   (5 s by default) keeps Poisson noise from deciding: at 100 requests per second one
-//!   second in seven falls under 90% of the mean by chance alone. Only full windows are
-//!   judged, so the last `window - 1` seconds of the observation only count as part of an
-//!   earlier window;
+//!   healthy and stays healthy until the end of the observation. That second `r` must be
+//!   healthy on its own (successes at least [`RecoveryCriteria::ok_fraction`] of baseline,
+//!   timeouts under [`RecoveryCriteria::timeout_fraction`] of baseline), and so must every
+//!   window of [`RecoveryCriteria::window`] seconds that starts at `r` or later and ends within
+//!   the observation, judged on its means. The window (10 s by default) keeps Poisson noise
+//!   from deciding whether the server "stays" up: at 100 requests per second one second in
+//!   seven falls under 90% of the mean by chance alone, a 10-second mean almost never does;
+//!   judging `r` alone keeps the resolution at one second;
 //! - **amplification**: attempts sent during the pause divided by (baseline x pause length):
 //!   1.0 means the clients sent what they would have sent anyway, 3.0 means they tripled it;
 //! - **peak server concurrency** after resume, when the server's concurrency was sampled;
@@ -70,8 +70,9 @@ pub struct RecoveryCriteria {
     /// Timeouts per second must stay under this share of baseline. Default is 0.01 (the
     /// issue's "timeouts < 1% of baseline").
     pub timeout_fraction: f64,
-    /// The number of seconds averaged when judging one second. Default is 5, so that noise
-    /// of a Poisson arrival process at 100 requests per second does not decide.
+    /// The number of seconds averaged when judging whether the server stays healthy.
+    /// Default is 10, so that the noise of a Poisson arrival process at 100 requests per
+    /// second does not decide.
     pub window: usize,
 }
 
@@ -80,7 +81,7 @@ impl Default for RecoveryCriteria {
         Self {
             ok_fraction: 0.9,
             timeout_fraction: 0.01,
-            window: 5,
+            window: 10,
         }
     }
 }
@@ -194,31 +195,38 @@ pub fn recovery_time(
     if baseline <= 0.0 || phases.observe_for < window {
         return None;
     }
-    let healthy = |start: usize| {
-        let (mut ok, mut timeouts) = (0u64, 0u64);
-        for s in start..start + window {
-            if let Some(r) = series.get(s) {
-                ok += r.ok;
-                timeouts += r.timeouts;
-            }
-        }
+    let ok_min = criteria.ok_fraction * baseline;
+    let timeout_max = criteria.timeout_fraction * baseline;
+    // NOTE: the tolerance keeps "exactly 90%" on the healthy side and "exactly 1%" on the
+    // unhealthy side, whatever the rounding of `0.9 * baseline`.
+    let healthy =
+        |ok: f64, timeouts: f64| ok + TOLERANCE >= ok_min && timeouts + TOLERANCE < timeout_max;
+    let row = |s: usize| series.get(s).map_or((0, 0), |r| (r.ok, r.timeouts));
+    let window_healthy = |start: usize| {
+        let (ok, timeouts) = (start..start + window)
+            .map(row)
+            .fold((0u64, 0u64), |(a, b), (o, t)| (a + o, b + t));
         let w = window as f64;
-        // NOTE: the tolerance keeps "exactly 90%" on the healthy side and "exactly 1%" on the
-        // unhealthy side, whatever the rounding of `0.9 * baseline`.
-        ok as f64 / w + TOLERANCE >= criteria.ok_fraction * baseline
-            && (timeouts as f64 / w) + TOLERANCE < criteria.timeout_fraction * baseline
+        healthy(ok as f64 / w, timeouts as f64 / w)
     };
     let last_start = phases.end() - window;
-    // Walk backwards: the answer is the start of the final run of healthy windows.
-    let mut first_good = None;
+    // Walk backwards over the windows: `stays_from` is the start of the final run of healthy
+    // windows; the answer is the first second of it (or later) that is healthy on its own.
+    let mut stays_from = None;
     for start in (phases.resume_at()..=last_start).rev() {
-        if healthy(start) {
-            first_good = Some(start);
+        if window_healthy(start) {
+            stays_from = Some(start);
         } else {
             break;
         }
     }
-    first_good.map(|s| s - phases.resume_at())
+    let from = stays_from?;
+    (from..=last_start)
+        .find(|&s| {
+            let (ok, timeouts) = row(s);
+            healthy(ok as f64, timeouts as f64)
+        })
+        .map(|s| s - phases.resume_at())
 }
 
 /// The `q` quantile (0..=1) of sorted `values`, nearest-rank; `None` when empty.
@@ -354,14 +362,14 @@ mod tests {
     }
 
     #[test]
-    fn a_late_relapse_resets_recovery() {
-        // Healthy right after resume, but timeouts come back near the end: not recovered
-        // from the first healthy second, only after the relapse.
+    fn a_relapse_resets_recovery() {
+        // Healthy right after resume, but timeouts come back: not recovered from the first
+        // healthy second, only after the relapse.
         let resume = PHASES.resume_at();
-        let relapse = resume + 10;
+        let relapse = resume + 3;
         let s = series(|_| 100, |s| u64::from(s == relapse) * 20);
         let r = RunReport::compute("relapse", &s, PHASES);
-        assert_eq!(r.recovery, Some(11));
+        assert_eq!(r.recovery, Some(4));
         // A relapse in the last window makes it "never".
         let s = series(|_| 100, |s| u64::from(s == PHASES.end() - 1) * 20);
         assert_eq!(RunReport::compute("late", &s, PHASES).recovery, None);
@@ -369,10 +377,18 @@ mod tests {
 
     #[test]
     fn noise_inside_the_window_is_tolerated() {
-        // A single second at 80% between seconds at 100%: the 5-second mean stays >= 90%.
+        // A single second at 70% between seconds at 100%: the 10-second mean stays >= 90%.
         let resume = PHASES.resume_at();
-        let s = series(|s| if s == resume + 6 { 80 } else { 100 }, |_| 0);
+        let s = series(|s| if s == resume + 6 { 70 } else { 100 }, |_| 0);
         assert_eq!(RunReport::compute("noisy", &s, PHASES).recovery, Some(0));
+    }
+
+    #[test]
+    fn the_first_healthy_second_must_be_healthy_on_its_own() {
+        // The window from resume is healthy on average, but resume's own second is not.
+        let resume = PHASES.resume_at();
+        let s = series(|s| if s == resume { 80 } else { 100 }, |_| 0);
+        assert_eq!(RunReport::compute("dip", &s, PHASES).recovery, Some(1));
     }
 
     #[test]
@@ -395,7 +411,7 @@ mod tests {
         assert_eq!((r.recovery, r.p50, r.peak_concurrency), (None, None, None));
         // An observation shorter than the window cannot show recovery.
         let short = Phases {
-            observe_for: 4,
+            observe_for: 9,
             ..PHASES
         };
         let s: Vec<Second> = (0..short.end())
@@ -406,7 +422,7 @@ mod tests {
             .collect();
         assert_eq!(RunReport::compute("short", &s, short).recovery, None);
         let exact = Phases {
-            observe_for: 5,
+            observe_for: 10,
             ..PHASES
         };
         let s: Vec<Second> = (0..exact.end())

@@ -20,7 +20,7 @@
 use std::time::Duration;
 
 use backoff_layer::backoff::{Exponential, Fixed, Seeds};
-use backoff_layer::budget::RetryBudget;
+use backoff_layer::budget::{RetryBudget, Unlimited};
 use backoff_layer::{ReplayBody, RetryLayer};
 use http::{Request, Response};
 use http_body::Body;
@@ -43,12 +43,16 @@ pub type TransportBody = ReplayBody<DemoBody>;
 pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryLayer {
     let builder = RetryLayer::builder().seeds(Seeds::from_seed(seed));
     let built = match strategy {
+        // NOTE: `RetryLayer`'s default budget is a `RetryBudget`; the article's clients have
+        // none, so it is turned off explicitly.
         Strategy::Fixed => builder
             .backoff(fixed_backoff())
+            .budget(Unlimited)
             .max_attempts(u32::MAX)
             .build(),
         Strategy::Exponential => builder
             .backoff(exponential_without_jitter())
+            .budget(Unlimited)
             .max_attempts(u32::MAX)
             .build(),
         Strategy::Full => builder
@@ -177,6 +181,30 @@ mod tests {
             let total = recorder.totals(0, 100);
             assert_eq!((total.attempts, total.retries), (6, 5), "{strategy}");
         }
+    }
+
+    /// Regression: `RetryLayer`'s default budget stopped the article's clients after a retry
+    /// or two; they must retry for as long as the server is down.
+    #[tokio::test(start_paused = true)]
+    async fn fixed_retries_for_as_long_as_the_server_is_stopped() {
+        use crate::client::{Abandoned, Gate, Loopback};
+        let gate = Gate::new(100);
+        let server = tower::service_fn(|_req: Request<DemoBody>| async {
+            Ok::<_, Infallible>(Response::new(DemoBody::default()))
+        });
+        let recorder = Recorder::new();
+        let stack = client_stack(
+            Loopback::new(server, gate.clone(), Abandoned::Serve),
+            Strategy::Fixed,
+            Duration::from_secs(2),
+            1,
+            &recorder,
+        );
+        gate.pause();
+        let outcome = tokio::time::timeout(Duration::from_secs(20), stack.oneshot(request())).await;
+        assert!(outcome.is_err(), "still retrying");
+        // One attempt every 2.1 s: 2 s of timeout, 100 ms of backoff.
+        assert_eq!(recorder.totals(0, 100).attempts, 10);
     }
 
     #[tokio::test(start_paused = true)]

@@ -1,0 +1,126 @@
+//! The outage experiment in virtual time, in process (`demo-client simulate`).
+//!
+//! The server is `demo-server`'s application (its latency model, and its middleware for
+//! `--stack full`) reached through [`Loopback`], an in-process hop on which a request the
+//! client gave up on is still served, as it would be over a socket. The pause is the model's
+//! pause switch, which behaves like SIGSTOP on the real server: requests inside stop
+//! progressing, new ones wait in a bounded backlog (the listen queue) that is drained on
+//! resume. The clients are the same load generator and client stack as `scenario`.
+//!
+//! Each run gets a fresh single-threaded runtime with tokio's clock paused: time only moves
+//! when every task waits, so a 95-second run takes as long as its work, and with the same
+//! seed every run is the same, second for second.
+
+use std::time::Duration;
+
+use demo_server::model::{DEFAULT_BACKLOG, LatencyModel, Model, PauseSwitch};
+use tower::BoxError;
+
+use crate::client::{Abandoned, Gate, Loopback};
+use crate::drive::{Pause, PauseGuard, Progress, drive_phases};
+use crate::experiment::{RunSpec, Timing};
+use crate::load::{LoadConfig, spawn_clients};
+use crate::output::RunRecord;
+use crate::record::{Event, Recorder};
+use crate::stack::client_stack;
+
+/// How often the model's concurrency peak is sampled in a simulated run: every 100 ms.
+pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
+
+/// Everything a simulated run needs besides its spec.
+#[derive(Debug, Clone)]
+pub struct SimulatedRun {
+    /// The phases.
+    pub timing: Timing,
+    /// The clients (the URL is only used for the requests' target).
+    pub load: LoadConfig,
+    /// The per-attempt timeout.
+    pub timeout: Duration,
+    /// What the server does with requests whose clients gave up: [`Abandoned::Serve`] is
+    /// the article's server; [`Abandoned::Cancel`] is hyper's (the real `demo-server`).
+    pub abandoned: Abandoned,
+}
+
+/// The whole simulated process as a [`Pause`] target: the gate in front of the middleware
+/// (new requests wait in the listen queue) and the model's switch (requests inside freeze).
+#[derive(Debug, Clone)]
+struct Process {
+    gate: Gate,
+    model: PauseSwitch,
+}
+
+impl Pause for Process {
+    fn pause(&self) -> std::io::Result<()> {
+        self.gate.pause();
+        self.model.pause();
+        Ok(())
+    }
+
+    fn resume(&self) -> std::io::Result<()> {
+        self.model.resume();
+        self.gate.resume();
+        Ok(())
+    }
+}
+
+/// Runs `spec` in virtual time and returns its series and figures.
+///
+/// # Errors
+///
+/// When the runtime cannot be built or the pause switch fails.
+pub fn simulate_run(
+    spec: RunSpec,
+    run: &SimulatedRun,
+    progress: &mut Progress,
+) -> Result<RunRecord, BoxError> {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .start_paused(true)
+        .build()?;
+    let record = runtime.block_on(async {
+        let switch = PauseSwitch::new(DEFAULT_BACKLOG);
+        let gate = Gate::new(DEFAULT_BACKLOG);
+        let model = Model::with_pause_switch(LatencyModel::default(), switch.clone());
+        let server = crate::server::router(spec.stack, model.clone())?;
+
+        let recorder = Recorder::new();
+        let stack = client_stack(
+            Loopback::new(server, gate.clone(), run.abandoned),
+            spec.strategy,
+            run.timeout,
+            run.load.seed(),
+            &recorder,
+        );
+        let clients = spawn_clients(&stack, &run.load, &recorder);
+        let sampler = {
+            let recorder = recorder.clone();
+            let model = model.clone();
+            tokio::spawn(async move {
+                let mut interval = tokio::time::interval(SAMPLE_EVERY);
+                loop {
+                    interval.tick().await;
+                    let peak = u64::try_from(model.take_peak_concurrency()).unwrap_or(u64::MAX);
+                    recorder.record(Event::ServerConcurrency(peak));
+                }
+            })
+        };
+        let mut target = PauseGuard::new(Process {
+            gate,
+            model: switch,
+        });
+        let driven = drive_phases(&recorder, run.timing, &mut target, progress).await;
+        drop(clients);
+        sampler.abort();
+        driven?;
+        let phases = run.timing.phases();
+        Ok::<_, BoxError>(RunRecord::new(
+            spec.label(),
+            recorder.seconds_until(phases.end()),
+            phases,
+        ))
+    })?;
+    // NOTE: dropping the runtime cancels what is left of the server's work (requests still
+    // inside the model), which no figure reads.
+    drop(runtime);
+    Ok(record)
+}

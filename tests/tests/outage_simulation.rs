@@ -1,0 +1,154 @@
+//! The article's result, checked deterministically: the outage experiment in virtual time
+//! (`demo-client simulate`) on a scaled-down timing, with the demo server's model and
+//! middleware, the real client layers and seeded randomness.
+//!
+//! - `fixed` retries against a bare server: the server does not recover within the
+//!   observation;
+//! - `full` against the full server stack: it recovers within a few seconds of resume, and the
+//!   clients sent at most 1.1 times their normal load during the pause;
+//! - `exponential` against a bare server: it recovers, but more slowly than `full`. This one
+//!   does not hold with this model and these parameters (see the ignored test's reason): the
+//!   article's exponential client stays down too.
+
+use std::num::NonZeroUsize;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use demo_client::client::Abandoned;
+use demo_client::drive::Progress;
+use demo_client::experiment::{RunSpec, ServerStack, Timing};
+use demo_client::load::LoadConfig;
+use demo_client::output::RunRecord;
+use demo_client::simulate::{SimulatedRun, simulate_run};
+use demo_client::strategy::Strategy;
+
+const SEED: u64 = 42;
+
+/// The article's load (1000 clients, 10 s think time, 2 s timeout) with shorter phases: 6 s
+/// of steady state, a 10 s pause, 30 s of observation.
+fn run(strategy: Strategy, stack: ServerStack, seed: u64) -> RunRecord {
+    let load = LoadConfig::new(
+        NonZeroUsize::new(1000).unwrap(),
+        Duration::from_secs(10),
+        "http://127.0.0.1:8070/api".parse().unwrap(),
+        seed,
+    )
+    .unwrap();
+    let run = SimulatedRun {
+        timing: Timing::new(
+            Duration::from_secs(6),
+            Duration::from_secs(10),
+            Duration::from_secs(30),
+        )
+        .unwrap(),
+        load,
+        timeout: Duration::from_secs(2),
+        abandoned: Abandoned::Serve,
+    };
+    simulate_run(RunSpec { strategy, stack }, &run, &mut Progress::new(false)).unwrap()
+}
+
+fn fixed() -> &'static RunRecord {
+    static RUN: OnceLock<RunRecord> = OnceLock::new();
+    RUN.get_or_init(|| run(Strategy::Fixed, ServerStack::None, SEED))
+}
+
+fn exponential() -> &'static RunRecord {
+    static RUN: OnceLock<RunRecord> = OnceLock::new();
+    RUN.get_or_init(|| run(Strategy::Exponential, ServerStack::None, SEED))
+}
+
+fn full() -> &'static RunRecord {
+    static RUN: OnceLock<RunRecord> = OnceLock::new();
+    RUN.get_or_init(|| run(Strategy::Full, ServerStack::Full, SEED))
+}
+
+#[test]
+fn every_run_reaches_the_articles_baseline() {
+    // 1000 clients with a 10 s mean think time offer about 100 requests per second.
+    for r in [fixed(), exponential(), full()] {
+        let b = r.report.baseline;
+        assert!(
+            (80.0..=120.0).contains(&b),
+            "{}: baseline {b}",
+            r.report.label
+        );
+    }
+}
+
+#[test]
+fn fixed_retries_keep_a_bare_server_down() {
+    let r = &fixed().report;
+    assert_eq!(r.recovery, None, "fixed recovered");
+    // Retrying every 100 ms after each timeout multiplies the load during the pause.
+    let amplification = r.amplification.unwrap();
+    assert!(amplification > 1.5, "amplification {amplification}");
+    // And after resume the server is drowning: most requests time out.
+    let (timeouts, ok) = (r.after_resume.timeouts, r.after_resume.ok);
+    assert!(
+        timeouts > ok,
+        "{timeouts} timeouts, {ok} successes after resume"
+    );
+}
+
+#[test]
+fn the_full_stack_recovers_within_seconds_without_amplification() {
+    let r = &full().report;
+    let recovery = r.recovery.expect("the full stack recovers");
+    assert!(recovery <= 3, "recovered after {recovery} s");
+    let amplification = r.amplification.unwrap();
+    assert!(amplification <= 1.1, "amplification {amplification}");
+}
+
+#[test]
+#[ignore = "does not hold: with abandoned requests served (the article's server) exponential \
+            backoff without a budget stays down like fixed; with them cancelled (hyper) every \
+            strategy recovers at once; run with --ignored to see it fail"]
+fn exponential_backoff_recovers_but_more_slowly_than_the_full_stack() {
+    let e = &exponential().report;
+    let f = &full().report;
+    let slow = e.recovery.expect("exponential backoff recovers");
+    let fast = f.recovery.expect("the full stack recovers");
+    assert!(slow > fast, "exponential {slow} s, full {fast} s");
+}
+
+#[test]
+fn the_same_seed_gives_the_same_figures() {
+    // NOTE: what a 429 turns into (a budget refusal or a stop signal) can differ by a few
+    // per run: demo-server's pause watcher uses an unbiased `tokio::select!`, whose random
+    // branch order is the one thing a seed does not fix. Every figure and the successes,
+    // errors, timeouts and attempts of every second are the same.
+    let again = run(Strategy::Full, ServerStack::Full, SEED);
+    assert_eq!(figures(&again), figures(full()));
+    assert_eq!(counts(&again), counts(full()));
+    let other = run(Strategy::Full, ServerStack::Full, SEED + 1);
+    assert_ne!(counts(&other), counts(full()), "the seed changes the run");
+}
+
+type Figures = (
+    f64,
+    Option<usize>,
+    Option<f64>,
+    Option<u64>,
+    Option<Duration>,
+    Option<Duration>,
+);
+
+fn figures(r: &RunRecord) -> Figures {
+    let r = &r.report;
+    (
+        r.baseline,
+        r.recovery,
+        r.amplification,
+        r.peak_concurrency,
+        r.p50,
+        r.p99,
+    )
+}
+
+fn counts(r: &RunRecord) -> Vec<(u64, u64, u64, u64)> {
+    r.seconds
+        .iter()
+        .map(|s| (s.ok, s.errors, s.timeouts, s.attempts))
+        .collect()
+}
