@@ -115,9 +115,10 @@ const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
 /// The largest slot number: with the shortest slot (10 ms) it is reached after 21 years.
 const EPOCH_MAX: u64 = (1 << (64 - COUNT_BITS)) - 1;
 
-/// The largest number of retries one window can allow. Withdrawals are counted modulo
-/// 2^28 in the packed word, so the allowance must stay below that to be unambiguous.
-pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
+/// The largest number of retries one window can allow: 2^27 - 1 (134,217,727). Withdrawals
+/// are counted modulo 2^28 in the packed word, so counts in one window must stay well below
+/// that to be compared unambiguously.
+pub const MAX_RETRIES_PER_WINDOW: u64 = (1 << (COUNT_BITS - 1)) - 1;
 
 /// A sliding-window retry budget: retries may be at most a share of first attempts.
 ///
@@ -153,7 +154,8 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`
 /// (the retry layer holds it as `Arc<dyn Budget>`). Both operations are lock-free: a
-/// deposit reads the clock, one shared word and adds to a counter; a withdrawal also reads
+/// deposit reads the clock and the current slot (a word that changes once a slot) and
+/// adds to a counter; a withdrawal also reads
 /// the counts at the start of the window and takes its retry with a compare-and-swap
 /// loop, so concurrent withdrawals never take more than the allowance.
 ///
@@ -163,15 +165,16 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = COUNT_MASK;
 /// # Precision
 ///
 /// - The ratio is kept in millionths (0.1234567 acts as 0.123457).
-/// - A deposit racing with the start of a new slot may be counted in that new slot, and so
-///   expire up to one slot later; a withdrawal never uses counts newer than it can see,
-///   so races only ever make the budget stricter, never more generous.
+/// - A deposit racing with the start of a new slot may be counted in either slot. A
+///   withdrawal racing with deposits may not see them yet, and a withdrawal racing with
+///   the start of a new slot is checked against the window of the new slot: every
+///   granted withdrawal keeps `retries <= ratio * first_attempts + floor` in the window
+///   it was checked against.
 /// - At most [`MAX_RETRIES_PER_WINDOW`] retries are allowed in one window, however large
 ///   the ratio and the traffic.
 /// - Slots are numbered from the budget's creation in 36 bits; after 2^36 slots (21 years
 ///   with the shortest 10 ms slot, 2000 years with the default 1 s) the window stops
-///   sliding and the ratio then applies to
-///   all deposits since.
+///   sliding and the ratio then applies to all deposits since.
 pub struct RetryBudget {
     /// The current slot and the withdrawals so far, packed: `slot << 28 | withdrawals`.
     /// Every successful withdrawal is a compare-and-swap on this word.
@@ -179,6 +182,10 @@ pub struct RetryBudget {
     /// Deposits since creation. Not part of `head`: a withdrawal that misses a concurrent
     /// deposit only errs on the strict side.
     deposits: CachePadded<AtomicU64>,
+    /// The slot of `head`, or an older one: raised after `head` moves. A deposit in this slot
+    /// reads only this word, which changes once a slot, not `head`, which every granted
+    /// withdrawal changes.
+    slot: CachePadded<AtomicU64>,
     /// For slot `s`, at index `s & index_mask`: the counts when `s` became current. The
     /// length is the number of slots rounded up to a power of two, so the slots of one
     /// window never share a record and indexing needs no division.
@@ -228,8 +235,10 @@ const fn count_of(word: u64) -> u64 {
     word & COUNT_MASK
 }
 
-/// Whether withdrawal count `a` is later than `b` (counts wrap at 2^28; two counts of the
-/// same slot are never half the range apart).
+/// Whether withdrawal count `a` is later than `b`. Counts wrap at 2^28; two counts read
+/// around one slot boundary differ by at most an allowance, under 2^27. A misjudged order
+/// could only keep an older (smaller) count, which counts more withdrawals in the window:
+/// stricter, never more generous.
 const fn count_after(a: u64, b: u64) -> bool {
     let d = a.wrapping_sub(b) & COUNT_MASK;
     d != 0 && d < (1 << (COUNT_BITS - 1))
@@ -372,26 +381,38 @@ impl RetryBudget {
         // NOTE: the slot's record is written before `head` moves to it, so whoever sees
         // the new `head` finds the record. Failure means someone else moved `head`, or a
         // withdrawal raised the count; the caller reloads and tries again.
-        let _ = self.head.compare_exchange(
-            seen,
-            pack(to, withdrawn),
-            Ordering::AcqRel,
-            Ordering::Relaxed,
-        );
+        if self
+            .head
+            .compare_exchange(
+                seen,
+                pack(to, withdrawn),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .is_ok()
+        {
+            self.slot.fetch_max(to, Ordering::Relaxed);
+        }
     }
 }
 
 impl Budget for RetryBudget {
     fn deposit(&self) {
         let nanos = self.elapsed_nanos();
-        let mut seen = self.head.load(Ordering::Acquire);
-        loop {
-            let now = self.epoch_at(nanos, seen);
-            if epoch_of(seen) >= now {
-                break;
+        // NOTE: `slot` never runs ahead of `head`, so a call within its slot is within
+        // `head`'s too: nothing to rotate.
+        let slot = self.slot.load(Ordering::Relaxed);
+        if nanos >= (slot + 1).saturating_mul(self.slot_nanos) {
+            let mut seen = self.head.load(Ordering::Acquire);
+            loop {
+                let now = self.epoch_at(nanos, seen);
+                if epoch_of(seen) >= now {
+                    break;
+                }
+                self.rotate(seen, now);
+                seen = self.head.load(Ordering::Acquire);
             }
-            self.rotate(seen, now);
-            seen = self.head.load(Ordering::Acquire);
+            self.slot.fetch_max(epoch_of(seen), Ordering::Relaxed);
         }
         self.deposits.fetch_add(1, Ordering::Relaxed);
     }
@@ -584,6 +605,7 @@ impl RetryBudgetBuilder {
         Ok(RetryBudget {
             head: CachePadded(AtomicU64::new(pack(0, 0))),
             deposits: CachePadded(AtomicU64::new(0)),
+            slot: CachePadded(AtomicU64::new(0)),
             starts,
             index_mask: u64::from(records - 1),
             origin: Instant::now(),

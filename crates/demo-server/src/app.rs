@@ -17,7 +17,7 @@ use ratelimit_layer::RateLimitLayer;
 use tower::util::MapResponseLayer;
 
 use crate::downstream::Downstream;
-use crate::model::Model;
+use crate::model::{LatencyModel, Model};
 
 /// Names of the metrics `demo-server` records, through the `metrics` facade.
 ///
@@ -39,6 +39,32 @@ pub mod metric_names {
     /// Histogram (a summary in Prometheus text), seconds: time `/api` requests spent in the
     /// model.
     pub const MODEL_SECONDS: &str = "demo_server_model_seconds";
+}
+
+/// The default rate limit of `demo-server --stack full` with the `article` (and `instant`)
+/// model: 250 requests per second.
+///
+/// It keeps the article's model under its 30-request knee: a token bucket admits at most
+/// `rate x T + burst` requests in any interval `T`, and a request lasts 100 ms, so with
+/// [`ARTICLE_BURST`] at most `250 x 0.1 + 5 = 30` requests are inside (about 25 on average).
+pub const ARTICLE_RATE_LIMIT: u32 = 250;
+
+/// The default token bucket burst with the `article` model: 5; see [`ARTICLE_RATE_LIMIT`].
+pub const ARTICLE_BURST: u32 = 5;
+
+/// The default rate limit with the `mmc` model: 183 requests per second, the paper's figure
+/// below which its M/M/10 server keeps low response times (Erlang C: 92 ms mean).
+pub const MMC_RATE_LIMIT: u32 = 183;
+
+/// The default token bucket burst with the `mmc` model: 10, one request per worker.
+pub const MMC_BURST: u32 = 10;
+
+/// The default `(rate per second, burst)` of `demo-server --stack full` for `latency`.
+pub const fn default_rate_limit(latency: &LatencyModel) -> (u32, u32) {
+    match latency {
+        LatencyModel::Article(_) | LatencyModel::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
+        LatencyModel::Mmc(_) => (MMC_RATE_LIMIT, MMC_BURST),
+    }
 }
 
 /// The outcome labels of [`metric_names::REQUESTS`].

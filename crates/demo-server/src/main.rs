@@ -8,7 +8,10 @@ use std::time::Duration;
 
 use axum::extract::ConnectInfo;
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
-use demo_server::app::{AppConfig, ServerStats, Stack, app};
+use demo_server::app::{
+    ARTICLE_BURST, ARTICLE_RATE_LIMIT, AppConfig, MMC_BURST, MMC_RATE_LIMIT, ServerStats, Stack,
+    app,
+};
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
@@ -36,8 +39,9 @@ GET /api is served by a latency model:
 
 With --stack full (the default), an overload-signal layer and a rate limiter stand in front of
 the model: above --rate-limit requests are rejected at once with 429 Too Many Requests,
-Retry-After and the IETF RateLimit fields; when most of the traffic is retries (the
-X-Request-Attempt header), rejections become 503 with X-Overloaded: stop-retrying.
+Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
+were retries (the X-Request-Attempt header), rejections become 503 with
+X-Overloaded: stop-retrying.
 --stack none serves the bare model.
 
 Other routes: GET /healthz (never limited), GET /metrics (Prometheus text).
@@ -72,9 +76,9 @@ struct Cli {
     /// Rate limit, requests per second [default: 250 for article and instant, 183 for mmc].
     ///
     /// The article model's default keeps it under its 30-request knee: a token bucket admits
-    /// at most rate x T + burst requests in any T, so with requests lasting 100 ms at most
-    /// 250 x 0.1 + 5 = 30 are ever inside. The mmc default is the paper's: 183 req/s keeps the
-    /// M/M/10 server's response times under 200 ms.
+    /// at most rate x T + burst requests in any T, so while requests last their 100 ms at
+    /// most 250 x 0.1 + 5 = 30 are inside. The mmc default is the paper's: 183 req/s keeps
+    /// the M/M/10 server's mean response time under 100 ms.
     #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
     rate_limit: Option<u32>,
 
@@ -250,8 +254,8 @@ impl Cli {
 
     fn rate_limit_config(&self) -> RateLimitConfig {
         let (rate, burst) = match self.model {
-            ModelArg::Article | ModelArg::Instant => (250, 5),
-            ModelArg::Mmc => (183, 10),
+            ModelArg::Article | ModelArg::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
+            ModelArg::Mmc => (MMC_RATE_LIMIT, MMC_BURST),
         };
         let algorithm = match self.algorithm {
             AlgorithmArg::TokenBucket => Algorithm::TokenBucket,

@@ -167,3 +167,15 @@ async fn a_retry_storm_turns_rejections_into_the_stop_signal() {
     assert!(s.stop_signals > 0, "{s}");
     assert_eq!(s.served + s.rejected + s.stop_signals, 300, "{s}");
 }
+
+#[test]
+fn default_rate_limits_follow_the_models() {
+    use demo_server::app::default_rate_limit;
+    use demo_server::model::{ArticleModel, MmcModel};
+    let article = LatencyModel::Article(ArticleModel::default());
+    let (rate, burst) = default_rate_limit(&article);
+    // rate x 100 ms + burst stays at the knee.
+    assert_eq!(rate / 10 + burst, 30);
+    let mmc = LatencyModel::Mmc(MmcModel::builder().seed(1).build().unwrap());
+    assert_eq!(default_rate_limit(&mmc), (183, 10));
+}

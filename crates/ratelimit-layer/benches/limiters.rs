@@ -31,16 +31,29 @@ use ratelimit_layer::{Clock, DEFAULT_MAX_KEYS, KeyedLimiter, Limiter, RealClock,
 use tokio::time::Instant;
 
 /// governor's default clock (quanta, reading the TSC) behind our `Clock` trait.
-#[derive(Clone, Default)]
-struct Tsc(governor::clock::QuantaClock);
+#[derive(Clone)]
+struct Tsc {
+    clock: governor::clock::QuantaClock,
+    /// The clock's zero, to turn its opaque instants into nanoseconds.
+    origin: governor::clock::QuantaInstant,
+}
+
+impl Default for Tsc {
+    fn default() -> Self {
+        use governor::clock::{Clock as _, Reference as _};
+        let clock = governor::clock::QuantaClock::default();
+        let origin = clock
+            .now()
+            .saturating_sub(governor::nanos::Nanos::from(u64::MAX));
+        Self { clock, origin }
+    }
+}
 
 impl Clock for Tsc {
     #[inline]
     fn now(&self) -> u64 {
         use governor::clock::{Clock as _, Reference as _};
-        let now = self.0.now();
-        let origin = now.saturating_sub(governor::nanos::Nanos::from(u64::MAX));
-        now.duration_since(origin).as_u64()
+        self.clock.now().duration_since(self.origin).as_u64()
     }
 }
 
@@ -93,10 +106,10 @@ fn single_ours<C: Clock>(
     expect: bool,
 ) {
     let state = Default::default();
-    limiter.check(&state, clock.now(), 1);
+    let _ = limiter.check(&state, clock.now(), 1);
     assert_eq!(limiter.check(&state, clock.now(), 1).is_allowed(), expect);
     group.bench_function(id, |b| {
-        b.iter(|| black_box(limiter.check(&state, clock.now(), black_box(1))));
+        b.iter(|| black_box(limiter.check(&state, clock.now(), 1)));
     });
 }
 
@@ -112,6 +125,12 @@ fn single(c: &mut Criterion) {
             &Tsc::default(),
             expect,
         );
+        let governor = RateLimiter::direct(theirs);
+        let _ = governor.check();
+        assert_eq!(governor.check().is_ok(), expect);
+        group.bench_function(format!("{name}/{GOVERNOR}"), |b| {
+            b.iter(|| black_box(governor.check()));
+        });
         single_ours(
             &mut group,
             format!("{name}/{OURS_TOKIO}"),
@@ -119,12 +138,6 @@ fn single(c: &mut Criterion) {
             &RealClock::new(),
             expect,
         );
-        let governor = RateLimiter::direct(theirs);
-        let _ = governor.check();
-        assert_eq!(governor.check().is_ok(), expect);
-        group.bench_function(format!("{name}/{GOVERNOR}"), |b| {
-            b.iter(|| black_box(governor.check()));
-        });
     }
     group.finish();
 }
@@ -142,24 +155,13 @@ fn next(i: &mut u64) -> u64 {
     *i
 }
 
-fn keyed_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: &C) {
-    let ours = ours_keyed(clock.clone(), 2 * KEYS as usize);
-    group.bench_function(format!("hot_key/{name}"), |b| {
-        b.iter(|| black_box(ours.check(black_box(&42), 1)));
-    });
-    for k in 0..KEYS {
-        ours.check(&k, 1);
-    }
-    let mut i = 0;
-    group.bench_function(format!("100k_keys/{name}"), |b| {
-        b.iter(|| black_box(ours.check(&next(&mut i), 1)));
-    });
+fn new_key_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: &C) {
     group.bench_function(format!("new_key/{name}"), |b| {
         b.iter_custom(|iters| {
             let limiter = ours_keyed(clock.clone(), DEFAULT_MAX_KEYS);
             let start = Instant::now();
             for k in 0..iters {
-                black_box(limiter.check(&k, 1));
+                let _ = black_box(limiter.check(&k, 1));
             }
             let elapsed = start.elapsed();
             drop(limiter);
@@ -168,22 +170,43 @@ fn keyed_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: 
     });
 }
 
+// NOTE: in every row the three functions run back to back, so that they see the same load
+// on a machine shared with other work.
 fn keyed(c: &mut Criterion) {
     let mut group = c.benchmark_group("keyed");
-    keyed_ours(&mut group, OURS, &Tsc::default());
-    keyed_ours(&mut group, OURS_TOKIO, &RealClock::new());
-
+    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let ours = ours_keyed(tsc.clone(), 2 * KEYS as usize);
+    let ours_tokio = ours_keyed(tokio, 2 * KEYS as usize);
     let theirs = governor_keyed();
+
+    group.bench_function(format!("hot_key/{OURS}"), |b| {
+        b.iter(|| black_box(ours.check(black_box(&42), 1)));
+    });
     group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
         b.iter(|| black_box(theirs.check_key(black_box(&42))));
     });
+    group.bench_function(format!("hot_key/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(ours_tokio.check(black_box(&42), 1)));
+    });
+
     for k in 0..KEYS {
+        let _ = ours.check(&k, 1);
+        let _ = ours_tokio.check(&k, 1);
         let _ = theirs.check_key(&k);
     }
     let mut i = 0;
+    group.bench_function(format!("100k_keys/{OURS}"), |b| {
+        b.iter(|| black_box(ours.check(&next(&mut i), 1)));
+    });
     group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
         b.iter(|| black_box(theirs.check_key(&next(&mut i))));
     });
+    group.bench_function(format!("100k_keys/{OURS_TOKIO}"), |b| {
+        b.iter(|| black_box(ours_tokio.check(&next(&mut i), 1)));
+    });
+    drop((ours, ours_tokio, theirs));
+
+    new_key_ours(&mut group, OURS, &tsc);
     group.bench_function(format!("new_key/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             let limiter = governor_keyed();
@@ -196,6 +219,7 @@ fn keyed(c: &mut Criterion) {
             elapsed
         });
     });
+    new_key_ours(&mut group, OURS_TOKIO, &tokio);
     group.finish();
 }
 
@@ -220,42 +244,19 @@ fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
     start.elapsed()
 }
 
-fn contended_ours<C: Clock>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: C) {
-    let limiter = allowing().0;
-    let state = Default::default();
-    group.bench_function(format!("single_allowed/{name}"), |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| {
-                black_box(limiter.check(&state, clock.now(), 1));
-            })
-        });
-    });
-    let ours = ours_keyed(clock, 2 * KEYS as usize);
-    group.bench_function(format!("hot_key/{name}"), |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |_, _| {
-                black_box(ours.check(&42, 1));
-            })
-        });
-    });
-    for k in 0..KEYS {
-        ours.check(&k, 1);
-    }
-    group.bench_function(format!("100k_keys/{name}"), |b| {
-        b.iter_custom(|iters| {
-            on_two_threads(iters, |t, i| {
-                black_box(ours.check(&((i + t * KEYS / 2) % KEYS), 1));
-            })
-        });
-    });
-}
-
 fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended");
-    contended_ours(&mut group, OURS, Tsc::default());
-    contended_ours(&mut group, OURS_TOKIO, RealClock::new());
-
+    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let limiter = allowing().0;
+    let (state, state_tokio) = (Default::default(), Default::default());
     let governor = RateLimiter::direct(allowing().1);
+    group.bench_function(format!("single_allowed/{OURS}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(limiter.check(&state, tsc.now(), 1));
+            })
+        });
+    });
     group.bench_function(format!("single_allowed/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
@@ -263,7 +264,24 @@ fn contended(c: &mut Criterion) {
             })
         });
     });
+    group.bench_function(format!("single_allowed/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(limiter.check(&state_tokio, tokio.now(), 1));
+            })
+        });
+    });
+
+    let ours = ours_keyed(tsc, 2 * KEYS as usize);
+    let ours_tokio = ours_keyed(tokio, 2 * KEYS as usize);
     let theirs = governor_keyed();
+    group.bench_function(format!("hot_key/{OURS}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(ours.check(&42, 1));
+            })
+        });
+    });
     group.bench_function(format!("hot_key/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |_, _| {
@@ -271,13 +289,37 @@ fn contended(c: &mut Criterion) {
             })
         });
     });
+    group.bench_function(format!("hot_key/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |_, _| {
+                let _ = black_box(ours_tokio.check(&42, 1));
+            })
+        });
+    });
     for k in 0..KEYS {
+        let _ = ours.check(&k, 1);
+        let _ = ours_tokio.check(&k, 1);
         let _ = theirs.check_key(&k);
     }
+    let key = |t: u64, i: u64| (i + t * KEYS / 2) % KEYS;
+    group.bench_function(format!("100k_keys/{OURS}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |t, i| {
+                let _ = black_box(ours.check(&key(t, i), 1));
+            })
+        });
+    });
     group.bench_function(format!("100k_keys/{GOVERNOR}"), |b| {
         b.iter_custom(|iters| {
             on_two_threads(iters, |t, i| {
-                let _ = black_box(theirs.check_key(&((i + t * KEYS / 2) % KEYS)));
+                let _ = black_box(theirs.check_key(&key(t, i)));
+            })
+        });
+    });
+    group.bench_function(format!("100k_keys/{OURS_TOKIO}"), |b| {
+        b.iter_custom(|iters| {
+            on_two_threads(iters, |t, i| {
+                let _ = black_box(ours_tokio.check(&key(t, i), 1));
             })
         });
     });

@@ -13,6 +13,12 @@ use tokio::time::Instant;
 /// A monotonic source of time for a limiter.
 ///
 /// Implementations must never go backwards; limiters tolerate a clock that stands still.
+///
+/// Reading the clock is most of a token bucket decision's cost. [`RealClock`] reads tokio's
+/// clock, which is the OS monotonic clock: cheap where `clock_gettime` runs in the vDSO,
+/// tens of nanoseconds on some virtual machines (see this crate's benchmarks). Where that
+/// matters more than pausing time in tests, implement this trait over a TSC-based clock
+/// such as the `quanta` crate's.
 pub trait Clock: Send + Sync + 'static {
     /// Nanoseconds elapsed since this clock's origin.
     fn now(&self) -> u64;

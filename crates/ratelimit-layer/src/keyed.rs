@@ -4,13 +4,14 @@ use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use hashbrown::HashTable;
 
-use crate::algorithm::{Decision, Limiter};
+use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::clock::{Clock, RealClock};
+use crate::layer::METRIC_KEYS;
 
 /// The default cap on tracked keys: 100 000.
 ///
@@ -91,7 +92,23 @@ pub struct KeyedLimiter<L: Limiter, K, C = RealClock> {
     sweep_interval: u64,
     len: AtomicUsize,
     overflow: L::State,
-    keys_gauge: metrics::Gauge,
+    keys_gauge: Option<LazyGauge>,
+}
+
+/// The keys gauge, registered with the metrics recorder on its first change, so that a
+/// recorder installed after the limiter was built still receives it.
+struct LazyGauge {
+    policy: String,
+    gauge: OnceLock<metrics::Gauge>,
+}
+
+impl LazyGauge {
+    fn set(&self, keys: usize) {
+        #[allow(clippy::cast_precision_loss)]
+        self.gauge
+            .get_or_init(|| metrics::gauge!(METRIC_KEYS, "policy" => self.policy.clone()))
+            .set(keys as f64);
+    }
 }
 
 /// One shard, on its own cache lines so that two shards' locks never share one.
@@ -145,7 +162,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             sweep_interval: nanos(DEFAULT_SWEEP_INTERVAL),
             len: AtomicUsize::new(0),
             overflow: L::State::default(),
-            keys_gauge: metrics::Gauge::noop(),
+            keys_gauge: None,
         }
     }
 
@@ -157,12 +174,22 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         self
     }
 
-    /// Reports the number of tracked keys to this gauge (normally
-    /// `ratelimit_layer_keys`). Default: no gauge.
+    /// Reports the number of tracked keys as the gauge `ratelimit_layer_keys` with label
+    /// `policy`, registered with the `metrics` recorder when the count first changes.
+    /// Default: not reported.
     #[must_use]
-    pub fn keys_gauge(mut self, gauge: metrics::Gauge) -> Self {
-        self.keys_gauge = gauge;
+    pub fn report_keys(mut self, policy: &str) -> Self {
+        self.keys_gauge = Some(LazyGauge {
+            policy: policy.to_owned(),
+            gauge: OnceLock::new(),
+        });
         self
+    }
+
+    fn report(&self, keys: usize) {
+        if let Some(gauge) = &self.keys_gauge {
+            gauge.set(keys);
+        }
     }
 
     /// The limiter applied to each key.
@@ -200,7 +227,61 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
     /// A known key takes its shard's read lock only. A new key is stored (under the write
     /// lock) unless the request leaves its state idle (a free or over-capacity request) or
     /// the shard is at its cap, in which case the shared overflow state decides.
+    #[inline]
     pub fn check<Q>(&self, key: &Q, cost: u32) -> (Decision, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        let (decision, _, class) = self.check_inner(key, cost, false, false);
+        (decision, class)
+    }
+
+    /// As [`check`](Self::check), and also reads the key's [`QuotaStatus`] right after the
+    /// decision (under the same lock) when the request is rejected, or admitted and
+    /// `on_allow` is set: what a response's `RateLimit` field reports.
+    #[inline]
+    pub fn check_with_status<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        self.check_inner(key, cost, on_allow, true)
+    }
+
+    #[inline]
+    fn decide(
+        &self,
+        state: &L::State,
+        now: u64,
+        cost: u32,
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>) {
+        let decision = self.limiter.check(state, now, cost);
+        let want = if decision.is_allowed() {
+            on_allow
+        } else {
+            on_reject
+        };
+        (decision, want.then(|| self.limiter.status(state, now)))
+    }
+
+    #[inline]
+    fn check_inner<Q>(
+        &self,
+        key: &Q,
+        cost: u32,
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned,
@@ -214,13 +295,15 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         {
             let table = shard.table.read().unwrap_or_else(PoisonError::into_inner);
             if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-                return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+                let (decision, status) = self.decide(state, now, cost, on_allow, on_reject);
+                return (decision, status, KeyClass::Keyed);
             }
         }
-        self.check_new(shard, hash, key, now, cost)
+        self.check_new(shard, hash, key, now, cost, on_allow, on_reject)
     }
 
     #[cold]
+    #[allow(clippy::too_many_arguments)]
     fn check_new<Q>(
         &self,
         shard: &Shard<K, L::State>,
@@ -228,7 +311,9 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         key: &Q,
         now: u64,
         cost: u32,
-    ) -> (Decision, KeyClass)
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
     where
         K: Borrow<Q>,
         Q: ?Sized + Hash + Eq + ToOwned,
@@ -237,7 +322,8 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
         // Another request may have inserted the key between the two locks.
         if let Some((_, state)) = table.entries.find(hash, |(k, _)| k.borrow() == key) {
-            return (self.limiter.check(state, now, cost), KeyClass::Keyed);
+            let (decision, status) = self.decide(state, now, cost, on_allow, on_reject);
+            return (decision, status, KeyClass::Keyed);
         }
         if now >= table.next_sweep {
             table.next_sweep = now.saturating_add(self.sweep_interval);
@@ -248,13 +334,11 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                 shard_cap = self.shard_cap,
                 "rate limit key map shard is full; checking a new key against the overflow limit"
             );
-            return (
-                self.limiter.check(&self.overflow, now, cost),
-                KeyClass::Overflow,
-            );
+            let (decision, status) = self.decide(&self.overflow, now, cost, on_allow, on_reject);
+            return (decision, status, KeyClass::Overflow);
         }
         let state = L::State::default();
-        let decision = self.limiter.check(&state, now, cost);
+        let (decision, status) = self.decide(&state, now, cost, on_allow, on_reject);
         if !self.limiter.is_idle(&state, now) {
             let hasher = &self.hasher;
             table
@@ -263,10 +347,9 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                     hasher.hash_one(k)
                 });
             let len = self.len.fetch_add(1, Ordering::Relaxed) + 1;
-            #[allow(clippy::cast_precision_loss)]
-            self.keys_gauge.set(len as f64);
+            self.report(len);
         }
-        (decision, KeyClass::Keyed)
+        (decision, status, KeyClass::Keyed)
     }
 
     fn sweep(&self, table: &mut ShardTable<K, L::State>, now: u64) {
@@ -277,8 +360,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         let removed = before - table.entries.len();
         if removed > 0 {
             let len = self.len.fetch_sub(removed, Ordering::Relaxed) - removed;
-            #[allow(clippy::cast_precision_loss)]
-            self.keys_gauge.set(len as f64);
+            self.report(len);
         }
     }
 
@@ -351,6 +433,26 @@ mod tests {
     }
 
     #[test]
+    fn status_is_read_only_when_asked() {
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            KeyedLimiter::with_clock(TokenBucket::per_second(1, 2).unwrap(), FakeClock::new(), 16);
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, false);
+        assert_eq!((d, status), (Decision::Allow, None));
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, true);
+        assert_eq!(d, Decision::Allow);
+        assert_eq!(
+            status,
+            Some(QuotaStatus {
+                remaining: 0,
+                reset: Duration::from_secs(2)
+            })
+        );
+        let (d, status, _) = keyed.check_with_status(&ip(1), 1, false);
+        assert!(!d.is_allowed());
+        assert_eq!(status.map(|s| s.remaining), Some(0));
+    }
+
+    #[test]
     fn keys_have_their_own_limits() {
         let clock = FakeClock::new();
         let keyed: KeyedLimiter<_, IpAddr, _> =
@@ -402,14 +504,14 @@ mod tests {
             1_000,
         );
         for n in 0..200 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
         }
         assert_eq!(keyed.len(), 200);
         clock.advance(Duration::from_secs(2));
         // NOTE: 100 new keys reach every shard (there are two) but with odds of 2^-99.
         assert_eq!(keyed.shards(), 2);
         for n in 1_000..1_100 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
         }
         assert_eq!(keyed.len(), 100, "the 200 idle keys were swept");
     }
@@ -445,6 +547,67 @@ mod tests {
         assert_eq!(keyed.check(&ip(5_000), 1).1, KeyClass::Keyed);
     }
 
+    /// A token bucket that counts `is_idle` calls: the work sweeps do.
+    struct CountingSweeps {
+        inner: TokenBucket,
+        idle_checks: AtomicUsize,
+    }
+
+    impl Limiter for CountingSweeps {
+        type State = <TokenBucket as Limiter>::State;
+        fn check(&self, state: &Self::State, now: u64, cost: u32) -> Decision {
+            self.inner.check(state, now, cost)
+        }
+        fn status(&self, state: &Self::State, now: u64) -> QuotaStatus {
+            self.inner.status(state, now)
+        }
+        fn is_idle(&self, state: &Self::State, now: u64) -> bool {
+            self.idle_checks.fetch_add(1, Ordering::Relaxed);
+            self.inner.is_idle(state, now)
+        }
+        fn quota(&self) -> u64 {
+            self.inner.quota()
+        }
+        fn window(&self) -> Duration {
+            self.inner.window()
+        }
+        fn capacity(&self) -> u64 {
+            self.inner.capacity()
+        }
+    }
+
+    #[test]
+    fn a_flood_at_the_cap_does_not_sweep_on_every_request() {
+        // Regression guard: sweeping a full shard for each new key would make a flood of
+        // distinct keys cost O(cap) per request.
+        let clock = FakeClock::new();
+        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
+            CountingSweeps {
+                inner: TokenBucket::new(1, Duration::from_secs(3_600), 1).unwrap(),
+                idle_checks: AtomicUsize::new(0),
+            },
+            clock.clone(),
+            100,
+        );
+        for n in 0..10_000 {
+            let _ = keyed.check(&ip(n), 1);
+        }
+        let checks = keyed.limiter().idle_checks.load(Ordering::Relaxed);
+        // One check per stored key (is the new state idle?), and one sweep per shard when
+        // it was first used; nothing per overflowed request.
+        assert!(
+            checks <= 100 + 100,
+            "{checks} idle checks for 10 000 requests"
+        );
+        clock.advance(Duration::from_secs(1));
+        let _ = keyed.check(&ip(20_000), 1);
+        let after = keyed.limiter().idle_checks.load(Ordering::Relaxed);
+        assert!(
+            after - checks <= 100 + 1,
+            "one sweep of at most the cap per interval"
+        );
+    }
+
     #[test]
     fn over_capacity_and_free_requests_store_nothing() {
         let keyed: KeyedLimiter<_, IpAddr, _> =
@@ -453,6 +616,7 @@ mod tests {
             keyed.check(&ip(1), 4).0,
             Decision::OverCapacity { capacity: 3 }
         );
+        assert!(keyed.check_with_status(&ip(1), 4, true).1.is_some());
         assert!(keyed.check(&ip(1), 0).0.is_allowed());
         assert!(keyed.is_empty());
     }
@@ -466,7 +630,7 @@ mod tests {
         );
         let bound = keyed.memory_bound();
         for n in 0..20_000 {
-            keyed.check(&ip(n), 1);
+            let _ = keyed.check(&ip(n), 1);
             if n % 997 == 0 {
                 assert!(keyed.allocated_bytes() <= bound);
             }

@@ -132,8 +132,9 @@
 //!
 //! # Metrics
 //!
-//! Through the [`metrics`] facade; this crate never installs a recorder. Handles are
-//! registered when the layer is built, so install the recorder first.
+//! Through the [`metrics`] facade; this crate never installs a recorder. They are registered
+//! with the recorder on the first request (not when the layer is built), so install the
+//! recorder before serving traffic.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -155,7 +156,7 @@ mod keyed;
 mod layer;
 
 pub use algorithm::{
-    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, SlidingWindow,
+    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, QuotaStatus, SlidingWindow,
     SlidingWindowState, TokenBucket, TokenBucketState,
 };
 pub use clock::{Clock, FakeClock, RealClock};

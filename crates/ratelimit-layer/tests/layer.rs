@@ -299,17 +299,24 @@ fn tokio_test_poll_ready<S: Service<Request<String>>>(svc: &mut S) -> std::task:
     })
 }
 
+/// Also the regression test for building the layer before the recorder is installed (as a
+/// server that builds its stack, then installs a Prometheus recorder, does): metrics are
+/// registered on the first request, not at build time.
 #[tokio::test]
 async fn metrics_count_admitted_rejected_and_keys() {
+    let layer = RateLimitLayer::builder_with_clock(
+        TokenBucket::per_second(1, 1).unwrap(),
+        FakeClock::new(),
+    )
+    .key_by_client_ip(ClientIp::socket_addr())
+    .policy_name("edge")
+    .build()
+    .unwrap();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
-    let layer = metrics::with_local_recorder(&recorder, || {
-        RateLimitLayer::builder_with_clock(TokenBucket::per_second(1, 1).unwrap(), FakeClock::new())
-            .key_by_client_ip(ClientIp::socket_addr())
-            .policy_name("edge")
-            .build()
-            .unwrap()
-    });
+    // NOTE: the test runtime is single-threaded, so the thread-local recorder sees every
+    // request.
+    let _guard = metrics::set_default_local_recorder(&recorder);
     let svc = layer.layer(counting_service(&Calls::default()));
     for peer in ["192.0.2.1:1", "192.0.2.1:2", "192.0.2.2:1"] {
         svc.clone().oneshot(from(peer)).await.unwrap();

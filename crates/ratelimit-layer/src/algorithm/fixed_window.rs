@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, nanos};
+use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 
 /// At most `quota` units per window; windows are aligned on the clock's origin
 /// (`[0, w)`, `[w, 2w)`, ...) and the count starts again at zero in each.
@@ -96,19 +96,29 @@ impl Limiter for FixedWindow {
             // count this request there, as if at its start.
             0
         };
-        let reset = Duration::from_nanos(self.window_nanos - into);
         if s.count + cost <= self.quota {
             s.count += cost;
-            Decision::Allow {
-                remaining: self.quota - s.count,
-                reset,
-            }
+            Decision::Allow
         } else {
             Decision::Reject {
-                retry_after: reset,
-                remaining: self.quota - s.count,
-                reset,
+                retry_after: Duration::from_nanos(self.window_nanos - into),
             }
+        }
+    }
+
+    fn status(&self, state: &FixedWindowState, now: u64) -> QuotaStatus {
+        let s = state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let index = now / self.window_nanos;
+        let (count, into) = if index > s.index {
+            (0, now % self.window_nanos)
+        } else if index == s.index {
+            (s.count, now % self.window_nanos)
+        } else {
+            (s.count, 0)
+        };
+        QuotaStatus {
+            remaining: self.quota - count,
+            reset: Duration::from_nanos(self.window_nanos - into),
         }
     }
 
@@ -156,9 +166,10 @@ mod tests {
     fn counts_per_window_and_rejects_until_the_edge() {
         let window = FixedWindow::new(3, Duration::from_secs(1)).unwrap();
         let state = FixedWindowState::default();
+        assert_eq!(window.check(&state, 100 * MS, 2), Decision::Allow);
         assert_eq!(
-            window.check(&state, 100 * MS, 2),
-            Decision::Allow {
+            window.status(&state, 100 * MS),
+            QuotaStatus {
                 remaining: 1,
                 reset: Duration::from_millis(900)
             }
@@ -167,8 +178,20 @@ mod tests {
             window.check(&state, 400 * MS, 2),
             Decision::Reject {
                 retry_after: Duration::from_millis(600),
+            }
+        );
+        assert_eq!(
+            window.status(&state, 400 * MS),
+            QuotaStatus {
                 remaining: 1,
                 reset: Duration::from_millis(600)
+            }
+        );
+        assert_eq!(
+            window.status(&state, 1_200 * MS),
+            QuotaStatus {
+                remaining: 3,
+                reset: Duration::from_millis(800)
             }
         );
         assert!(window.check(&state, 400 * MS, 1).is_allowed());

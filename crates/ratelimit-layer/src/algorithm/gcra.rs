@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, nanos};
+use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 
 /// A token bucket with rate `R` and burst `B`, implemented as GCRA (the generic cell rate
 /// algorithm) on a single `AtomicU64`, lock-free.
@@ -18,9 +18,12 @@ use super::{Decision, InvalidLimit, Limiter, nanos};
 /// interval of length `L` at most `L / T + B` units are admitted. `T` is rounded down to
 /// whole nanoseconds, so the rate is at most one part in `T` (in nanoseconds) generous.
 ///
+/// In `RateLimit-Policy` it advertises `q = rate` per `w = period`; the burst shows in the
+/// `RateLimit` field's `r`, which can be up to `burst`.
+///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_layer::{Decision, Limiter, TokenBucket};
+/// use ratelimit_layer::{Decision, Limiter, QuotaStatus, TokenBucket};
 ///
 /// // 10 per second, bursts of 5.
 /// let bucket = TokenBucket::per_second(10, 5)?;
@@ -30,11 +33,11 @@ use super::{Decision, InvalidLimit, Limiter, nanos};
 /// }
 /// assert_eq!(
 ///     bucket.check(&state, 0, 1),
-///     Decision::Reject {
-///         retry_after: Duration::from_millis(100),
-///         remaining: 0,
-///         reset: Duration::from_millis(500),
-///     }
+///     Decision::Reject { retry_after: Duration::from_millis(100) }
+/// );
+/// assert_eq!(
+///     bucket.status(&state, 0),
+///     QuotaStatus { remaining: 0, reset: Duration::from_millis(500) }
 /// );
 /// assert!(bucket.check(&state, 100_000_000, 1).is_allowed());
 /// # Ok::<(), ratelimit_layer::InvalidLimit>(())
@@ -48,8 +51,6 @@ pub struct TokenBucket {
     emission: u64,
     /// `B * T`, nanoseconds.
     tolerance: u64,
-    /// `floor(2^64 / T)`: dividing by `T` becomes a multiplication (see `units`).
-    reciprocal: u64,
 }
 
 /// The state of one [`TokenBucket`] key: its theoretical arrival time, in one atomic word.
@@ -88,7 +89,6 @@ impl TokenBucket {
             burst,
             emission,
             tolerance,
-            reciprocal: reciprocal(emission),
         })
     }
 
@@ -137,27 +137,33 @@ impl Limiter for TokenBucket {
         let mut tat = state.tat.load(Ordering::Acquire);
         loop {
             let base = tat.max(now);
-            let new_tat = base.saturating_add(increment);
-            let ahead = new_tat - now;
+            let ahead = base.saturating_add(increment) - now;
             if ahead > self.tolerance {
-                let backlog = base - now;
                 return Decision::Reject {
                     retry_after: Duration::from_nanos(ahead - self.tolerance),
-                    remaining: self.units(self.tolerance.saturating_sub(backlog)),
-                    reset: Duration::from_nanos(backlog),
                 };
             }
             if increment == 0 {
                 // A free request: nothing to store.
-                return self.allowed(ahead);
+                return Decision::Allow;
             }
-            match state
-                .tat
-                .compare_exchange_weak(tat, new_tat, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => return self.allowed(ahead),
+            match state.tat.compare_exchange_weak(
+                tat,
+                now + ahead,
+                Ordering::AcqRel,
+                Ordering::Acquire,
+            ) {
+                Ok(_) => return Decision::Allow,
                 Err(actual) => tat = actual,
             }
+        }
+    }
+
+    fn status(&self, state: &TokenBucketState, now: u64) -> QuotaStatus {
+        let backlog = state.tat.load(Ordering::Acquire).saturating_sub(now);
+        QuotaStatus {
+            remaining: self.tolerance.saturating_sub(backlog) / self.emission,
+            reset: Duration::from_nanos(backlog),
         }
     }
 
@@ -179,37 +185,6 @@ impl Limiter for TokenBucket {
     }
 }
 
-/// `floor(2^64 / t)`, or `u64::MAX` for `t = 1`.
-fn reciprocal(t: u64) -> u64 {
-    u64::try_from((1u128 << 64) / u128::from(t)).unwrap_or(u64::MAX)
-}
-
-impl TokenBucket {
-    /// `nanos / T`, rounded down: whole units in a span.
-    ///
-    /// A 64-bit division costs tens of cycles on every decision; the multiplication by the
-    /// precomputed reciprocal is a few, and its estimate is at most one below the quotient,
-    /// which the correction step fixes, so the result is exact.
-    #[inline]
-    fn units(&self, nanos: u64) -> u64 {
-        let q = u64::try_from((u128::from(nanos) * u128::from(self.reciprocal)) >> 64)
-            .unwrap_or(u64::MAX);
-        if nanos - q * self.emission >= self.emission {
-            q + 1
-        } else {
-            q
-        }
-    }
-
-    #[inline]
-    fn allowed(&self, ahead: u64) -> Decision {
-        Decision::Allow {
-            remaining: self.units(self.tolerance - ahead),
-            reset: Duration::from_nanos(ahead),
-        }
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -222,9 +197,10 @@ mod tests {
         let bucket = TokenBucket::per_second(10, 5).unwrap();
         let state = TokenBucketState::default();
         for i in 0..5 {
+            assert_eq!(bucket.check(&state, 0, 1), Decision::Allow);
             assert_eq!(
-                bucket.check(&state, 0, 1),
-                Decision::Allow {
+                bucket.status(&state, 0),
+                QuotaStatus {
                     remaining: 4 - i,
                     reset: Duration::from_millis(100 * (i + 1)),
                 }
@@ -234,6 +210,11 @@ mod tests {
             bucket.check(&state, 0, 1),
             Decision::Reject {
                 retry_after: Duration::from_millis(100),
+            }
+        );
+        assert_eq!(
+            bucket.status(&state, 0),
+            QuotaStatus {
                 remaining: 0,
                 reset: Duration::from_millis(500),
             }
@@ -274,8 +255,21 @@ mod tests {
             bucket.check(&state, 0, 3),
             Decision::Reject {
                 retry_after: Duration::from_millis(100),
+            }
+        );
+        assert_eq!(
+            bucket.status(&state, 0),
+            QuotaStatus {
                 remaining: 2,
                 reset: Duration::from_millis(300),
+            }
+        );
+        // An hour on, the bucket is full again.
+        assert_eq!(
+            bucket.status(&state, 3_600_000 * MS),
+            QuotaStatus {
+                remaining: 5,
+                reset: Duration::ZERO,
             }
         );
         assert!(bucket.check(&state, 0, 2).is_allowed());
@@ -312,31 +306,6 @@ mod tests {
             InvalidLimit::ZeroBurst.to_string(),
             "rate limit burst must not be zero"
         );
-    }
-
-    #[test]
-    fn units_divide_exactly() {
-        let mut x = 0x9e37_79b9_7f4a_7c15u64;
-        for t in (1..200).chain([999, 1_000_000, 333_333_333, u64::MAX / 3, u64::MAX]) {
-            let bucket = TokenBucket {
-                rate: 1,
-                period: Duration::ZERO,
-                burst: 1,
-                emission: t,
-                tolerance: 0,
-                reciprocal: reciprocal(t),
-            };
-            for n in [0, 1, t - 1, t, t.saturating_add(1), u64::MAX] {
-                assert_eq!(bucket.units(n), n / t, "{n} / {t}");
-            }
-            for _ in 0..1_000 {
-                // xorshift: deterministic spread of dividends.
-                x ^= x << 13;
-                x ^= x >> 7;
-                x ^= x << 17;
-                assert_eq!(bucket.units(x), x / t, "{x} / {t}");
-            }
-        }
     }
 
     #[test]

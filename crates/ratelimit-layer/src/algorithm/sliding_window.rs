@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, nanos};
+use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 
 /// About `quota` units per sliding window, estimated from the counts of the current and
 /// the previous fixed window, as the paper describes:
@@ -184,7 +184,6 @@ impl Limiter for SlidingWindow {
         let admitted = cost == 0
             || u128::from(v.current + cost - 1) * w + u128::from(v.left) * u128::from(v.previous)
                 < u128::from(self.quota) * w;
-        let reset = Duration::from_nanos(v.left);
         if admitted {
             v.current += cost;
             *s = SlidingInner {
@@ -192,16 +191,20 @@ impl Limiter for SlidingWindow {
                 current: v.current,
                 previous: v.previous,
             };
-            Decision::Allow {
-                remaining: self.remaining(&v),
-                reset,
-            }
+            Decision::Allow
         } else {
             Decision::Reject {
                 retry_after: Duration::from_nanos(self.retry_after(&v, cost)),
-                remaining: self.remaining(&v),
-                reset,
             }
+        }
+    }
+
+    fn status(&self, state: &SlidingWindowState, now: u64) -> QuotaStatus {
+        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(s, now);
+        QuotaStatus {
+            remaining: self.remaining(&v),
+            reset: Duration::from_nanos(v.left),
         }
     }
 
@@ -244,6 +247,16 @@ mod tests {
         assert!(limiter.check(&state, 1_100 * MS, 1).is_allowed());
         let estimate = limiter.estimate(&state, 1_150 * MS);
         assert!((estimate - 9.5).abs() < 1e-9, "estimate {estimate}");
+        // 10 - 9.5 leaves no whole unit; the window ends in 850 ms.
+        assert_eq!(
+            limiter.status(&state, 1_150 * MS),
+            QuotaStatus {
+                remaining: 0,
+                reset: Duration::from_millis(850)
+            }
+        );
+        // At 1.5 s: 1 + 0.5 * 10 = 6, so 4 whole units are left.
+        assert_eq!(limiter.status(&state, 1_500 * MS).remaining, 4);
         assert!(limiter.check(&state, 1_150 * MS, 1).is_allowed());
         // Now 2 + 0.85 * 10 = 10.5: full.
         assert!(!limiter.check(&state, 1_150 * MS, 1).is_allowed());

@@ -5,19 +5,19 @@ mod service;
 
 use std::fmt;
 use std::hash::Hash;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderName;
 use http::request::Parts;
-use metrics::{Counter, Gauge};
+use metrics::Counter;
 use overload_signal::protocol::{InvalidRateLimitField, RateLimitPolicy};
 use tower_layer::Layer;
 
 pub use future::ResponseFuture;
 pub use service::RateLimit;
 
-use crate::algorithm::{Decision, InvalidLimit, Limiter};
+use crate::algorithm::{Decision, InvalidLimit, Limiter, QuotaStatus};
 use crate::clock::{Clock, RealClock};
 use crate::key::{ClientIp, header_value};
 use crate::keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, KeyClass, KeyedLimiter};
@@ -91,7 +91,28 @@ impl From<InvalidRateLimitField> for InvalidConfig {
 
 /// Decides a request: the limiter with its state(s) and key extractor, type-erased.
 trait Decide: Send + Sync + 'static {
-    fn decide(&self, parts: &Parts, cost: u32) -> (Decision, KeyClass);
+    /// The decision, the quota status when a rejection (always) or an admission (when
+    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class.
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass);
+}
+
+/// `limiter.check`, plus its status when the response will report it.
+#[inline]
+fn check_and_status<L: Limiter>(
+    limiter: &L,
+    state: &L::State,
+    now: u64,
+    cost: u32,
+    status_on_allow: bool,
+) -> (Decision, Option<QuotaStatus>) {
+    let decision = limiter.check(state, now, cost);
+    let want = !decision.is_allowed() || status_on_allow;
+    (decision, want.then(|| limiter.status(state, now)))
 }
 
 struct Global<L: Limiter, C> {
@@ -102,9 +123,16 @@ struct Global<L: Limiter, C> {
 
 impl<L: Limiter, C: Clock> Decide for Global<L, C> {
     #[inline]
-    fn decide(&self, _: &Parts, cost: u32) -> (Decision, KeyClass) {
+    fn decide(
+        &self,
+        _: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
         let now = self.clock.now();
-        (self.limiter.check(&self.state, now, cost), KeyClass::Global)
+        let (decision, status) =
+            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
+        (decision, status, KeyClass::Global)
     }
 }
 
@@ -122,13 +150,24 @@ where
     F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
 {
     #[inline]
-    fn decide(&self, parts: &Parts, cost: u32) -> (Decision, KeyClass) {
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
         match (self.extract)(parts) {
-            Some(key) => self.map.check(&key, cost),
+            Some(key) => self.map.check_with_status(&key, cost, status_on_allow),
             None => {
                 let now = self.map.clock().now();
-                let decision = self.map.limiter().check(&self.unkeyed, now, cost);
-                (decision, KeyClass::Unkeyed)
+                let (decision, status) = check_and_status(
+                    self.map.limiter(),
+                    &self.unkeyed,
+                    now,
+                    cost,
+                    status_on_allow,
+                );
+                (decision, status, KeyClass::Unkeyed)
             }
         }
     }
@@ -136,28 +175,54 @@ where
 
 type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
 
+/// The layer's counters, registered with the `metrics` recorder on first use (the first
+/// request), so that a recorder installed after the layer was built still receives them.
 pub(crate) struct Metrics {
-    pub(crate) admitted: Counter,
+    policy: String,
+    handles: OnceLock<Handles>,
+}
+
+struct Handles {
+    admitted: Counter,
     rejected: [Counter; 4],
 }
 
 impl Metrics {
     fn new(policy: &str) -> Self {
-        let policy = policy.to_owned();
-        let rejected = |class: KeyClass| metrics::counter!(METRIC_REJECTED, "policy" => policy.clone(), "key_class" => class.as_str());
         Self {
-            admitted: metrics::counter!(METRIC_ADMITTED, "policy" => policy.clone()),
-            rejected: [
-                rejected(KeyClass::Global),
-                rejected(KeyClass::Keyed),
-                rejected(KeyClass::Overflow),
-                rejected(KeyClass::Unkeyed),
-            ],
+            policy: policy.to_owned(),
+            handles: OnceLock::new(),
         }
     }
 
+    #[inline]
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| {
+            let policy = &self.policy;
+            let rejected = |class: KeyClass| {
+                metrics::counter!(METRIC_REJECTED, "policy" => policy.clone(), "key_class" => class.as_str())
+            };
+            Handles {
+                admitted: metrics::counter!(METRIC_ADMITTED, "policy" => policy.clone()),
+                // NOTE: in the declaration order of `KeyClass`; `rejected` indexes by it.
+                rejected: [
+                    rejected(KeyClass::Global),
+                    rejected(KeyClass::Keyed),
+                    rejected(KeyClass::Overflow),
+                    rejected(KeyClass::Unkeyed),
+                ],
+            }
+        })
+    }
+
+    #[inline]
+    pub(crate) fn admitted(&self) -> &Counter {
+        &self.handles().admitted
+    }
+
+    #[inline]
     pub(crate) fn rejected(&self, class: KeyClass) -> &Counter {
-        &self.rejected[class as usize]
+        &self.handles().rejected[class as usize]
     }
 }
 
@@ -247,7 +312,7 @@ impl<S> Layer<S> for RateLimitLayer {
 }
 
 /// Everything a keyed limit needs to build its [`Decide`], given the limiter and clock.
-type KeySetup<L, C> = Box<dyn FnOnce(L, C, usize, Duration, Gauge) -> Box<dyn Decide> + Send>;
+type KeySetup<L, C> = Box<dyn FnOnce(L, C, usize, Duration, &str) -> Box<dyn Decide> + Send>;
 
 /// Builds a [`RateLimitLayer`]; from [`RateLimitLayer::builder`].
 pub struct RateLimitBuilder<L: Limiter, C = RealClock> {
@@ -287,15 +352,17 @@ impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
         K: Hash + Eq + Clone + Send + Sync + 'static,
         F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
     {
-        self.key = Some(Box::new(move |limiter, clock, max_keys, sweep, gauge| {
-            Box::new(Keyed {
-                map: KeyedLimiter::with_clock(limiter, clock, max_keys)
-                    .sweep_interval(sweep)
-                    .keys_gauge(gauge),
-                extract,
-                unkeyed: L::State::default(),
-            })
-        }));
+        self.key = Some(Box::new(
+            move |limiter, clock, max_keys, sweep, policy: &str| {
+                Box::new(Keyed {
+                    map: KeyedLimiter::with_clock(limiter, clock, max_keys)
+                        .sweep_interval(sweep)
+                        .report_keys(policy),
+                    extract,
+                    unkeyed: L::State::default(),
+                })
+            },
+        ));
         self
     }
 
@@ -355,8 +422,8 @@ impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
 
     /// Builds the layer.
     ///
-    /// Metric handles are registered here: install the `metrics` recorder before building
-    /// the layer, or its metrics go nowhere.
+    /// Metrics are registered with the `metrics` recorder on the first request, so the
+    /// recorder may be installed after the layer is built, as long as it is before traffic.
     ///
     /// # Errors
     ///
@@ -386,13 +453,12 @@ impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
                 if self.max_keys == 0 {
                     return Err(InvalidConfig::ZeroMaxKeys);
                 }
-                let gauge = metrics::gauge!(METRIC_KEYS, "policy" => self.policy_name.clone());
                 setup(
                     self.limiter,
                     self.clock,
                     self.max_keys,
                     self.sweep_interval,
-                    gauge,
+                    &self.policy_name,
                 )
             }
         };

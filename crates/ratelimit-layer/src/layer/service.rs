@@ -12,7 +12,7 @@ use tower_service::Service;
 
 use super::Shared;
 use super::future::ResponseFuture;
-use crate::algorithm::Decision;
+use crate::algorithm::{Decision, QuotaStatus};
 
 /// Rejects requests above a rate before they reach the inner service; see the
 /// [crate docs](crate).
@@ -69,30 +69,32 @@ where
         let (parts, body) = request.into_parts();
         let shared = &*self.shared;
         let cost = shared.cost(&parts);
-        let (decision, class) = shared.decide.decide(&parts, cost);
-        let (retry_after, remaining, reset) = match decision {
-            Decision::Allow { remaining, reset } => {
-                shared.metrics.admitted.increment(1);
+        let (decision, status, class) = shared.decide.decide(&parts, cost, shared.admitted_headers);
+        // NOTE: `decide` reads the status for every rejection, and for admissions when the
+        // fields are wanted; a missing one (never expected) is reported as a full window.
+        let status = status.unwrap_or(QuotaStatus {
+            remaining: 0,
+            reset: shared.window,
+        });
+        let retry_after = match decision {
+            Decision::Allow => {
+                shared.metrics.admitted().increment(1);
                 let fields = shared.admitted_headers.then(|| {
                     (
                         shared.policy.to_header_value(),
-                        shared.policy.status(remaining, reset),
+                        shared.policy.status(status.remaining, status.reset),
                     )
                 });
                 let future = self.inner.call(Request::from_parts(parts, body));
                 return ResponseFuture::admitted(future, fields);
             }
-            Decision::Reject {
-                retry_after,
-                remaining,
-                reset,
-            } => (retry_after, remaining, reset),
-            Decision::OverCapacity { .. } => (shared.window, 0, shared.window),
+            Decision::Reject { retry_after } => retry_after,
+            Decision::OverCapacity { .. } => shared.window,
         };
         shared.metrics.rejected(class).increment(1);
         tracing::trace!(key_class = class.as_str(), ?retry_after, "rate limited");
         let protocol = Protocol::of_headers(&parts.headers);
-        ResponseFuture::rejected(rejection(shared, protocol, retry_after, remaining, reset))
+        ResponseFuture::rejected(rejection(shared, protocol, retry_after, status))
     }
 }
 
@@ -100,12 +102,14 @@ fn rejection<B: Default>(
     shared: &Shared,
     protocol: Protocol,
     retry_after: Duration,
-    remaining: u64,
-    reset: Duration,
+    status: QuotaStatus,
 ) -> Response<B> {
     let mut response = too_many_requests_response(protocol, retry_after);
     let headers = response.headers_mut();
     headers.insert(RATELIMIT_POLICY, shared.policy.to_header_value());
-    headers.insert(RATELIMIT, shared.policy.status(remaining, reset));
+    headers.insert(
+        RATELIMIT,
+        shared.policy.status(status.remaining, status.reset),
+    );
     response
 }

@@ -1,0 +1,191 @@
+//! The `demo-server` executable: startup line, a request, a busy port, graceful shutdown.
+#![cfg(unix)]
+
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::{SocketAddr, TcpStream};
+use std::process::{Child, Command, Stdio};
+use std::time::Duration;
+
+const BIN: &str = env!("CARGO_BIN_EXE_demo-server");
+
+/// A child server, killed on drop if the test failed before stopping it.
+struct Server {
+    child: Child,
+    addr: SocketAddr,
+}
+
+impl Drop for Server {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+fn start(args: &[&str]) -> Server {
+    let mut child = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--quiet"])
+        .args(args)
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("the demo-server binary starts");
+    let stdout = child.stdout.take().unwrap();
+    let mut first = String::new();
+    BufReader::new(stdout).read_line(&mut first).unwrap();
+    // "demo-server listening on http://127.0.0.1:PORT (GET /api, ...)"
+    let addr = first
+        .split("http://")
+        .nth(1)
+        .and_then(|rest| rest.split_whitespace().next())
+        .and_then(|a| a.parse().ok())
+        .unwrap_or_else(|| panic!("no address in the startup line: {first:?}"));
+    Server { child, addr }
+}
+
+fn get(addr: SocketAddr, path: &str) -> String {
+    let mut stream = TcpStream::connect(addr).unwrap();
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .unwrap();
+    write!(
+        stream,
+        "GET {path} HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n"
+    )
+    .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).unwrap();
+    response
+}
+
+/// Waits for the child to exit, at most 10 s.
+async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
+    for _ in 0..1000 {
+        if let Some(status) = child.try_wait().unwrap() {
+            return status;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    panic!("the server did not exit within 10 s");
+}
+
+// NOTE: the blocking socket and process calls are fine here: nothing else runs on this
+// runtime; it is only there for the sleep while waiting for the child to exit.
+#[tokio::test]
+async fn serves_refuses_a_busy_port_and_shuts_down_on_sigterm() {
+    let mut server = start(&["--model", "instant"]);
+    let health = get(server.addr, "/healthz");
+    assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
+    let api = get(server.addr, "/api");
+    assert!(api.starts_with("HTTP/1.1 200 OK"), "{api}");
+    let metrics = get(server.addr, "/metrics");
+    assert!(
+        metrics.contains("demo_server_requests_total{outcome=\"served\"} 1"),
+        "{metrics}"
+    );
+
+    // A second server on the same address fails with a clear message.
+    let busy = Command::new(BIN)
+        .args(["--listen", &server.addr.to_string()])
+        .output()
+        .unwrap();
+    assert_eq!(busy.status.code(), Some(1));
+    let stderr = String::from_utf8_lossy(&busy.stderr);
+    assert!(
+        stderr.contains("already in use") && stderr.contains("--listen"),
+        "{stderr}"
+    );
+
+    // SIGTERM: a graceful exit with status 0.
+    let killed = Command::new("kill")
+        .args(["-TERM", &server.child.id().to_string()])
+        .status()
+        .unwrap();
+    assert!(killed.success());
+    let status = wait_exit(&mut server.child).await;
+    assert!(status.success(), "{status:?}");
+    let mut stderr = String::new();
+    server
+        .child
+        .stderr
+        .take()
+        .unwrap()
+        .read_to_string(&mut stderr)
+        .unwrap();
+    assert!(stderr.contains("shutting down"), "{stderr}");
+}
+
+#[test]
+fn bad_flags_exit_with_usage_errors() {
+    let out = Command::new(BIN)
+        .args(["--stack", "half"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(stderr.contains("[possible values: full, none]"), "{stderr}");
+
+    let out = Command::new(BIN)
+        .args(["--algorithm", "fixed-window", "--burst", "3"])
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(2));
+    assert!(
+        String::from_utf8_lossy(&out.stderr).contains("burst"),
+        "{out:?}"
+    );
+
+    let help = Command::new(BIN).arg("--help").output().unwrap();
+    assert!(help.status.success());
+    let text = String::from_utf8_lossy(&help.stdout);
+    for flag in [
+        "--listen",
+        "--stack",
+        "--rate-limit",
+        "--burst",
+        "--algorithm",
+        "--key",
+        "--downstream",
+        "--model",
+    ] {
+        assert!(text.contains(flag), "{flag} missing from --help");
+    }
+}
+
+#[cfg(target_os = "linux")]
+/// One `GET /api` from `source` (an address on this machine), returning the status line.
+async fn get_from(source: &str, addr: SocketAddr) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind(format!("{source}:0").parse().unwrap()).unwrap();
+    let mut stream = socket.connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /api HTTP/1.1\r\nhost: test\r\nconnection: close\r\n\r\n")
+        .await
+        .unwrap();
+    let mut response = String::new();
+    stream.read_to_string(&mut response).await.unwrap();
+    response.lines().next().unwrap_or_default().to_owned()
+}
+
+// NOTE: Linux routes all of 127.0.0.0/8 to loopback; other systems configure 127.0.0.1 only.
+#[cfg(target_os = "linux")]
+#[tokio::test]
+async fn key_ip_limits_each_client_address_separately() {
+    let server = start(&[
+        "--model",
+        "instant",
+        "--key",
+        "ip",
+        "--rate-limit",
+        "1",
+        "--burst",
+        "1",
+    ]);
+    assert_eq!(get_from("127.0.0.1", server.addr).await, "HTTP/1.1 200 OK");
+    assert_eq!(
+        get_from("127.0.0.1", server.addr).await,
+        "HTTP/1.1 429 Too Many Requests"
+    );
+    // Another client address (all of 127.0.0.0/8 is loopback on Linux) has its own limit.
+    assert_eq!(get_from("127.0.0.2", server.addr).await, "HTTP/1.1 200 OK");
+}
