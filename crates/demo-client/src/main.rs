@@ -191,7 +191,7 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
     };
     let outcome = tokio::select! {
         r = runs => r,
-        () = shutdown_signal() => Err("interrupted: the server children were stopped".into()),
+        () = shutdown_signal() => Err("interrupted: the demo-server children were killed".into()),
     };
     if !done.is_empty() {
         print_and_write(experiment, "scenario", &done)?;
