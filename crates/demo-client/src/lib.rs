@@ -7,11 +7,17 @@
 //! stack (backoff with jitter, a retry budget, the attempt header, and respect for the stop
 //! signal) let it up at once.
 //!
+//! - [`cli`]: the command line of the `demo-client` binary;
 //! - [`duration`]: command-line durations such as `500ms`, `2s`, `1m`;
-//! - [`strategy`]: the retry strategies compared;
+//! - [`strategy`] and [`stack`]: the retry strategies compared, and their client stacks;
+//! - [`client`]: the stack's pieces (attempt recording, body collection, the simulation's
+//!   in-process hop and listen queue, a counting retry budget);
+//! - [`load`]: the load generator;
+//! - [`experiment`], [`drive`], [`scenario`], [`simulate`], [`server`], [`process`]: the
+//!   outage experiment, against real processes or in virtual time;
 //! - [`record`]: the per-second recorder;
 //! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
-//! - [`output`]: the CSV and the SVG plot of a scenario;
+//! - [`output`]: the CSV and the SVG plots;
 //! - [`plot`]: the dependency-free SVG plotter.
 //!
 //! # Feature flags

@@ -1,15 +1,20 @@
 //! The outage experiment in virtual time, in process (`demo-client simulate`).
 //!
-//! The server is `demo-server`'s application (its latency model, and its middleware for
-//! `--stack full`) reached through [`Loopback`], an in-process hop on which a request the
-//! client gave up on is still served, as it would be over a socket. The pause is the model's
-//! pause switch, which behaves like SIGSTOP on the real server: requests inside stop
-//! progressing, new ones wait in a bounded backlog (the listen queue) that is drained on
-//! resume. The clients are the same load generator and client stack as `scenario`.
+//! The server is `demo-server`'s application (its latency model, and the middleware of
+//! `--stack full`) reached through [`Loopback`], an in-process hop with one task per request.
+//! The pause stops the whole server like SIGSTOP: a [`Gate`] in front of the middleware holds
+//! new requests in a bounded listen queue (drained on resume; arrivals to a full queue are
+//! never seen, as the kernel drops their SYNs), and the model's pause switch freezes the
+//! requests inside. [`Abandoned`] chooses what the server does with a request whose client
+//! gave up: serve it to the end (the article's server, the default) or drop it once the
+//! server runs (hyper, hence the real `demo-server`). The clients are the same load
+//! generator and client stack as `scenario`.
 //!
 //! Each run gets a fresh single-threaded runtime with tokio's clock paused: time only moves
-//! when every task waits, so a 95-second run takes as long as its work, and with the same
-//! seed every run is the same, second for second.
+//! when every task waits, so a 95-second run takes as long as its work. With the same seed
+//! the figures and the per-second successes, errors, timeouts and attempts are the same; only
+//! the split of some rejections between budget refusals and stop signals can vary, because
+//! `demo-server`'s pause watcher uses an unbiased `tokio::select!`.
 
 use std::time::Duration;
 
