@@ -1,7 +1,7 @@
 //! The demo server as the simulation runs it: `demo-server`'s application with the same
 //! middleware as the binary.
 
-use demo_server::app::{AppConfig, Stack, app};
+use demo_server::app::{AppConfig, Stack, app, default_rate_limit};
 use demo_server::model::Model;
 use overload_signal::OverloadSignalLayer;
 use ratelimit_layer::RateLimitConfig;
@@ -9,15 +9,10 @@ use tower::BoxError;
 
 use crate::experiment::ServerStack;
 
-/// The rate limit of `demo-server --stack full` with the article's model: 250 requests per
-/// second with bursts of 5 (the binary's defaults for that model).
-pub const ARTICLE_RATE_LIMIT: u32 = 250;
-/// The token bucket burst of `demo-server --stack full` with the article's model: 5.
-pub const ARTICLE_BURST: u32 = 5;
-
 /// `demo-server`'s router over `model`, with the middleware of `--stack full` (the overload
-/// signal layer with its defaults, the rate limiter at [`ARTICLE_RATE_LIMIT`] with bursts of
-/// [`ARTICLE_BURST`]) or of `--stack none` (nothing).
+/// signal layer with its defaults, the rate limiter at the binary's default rate and burst
+/// for the model: 250 requests per second with bursts of 5 for the article's) or of
+/// `--stack none` (nothing).
 ///
 /// # Errors
 ///
@@ -25,15 +20,18 @@ pub const ARTICLE_BURST: u32 = 5;
 pub fn router(stack: ServerStack, model: Model) -> Result<axum::Router, BoxError> {
     let stack = match stack {
         ServerStack::None => Stack::None,
-        ServerStack::Full => Stack::Full {
-            overload: OverloadSignalLayer::default(),
-            rate_limit: RateLimitConfig {
-                rate: ARTICLE_RATE_LIMIT,
-                burst: Some(ARTICLE_BURST),
-                ..RateLimitConfig::default()
+        ServerStack::Full => {
+            let (rate, burst) = default_rate_limit(model.latency());
+            Stack::Full {
+                overload: OverloadSignalLayer::default(),
+                rate_limit: RateLimitConfig {
+                    rate,
+                    burst: Some(burst),
+                    ..RateLimitConfig::default()
+                }
+                .layer()?,
             }
-            .layer()?,
-        },
+        }
     };
     Ok(app(AppConfig::new(model).stack(stack)))
 }
