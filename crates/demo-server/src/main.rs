@@ -9,8 +9,8 @@ use std::time::Duration;
 use axum::extract::ConnectInfo;
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use demo_server::app::{
-    ARTICLE_BURST, ARTICLE_RATE_LIMIT, AppConfig, MMC_BURST, MMC_RATE_LIMIT, ServerStats, Stack,
-    app,
+    ARTICLE_BURST, ARTICLE_RATE_LIMIT, Abandoned, AppConfig, MMC_BURST, MMC_RATE_LIMIT,
+    ServerStats, Stack, app,
 };
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
@@ -152,9 +152,23 @@ struct Cli {
     #[arg(long, value_name = "N", help_heading = "M/M/c model")]
     seed: Option<u64>,
 
+    /// What to do with a request whose client went away: cancel its work (what hyper
+    /// allows), or serve it to the end anyway, as the article's server (and many real ones)
+    /// do.
+    #[arg(long, value_enum, default_value_t = AbandonedArg::Cancel)]
+    abandoned: AbandonedArg,
+
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AbandonedArg {
+    /// Stop working on it.
+    Cancel,
+    /// Finish its work; it keeps counting toward the concurrency.
+    Serve,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -196,6 +210,7 @@ enum KeyArg {
 /// Everything the flags describe, validated.
 struct Plan {
     listen: SocketAddr,
+    abandoned: Abandoned,
     latency: LatencyModel,
     stack: Stack,
     downstream: Option<Downstream>,
@@ -245,6 +260,10 @@ impl Cli {
             .map_err(|e| e.to_string())?;
         Ok(Plan {
             listen: self.listen,
+            abandoned: match self.abandoned {
+                AbandonedArg::Cancel => Abandoned::Cancel,
+                AbandonedArg::Serve => Abandoned::Serve,
+            },
             latency,
             stack,
             downstream,
@@ -331,6 +350,7 @@ async fn serve(plan: Plan) -> Result<(), String> {
         Stack::None => None,
     };
     let mut config = AppConfig::new(model.clone())
+        .abandoned(plan.abandoned)
         .stack(plan.stack)
         .metrics(metrics.clone());
     if let Some(downstream) = plan.downstream {

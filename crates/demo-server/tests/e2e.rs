@@ -7,7 +7,7 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use bytes::Bytes;
-use demo_server::app::{AppConfig, Stack, app};
+use demo_server::app::{Abandoned, AppConfig, Stack, app};
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, Model};
 use http::{Request, StatusCode};
@@ -182,6 +182,36 @@ async fn a_client_that_goes_away_stops_counting_toward_concurrency() {
     assert!(
         eventually(|| model.concurrency() == 0).await,
         "the abandoned request still counts"
+    );
+}
+
+#[tokio::test]
+async fn with_abandoned_serve_a_client_that_goes_away_still_counts() {
+    let slow = ArticleModel::builder()
+        .base(Duration::from_secs(60))
+        .max_delay(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    let model = Model::new(slow.into());
+    let addr = serve(app(
+        AppConfig::new(model.clone()).abandoned(Abandoned::Serve)
+    ))
+    .await;
+
+    let mut stream = TcpStream::connect(addr).await.unwrap();
+    stream
+        .write_all(b"GET /api HTTP/1.1\r\nhost: test\r\n\r\n")
+        .await
+        .unwrap();
+    assert!(eventually(|| model.concurrency() == 1).await);
+    drop(stream);
+    // The cancelling server lets go within milliseconds (the test above); this one keeps the
+    // request for the model's full minute.
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        model.concurrency(),
+        1,
+        "the abandoned request is still served"
     );
 }
 
