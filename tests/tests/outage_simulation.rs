@@ -6,9 +6,9 @@
 //!   observation;
 //! - `full` against the full server stack: it recovers within a few seconds of resume, and the
 //!   clients sent at most 1.1 times their normal load during the pause;
-//! - `exponential` against a bare server: it recovers, but more slowly than `full`. This one
-//!   does not hold with this model and these parameters (see the ignored test's reason): the
-//!   article's exponential client stays down too.
+//! - `exponential` against a bare server: it recovers, but more slowly than `full`: about two
+//!   minutes after resume here, once its clients' doubling waits have thinned their retries
+//!   enough for the abandoned requests to drain, so its run observes for four minutes.
 
 use std::num::NonZeroUsize;
 use std::sync::OnceLock;
@@ -27,6 +27,16 @@ const SEED: u64 = 42;
 /// The article's load (1000 clients, 10 s think time, 2 s timeout) with shorter phases: 6 s
 /// of steady state, a 10 s pause, 30 s of observation.
 fn run(strategy: Strategy, stack: ServerStack, seed: u64) -> RunRecord {
+    run_observing(strategy, stack, seed, Duration::from_secs(30))
+}
+
+/// [`run`], observing for `observe` after resume.
+fn run_observing(
+    strategy: Strategy,
+    stack: ServerStack,
+    seed: u64,
+    observe: Duration,
+) -> RunRecord {
     let load = LoadConfig::new(
         NonZeroUsize::new(1000).unwrap(),
         Duration::from_secs(10),
@@ -35,12 +45,7 @@ fn run(strategy: Strategy, stack: ServerStack, seed: u64) -> RunRecord {
     )
     .unwrap();
     let run = SimulatedRun {
-        timing: Timing::new(
-            Duration::from_secs(6),
-            Duration::from_secs(10),
-            Duration::from_secs(30),
-        )
-        .unwrap(),
+        timing: Timing::new(Duration::from_secs(6), Duration::from_secs(10), observe).unwrap(),
         load,
         timeout: Duration::from_secs(2),
         abandoned: Abandoned::Serve,
@@ -55,7 +60,16 @@ fn fixed() -> &'static RunRecord {
 
 fn exponential() -> &'static RunRecord {
     static RUN: OnceLock<RunRecord> = OnceLock::new();
-    RUN.get_or_init(|| run(Strategy::Exponential, ServerStack::None, SEED))
+    // NOTE: four minutes of observation: the article's exponential client needs about two to
+    // bring the server back in this model (it stays down for the first 30 s, like fixed).
+    RUN.get_or_init(|| {
+        run_observing(
+            Strategy::Exponential,
+            ServerStack::None,
+            SEED,
+            Duration::from_secs(240),
+        )
+    })
 }
 
 fn full() -> &'static RunRecord {
@@ -101,15 +115,15 @@ fn the_full_stack_recovers_within_seconds_without_amplification() {
 }
 
 #[test]
-#[ignore = "does not hold: with abandoned requests served (the article's server) exponential \
-            backoff without a budget stays down like fixed; with them cancelled (hyper) every \
-            strategy recovers at once; run with --ignored to see it fail"]
 fn exponential_backoff_recovers_but_more_slowly_than_the_full_stack() {
     let e = &exponential().report;
     let f = &full().report;
     let slow = e.recovery.expect("exponential backoff recovers");
     let fast = f.recovery.expect("the full stack recovers");
     assert!(slow > fast, "exponential {slow} s, full {fast} s");
+    // Not a near tie: the article's exponential client needs well over the 30 s that
+    // `fixed` is observed for.
+    assert!(slow >= 30, "exponential {slow} s");
 }
 
 #[test]

@@ -17,7 +17,7 @@ use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use ratelimit_layer::{Algorithm, ClientIp, KeyBy, RateLimitConfig};
-use tokio::net::TcpListener;
+use tokio::net::{TcpListener, TcpSocket};
 
 mod duration;
 
@@ -152,6 +152,13 @@ struct Cli {
     #[arg(long, value_name = "N", help_heading = "M/M/c model")]
     seed: Option<u64>,
 
+    /// Length of the listen queue: connections the kernel accepts and holds while the server
+    /// does not take them (for instance while it is stopped with SIGSTOP). The kernel caps it
+    /// at net.core.somaxconn. 1024 is tokio's default; Go's net/http (the article's server)
+    /// uses somaxconn, 4096 on current Linux.
+    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    backlog: u32,
+
     /// What to do with a request whose client went away: cancel its work (what hyper
     /// allows), or serve it to the end anyway, as the article's server (and many real ones)
     /// do.
@@ -210,6 +217,7 @@ enum KeyArg {
 /// Everything the flags describe, validated.
 struct Plan {
     listen: SocketAddr,
+    backlog: u32,
     abandoned: Abandoned,
     latency: LatencyModel,
     stack: Stack,
@@ -260,6 +268,7 @@ impl Cli {
             .map_err(|e| e.to_string())?;
         Ok(Plan {
             listen: self.listen,
+            backlog: self.backlog,
             abandoned: match self.abandoned {
                 AbandonedArg::Cancel => Abandoned::Cancel,
                 AbandonedArg::Serve => Abandoned::Serve,
@@ -335,10 +344,24 @@ fn main() -> ExitCode {
     }
 }
 
+/// Binds `addr` and listens with a queue of `backlog` connections (the kernel caps it at
+/// `net.core.somaxconn`).
+fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
+    let socket = if addr.is_ipv4() {
+        TcpSocket::new_v4()?
+    } else {
+        TcpSocket::new_v6()?
+    };
+    // NOTE: as std's `TcpListener::bind` does on Unix; it does not let two servers listen on
+    // one port, so a busy port is still an error.
+    #[cfg(unix)]
+    socket.set_reuseaddr(true)?;
+    socket.bind(addr)?;
+    socket.listen(backlog)
+}
+
 async fn serve(plan: Plan) -> Result<(), String> {
-    let listener = TcpListener::bind(plan.listen)
-        .await
-        .map_err(|e| bind_error(plan.listen, &e))?;
+    let listener = listen(plan.listen, plan.backlog).map_err(|e| bind_error(plan.listen, &e))?;
     let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()

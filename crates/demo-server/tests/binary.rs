@@ -72,7 +72,14 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 // runtime; it is only there for the sleep while waiting for the child to exit.
 #[tokio::test]
 async fn serves_refuses_a_busy_port_and_shuts_down_on_sigterm() {
-    let mut server = start(&["--model", "instant"]);
+    let mut server = start(&[
+        "--model",
+        "instant",
+        "--backlog",
+        "4096",
+        "--abandoned",
+        "serve",
+    ]);
     let health = get(server.addr, "/healthz");
     assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
     let api = get(server.addr, "/api");
@@ -134,6 +141,15 @@ fn bad_flags_exit_with_usage_errors() {
         "{out:?}"
     );
 
+    for bad in [["--backlog", "0"], ["--abandoned", "sometimes"]] {
+        let out = Command::new(BIN).args(bad).output().unwrap();
+        assert_eq!(out.status.code(), Some(2), "{bad:?}");
+        assert!(
+            String::from_utf8_lossy(&out.stderr).contains(bad[0]),
+            "{out:?}"
+        );
+    }
+
     let help = Command::new(BIN).arg("--help").output().unwrap();
     assert!(help.status.success());
     let text = String::from_utf8_lossy(&help.stdout);
@@ -146,6 +162,8 @@ fn bad_flags_exit_with_usage_errors() {
         "--key",
         "--downstream",
         "--model",
+        "--backlog",
+        "--abandoned",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
