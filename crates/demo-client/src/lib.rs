@@ -27,7 +27,6 @@
 pub mod cli;
 pub mod client;
 pub mod drive;
-pub mod duration;
 pub mod experiment;
 pub mod load;
 pub mod output;
@@ -40,3 +39,7 @@ pub mod server;
 pub mod simulate;
 pub mod stack;
 pub mod strategy;
+
+// NOTE: one parser for both command lines; it lives in demo-server, which this crate
+// already depends on.
+pub use demo_server::duration;

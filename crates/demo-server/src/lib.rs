@@ -44,6 +44,7 @@
 
 pub mod app;
 pub mod downstream;
+pub mod duration;
 pub mod model;
 
 pub use app::app;

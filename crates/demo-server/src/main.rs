@@ -19,9 +19,7 @@ use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use ratelimit_layer::{Algorithm, ClientIp, KeyBy, RateLimitConfig};
 use tokio::net::{TcpListener, TcpSocket};
 
-mod duration;
-
-use duration::parse_duration;
+use demo_server::duration::parse_duration;
 
 const ABOUT: &str = "A demo backend that behaves like an overloaded server.";
 
@@ -594,7 +592,7 @@ mod tests {
             (&["--listen", "localhost"], "invalid socket address"),
             (&["--rate-limit", "0"], "0 is not in 1.."),
             (&["--algorithm", "leaky-bucket"], "token-bucket"),
-            (&["--base-delay", "soon"], "unit"),
+            (&["--base-delay", "soon"], "invalid duration \"soon\""),
             (&["--workers", "0"], "zero"),
             (&["--bogus"], "unexpected argument '--bogus'"),
         ] {
