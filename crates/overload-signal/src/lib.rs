@@ -88,16 +88,22 @@
 //!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal.
 //!   Off by default because the crate is plain Tower over `http`, usable with tonic, hyper
 //!   or any other server; only axum users should pay for axum.
+//! - `test-util` (off by default): [`clock::FakeClock`], a clock that moves only when told
+//!   to, for tests of code that takes a [`clock::Clock`].
 
 #[cfg(feature = "axum")]
 mod axum;
+pub mod clock;
+mod config_error;
 mod error;
 pub mod histogram;
+mod macros;
 pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
 
+pub use config_error::{ConfigError, ConfigErrorKind};
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot, InvalidHistogram};
 pub use signal::{InvalidStopRule, OverloadSignal, OverloadSignalLayer, StopRule};

@@ -1,0 +1,212 @@
+//! The one clock abstraction of the workspace: where every limiter, budget and window
+//! reads the time.
+//!
+//! Time is a `u64` of nanoseconds since an origin the clock chooses, which lasts 584 years
+//! and lets a whole time-stamped state fit in one atomic word. Layer code never reads
+//! `std::time::Instant`; it reads a [`Clock`]:
+//!
+//! - [`TokioClock`], the default everywhere, reads [`tokio::time::Instant`], so tests that
+//!   pause tokio's time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`)
+//!   move every limiter, budget and histogram with it;
+//! - `FakeClock` (with the `test-util` feature) moves only when told to, for tests that run
+//!   without a tokio runtime, and for property and model tests.
+//!
+//! Implement [`Clock`] yourself to read another source, for example a TSC-based clock where
+//! the operating system's monotonic clock is slow to read.
+//!
+//! ```
+//! use std::time::Duration;
+//! use overload_signal::clock::{Clock, TokioClock};
+//!
+//! # #[tokio::main(flavor = "current_thread", start_paused = true)]
+//! # async fn main() {
+//! let clock = TokioClock::new();
+//! tokio::time::advance(Duration::from_millis(250)).await;
+//! assert_eq!(clock.now(), 250_000_000);
+//! # }
+//! ```
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// A monotonic source of time: nanoseconds since an origin of the clock's choosing.
+///
+/// Implementations must never go backwards (callers tolerate a clock that stands still)
+/// and must be cheap: the clock is read on every request.
+pub trait Clock: Send + Sync + 'static {
+    /// Nanoseconds elapsed since this clock's origin.
+    fn now(&self) -> u64;
+}
+
+impl<C: Clock + ?Sized> Clock for Arc<C> {
+    #[inline]
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+}
+
+impl<C: Clock + ?Sized> Clock for Box<C> {
+    #[inline]
+    fn now(&self) -> u64 {
+        (**self).now()
+    }
+}
+
+/// [`tokio::time::Instant`], measured from when the clock was made.
+///
+/// It stops when a test pauses tokio's time and moves with `tokio::time::advance`. It
+/// reads the operating system's monotonic clock otherwise: cheap where `clock_gettime`
+/// runs in the vDSO, tens of nanoseconds on some virtual machines (see the workspace's
+/// `BENCHMARKS.md`).
+#[derive(Clone, Copy, Debug)]
+pub struct TokioClock {
+    origin: Instant,
+}
+
+impl TokioClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioClock {
+    /// The same as [`TokioClock::new`]: the origin is now.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for TokioClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        saturating_nanos(Instant::now().saturating_duration_since(self.origin))
+    }
+}
+
+/// `duration` in whole nanoseconds, saturating at `u64::MAX` (584 years).
+///
+/// Cheaper than `u64::try_from(duration.as_nanos())`, whose 128-bit arithmetic costs more
+/// than the rest of a limiter decision.
+#[inline]
+pub const fn saturating_nanos(duration: Duration) -> u64 {
+    duration
+        .as_secs()
+        .saturating_mul(1_000_000_000)
+        .saturating_add(duration.subsec_nanos() as u64)
+}
+
+#[cfg(any(test, feature = "test-util"))]
+pub use fake::FakeClock;
+
+#[cfg(any(test, feature = "test-util"))]
+mod fake {
+    use std::fmt;
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::time::Duration;
+
+    use super::{Clock, saturating_nanos};
+
+    /// A clock that moves only when told to; clones share the same time. Starts at zero.
+    ///
+    /// Only with the `test-util` feature.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use overload_signal::clock::{Clock, FakeClock};
+    ///
+    /// let clock = FakeClock::new();
+    /// let seen_by_limiter = clock.clone();
+    /// clock.advance(Duration::from_millis(150));
+    /// assert_eq!(seen_by_limiter.now(), 150_000_000);
+    /// ```
+    #[derive(Clone, Default)]
+    pub struct FakeClock {
+        nanos: Arc<AtomicU64>,
+    }
+
+    impl FakeClock {
+        /// A clock at zero.
+        pub fn new() -> Self {
+            Self::default()
+        }
+
+        /// Moves the clock forward by `by`, saturating at the end of time.
+        pub fn advance(&self, by: Duration) {
+            let by = saturating_nanos(by);
+            let _ = self
+                .nanos
+                .fetch_update(Ordering::AcqRel, Ordering::Acquire, |n| {
+                    Some(n.saturating_add(by))
+                });
+        }
+
+        /// Sets the clock to `at` after its origin. Setting it backwards is ignored: clocks
+        /// are monotonic.
+        pub fn set(&self, at: Duration) {
+            self.nanos.fetch_max(saturating_nanos(at), Ordering::AcqRel);
+        }
+    }
+
+    impl Clock for FakeClock {
+        #[inline]
+        fn now(&self) -> u64 {
+            self.nanos.load(Ordering::Acquire)
+        }
+    }
+
+    impl fmt::Debug for FakeClock {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.debug_struct("FakeClock")
+                .field("nanos", &self.now())
+                .finish()
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn fake_clock_is_shared_and_monotonic() {
+        let a = FakeClock::new();
+        let b = a.clone();
+        a.advance(Duration::from_secs(1));
+        assert_eq!(b.now(), 1_000_000_000);
+        b.set(Duration::from_millis(500));
+        assert_eq!(a.now(), 1_000_000_000, "set backwards is ignored");
+        b.set(Duration::from_secs(2));
+        assert_eq!(a.now(), 2_000_000_000);
+        a.advance(Duration::MAX);
+        assert_eq!(a.now(), u64::MAX);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_clock_follows_paused_time() {
+        let clock = TokioClock::new();
+        assert_eq!(clock.now(), 0);
+        tokio::time::advance(Duration::from_millis(250)).await;
+        assert_eq!(clock.now(), 250_000_000);
+        let shared: Arc<dyn Clock> = Arc::new(clock);
+        assert_eq!(shared.now(), 250_000_000);
+    }
+
+    #[test]
+    fn saturating_nanos_matches_as_nanos_and_saturates() {
+        for d in [
+            Duration::ZERO,
+            Duration::from_nanos(1),
+            Duration::from_millis(1500),
+            Duration::from_secs(584 * 365 * 24 * 3600),
+        ] {
+            assert_eq!(u128::from(saturating_nanos(d)), d.as_nanos());
+        }
+        assert_eq!(saturating_nanos(Duration::MAX), u64::MAX);
+    }
+}
