@@ -88,7 +88,7 @@
 //!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal.
 //!   Off by default because the crate is plain Tower over `http`, usable with tonic, hyper
 //!   or any other server; only axum users should pay for axum.
-//! - `test-util` (off by default): [`clock::FakeClock`], a clock that moves only when told
+//! - `test-util` (off by default): `clock::FakeClock`, a clock that moves only when told
 //!   to, for tests of code that takes a [`clock::Clock`].
 
 #[cfg(feature = "axum")]
