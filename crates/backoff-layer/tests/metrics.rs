@@ -40,7 +40,7 @@ async fn counters_by_name_and_reason() {
 
     let builder = || {
         RetryLayer::builder()
-            .backoff(Fixed::new(100 * MS).unwrap())
+            .backoff(Fixed::every(100 * MS).unwrap())
             .seeds(Seeds::from_seed(5))
     };
     // Three attempts, then give up on max attempts.

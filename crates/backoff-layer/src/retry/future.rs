@@ -17,10 +17,11 @@ use rand::rngs::SmallRng;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower_service::Service;
 
-use super::{AttemptTimedOut, Config, GaveUp, GiveUpReason, RetryInfo, metric};
+use super::{Config, metric};
 use crate::BoxError;
 use crate::body::{BodySource, ReplayBody};
 use crate::classify::Classification;
+use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry): one request, all its attempts and the

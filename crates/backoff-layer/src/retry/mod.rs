@@ -2,7 +2,6 @@
 //!
 //! See the [crate docs](crate) for the behaviour, defaults, outcomes and metrics.
 
-mod error;
 pub mod future;
 mod layer;
 mod service;
@@ -10,7 +9,6 @@ mod service;
 use std::sync::Arc;
 use std::time::Duration;
 
-pub use error::{AttemptTimedOut, GaveUp, GiveUpReason, InvalidRetryConfig, RetryInfo};
 pub use layer::{RetryBuilder, RetryLayer};
 pub use service::Retry;
 

@@ -32,24 +32,11 @@ impl<S: Clone> Clone for Retry<S> {
 }
 
 impl<S> Retry<S> {
-    pub(crate) const fn from_config(inner: S, config: Arc<Config>) -> Self {
+    pub(crate) const fn new(inner: S, config: Arc<Config>) -> Self {
         Self { inner, config }
     }
 
-    /// The inner service.
-    pub const fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub const fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    overload_signal::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S>
