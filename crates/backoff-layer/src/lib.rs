@@ -122,7 +122,10 @@
 //! # Metrics
 //!
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade (install any recorder;
-//! none is installed here):
+//! none is installed here). Each layer registers its metrics once, with the recorder
+//! installed when it serves its first request, and keeps the handles: install the recorder
+//! before the first request (building the layer before it is fine). Every
+//! `backoff_layer_gave_up_total` series is registered at zero with the others.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|

@@ -1,4 +1,4 @@
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use overload_signal::ConfigError;
@@ -249,6 +249,7 @@ impl RetryBuilder {
                     .unwrap_or_else(|| Arc::new(DefaultClassifier)),
                 body_limit: self.body_limit,
                 seeds: self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os())),
+                metrics: OnceLock::new(),
             }),
         }
     }
