@@ -8,20 +8,43 @@
 //!
 //! A limiter ([`Limiter`]) holds only configuration; the state it updates is a separate
 //! value ([`Limiter::State`]), one per key, so one limiter serves a single global limit
-//! and a keyed map alike. All of them take the time as nanoseconds from a [`Clock`](crate::Clock)
-//! and a cost (weight) per request: a heavier request takes more of the quota. A cost of
-//! zero is always admitted and consumes nothing.
+//! and a keyed map alike. All of them take the time as nanoseconds from a
+//! [`Clock`] and a cost (weight) per request: a heavier request takes more of the quota. A
+//! cost of zero is always admitted and consumes nothing.
+//!
+//! Each algorithm takes what it cannot do without in `new` (the rate, or the quota) and
+//! the rest through its builder; every invalid setting is a [`ConfigError`] naming it:
+//!
+//! ```
+//! use std::time::Duration;
+//! use ratelimit_layer::{FixedWindow, SlidingWindow, TokenBucket};
+//!
+//! // 100 per second, bursts of 100 (the defaults).
+//! let bucket = TokenBucket::new(100)?;
+//! // 100 per second, bursts of 20.
+//! let bucket = TokenBucket::builder(100).burst(20).build()?;
+//! // 600 per minute in a sliding window.
+//! let sliding = SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?;
+//! // A zero burst is refused by name.
+//! let err = TokenBucket::builder(100).burst(0).build().unwrap_err();
+//! assert_eq!(err.to_string(), "burst must be at least 1, got 0");
+//! # let _ = (bucket, sliding, FixedWindow::new(1)?);
+//! # Ok::<(), ratelimit_layer::ConfigError>(())
+//! ```
+//!
+//! [`Clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/trait.Clock.html
 
 mod fixed_window;
 mod gcra;
 mod sliding_window;
 
-use std::fmt;
 use std::time::Duration;
 
-pub use fixed_window::{FixedWindow, FixedWindowState};
-pub use gcra::{TokenBucket, TokenBucketState};
-pub use sliding_window::{SlidingWindow, SlidingWindowState};
+use overload_signal::ConfigError;
+
+pub use fixed_window::{FixedWindow, FixedWindowBuilder, FixedWindowState};
+pub use gcra::{TokenBucket, TokenBucketBuilder, TokenBucketState};
+pub use sliding_window::{SlidingWindow, SlidingWindowBuilder, SlidingWindowState};
 
 /// A rate-limiting algorithm: decides whether a request of some cost is admitted now.
 ///
@@ -94,62 +117,24 @@ pub struct QuotaStatus {
     pub reset: Duration,
 }
 
-/// Why a limiter's configuration was refused.
-///
-/// The rules, for every algorithm:
-///
-/// - the rate or quota is not zero ([`ZeroRate`](Self::ZeroRate));
-/// - the period or window is not zero ([`ZeroPeriod`](Self::ZeroPeriod));
-/// - the token bucket's burst is not zero ([`ZeroBurst`](Self::ZeroBurst));
-/// - the token bucket admits at most one unit per nanosecond
-///   ([`RateTooHigh`](Self::RateTooHigh));
-/// - periods, windows and `burst * emission interval` fit in 584 years of nanoseconds
-///   ([`TooLong`](Self::TooLong));
-/// - a configured request cost does not exceed the burst (token bucket) or the quota
-///   (windows) ([`CostExceedsCapacity`](Self::CostExceedsCapacity)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidLimit {
-    /// The rate (token bucket) or quota (windows) is zero.
-    ZeroRate,
-    /// The period (token bucket) or window (windows) is zero.
-    ZeroPeriod,
-    /// The token bucket's burst is zero.
-    ZeroBurst,
-    /// More than one unit per nanosecond.
-    RateTooHigh,
-    /// A duration does not fit in `u64` nanoseconds.
-    TooLong,
-    /// A request cost larger than the burst or quota could never be admitted.
-    CostExceedsCapacity {
-        /// The configured cost.
-        cost: u32,
-        /// The burst or quota.
-        capacity: u64,
-    },
-}
-
-impl fmt::Display for InvalidLimit {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::ZeroRate => f.write_str("rate limit rate (or window quota) must not be zero"),
-            Self::ZeroPeriod => f.write_str("rate limit period (or window) must not be zero"),
-            Self::ZeroBurst => f.write_str("rate limit burst must not be zero"),
-            Self::RateTooHigh => {
-                f.write_str("rate limit rate is too high: more than one unit per nanosecond")
-            }
-            Self::TooLong => f.write_str("rate limit period, window or burst span is too long"),
-            Self::CostExceedsCapacity { cost, capacity } => write!(
-                f,
-                "request cost {cost} exceeds the burst or quota {capacity}, so no such request could ever be admitted"
-            ),
-        }
+/// `duration` in whole nanoseconds, or an error naming `field` if it is zero or does not
+/// fit in a `u64` (584 years).
+fn positive_nanos(field: &'static str, duration: Duration) -> Result<u64, ConfigError> {
+    if duration.is_zero() {
+        return Err(ConfigError::out_of_range(
+            field,
+            duration,
+            "greater than zero",
+        ));
     }
+    u64::try_from(duration.as_nanos())
+        .map_err(|_| ConfigError::out_of_range(field, duration, "at most 584 years"))
 }
 
-impl std::error::Error for InvalidLimit {}
-
-/// A duration in whole nanoseconds, if it fits in a `u64`.
-fn nanos(d: Duration) -> Result<u64, InvalidLimit> {
-    u64::try_from(d.as_nanos()).map_err(|_| InvalidLimit::TooLong)
+/// `value` if it is not zero, or an error naming `field`.
+fn non_zero(field: &'static str, value: u32) -> Result<u32, ConfigError> {
+    if value == 0 {
+        return Err(ConfigError::out_of_range(field, value, "at least 1"));
+    }
+    Ok(value)
 }
