@@ -195,11 +195,11 @@ impl RateLimitConfig {
         if self.rate == 0 {
             return Err(ConfigError::out_of_range("rate", self.rate, "at least 1"));
         }
-        if self.period.is_zero() {
+        if self.period.is_zero() || u64::try_from(self.period.as_nanos()).is_err() {
             return Err(ConfigError::out_of_range(
                 "period",
                 self.period,
-                "greater than zero",
+                "greater than zero and at most 584 years",
             ));
         }
         match self.algorithm {
@@ -302,9 +302,17 @@ mod tests {
                     period: Duration::ZERO,
                     ..RateLimitConfig::default()
                 }),
-                "period must be greater than zero, got 0ns",
+                "period must be greater than zero and at most 584 years, got 0ns",
                 "{algorithm}"
             );
+            let err = RateLimitConfig {
+                algorithm,
+                period: Duration::MAX,
+                ..RateLimitConfig::default()
+            }
+            .layer()
+            .unwrap_err();
+            assert_eq!(err.field(), "period", "{algorithm}");
         }
         assert_eq!(
             message(RateLimitConfig {

@@ -72,6 +72,33 @@ async fn rejects_above_the_rate_without_calling_the_inner_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 6);
 }
 
+/// The `RateLimit-Policy` value never changes, so it is formatted once and every response
+/// shares its bytes: a value formatted per response would live in its own buffer.
+#[tokio::test]
+async fn the_policy_field_is_formatted_once() {
+    let layer = RateLimitLayer::builder(bucket(10, 1))
+        .clock(FakeClock::new())
+        .admitted_headers(true)
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let admitted = svc.clone().oneshot(request()).await.unwrap();
+    let first = svc.clone().oneshot(request()).await.unwrap();
+    let second = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let bytes = |res: &Response<String>| res.headers()[RATELIMIT_POLICY].as_bytes().as_ptr();
+    assert_eq!(first.headers()[RATELIMIT_POLICY], "\"default\";q=10;w=1");
+    assert_eq!(bytes(&first), bytes(&second));
+    assert_eq!(bytes(&first), bytes(&admitted));
+    // The `RateLimit` field changes with the quota left, so each response has its own.
+    assert_ne!(
+        first.headers()[RATELIMIT].as_bytes().as_ptr(),
+        second.headers()[RATELIMIT].as_bytes().as_ptr()
+    );
+}
+
 #[tokio::test]
 async fn grpc_requests_get_resource_exhausted_with_pushback() {
     let layer = RateLimitLayer::builder(bucket(10, 1))
