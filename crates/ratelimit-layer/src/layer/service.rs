@@ -10,7 +10,7 @@ use overload_signal::protocol::{
 };
 use tower_service::Service;
 
-use super::Shared;
+use super::shared::Shared;
 use crate::algorithm::{Decision, QuotaStatus};
 use crate::future::ResponseFuture;
 
