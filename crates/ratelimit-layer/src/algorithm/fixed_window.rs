@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use overload_signal::ConfigError;
 
-use super::{Decision, Limiter, QuotaStatus, non_zero, positive_nanos};
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// At most `quota` units per window; windows are aligned on the clock's origin
 /// (`[0, w)`, `[w, 2w)`, ...) and the count starts again at zero in each.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use overload_signal::ConfigError;
 
-use super::{Decision, Limiter, QuotaStatus, non_zero, positive_nanos};
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// A token bucket with rate `R` and burst `B`, implemented as GCRA (the generic cell rate
 /// algorithm) on a single `AtomicU64`, lock-free.

@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use overload_signal::ConfigError;
 
-use super::{Decision, Limiter, QuotaStatus, non_zero, positive_nanos};
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// About `quota` units per sliding window, estimated from the counts of the current and
 /// the previous fixed window, as the paper describes:
