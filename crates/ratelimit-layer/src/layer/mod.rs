@@ -192,14 +192,14 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// The cap on tracked keys of a keyed limit; see [`KeyedLimiter`] for what happens at
     /// the cap. Default: 100 000 ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
+    pub const fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
     }
 
     /// How often a shard of the key map sweeps idle keys. Default: one second
     /// ([`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`]).
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+    pub const fn sweep_interval(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
         self
     }
@@ -232,7 +232,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` too (rejections
     /// always do). Default: `false`, because writing the `RateLimit` field costs an
     /// allocation per admitted request.
-    pub fn admitted_headers(mut self, enabled: bool) -> Self {
+    pub const fn admitted_headers(mut self, enabled: bool) -> Self {
         self.admitted_headers = enabled;
         self
     }
