@@ -76,8 +76,8 @@ impl RateLimitLayer {
     ///
     /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
     pub fn new<L: Limiter>(limiter: L) -> Self {
-        // NOTE: the default name is valid printable ASCII (a unit test builds it), and
-        // `policy` accepts every window, so this cannot fail.
+        // NOTE: the default name is valid printable ASCII (every test that calls `new` builds
+        // it), and `policy` accepts every window, so this cannot fail.
         let policy = policy(Self::DEFAULT_POLICY_NAME, &limiter)
             .expect("the default policy name is a valid structured field string");
         let window = limiter.window();
