@@ -181,8 +181,8 @@ async fn serve(router: Router, signal: bool) -> Tier {
 }
 
 async fn bottom(signal: bool) -> Tier {
-    let limit =
-        RateLimitLayer::new(TokenBucket::per_second(BOTTOM_RATE, BOTTOM_BURST).unwrap()).unwrap();
+    let bucket = TokenBucket::builder(BOTTOM_RATE).burst(BOTTOM_BURST);
+    let limit = RateLimitLayer::new(bucket.build().unwrap());
     serve(
         Router::new()
             .route("/api", get(|| async { "ok" }))

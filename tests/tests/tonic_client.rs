@@ -20,7 +20,8 @@ use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use overload_signal::protocol::Attempt;
 use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
-use ratelimit_layer::{FakeClock, RateLimitLayer, TokenBucket};
+use ratelimit_layer::clock::FakeClock;
+use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tokio::time::Instant;
 use tonic::Code;
 use tonic::transport::server::TcpIncoming;
@@ -126,12 +127,11 @@ impl TestServer {
     /// asks for a wait of `1/rate`), behind the overload layer with `rule`.
     async fn start(rate: u32, rule: StopRule, advance_on_retry: bool) -> Self {
         let clock = FakeClock::new();
-        let limit = RateLimitLayer::builder_with_clock(
-            TokenBucket::per_second(rate, 1).unwrap(),
-            clock.clone(),
-        )
-        .build()
-        .unwrap();
+        let bucket = TokenBucket::builder(rate).burst(1).build().unwrap();
+        let limit = RateLimitLayer::builder(bucket)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
         let signal = OverloadSignalLayer::new(AttemptHistogram::default(), rule);
         let seen = Arc::default();
         let record = Record {

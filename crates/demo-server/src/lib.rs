@@ -18,7 +18,7 @@
 //! use demo_server::app::{AppConfig, Stack, app};
 //! use demo_server::model::{LatencyModel, Model};
 //! use overload_signal::OverloadSignalLayer;
-//! use ratelimit_layer::RateLimitConfig;
+//! use ratelimit_layer::config::RateLimitConfig;
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]

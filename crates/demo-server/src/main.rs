@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use demo_server::app::{
     ARTICLE_BURST, ARTICLE_RATE_LIMIT, Abandoned, AppConfig, MMC_BURST, MMC_RATE_LIMIT,
@@ -16,7 +17,8 @@ use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
-use ratelimit_layer::{Algorithm, ClientIp, KeyBy, RateLimitConfig};
+use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig};
+use ratelimit_layer::key::ClientIp;
 use tokio::net::{TcpListener, TcpSocket};
 
 use demo_server::duration::parse_duration;
@@ -87,12 +89,12 @@ struct Cli {
     burst: Option<u32>,
 
     /// Rate limiting algorithm.
-    #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
-    algorithm: AlgorithmArg,
+    #[arg(long, default_value_t = Algorithm::TokenBucket, value_parser = algorithm_parser())]
+    algorithm: Algorithm,
 
     /// What the rate limit applies to: all requests together, or each client IP address.
-    #[arg(long, value_enum, default_value_t = KeyArg::Global)]
-    key: KeyArg,
+    #[arg(long, default_value_t = KeyBy::Global, value_parser = key_parser())]
+    key: KeyBy,
 
     /// Call this URL (GET, through the retrying client stack) before answering each /api
     /// request, to chain tiers: server -> server -> server.
@@ -194,22 +196,27 @@ enum ModelArg {
     Instant,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum AlgorithmArg {
-    /// Token bucket (GCRA): the rate, with bursts of --burst.
-    TokenBucket,
-    /// Fixed window of one second.
-    FixedWindow,
-    /// Sliding window of one second.
-    SlidingWindow,
+/// `--algorithm`: the library's names, parsed by the library, listed with their help.
+fn algorithm_parser() -> impl TypedValueParser<Value = Algorithm> {
+    let values = Algorithm::ALL.map(|algorithm| {
+        PossibleValue::new(algorithm.as_str()).help(match algorithm {
+            Algorithm::TokenBucket => "Token bucket (GCRA): the rate, with bursts of --burst",
+            Algorithm::FixedWindow => "Fixed window of one second",
+            Algorithm::SlidingWindow => "Sliding window of one second",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<Algorithm>())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum KeyArg {
-    /// One limit for all clients.
-    Global,
-    /// One limit per client IP address.
-    Ip,
+/// `--key`: the library's names, parsed by the library, listed with their help.
+fn key_parser() -> impl TypedValueParser<Value = KeyBy> {
+    let values = KeyBy::ALL.map(|key| {
+        PossibleValue::new(key.as_str()).help(match key {
+            KeyBy::Global => "One limit for all clients",
+            KeyBy::Ip => "One limit per client IP address",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<KeyBy>())
 }
 
 /// Everything the flags describe, validated.
@@ -283,11 +290,7 @@ impl Cli {
             ModelArg::Article | ModelArg::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
             ModelArg::Mmc => (MMC_RATE_LIMIT, MMC_BURST),
         };
-        let algorithm = match self.algorithm {
-            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
-            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
-            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
-        };
+        let algorithm = self.algorithm;
         let burst = match algorithm {
             Algorithm::TokenBucket => Some(self.burst.unwrap_or(burst)),
             // NOTE: an explicit --burst with a window algorithm is kept, so the limiter's
@@ -298,10 +301,7 @@ impl Cli {
             algorithm,
             rate: self.rate_limit.unwrap_or(rate),
             burst,
-            key: match self.key {
-                KeyArg::Global => KeyBy::Global,
-                KeyArg::Ip => KeyBy::Ip,
-            },
+            key: self.key,
             client_ip: ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0)),
             ..RateLimitConfig::default()
         }
@@ -583,6 +583,18 @@ mod tests {
             )
         );
         assert!(plan.downstream.is_some());
+    }
+
+    #[test]
+    fn the_rate_limit_flags_take_every_name_of_the_library() {
+        for algorithm in Algorithm::ALL {
+            let cli = parse(&["--algorithm", algorithm.as_str()]).unwrap();
+            assert_eq!(cli.algorithm, algorithm);
+        }
+        for key in KeyBy::ALL {
+            let cli = parse(&["--key", key.as_str()]).unwrap();
+            assert_eq!(cli.key, key);
+        }
     }
 
     #[test]

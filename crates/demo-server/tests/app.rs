@@ -11,7 +11,7 @@ use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusBuilder;
 use overload_signal::protocol::{Attempt, RATELIMIT, RATELIMIT_POLICY, is_stop_signal};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
-use ratelimit_layer::RateLimitConfig;
+use ratelimit_layer::config::RateLimitConfig;
 use tower::ServiceExt;
 
 fn get(path: &str) -> Request<Body> {

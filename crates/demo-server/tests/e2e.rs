@@ -19,7 +19,7 @@ use overload_signal::protocol::{
     self, Protocol, RATELIMIT, RATELIMIT_POLICY, RateLimitStatus, is_stop_signal, parse_retry_after,
 };
 use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
-use ratelimit_layer::RateLimitConfig;
+use ratelimit_layer::config::RateLimitConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 

@@ -10,14 +10,15 @@ use overload_signal::protocol::{
 };
 use tower_service::Service;
 
-use super::Shared;
-use super::future::ResponseFuture;
+use super::shared::Shared;
 use crate::algorithm::{Decision, QuotaStatus};
+use crate::future::ResponseFuture;
 
 /// Rejects requests above a rate before they reach the inner service; see the
 /// [crate docs](crate).
 ///
-/// Built by [`RateLimitLayer`](crate::RateLimitLayer); clones share the same limits.
+/// Built by [`RateLimitLayer`](crate::RateLimitLayer); clones share the same limits. The
+/// wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
 #[derive(Clone, Debug)]
 pub struct RateLimit<S> {
     inner: S,
@@ -25,24 +26,11 @@ pub struct RateLimit<S> {
 }
 
 impl<S> RateLimit<S> {
-    pub(crate) fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(crate) const fn new(inner: S, shared: Arc<Shared>) -> Self {
         Self { inner, shared }
     }
 
-    /// The inner service.
-    pub fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// The inner service, consuming this one.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    overload_signal::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
@@ -69,7 +57,7 @@ where
         let (parts, body) = request.into_parts();
         let shared = &*self.shared;
         let cost = shared.cost(&parts);
-        let (decision, status, class) = shared.decide.decide(&parts, cost, shared.admitted_headers);
+        let (decision, status, class) = shared.decide(&parts, cost);
         // NOTE: `decide` reads the status for every rejection, and for admissions when the
         // fields are wanted; a missing one (never expected) is reported as a full window.
         let status = status.unwrap_or(QuotaStatus {
@@ -81,7 +69,7 @@ where
                 shared.metrics.admitted().increment(1);
                 let fields = shared.admitted_headers.then(|| {
                     (
-                        shared.policy.to_header_value(),
+                        shared.policy_header.clone(),
                         shared.policy.status(status.remaining, status.reset),
                     )
                 });
@@ -106,7 +94,7 @@ fn rejection<B: Default>(
 ) -> Response<B> {
     let mut response = too_many_requests_response(protocol, retry_after);
     let headers = response.headers_mut();
-    headers.insert(RATELIMIT_POLICY, shared.policy.to_header_value());
+    headers.insert(RATELIMIT_POLICY, shared.policy_header.clone());
     headers.insert(
         RATELIMIT,
         shared.policy.status(status.remaining, status.reset),

@@ -1,4 +1,4 @@
-//! The response future of [`RateLimit`](crate::RateLimit).
+//! The response future of [`RateLimit`](crate::RateLimit): [`ResponseFuture`].
 
 use std::fmt;
 use std::future::Future;

@@ -1,0 +1,25 @@
+//! The names of the metrics this crate emits through the [`metrics`] facade.
+//!
+//! The crate never installs a recorder: without one, every metric is a no-op.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
+//! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//!
+//! They are registered with the recorder on the first request (the keys gauge: on the first
+//! change of the key count), not when the layer is built, and the handles are kept, so a
+//! request costs no registry lookup. Install the recorder before serving traffic.
+//!
+//! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
+
+/// Counter, label `policy`: requests passed to the inner service.
+pub const REQUESTS_ADMITTED: &str = "ratelimit_layer_requests_admitted_total";
+
+/// Counter, labels `policy` and `key_class` (`global`, `keyed`, `overflow` or `unkeyed`, see
+/// [`KeyClass`](crate::keyed::KeyClass)): requests answered with a rejection.
+pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
+
+/// Gauge, label `policy`: keys tracked by a keyed layer.
+pub const KEYS: &str = "ratelimit_layer_keys";
