@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use overload_signal::propagation;
-use overload_signal::protocol::{self, Attempt, GrpcPushback};
+use overload_signal::protocol::{self, Attempt, GrpcPushback, is_grpc};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -65,8 +65,8 @@ pin_project! {
 }
 
 /// Per-request bookkeeping, apart from the pinned parts.
-pub(crate) struct RetryState<B> {
-    pub(crate) config: Arc<Config>,
+struct RetryState<B> {
+    config: Arc<Config>,
     /// The request's parts, to rebuild each retry; `None` when the request may not be
     /// retried.
     template: Option<Parts>,
@@ -114,20 +114,33 @@ where
     A: Adapter<B>,
     S: Service<Request<A::Body>>,
 {
-    /// The future of a request whose first attempt is `future`, which must end at `window`
-    /// (an instant, and whether it is the deadline) if given. `service` is a clone of the
-    /// inner service when the request may be retried.
+    /// The future of a request whose first attempt is `future`. `retry` holds the request's
+    /// parts and a clone of the inner service when the request may be retried.
     #[inline]
     pub(crate) fn new(
         future: S::Future,
         span: tracing::Span,
-        retry: RetryState<B>,
-        service: Option<S>,
-        window: Option<(Instant, bool)>,
+        config: Arc<Config>,
+        retry: Option<(Parts, S)>,
+        body: BodySource<B>,
+        timing: Timing,
     ) -> Self {
-        let (timer, timer_is_deadline) = match window {
+        let (template, service) = retry.unzip();
+        let (timer, timer_is_deadline) = match timing.window {
             Some((at, is_deadline)) => (Some(sleep_until(at)), is_deadline),
             None => (None, false),
+        };
+        // NOTE: `attempts` starts at 1: the first attempt was sent by `Retry::call`.
+        let retry = RetryState {
+            config,
+            template,
+            body,
+            next_body: None,
+            attempts: 1,
+            deadline: timing.deadline,
+            grpc_timeout: timing.grpc_timeout,
+            previous_delay: None,
+            rng: None,
         };
         Self {
             state: State::Called { future, span },
@@ -140,56 +153,67 @@ where
     }
 }
 
-impl<B> RetryState<B> {
-    /// The state of a request whose first attempt starts `now` (given when a timer is
-    /// needed: a deadline or a per-attempt timeout is set).
-    pub(crate) fn new(
-        config: Arc<Config>,
-        template: Option<Parts>,
-        body: BodySource<B>,
-        now: Option<Instant>,
-        grpc_timeout: bool,
-    ) -> Self {
+/// The clock-related facts of a request, settled before its first attempt is sent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    deadline: Option<Instant>,
+    /// Whether each attempt carries its time left in `grpc-timeout`.
+    grpc_timeout: bool,
+    /// When the first attempt must end, and whether that is the deadline.
+    window: Option<(Instant, bool)>,
+}
+
+impl Timing {
+    /// The timing of a request whose first attempt, with these `headers`, starts `now`
+    /// (given when a timer is needed: a deadline or a per-attempt timeout is set); sets the
+    /// attempt's `grpc-timeout` for a gRPC request.
+    #[inline]
+    pub(crate) fn first(config: &Config, now: Option<Instant>, headers: &mut HeaderMap) -> Self {
+        let Some(now) = now else {
+            return Self {
+                deadline: None,
+                grpc_timeout: false,
+                window: None,
+            };
+        };
         // NOTE: a deadline too far to represent is no deadline.
-        let deadline = config
-            .deadline
-            .zip(now)
-            .and_then(|(d, now)| now.checked_add(d));
-        // NOTE: `attempts` starts at 1: the first attempt is sent by `Retry::call`.
+        let deadline = config.deadline.and_then(|d| now.checked_add(d));
+        // NOTE: an empty map is checked first: a lookup in it is not free.
+        let grpc_timeout = !headers.is_empty() && is_grpc(headers);
+        let window = attempt_window(config, deadline, grpc_timeout, now, headers);
         Self {
-            config,
-            template,
-            body,
-            next_body: None,
-            attempts: 1,
             deadline,
             grpc_timeout,
-            previous_delay: None,
-            rng: None,
+            window,
         }
     }
+}
 
-    /// When the attempt starting `now` must end, and whether that is the deadline; sets
-    /// `grpc-timeout` in its headers to the time until then, for a gRPC request. `None`
-    /// when the attempt has no end (no deadline, no per-attempt timeout).
-    pub(crate) fn attempt_window(
-        &self,
-        now: Instant,
-        headers: &mut HeaderMap,
-    ) -> Option<(Instant, bool)> {
-        let timeout = self.config.attempt_timeout.and_then(|t| now.checked_add(t));
-        let window = match (timeout, self.deadline) {
-            (Some(t), Some(d)) if d <= t => (d, true),
-            (Some(t), _) => (t, false),
-            (None, Some(d)) => (d, true),
-            (None, None) => return None,
-        };
-        if self.grpc_timeout {
-            grpc::set_timeout(headers, window.0.saturating_duration_since(now));
-        }
-        Some(window)
+/// When an attempt starting `now` must end (its timeout or the deadline, whichever is
+/// first), and whether that is the deadline; sets `grpc-timeout` in its headers to the time
+/// until then when `grpc_timeout`. `None` when the attempt has no end.
+#[inline]
+fn attempt_window(
+    config: &Config,
+    deadline: Option<Instant>,
+    grpc_timeout: bool,
+    now: Instant,
+    headers: &mut HeaderMap,
+) -> Option<(Instant, bool)> {
+    let timeout = config.attempt_timeout.and_then(|t| now.checked_add(t));
+    let window = match (timeout, deadline) {
+        (Some(t), Some(d)) if d <= t => (d, true),
+        (Some(t), _) => (t, false),
+        (None, Some(d)) => (d, true),
+        (None, None) => return None,
+    };
+    if grpc_timeout {
+        grpc::set_timeout(headers, window.0.saturating_duration_since(now));
     }
+    Some(window)
+}
 
+impl<B> RetryState<B> {
     fn needs_attempt_timer(&self) -> bool {
         self.deadline.is_some() || self.config.attempt_timeout.is_some()
     }
@@ -307,7 +331,15 @@ impl<B> RetryState<B> {
         };
         let mut parts = template.clone();
         Attempt::set(&mut parts.headers, self.attempts);
-        let window = now.and_then(|now| self.attempt_window(now, &mut parts.headers));
+        let window = now.and_then(|now| {
+            attempt_window(
+                &self.config,
+                self.deadline,
+                self.grpc_timeout,
+                now,
+                &mut parts.headers,
+            )
+        });
         (Request::from_parts(parts, body), window)
     }
 

@@ -5,12 +5,12 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
-use overload_signal::protocol::{Attempt, is_grpc};
+use overload_signal::protocol::Attempt;
 use tokio::time::Instant;
 use tower_service::Service;
 
 use super::Config;
-use super::future::{ResponseFuture, RetryState};
+use super::future::{ResponseFuture, Timing};
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
@@ -94,18 +94,16 @@ where
         } else {
             (ReplayBody::streamed(body), BodySource::Streamed)
         };
-        Attempt::set(&mut parts.headers, 0);
         // The clock is read only when a timer will be armed: the happy path of a layer
         // without deadline or timeout does not read it.
+        // NOTE: before the attempt header is set: a request without headers is then seen not
+        // to be gRPC without a lookup.
         let timed = config.deadline.is_some() || config.attempt_timeout.is_some();
-        let now = timed.then(Instant::now);
-        let grpc_timeout = timed && is_grpc(&parts.headers);
-        let (template, service) = retry.unzip();
-        let state = RetryState::new(config, template, source, now, grpc_timeout);
-        let window = now.and_then(|now| state.attempt_window(now, &mut parts.headers));
+        let timing = Timing::first(&config, timed.then(Instant::now), &mut parts.headers);
+        Attempt::set(&mut parts.headers, 0);
 
-        state.config.budget.deposit();
-        let metrics = state.config.metrics();
+        config.budget.deposit();
+        let metrics = config.metrics();
         metrics.requests.increment(1);
         metrics.attempts.increment(1);
         let span = tracing::debug_span!("attempt", attempt = 0u32);
@@ -115,6 +113,6 @@ where
             self.inner
                 .call(Request::from_parts(parts, A::attempt_body(body)))
         };
-        ResponseFuture::new(future, span, state, service, window)
+        ResponseFuture::new(future, span, config, retry, source, timing)
     }
 }
