@@ -5,8 +5,6 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
-
 use backoff_layer::backoff::Fixed;
 use backoff_layer::{GiveUpReason, ReplayBody, RetryInfo, RetryLayer};
 use bytes::Bytes;
@@ -17,6 +15,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use integration_tests::TestServer;
 use overload_signal::propagation;
+use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
 type HttpClient = Client<HttpConnector, ReplayBody<ReplayBody<Empty<Bytes>>>>;
