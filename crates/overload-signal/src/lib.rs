@@ -102,6 +102,8 @@ pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
+mod sync;
+pub mod window;
 
 pub use config_error::{ConfigError, ConfigErrorKind};
 pub use error::{Overloaded, is_overloaded};
