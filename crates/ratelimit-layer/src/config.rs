@@ -297,7 +297,7 @@ mod tests {
         ));
         assert_eq!(
             name.layer().unwrap_err().to_string(),
-            "rate limit policy name must not be empty"
+            "name must be non-empty printable ASCII (0x20 to 0x7e), got \"\""
         );
     }
 }

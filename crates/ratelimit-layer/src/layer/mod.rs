@@ -11,7 +11,8 @@ use std::time::Duration;
 use http::HeaderName;
 use http::request::Parts;
 use metrics::Counter;
-use overload_signal::protocol::{InvalidRateLimitField, RateLimitPolicy};
+use overload_signal::ConfigError;
+use overload_signal::protocol::RateLimitPolicy;
 use tower_layer::Layer;
 
 pub use future::ResponseFuture;
@@ -38,7 +39,7 @@ pub const DEFAULT_POLICY_NAME: &str = "default";
 ///
 /// The rules: the limiter's own ([`InvalidLimit`]); a fixed cost no larger than the
 /// limiter's capacity ([`InvalidLimit::CostExceedsCapacity`]); a valid policy name (non-empty
-/// printable ASCII, [`InvalidRateLimitField`]); a key cap of at least one
+/// printable ASCII, a [`ConfigError`] from [`RateLimitPolicy::new`]); a key cap of at least one
 /// ([`ZeroMaxKeys`](Self::ZeroMaxKeys)); a burst only with the token bucket
 /// ([`BurstWithWindow`](Self::BurstWithWindow)).
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -47,7 +48,7 @@ pub enum InvalidConfig {
     /// The limiter's parameters or the request cost.
     Limit(InvalidLimit),
     /// The policy name.
-    Policy(InvalidRateLimitField),
+    Policy(ConfigError),
     /// A keyed limit with room for no key.
     ZeroMaxKeys,
     /// A burst was given for a window algorithm, which has none (its quota is the rate).
@@ -83,8 +84,8 @@ impl From<InvalidLimit> for InvalidConfig {
     }
 }
 
-impl From<InvalidRateLimitField> for InvalidConfig {
-    fn from(e: InvalidRateLimitField) -> Self {
+impl From<ConfigError> for InvalidConfig {
+    fn from(e: ConfigError) -> Self {
         Self::Policy(e)
     }
 }
