@@ -125,6 +125,7 @@ pub mod classify;
 mod retry;
 
 pub use body::{ReplayBody, ReplayError};
+pub use overload_signal::{ConfigError, ConfigErrorKind};
 pub use retry::future;
 pub use retry::{
     AttemptTimedOut, GaveUp, GiveUpReason, InvalidRetryConfig, Retry, RetryBuilder, RetryInfo,
