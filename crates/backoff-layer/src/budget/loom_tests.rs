@@ -51,9 +51,11 @@ fn budget(ratio: f64) -> (Arc<RetryBudget<LoomClock>>, LoomClock) {
     (Arc::new(b), clock)
 }
 
-fn model(f: impl Fn() + Sync + Send + 'static) {
+/// Runs `f` under loom, exploring every interleaving with at most `preemptions` forced
+/// switches between threads (`None`: every interleaving).
+fn model(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    builder.preemption_bound = Some(3);
+    builder.preemption_bound = preemptions;
     // Bounded loops: a waiting loop would run past this in the schedules that starve the
     // thread it waits for.
     builder.max_branches = 10_000;
@@ -65,7 +67,7 @@ fn model(f: impl Fn() + Sync + Send + 'static) {
 /// withdrawals are counted in): exactly one retry is granted, never two.
 #[test]
 fn loom_budget_never_overdraws() {
-    model(|| {
+    model(None, || {
         let (b, clock) = budget(1.0);
         b.deposit();
         let other = {
@@ -90,7 +92,7 @@ fn loom_budget_never_overdraws() {
 /// cells it reuses): both deposits count, exactly, and allow exactly two retries.
 #[test]
 fn loom_budget_never_loses_a_deposit() {
-    model(|| {
+    model(None, || {
         let (b, clock) = budget(1.0);
         let other = {
             let (b, clock) = (Arc::clone(&b), clock.clone());
@@ -112,7 +114,7 @@ fn loom_budget_never_loses_a_deposit() {
 /// whatever it did, the deposit is there afterwards.
 #[test]
 fn loom_budget_withdrawal_racing_its_deposit() {
-    model(|| {
+    model(None, || {
         let (b, _) = budget(1.0);
         let other = {
             let b = Arc::clone(&b);
@@ -128,9 +130,14 @@ fn loom_budget_withdrawal_racing_its_deposit() {
 /// more (a second retry) and withdraws; the other withdraws twice. However they interleave,
 /// the retries granted never exceed what the deposits allow, and none is lost: what remains
 /// afterwards is exactly the rest.
+///
+/// Eight operations on two threads: every interleaving would take far longer than CI allows,
+/// so this one is explored with up to five forced switches between threads (about ten
+/// seconds): enough for every order of the two threads' operations, with a switch inside an
+/// operation on top.
 #[test]
 fn loom_budget_withdrawals_across_a_slot_move_with_deposits() {
-    model(|| {
+    model(Some(5), || {
         let (b, clock) = budget(0.5);
         b.deposit();
         b.deposit();
