@@ -137,16 +137,18 @@ pub(super) fn expire(cell: &AtomicU64, slot: u64, newest: impl Fn() -> u64) {
 /// Several threads may record the same slot (each that moves the head, or tries to);
 /// they all write the final count or less, so the largest is the final count.
 ///
-/// A cell holding any other slot is overwritten: only the head writes these cells, in the
-/// order of its slots, so a cell can never hold a slot newer than the one being recorded,
-/// and a tag that looks newer is one more than half the circle old.
-pub(super) fn raise(cell: &AtomicU64, slot: u64, value: u64) {
+/// A cell holding an older slot is overwritten. A cell holding a newer slot is left alone:
+/// the recording thread loaded the head long ago and the head has since been through that
+/// newer slot, whose record a window may still need.
+pub(super) fn raise(cell: &AtomicU64, slot: u64, value: u64, newest: impl Fn() -> u64) {
     let ours = tag_of(slot);
     let value = value.min(COUNT_MAX);
     let mut word = cell.load(Ordering::Acquire);
     loop {
-        if tag(word) == ours && count(word) >= value {
-            return;
+        match age(tag(word), ours) {
+            Age::Same if count(word) >= value => return,
+            Age::Ahead { by } if really_ahead(slot, by, &newest) => return,
+            Age::Same | Age::Stale | Age::Ahead { .. } => {}
         }
         match cell.compare_exchange_weak(
             word,
@@ -265,15 +267,22 @@ mod tests {
     }
 
     #[test]
-    fn raise_keeps_the_largest_and_overwrites_other_slots() {
+    fn raise_keeps_the_largest_and_overwrites_older_slots() {
         let cell = AtomicU64::new(0);
-        raise(&cell, 4, 3);
-        raise(&cell, 4, 2);
+        raise(&cell, 4, 3, || 4);
+        raise(&cell, 4, 2, || 4);
         assert_eq!(read(&cell, 4), 3);
-        raise(&cell, 4, 5);
+        raise(&cell, 4, 5, || 4);
         assert_eq!(read(&cell, 4), 5);
-        raise(&cell, 14, 1);
+        raise(&cell, 14, 1, || 14);
         assert_eq!(read(&cell, 14), 1);
+        // A late record for slot 4 leaves slot 14's alone.
+        raise(&cell, 4, 9, || 15);
+        assert_eq!(read(&cell, 14), 1);
+        // A cell more than half the circle old is overwritten, not taken for a newer one.
+        let slot = (1u64 << 31) + 10;
+        raise(&cell, slot, 2, || slot);
+        assert_eq!(read(&cell, slot), 2);
     }
 
     #[test]

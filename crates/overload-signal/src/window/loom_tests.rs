@@ -54,10 +54,16 @@ fn window<const N: usize>(clock: &LoomClock, slots: u32) -> Arc<Window<N, LoomCl
     )
 }
 
+/// Runs `f` under loom, exploring every interleaving.
 fn model(f: impl Fn() + Sync + Send + 'static) {
+    model_bounded(None, f);
+}
+
+/// Runs `f` under loom, exploring every interleaving with at most `preemptions` forced
+/// switches between threads (`None`: every interleaving).
+fn model_bounded(preemptions: Option<usize>, f: impl Fn() + Sync + Send + 'static) {
     let mut builder = loom::model::Builder::new();
-    // Every interleaving: the models are small enough (seconds in all).
-    builder.preemption_bound = None;
+    builder.preemption_bound = preemptions;
     builder.max_branches = 10_000;
     builder.check(f);
 }
@@ -221,5 +227,35 @@ fn loom_window_take_checked_against_a_concurrent_add() {
         let counts = w.counts(0);
         assert_eq!(counts.added(0), 1);
         assert_eq!(counts.taken(), u64::from(took));
+    });
+}
+
+/// A thread that loaded the head long ago, while it held takes in slot 0, records slot 0's
+/// takes late, after the other thread has moved the head through slots 1, 2 and 3, so that
+/// slot 2's record now sits where slot 0's was (a ring of two). The late record must not
+/// overwrite slot 2's: the window ending at 3 holds exactly the takes of slots 2 and 3.
+///
+/// Regression: a record overwrote a cell holding any other slot, so this lost slot 2's
+/// take, and the window could then grant one take too many.
+///
+/// Four takes on one thread against one on the other: every interleaving would take minutes;
+/// three forced switches (a second or so) cover the stall at every point of the late
+/// thread's take, with the other thread's takes before, between or after.
+#[test]
+fn loom_window_stalled_helper_does_not_clobber_a_newer_record() {
+    model_bounded(Some(3), || {
+        let clock = LoomClock::new();
+        let w = window::<1>(&clock, 2);
+        assert!(w.try_take(0, |_| true));
+        let stalled = {
+            let w = Arc::clone(&w);
+            // Refuses every take, but moves the head (recording slot 0) on the way.
+            thread::spawn(move || w.try_take(1, |_| false))
+        };
+        for slot in 1..=3 {
+            assert!(w.try_take(slot, |_| true));
+        }
+        assert!(!stalled.join().unwrap());
+        assert_eq!(w.counts(3).taken(), 2, "slot 2's take and slot 3's");
     });
 }

@@ -309,10 +309,15 @@ impl<const N: usize, C: Clock> Window<N, C> {
                 // find them, then move it to ours. Recording first means that whoever sees
                 // the moved head also sees the record.
                 // NOTE: no take happened in the slots between `head` and ours (the head was
-                // never there), so this record cannot overwrite one that a window still needs.
+                // never there), so this record cannot overwrite one that a window still
+                // needs; and if `word` is stale (the head has moved on since, perhaps round
+                // the ring), `raise` leaves a newer slot's record alone and the swap below
+                // fails.
                 let taken = cell::head_taken(word);
                 if taken > 0 {
-                    cell::raise(&self.taken[self.position(head)], head, taken);
+                    cell::raise(&self.taken[self.position(head)], head, taken, || {
+                        self.newest()
+                    });
                 }
                 let moved = cell::head(slot, 0);
                 match self
