@@ -19,7 +19,7 @@ use backoff_layer::{Retry, RetryInfo, RetryLayer, is_overloaded};
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full};
 use overload_signal::protocol::Attempt;
-use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+use overload_signal::{OverloadSignalLayer, StopRule};
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tokio::time::Instant;
@@ -132,7 +132,7 @@ impl TestServer {
             .clock(clock.clone())
             .build()
             .unwrap();
-        let signal = OverloadSignalLayer::new(AttemptHistogram::default(), rule);
+        let signal = OverloadSignalLayer::builder().rule(rule).build();
         let seen = Arc::default();
         let record = Record {
             seen: Arc::clone(&seen),
@@ -201,7 +201,11 @@ fn check(service: &str) -> HealthCheckRequest {
 
 /// A rule that never fires within these tests.
 fn never() -> StopRule {
-    StopRule::new(0.99, 1_000_000).unwrap()
+    StopRule::builder()
+        .retry_share(0.99)
+        .min_requests(1_000_000)
+        .build()
+        .unwrap()
 }
 
 #[tokio::test]
@@ -252,7 +256,12 @@ async fn resource_exhausted_is_retried_after_the_pushback_with_the_body_replayed
 #[tokio::test]
 async fn the_stop_signal_is_a_matchable_unavailable_after_one_attempt() {
     // The overload layer judges after 5 requests with more than 10 % retries.
-    let server = TestServer::start(1, StopRule::new(0.1, 5).unwrap(), false).await;
+    let rule = StopRule::builder()
+        .retry_share(0.1)
+        .min_requests(5)
+        .build()
+        .unwrap();
+    let server = TestServer::start(1, rule, false).await;
     // Five retries from a plain client fill the window: the fleet is drowning in retries.
     let mut plain = HealthClient::new(server.channel().await);
     for _ in 0..5 {
