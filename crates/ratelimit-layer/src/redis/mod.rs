@@ -121,8 +121,10 @@ mod key;
 mod remote;
 mod script;
 mod store;
-#[cfg(feature = "test-util")]
+#[cfg(any(test, feature = "test-util"))]
 pub mod testing;
+#[cfg(test)]
+mod tests;
 
 pub use key::RedisKey;
 pub use script::RedisAlgorithm;

@@ -162,17 +162,23 @@ async fn decide<C: Clock>(
 }
 
 /// `EVALSHA`; on `NOSCRIPT` (a restarted or flushed Redis), `SCRIPT LOAD` and once more.
+///
+/// A server's error reply comes back as a value (redis-rs's `Value::ServerError`), made an
+/// error here.
 pub(crate) async fn evalsha(
     connection: &mut ConnectionManager,
     cmd: &Cmd,
     code: &str,
 ) -> Result<Value, RedisError> {
-    match connection.send_packed_command(cmd).await {
+    match connection.send_packed_command(cmd).await?.extract_error() {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
             let mut load = redis::cmd("SCRIPT");
             load.arg("LOAD").arg(code);
-            connection.send_packed_command(&load).await?;
-            connection.send_packed_command(cmd).await
+            connection
+                .send_packed_command(&load)
+                .await?
+                .extract_error()?;
+            connection.send_packed_command(cmd).await?.extract_error()
         }
         other => other,
     }

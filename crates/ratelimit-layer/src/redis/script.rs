@@ -15,7 +15,8 @@ const EXACT: u64 = 1 << 53;
 ///
 /// KEYS[1]: the key. ARGV[1]: the emission interval T, microseconds (may have a
 /// fraction); ARGV[2]: the tolerance B*T, microseconds; ARGV[3]: the cost n, at least 1;
-/// ARGV[4], in this crate's tests only: the time, microseconds, instead of the server's.
+/// ARGV[4], in this crate's tests only: the time, microseconds, instead of the server's
+/// clock; keys then do not expire, since their times are not the server's.
 ///
 /// Returns {admitted (1 or 0), retry after (microseconds, rounded up), backlog TAT - now
 /// (microseconds, rounded up)}. The key expires a millisecond after its TAT, when it holds
@@ -39,7 +40,11 @@ local ahead = tat + cost * emission - now
 if ahead > tolerance then
   return {0, math.ceil(ahead - tolerance), math.ceil(tat - now)}
 end
-redis.call('SET', KEYS[1], string.format('%.17g', now + ahead), 'PX', math.ceil(ahead / 1000) + 1)
+if ARGV[4] then
+  redis.call('SET', KEYS[1], string.format('%.17g', now + ahead))
+else
+  redis.call('SET', KEYS[1], string.format('%.17g', now + ahead), 'PX', math.ceil(ahead / 1000) + 1)
+end
 return {1, 0, math.ceil(ahead)}
 ";
 
@@ -47,7 +52,8 @@ return {1, 0, math.ceil(ahead)}
 /// (`floor(now / w)`), `c` its count, and `p` the previous window's count.
 ///
 /// KEYS[1]: the key. ARGV[1]: the window w, whole microseconds; ARGV[2]: the quota;
-/// ARGV[3]: the cost n, at least 1; ARGV[4], in this crate's tests only: the time.
+/// ARGV[3]: the cost n, at least 1; ARGV[4], in this crate's tests only: the time (keys
+/// then do not expire).
 ///
 /// Admits when `(c + n - 1) * w + left * p < quota * w` (the local rule, in integers that a
 /// double holds exactly: the builder checks `quota * w <= 2^53`). Returns {admitted, c (with
@@ -89,7 +95,9 @@ end
 if (c + cost - 1) * w + left * p < quota * w then
   c = c + cost
   redis.call('HSET', KEYS[1], 'i', string.format('%d', si), 'c', string.format('%d', c), 'p', string.format('%d', p))
-  redis.call('PEXPIRE', KEYS[1], math.ceil(2 * w / 1000) + 1)
+  if not ARGV[4] then
+    redis.call('PEXPIRE', KEYS[1], math.ceil(2 * w / 1000) + 1)
+  end
   return {1, c, p, left}
 end
 return {0, c, p, left}
