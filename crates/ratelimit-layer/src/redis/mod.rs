@@ -128,7 +128,7 @@ mod tests;
 
 pub use key::RedisKey;
 pub use script::RedisAlgorithm;
-pub use store::{RedisStore, RedisStoreBuilder};
+pub use store::{RedisStore, RedisStoreBuilder, Unreachable};
 
 pub use crate::layer::RedisLayerBuilder;
 

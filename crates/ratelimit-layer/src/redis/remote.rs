@@ -266,8 +266,11 @@ impl<C: Clock> RemoteShared<C> {
 
     /// Redis answered: decisions go to Redis again.
     fn answered(&self) {
-        if self.state.swap(UP, Ordering::AcqRel) != UP {
-            self.metrics.up().set(1.0);
+        // NOTE: registers the metrics (the `up` gauge at 1) on the first answer.
+        let up = self.metrics.up();
+        // NOTE: read first, so that the usual case (already up) writes nothing shared.
+        if self.state.load(Ordering::Acquire) != UP && self.state.swap(UP, Ordering::AcqRel) != UP {
+            up.set(1.0);
             tracing::info!(
                 policy = %self.settings.policy,
                 redis = %self.settings.store.addr(),

@@ -99,6 +99,26 @@ impl RedisStore {
         Ok(self.inner.manager.get_or_init(|| manager).clone())
     }
 
+    /// Connects now, if not yet connected, and waits for Redis to answer `PING`.
+    ///
+    /// Optional: the first decision connects anyway. A server calls it at startup so that
+    /// its first requests do not spend their budget on the connection's handshake, and to
+    /// say early whether Redis is there. Must run inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`Unreachable`] when Redis cannot be reached or does not answer; the store keeps
+    /// reconnecting in the background, and layers fall back meanwhile.
+    pub async fn ping(&self) -> Result<(), Unreachable> {
+        let mut connection = self.connection().map_err(Unreachable)?;
+        connection
+            .send_packed_command(&redis::cmd("PING"))
+            .await
+            .and_then(redis::Value::extract_error)
+            .map(drop)
+            .map_err(Unreachable)
+    }
+
     /// `host:port` (or the socket path) of the server, without credentials.
     pub fn addr(&self) -> String {
         self.inner.client.get_connection_info().addr().to_string()
@@ -111,6 +131,22 @@ impl fmt::Debug for RedisStore {
             .field("addr", &self.addr())
             .field("connected", &self.inner.manager.get().is_some())
             .finish_non_exhaustive()
+    }
+}
+
+/// Redis could not be reached or did not answer; from [`RedisStore::ping`].
+#[derive(Debug)]
+pub struct Unreachable(RedisError);
+
+impl fmt::Display for Unreachable {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "Redis does not answer: {}", self.0)
+    }
+}
+
+impl std::error::Error for Unreachable {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        Some(&self.0)
     }
 }
 
