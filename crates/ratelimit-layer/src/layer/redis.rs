@@ -32,10 +32,10 @@ impl<L: RedisAlgorithm, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
         RedisLayerBuilder {
             local: self,
             store,
-            budget: RedisLayerBuilder::<L, C, E>::DEFAULT_BUDGET,
-            local_share: RedisLayerBuilder::<L, C, E>::DEFAULT_LOCAL_SHARE,
-            recheck_interval: RedisLayerBuilder::<L, C, E>::DEFAULT_RECHECK_INTERVAL,
-            key_prefix: RedisLayerBuilder::<L, C, E>::DEFAULT_KEY_PREFIX.to_owned(),
+            budget: RedisLayerBuilder::DEFAULT_BUDGET,
+            local_share: RedisLayerBuilder::DEFAULT_LOCAL_SHARE,
+            recheck_interval: RedisLayerBuilder::DEFAULT_RECHECK_INTERVAL,
+            key_prefix: RedisLayerBuilder::DEFAULT_KEY_PREFIX.to_owned(),
         }
     }
 }
@@ -73,7 +73,9 @@ pub struct RedisLayerBuilder<L, C, E> {
     key_prefix: String,
 }
 
-impl<L, C, E> RedisLayerBuilder<L, C, E> {
+// NOTE: the defaults on one instance of the type, so that they read
+// `RedisLayerBuilder::DEFAULT_BUDGET`, without type parameters.
+impl RedisLayerBuilder<(), (), ()> {
     /// The default time budget of a decision: 5 ms.
     ///
     /// A round trip to a Redis in the same data centre takes well under a millisecond
@@ -101,9 +103,11 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
     /// The default first part of every key: `ratelimit`. Keys are
     /// `{prefix}:{policy}:{algorithm}:...`.
     pub const DEFAULT_KEY_PREFIX: &'static str = "ratelimit";
+}
 
+impl<L, C, E> RedisLayerBuilder<L, C, E> {
     /// How long a decision may wait for Redis before the local share decides instead.
-    /// Default: 5 ms ([`DEFAULT_BUDGET`](Self::DEFAULT_BUDGET)).
+    /// Default: 5 ms ([`DEFAULT_BUDGET`](RedisLayerBuilder::DEFAULT_BUDGET)).
     pub const fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
@@ -111,7 +115,7 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
 
     /// The part of the limit (its rate and burst, or its quota, each rounded up) a process
     /// applies on its own while Redis is away, within `(0, 1]`. Default: 1, the whole limit
-    /// ([`DEFAULT_LOCAL_SHARE`](Self::DEFAULT_LOCAL_SHARE)).
+    /// ([`DEFAULT_LOCAL_SHARE`](RedisLayerBuilder::DEFAULT_LOCAL_SHARE)).
     pub const fn local_share(mut self, share: f64) -> Self {
         self.local_share = share;
         self
@@ -119,7 +123,7 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
 
     /// How often, while Redis is away, one request asks it again (the others are decided
     /// locally at once). Default: 500 ms
-    /// ([`DEFAULT_RECHECK_INTERVAL`](Self::DEFAULT_RECHECK_INTERVAL)).
+    /// ([`DEFAULT_RECHECK_INTERVAL`](RedisLayerBuilder::DEFAULT_RECHECK_INTERVAL)).
     pub const fn recheck_interval(mut self, interval: Duration) -> Self {
         self.recheck_interval = interval;
         self
@@ -127,7 +131,7 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
 
     /// The first part of every key, to keep this application's keys apart from others in
     /// the same Redis database. Default: `ratelimit`
-    /// ([`DEFAULT_KEY_PREFIX`](Self::DEFAULT_KEY_PREFIX)).
+    /// ([`DEFAULT_KEY_PREFIX`](RedisLayerBuilder::DEFAULT_KEY_PREFIX)).
     pub fn key_prefix(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.key_prefix);
         self
