@@ -341,20 +341,16 @@ async fn redis_never_there_is_a_local_limit() {
     );
 }
 
+type Builder = ratelimit_layer::redis::RedisLayerBuilder<
+    TokenBucket,
+    ratelimit_layer::clock::TokioClock,
+    ratelimit_layer::key::NoKey,
+>;
+
 #[test]
 fn redis_settings_are_checked_by_name() {
     let store = RedisStore::new("redis://127.0.0.1:6379").unwrap();
-    let err = |f: fn(
-        ratelimit_layer::redis::RedisLayerBuilder<
-            TokenBucket,
-            ratelimit_layer::clock::TokioClock,
-            ratelimit_layer::key::NoKey,
-        >,
-    ) -> ratelimit_layer::redis::RedisLayerBuilder<
-        TokenBucket,
-        ratelimit_layer::clock::TokioClock,
-        ratelimit_layer::key::NoKey,
-    >| {
+    let err = |f: fn(Builder) -> Builder| {
         f(RateLimitLayer::builder(hourly(10)).redis(store.clone()))
             .build()
             .unwrap_err()

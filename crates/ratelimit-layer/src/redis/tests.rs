@@ -3,7 +3,6 @@
 
 use std::time::Duration;
 
-use redis::Value;
 use redis::aio::ConnectionManager;
 
 use super::remote::{KeyName, RemoteSettings, command, evalsha};
