@@ -61,7 +61,10 @@ Examples:
 
 /// The command line. Flag names are stable: people script against them.
 #[derive(Debug, Parser)]
-#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+// NOTE: a flag given twice takes its last value, so a script (or `demo-client scenario`,
+// which passes --abandoned and --backlog before the user's own --server-arg values) can
+// override an earlier one.
+#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP, args_override_self = true)]
 struct Cli {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
@@ -620,6 +623,23 @@ mod tests {
         assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(2));
         assert_eq!(plan.server.max_connections().get(), 50);
         assert_eq!(plan.downstream.unwrap().max_body(), 64 * 1024);
+    }
+
+    #[test]
+    fn a_later_flag_overrides_an_earlier_one() {
+        let cli = parse(&[
+            "--backlog",
+            "16",
+            "--abandoned",
+            "serve",
+            "--backlog",
+            "1024",
+            "--abandoned",
+            "cancel",
+        ])
+        .unwrap();
+        assert_eq!(cli.backlog, 1024);
+        assert_eq!(cli.abandoned, AbandonedArg::Cancel);
     }
 
     #[test]
