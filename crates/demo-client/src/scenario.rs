@@ -63,6 +63,8 @@ pub struct RealRun<'a> {
     pub think_time: Duration,
     /// The per-attempt timeout.
     pub timeout: Duration,
+    /// The cap on a response body, in bytes.
+    pub max_body: usize,
     /// The seed of think times and jitter.
     pub seed: u64,
     /// The server.
@@ -104,14 +106,22 @@ pub async fn real_run(
 
     let recorder = Recorder::new();
     let transport = http_transport(run.clients.get());
-    let stack = client_stack(transport, spec.strategy, run.timeout, run.seed, &recorder);
+    let stack = client_stack(
+        transport,
+        spec.strategy,
+        run.timeout,
+        run.max_body,
+        run.seed,
+        &recorder,
+    );
     let clients = spawn_clients(&stack, &load, &recorder);
     let sampler = spawn_sampler(metrics_url, recorder.clone());
 
     let mut target = PauseGuard::new(pausable);
     let driven = drive_phases(&recorder, run.timing, &mut target, progress).await;
     progress.finish_run();
-    drop(clients);
+    let end = recorder.start() + run.timing.total();
+    let unfinished = clients.stop(end).await;
     sampler.abort();
     drop(target);
     if let Some(server) = server {
@@ -122,6 +132,7 @@ pub async fn real_run(
     Ok(RunRecord::new(
         spec.label(),
         recorder.seconds_until(phases.end()),
+        unfinished,
         phases,
     ))
 }
@@ -196,7 +207,7 @@ mod tests {
             pause_for: 1,
             observe_for: 5,
         };
-        let run = RunRecord::new("a", vec![Second::default(); 8], phases);
+        let run = RunRecord::new("a", vec![Second::default(); 8], Vec::new(), phases);
         let paths = write_outputs(&dir, "scenario", &[run]).unwrap();
         for p in &paths {
             assert!(fs::metadata(p).unwrap().len() > 0, "{}", p.display());

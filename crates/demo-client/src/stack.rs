@@ -86,11 +86,13 @@ fn exponential_without_jitter() -> Exponential {
     .unwrap_or_else(|e| unreachable!("the article's parameters are valid: {e}"))
 }
 
-/// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`.
+/// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`,
+/// response bodies read up to `max_body` bytes (see [`CollectLayer`]).
 pub fn client_stack<T, B>(
     transport: T,
     strategy: Strategy,
     timeout: Duration,
+    max_body: usize,
     seed: u64,
     recorder: &Recorder,
 ) -> DemoService
@@ -106,7 +108,7 @@ where
         .layer(retry_layer(strategy, seed, recorder))
         .layer(RecordLayer::new(recorder.clone()))
         .timeout(timeout)
-        .layer(CollectLayer)
+        .layer(CollectLayer::new(max_body))
         .service(transport);
     BoxCloneSyncService::new(service)
 }
@@ -120,6 +122,8 @@ mod tests {
     use tower::ServiceExt;
 
     use crate::client::{AttemptCounter, Outcome};
+
+    const MAX_BODY: usize = CollectLayer::DEFAULT_MAX_BODY;
 
     /// A server that fails the first `failures` attempts with 503, then answers 200.
     fn flaky(
@@ -174,7 +178,14 @@ mod tests {
         for strategy in [Strategy::Fixed, Strategy::Exponential] {
             let recorder = Recorder::new();
             let (server, seen) = flaky(5);
-            let stack = client_stack(server, strategy, Duration::from_secs(2), 1, &recorder);
+            let stack = client_stack(
+                server,
+                strategy,
+                Duration::from_secs(2),
+                MAX_BODY,
+                1,
+                &recorder,
+            );
             let result = stack.oneshot(request()).await;
             assert_eq!(Outcome::of(&result), Outcome::Ok, "{strategy}");
             assert_eq!(seen.load(Ordering::SeqCst), 6, "{strategy}");
@@ -197,6 +208,7 @@ mod tests {
             Loopback::new(server, gate.clone(), Abandoned::Serve),
             Strategy::Fixed,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
@@ -211,7 +223,14 @@ mod tests {
     async fn full_gives_up_after_three_attempts() {
         let recorder = Recorder::new();
         let (server, seen) = flaky(5);
-        let stack = client_stack(server, Strategy::Full, Duration::from_secs(2), 1, &recorder);
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Error);
         assert_eq!(seen.load(Ordering::SeqCst), 3);
@@ -224,7 +243,14 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, Infallible>(Response::new(DemoBody::default()))
         });
-        let stack = client_stack(server, Strategy::Full, Duration::from_secs(2), 1, &recorder);
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Timeout);
@@ -245,6 +271,7 @@ mod tests {
             server,
             Strategy::Fixed,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
@@ -261,6 +288,7 @@ mod tests {
             server,
             Strategy::Exponential,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
