@@ -109,7 +109,7 @@ async fn overloaded_from_a_spawned_task_answers_with_the_stop_signal() {
     .unwrap();
     let url = downstream.url("/api");
     let client = RetryLayer::builder()
-        .backoff(Fixed::new(Duration::from_millis(10)).unwrap())
+        .backoff(Fixed::every(Duration::from_millis(10)).unwrap())
         .build()
         .unwrap()
         .layer(

@@ -66,7 +66,13 @@ type HttpClient = Retry<Client<HttpConnector, ReplayBody<Empty<Bytes>>>>;
 /// also caps `Retry-After`), the default 10 % retry budget, a 2 s attempt timeout.
 fn client() -> HttpClient {
     RetryLayer::builder()
-        .backoff(FullJitter::new(Duration::from_millis(10), Duration::from_millis(50)).unwrap())
+        .backoff(
+            FullJitter::builder()
+                .base(Duration::from_millis(10))
+                .cap(Duration::from_millis(50))
+                .build()
+                .unwrap(),
+        )
         .budget(RetryBudget::default())
         .attempt_timeout(Duration::from_secs(20))
         .deadline(Duration::from_secs(30))

@@ -93,6 +93,22 @@ fn happy_path(c: &mut Criterion) {
     });
     g.finish();
 
+    // A request that may not be retried (POST without Idempotency-Key): no copy of the
+    // request's parts, no clone of the inner service.
+    let mut g = c.benchmark_group("retry_happy_path_post");
+    let post = || {
+        Request::post("http://127.0.0.1/api")
+            .body(Empty::<Bytes>::new())
+            .unwrap()
+    };
+    g.bench_function("bare", |b| {
+        b.iter(|| now(Answer.oneshot(black_box(post()))).unwrap());
+    });
+    g.bench_function("retry_defaults", |b| {
+        b.iter(|| now(defaults.clone().oneshot(black_box(post()))).unwrap());
+    });
+    g.finish();
+
     let mut g = c.benchmark_group("retry_happy_path_put_1k");
     let payload = Bytes::from(vec![1u8; 1024]);
     let put = || {

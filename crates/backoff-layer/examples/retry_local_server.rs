@@ -60,7 +60,9 @@ async fn main() -> Result<(), BoxError> {
 
     // The article's backoff, but short enough for a demo; a server's Retry-After (1 s) is a
     // lower bound on each wait, so both retries wait about a second.
-    let backoff = Exponential::new(Duration::from_millis(100), Duration::from_secs(5), 2.0, 0.1)?;
+    let backoff = Exponential::builder()
+        .max_delay(Duration::from_secs(5))
+        .build()?;
     let client = ServiceBuilder::new()
         .layer(
             RetryLayer::builder()

@@ -5,17 +5,45 @@
 //! (the retry number, the previous delay, the random generator) is passed in, so a strategy
 //! never holds per-request state and two requests never share a jitter sequence.
 //!
-//! | strategy | delay before retry `n` (`n = 0` for the first retry) | source |
-//! |---|---|---|
-//! | [`Fixed`] | `T` | the article's baseline client |
-//! | [`Exponential`] | `d = min(MinDelay * Factor^n, MaxDelay)`, plus a normal variate with sigma `d * Jitter`, never below zero | the article |
-//! | [`FullJitter`] | `U(0, min(cap, base * 2^n))` | AWS architecture blog |
-//! | [`EqualJitter`] | `t/2 + U(0, t/2)` with `t = min(cap, base * 2^n)` | AWS architecture blog |
-//! | [`Decorrelated`] | `min(cap, U(base, prev * 3))`, `prev` starting at `base` | AWS architecture blog |
-//! | [`Ethernet`] | `slot * U{0 .. 2^min(n + 1, 10) - 1}` | IEEE 802.3 binary exponential backoff |
+//! | strategy | delay before retry `n` (`n = 0` for the first retry) | defaults | source |
+//! |---|---|---|---|
+//! | [`Fixed`] | `T` | `T` = 100 ms | the article's simulation client |
+//! | [`Exponential`] | `d = min(MinDelay * Factor^n, MaxDelay)`, plus a normal variate with sigma `d * Jitter`, never below zero | 100 ms, 15 min, x2, jitter 0.1 | the article |
+//! | [`FullJitter`] | `U(0, min(cap, base * 2^n))` | base 100 ms, cap 20 s | AWS's "Exponential Backoff and Jitter"; values of the AWS SDKs |
+//! | [`EqualJitter`] | `t/2 + U(0, t/2)` with `t = min(cap, base * 2^n)` | base 500 ms, cap 20 s | the same article; values of the AWS SDKs for throttling errors |
+//! | [`Decorrelated`] | `min(cap, U(base, prev * 3))`, `prev` starting at `base` | base 100 ms, cap 20 s | the same article; [`FullJitter`]'s values |
+//! | [`Ethernet`] | `slot * U{0 .. 2^min(n + 1, 10) - 1}` | slot 100 ms | IEEE 802.3 binary exponential backoff |
 //!
-//! Every constructor is fallible and returns [`InvalidBackoff`] for a configuration that makes
-//! no sense; no strategy overflows or panics at any retry number (`u32::MAX` included).
+//! # Construction
+//!
+//! Every strategy follows the workspace's convention: `new()` gives the defaults above (each
+//! is also an associated constant, `Exponential::DEFAULT_FACTOR`), and
+//! `builder()` returns a builder with one named setter per setting whose `build()` checks
+//! the settings and returns a [`ConfigError`] naming the setting, the value and the rule. The
+//! two strategies with a single setting take it in a named constructor instead
+//! ([`Fixed::every`], [`Ethernet::with_slot`]), which reads better than a builder of one.
+//!
+//! ```
+//! use std::time::Duration;
+//! use backoff_layer::backoff::{Exponential, Fixed};
+//!
+//! let article = Exponential::new(); // 100 ms, x2, jitter 0.1, at most 15 min
+//! let gentle = Exponential::builder()
+//!     .min_delay(Duration::from_millis(50))
+//!     .max_delay(Duration::from_secs(5))
+//!     .factor(1.5)
+//!     .jitter(0.2)
+//!     .build()?;
+//! let every_250_ms = Fixed::every(Duration::from_millis(250))?;
+//!
+//! // A swapped factor and jitter is caught by name:
+//! let err = Exponential::builder().factor(0.1).jitter(2.0).build().unwrap_err();
+//! assert_eq!(err.to_string(), "factor must be at least 1, got 0.1");
+//! # let _ = (article, gentle, every_250_ms);
+//! # Ok::<(), backoff_layer::ConfigError>(())
+//! ```
+//!
+//! No strategy overflows or panics at any retry number (`u32::MAX` included).
 //!
 //! # Randomness
 //!
@@ -33,11 +61,11 @@
 //! use std::time::Duration;
 //! use backoff_layer::backoff::{Backoff, Exponential, Fixed, Seeds};
 //!
-//! let article = Exponential::default(); // 100 ms, x2, 10% jitter, at most 15 min
+//! let article = Exponential::new();
 //! let first: Vec<Duration> = article.delays(Seeds::from_seed(7).rng()).take(5).collect();
 //! assert_eq!(first.len(), 5);
 //!
-//! let fixed = Fixed::new(Duration::from_millis(100)).unwrap();
+//! let fixed = Fixed::new(); // 100 ms
 //! assert!(fixed.delays(Seeds::from_seed(7).rng()).take(3).all(|d| d == Duration::from_millis(100)));
 //! ```
 //!
@@ -66,6 +94,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
+use overload_signal::ConfigError;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng, TryRngCore};
 use rand_distr::StandardNormal;
@@ -138,73 +167,6 @@ impl<B: Backoff + ?Sized, R: RngCore> Iterator for Delays<'_, B, R> {
     }
 }
 
-/// A strategy's configuration was rejected by its constructor.
-///
-/// The rules, per field:
-///
-/// - base delays (`MinDelay`, `base`, `slot`, the fixed interval) must be greater than zero:
-///   a zero wait is a retry storm;
-/// - a maximum (`MaxDelay`, `cap`) must be at least the base delay;
-/// - a growth factor must be finite and at least `1` (a backoff that shrinks is not one);
-/// - a jitter ratio must be finite and not negative;
-/// - [`Ethernet`]'s largest wait, `slot * 1023`, must fit in a [`Duration`].
-#[derive(Clone, Debug, PartialEq)]
-#[non_exhaustive]
-pub enum InvalidBackoff {
-    /// A base delay was zero; the field is named.
-    ZeroDelay(&'static str),
-    /// The maximum delay was below the base delay.
-    MaxBelowBase {
-        /// The base delay given.
-        base: Duration,
-        /// The maximum given.
-        max: Duration,
-    },
-    /// The growth factor was not finite or below `1`.
-    Factor(f64),
-    /// The jitter ratio was not finite or negative.
-    Jitter(f64),
-    /// A delay the strategy can produce does not fit in a [`Duration`].
-    Overflow,
-}
-
-impl fmt::Display for InvalidBackoff {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            InvalidBackoff::ZeroDelay(what) => write!(f, "{what} must be greater than zero"),
-            InvalidBackoff::MaxBelowBase { base, max } => write!(
-                f,
-                "maximum delay ({max:?}) must be at least the base delay ({base:?})"
-            ),
-            InvalidBackoff::Factor(x) => {
-                write!(f, "growth factor must be finite and at least 1, got {x}")
-            }
-            InvalidBackoff::Jitter(x) => {
-                write!(f, "jitter must be finite and not negative, got {x}")
-            }
-            InvalidBackoff::Overflow => f.write_str("the largest delay does not fit in a duration"),
-        }
-    }
-}
-
-impl std::error::Error for InvalidBackoff {}
-
-fn check_base(what: &'static str, base: Duration) -> Result<(), InvalidBackoff> {
-    if base.is_zero() {
-        Err(InvalidBackoff::ZeroDelay(what))
-    } else {
-        Ok(())
-    }
-}
-
-fn check_max(base: Duration, max: Duration) -> Result<(), InvalidBackoff> {
-    if max < base {
-        Err(InvalidBackoff::MaxBelowBase { base, max })
-    } else {
-        Ok(())
-    }
-}
-
 /// Seconds to a duration, saturating at `max` (and at zero for negative or NaN input).
 fn secs_to_duration(secs: f64, max: Duration) -> Duration {
     if secs.is_nan() || secs <= 0.0 {
@@ -223,10 +185,47 @@ fn grown(base: Duration, factor: f64, n: u32, cap: Duration) -> f64 {
     if g.is_nan() { cap } else { g.min(cap) }
 }
 
+/// `field` must be greater than zero: a zero wait is a retry storm.
+fn positive(field: &'static str, delay: Duration) -> Result<(), ConfigError> {
+    if delay.is_zero() {
+        Err(ConfigError::out_of_range(field, delay, "greater than zero"))
+    } else {
+        Ok(())
+    }
+}
+
+/// `low` (the setting `low_field`) must not exceed `high` (the setting `high_field`).
+fn ordered(
+    low_field: &'static str,
+    low: Duration,
+    high_field: &'static str,
+    high: Duration,
+) -> Result<(), ConfigError> {
+    if low > high {
+        Err(ConfigError::conflict(
+            low_field,
+            format_args!("{low_field} ({low:?}) must not exceed {high_field} ({high:?})"),
+        ))
+    } else {
+        Ok(())
+    }
+}
+
+/// The rules of the strategies set by a `base` and a `cap`.
+fn check_base_cap(base: Duration, cap: Duration) -> Result<(), ConfigError> {
+    positive("base", base)?;
+    ordered("base", base, "cap", cap)
+}
+
 /// A fixed interval between attempts: the article's baseline, and how not to do it under load.
 ///
 /// Every retry waits the same time, so a fleet of clients that failed together retries
 /// together, forever in step.
+///
+/// [`Fixed::new`] waits 100 ms ([`DEFAULT_INTERVAL`](Self::DEFAULT_INTERVAL), the interval
+/// of the article's simulation client); [`Fixed::every`] takes another interval. The
+/// interval is the strategy's only setting, so it is given to a named constructor rather
+/// than to a builder.
 ///
 /// Its maximum is its interval, so a server's `Retry-After` cannot lengthen its waits (the
 /// retry layer caps hints at the strategy's maximum).
@@ -236,18 +235,23 @@ pub struct Fixed {
 }
 
 impl Fixed {
-    /// The article's simulation client retries every 100 ms.
-    pub const ARTICLE_INTERVAL: Duration = Duration::from_millis(100);
+    /// Default interval: 100 ms, the article's simulation client.
+    pub const DEFAULT_INTERVAL: Duration = Duration::from_millis(100);
+
+    /// Waits 100 ms ([`DEFAULT_INTERVAL`](Self::DEFAULT_INTERVAL)) before every retry.
+    pub const fn new() -> Self {
+        Self {
+            interval: Self::DEFAULT_INTERVAL,
+        }
+    }
 
     /// Waits `interval` before every retry.
     ///
     /// # Errors
     ///
-    /// [`InvalidBackoff::ZeroDelay`] if `interval` is zero.
-    pub const fn new(interval: Duration) -> Result<Self, InvalidBackoff> {
-        if interval.is_zero() {
-            return Err(InvalidBackoff::ZeroDelay("fixed interval"));
-        }
+    /// A [`ConfigError`] on the setting `interval` if it is zero (a retry storm).
+    pub fn every(interval: Duration) -> Result<Self, ConfigError> {
+        positive("interval", interval)?;
         Ok(Self { interval })
     }
 
@@ -258,11 +262,9 @@ impl Fixed {
 }
 
 impl Default for Fixed {
-    /// 100 ms, the article's simulation client.
+    /// The same as [`Fixed::new`]: 100 ms, the article's simulation client.
     fn default() -> Self {
-        Self {
-            interval: Self::ARTICLE_INTERVAL,
-        }
+        Self::new()
     }
 }
 
@@ -283,9 +285,21 @@ impl Backoff for Fixed {
 /// `Factor` after each failure, up to `MaxDelay`. A normal variate with mean zero and standard
 /// deviation `d * Jitter` is then added, and the result is never below zero. The jitter is not
 /// fed back into the next step, so the mean delay of retry `n` is `d` (within the clamp at
-/// zero, which matters only for jitter ratios near 1 or above).
+/// zero, which matters only for jitter ratios near 1).
 ///
-/// Defaults (the article's): `MinDelay` 100 ms, `MaxDelay` 15 min, `Factor` 2, `Jitter` 0.1.
+/// [`Exponential::new`] has the article's defaults, each an associated constant: `MinDelay`
+/// 100 ms, `MaxDelay` 15 min, `Factor` 2, `Jitter` 0.1. [`Exponential::builder`] changes
+/// them; [`article_blue`](Self::article_blue) and [`article_green`](Self::article_green) are
+/// the two parameter sets the article plots.
+///
+/// ```
+/// use std::time::Duration;
+/// use backoff_layer::backoff::Exponential;
+///
+/// let no_jitter = Exponential::builder().jitter(0.0).build()?;
+/// assert_eq!(no_jitter.deterministic_delay(3), Duration::from_millis(800));
+/// # Ok::<(), backoff_layer::ConfigError>(())
+/// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct Exponential {
     min_delay: Duration,
@@ -295,38 +309,38 @@ pub struct Exponential {
 }
 
 impl Exponential {
-    /// Validates and builds the strategy.
-    ///
-    /// # Errors
-    ///
-    /// - [`InvalidBackoff::ZeroDelay`] if `min_delay` is zero;
-    /// - [`InvalidBackoff::MaxBelowBase`] if `max_delay < min_delay`;
-    /// - [`InvalidBackoff::Factor`] if `factor` is not finite or below 1;
-    /// - [`InvalidBackoff::Jitter`] if `jitter` is not finite or negative.
-    pub fn new(
-        min_delay: Duration,
-        max_delay: Duration,
-        factor: f64,
-        jitter: f64,
-    ) -> Result<Self, InvalidBackoff> {
-        check_base("minimum delay", min_delay)?;
-        check_max(min_delay, max_delay)?;
-        if !factor.is_finite() || factor < 1.0 {
-            return Err(InvalidBackoff::Factor(factor));
+    /// Default `MinDelay`, the first delay: 100 ms, the article's.
+    pub const DEFAULT_MIN_DELAY: Duration = Duration::from_millis(100);
+    /// Default `MaxDelay`, the largest delay before jitter: 15 minutes, the article's.
+    pub const DEFAULT_MAX_DELAY: Duration = Duration::from_secs(15 * 60);
+    /// Default `Factor`, the growth per failure: 2, the article's.
+    pub const DEFAULT_FACTOR: f64 = 2.0;
+    /// Default `Jitter`, the noise's standard deviation as a share of the delay: 0.1 (10 %),
+    /// the article's.
+    pub const DEFAULT_JITTER: f64 = 0.1;
+
+    /// The article's defaults: 100 ms, at most 15 min, factor 2, jitter 0.1.
+    pub const fn new() -> Self {
+        Self {
+            min_delay: Self::DEFAULT_MIN_DELAY,
+            max_delay: Self::DEFAULT_MAX_DELAY,
+            factor: Self::DEFAULT_FACTOR,
+            jitter: Self::DEFAULT_JITTER,
         }
-        if !jitter.is_finite() || jitter < 0.0 {
-            return Err(InvalidBackoff::Jitter(jitter));
+    }
+
+    /// A builder starting from the article's defaults.
+    pub const fn builder() -> ExponentialBuilder {
+        ExponentialBuilder {
+            min_delay: Self::DEFAULT_MIN_DELAY,
+            max_delay: Self::DEFAULT_MAX_DELAY,
+            factor: Self::DEFAULT_FACTOR,
+            jitter: Self::DEFAULT_JITTER,
         }
-        Ok(Self {
-            min_delay,
-            max_delay,
-            factor,
-            jitter,
-        })
     }
 
     /// The article's "blue" curve: 100 ms, factor 2.7, jitter 0.1, at most 10 min.
-    pub fn article_blue() -> Self {
+    pub const fn article_blue() -> Self {
         Self {
             min_delay: Duration::from_millis(100),
             max_delay: Duration::from_secs(600),
@@ -336,7 +350,7 @@ impl Exponential {
     }
 
     /// The article's "green" curve: 1 s, factor 1.5, jitter 0.1, at most 5 min.
-    pub fn article_green() -> Self {
+    pub const fn article_green() -> Self {
         Self {
             min_delay: Duration::from_secs(1),
             max_delay: Duration::from_secs(300),
@@ -348,6 +362,11 @@ impl Exponential {
     /// `MinDelay`, the first delay.
     pub const fn min_delay(&self) -> Duration {
         self.min_delay
+    }
+
+    /// `MaxDelay`, the largest delay before jitter (the same as [`Backoff::max_delay`]).
+    pub const fn max_delay(&self) -> Duration {
+        self.max_delay
     }
 
     /// `Factor`, the growth per failure.
@@ -370,14 +389,9 @@ impl Exponential {
 }
 
 impl Default for Exponential {
-    /// The article's defaults: 100 ms, 15 min, factor 2, jitter 0.1.
+    /// The same as [`Exponential::new`]: the article's defaults.
     fn default() -> Self {
-        Self {
-            min_delay: Duration::from_millis(100),
-            max_delay: Duration::from_secs(15 * 60),
-            factor: 2.0,
-            jitter: 0.1,
-        }
+        Self::new()
     }
 }
 
@@ -396,8 +410,98 @@ impl Backoff for Exponential {
     }
 }
 
-/// "Full jitter": a uniform wait between zero and the exponential bound,
-/// `U(0, min(cap, base * 2^n))`.
+/// Builds an [`Exponential`]; made by [`Exponential::builder`], starting from the article's
+/// defaults.
+///
+/// The rules [`build`](Self::build) checks:
+///
+/// - `min_delay` is greater than zero (a zero wait is a retry storm);
+/// - `min_delay` does not exceed `max_delay`;
+/// - `factor` is finite and at least 1 (a backoff that shrinks is not one);
+/// - `jitter` is finite and within `0..=1`: above 1 the noise's standard deviation exceeds
+///   the delay itself, and more than one wait in six is clamped to zero, an immediate retry.
+#[derive(Clone, Copy, Debug, PartialEq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct ExponentialBuilder {
+    min_delay: Duration,
+    max_delay: Duration,
+    factor: f64,
+    jitter: f64,
+}
+
+impl ExponentialBuilder {
+    /// `MinDelay`, the first delay. Must be greater than zero. Default: 100 ms, the
+    /// article's.
+    pub const fn min_delay(mut self, min_delay: Duration) -> Self {
+        self.min_delay = min_delay;
+        self
+    }
+
+    /// `MaxDelay`, the largest delay before jitter. Must be at least `min_delay`. Default:
+    /// 15 minutes, the article's.
+    pub const fn max_delay(mut self, max_delay: Duration) -> Self {
+        self.max_delay = max_delay;
+        self
+    }
+
+    /// `Factor`, by which the delay is multiplied after each failure. Must be finite and at
+    /// least 1. Default: 2, the article's.
+    pub const fn factor(mut self, factor: f64) -> Self {
+        self.factor = factor;
+        self
+    }
+
+    /// `Jitter`, the standard deviation of the normal noise as a share of the delay; `0`
+    /// turns the noise off. Must be within `0..=1`. Default: 0.1 (10 %), the article's.
+    pub const fn jitter(mut self, jitter: f64) -> Self {
+        self.jitter = jitter;
+        self
+    }
+
+    /// Checks the settings and builds the strategy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the first setting that breaks one of the rules listed on
+    /// [`ExponentialBuilder`].
+    pub fn build(self) -> Result<Exponential, ConfigError> {
+        positive("min_delay", self.min_delay)?;
+        ordered("min_delay", self.min_delay, "max_delay", self.max_delay)?;
+        if !self.factor.is_finite() {
+            return Err(ConfigError::not_finite("factor", self.factor));
+        }
+        if self.factor < 1.0 {
+            return Err(ConfigError::out_of_range(
+                "factor",
+                self.factor,
+                "at least 1",
+            ));
+        }
+        if !self.jitter.is_finite() {
+            return Err(ConfigError::not_finite("jitter", self.jitter));
+        }
+        if !(0.0..=1.0).contains(&self.jitter) {
+            return Err(ConfigError::out_of_range(
+                "jitter",
+                self.jitter,
+                "within 0..=1",
+            ));
+        }
+        Ok(Exponential {
+            min_delay: self.min_delay,
+            max_delay: self.max_delay,
+            factor: self.factor,
+            jitter: self.jitter,
+        })
+    }
+}
+
+/// "Full jitter", from AWS's "Exponential Backoff and Jitter": a uniform wait between zero
+/// and the exponential bound, `U(0, min(cap, base * 2^n))`.
+///
+/// [`FullJitter::new`] has the defaults of the AWS SDKs' standard retry mode, which uses
+/// this strategy: `base` 100 ms ([`DEFAULT_BASE`](Self::DEFAULT_BASE)) and `cap` 20 s
+/// ([`DEFAULT_CAP`](Self::DEFAULT_CAP)). [`FullJitter::builder`] changes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct FullJitter {
     base: Duration,
@@ -405,16 +509,42 @@ pub struct FullJitter {
 }
 
 impl FullJitter {
-    /// Validates and builds the strategy.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidBackoff::ZeroDelay`] if `base` is zero; [`InvalidBackoff::MaxBelowBase`] if
-    /// `cap < base`.
-    pub fn new(base: Duration, cap: Duration) -> Result<Self, InvalidBackoff> {
-        check_base("base delay", base)?;
-        check_max(base, cap)?;
-        Ok(Self { base, cap })
+    /// Default `base`: 100 ms, the AWS SDKs' base delay.
+    pub const DEFAULT_BASE: Duration = Duration::from_millis(100);
+    /// Default `cap`: 20 s, the AWS SDKs' maximum backoff.
+    pub const DEFAULT_CAP: Duration = Duration::from_secs(20);
+
+    /// Base 100 ms, cap 20 s: the AWS SDKs' standard retry mode.
+    pub const fn new() -> Self {
+        Self {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// A builder starting from the defaults.
+    pub const fn builder() -> FullJitterBuilder {
+        FullJitterBuilder {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// The base delay, the bound of the first wait.
+    pub const fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The cap, the largest wait.
+    pub const fn cap(&self) -> Duration {
+        self.cap
+    }
+}
+
+impl Default for FullJitter {
+    /// The same as [`FullJitter::new`]: base 100 ms, cap 20 s.
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -429,8 +559,52 @@ impl Backoff for FullJitter {
     }
 }
 
-/// "Equal jitter": half the exponential bound, plus a uniform share of the other half,
-/// `t/2 + U(0, t/2)` with `t = min(cap, base * 2^n)`.
+/// Builds a [`FullJitter`]; made by [`FullJitter::builder`], starting from the defaults
+/// (base 100 ms, cap 20 s).
+///
+/// [`build`](Self::build) checks that `base` is greater than zero and does not exceed
+/// `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct FullJitterBuilder {
+    base: Duration,
+    cap: Duration,
+}
+
+impl FullJitterBuilder {
+    /// The base delay: the first wait is drawn from `0..=base`, and the bound doubles after
+    /// each failure. Must be greater than zero. Default: 100 ms, the AWS SDKs'.
+    pub const fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// The largest wait. Must be at least `base`. Default: 20 s, the AWS SDKs'.
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Checks the settings and builds the strategy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `base` if it is zero or above `cap`.
+    pub fn build(self) -> Result<FullJitter, ConfigError> {
+        check_base_cap(self.base, self.cap)?;
+        Ok(FullJitter {
+            base: self.base,
+            cap: self.cap,
+        })
+    }
+}
+
+/// "Equal jitter", from AWS's "Exponential Backoff and Jitter": half the exponential bound,
+/// plus a uniform share of the other half, `t/2 + U(0, t/2)` with `t = min(cap, base * 2^n)`.
+///
+/// [`EqualJitter::new`] has the values the AWS SDKs use for throttling errors (the SDK for
+/// Java uses this strategy for them): `base` 500 ms ([`DEFAULT_BASE`](Self::DEFAULT_BASE)),
+/// `cap` 20 s ([`DEFAULT_CAP`](Self::DEFAULT_CAP)). [`EqualJitter::builder`] changes them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct EqualJitter {
     base: Duration,
@@ -438,16 +612,42 @@ pub struct EqualJitter {
 }
 
 impl EqualJitter {
-    /// Validates and builds the strategy.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidBackoff::ZeroDelay`] if `base` is zero; [`InvalidBackoff::MaxBelowBase`] if
-    /// `cap < base`.
-    pub fn new(base: Duration, cap: Duration) -> Result<Self, InvalidBackoff> {
-        check_base("base delay", base)?;
-        check_max(base, cap)?;
-        Ok(Self { base, cap })
+    /// Default `base`: 500 ms, the AWS SDKs' base delay for throttling errors.
+    pub const DEFAULT_BASE: Duration = Duration::from_millis(500);
+    /// Default `cap`: 20 s, the AWS SDKs' maximum backoff.
+    pub const DEFAULT_CAP: Duration = Duration::from_secs(20);
+
+    /// Base 500 ms, cap 20 s: the AWS SDKs' backoff for throttling errors.
+    pub const fn new() -> Self {
+        Self {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// A builder starting from the defaults.
+    pub const fn builder() -> EqualJitterBuilder {
+        EqualJitterBuilder {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// The base delay: the first wait is within `base/2..=base`.
+    pub const fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The cap, the largest wait.
+    pub const fn cap(&self) -> Duration {
+        self.cap
+    }
+}
+
+impl Default for EqualJitter {
+    /// The same as [`EqualJitter::new`]: base 500 ms, cap 20 s.
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -462,8 +662,56 @@ impl Backoff for EqualJitter {
     }
 }
 
-/// "Decorrelated jitter": each wait is drawn between the base and three times the previous
-/// wait, `min(cap, U(base, prev * 3))`, with `prev` starting at `base`.
+/// Builds an [`EqualJitter`]; made by [`EqualJitter::builder`], starting from the defaults
+/// (base 500 ms, cap 20 s).
+///
+/// [`build`](Self::build) checks that `base` is greater than zero and does not exceed
+/// `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct EqualJitterBuilder {
+    base: Duration,
+    cap: Duration,
+}
+
+impl EqualJitterBuilder {
+    /// The base delay: the first wait is within `base/2..=base`, and the bound doubles after
+    /// each failure. Must be greater than zero. Default: 500 ms, the AWS SDKs' for
+    /// throttling errors.
+    pub const fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// The largest wait. Must be at least `base`. Default: 20 s, the AWS SDKs'.
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Checks the settings and builds the strategy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `base` if it is zero or above `cap`.
+    pub fn build(self) -> Result<EqualJitter, ConfigError> {
+        check_base_cap(self.base, self.cap)?;
+        Ok(EqualJitter {
+            base: self.base,
+            cap: self.cap,
+        })
+    }
+}
+
+/// "Decorrelated jitter", from AWS's "Exponential Backoff and Jitter": each wait is drawn
+/// between the base and three times the previous wait, `min(cap, U(base, prev * 3))`, with
+/// `prev` starting at `base`.
+///
+/// [`Decorrelated::new`] has [`FullJitter`]'s defaults, the AWS SDKs' values: `base` 100 ms
+/// ([`DEFAULT_BASE`](Self::DEFAULT_BASE)), `cap` 20 s ([`DEFAULT_CAP`](Self::DEFAULT_CAP)).
+/// AWS's article compares the jittered strategies at one base and cap; sharing them keeps a
+/// switch from one to the other a change of shape only. [`Decorrelated::builder`] changes
+/// them.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Decorrelated {
     base: Duration,
@@ -471,16 +719,42 @@ pub struct Decorrelated {
 }
 
 impl Decorrelated {
-    /// Validates and builds the strategy.
-    ///
-    /// # Errors
-    ///
-    /// [`InvalidBackoff::ZeroDelay`] if `base` is zero; [`InvalidBackoff::MaxBelowBase`] if
-    /// `cap < base`.
-    pub fn new(base: Duration, cap: Duration) -> Result<Self, InvalidBackoff> {
-        check_base("base delay", base)?;
-        check_max(base, cap)?;
-        Ok(Self { base, cap })
+    /// Default `base`: 100 ms, as [`FullJitter::DEFAULT_BASE`] (the AWS SDKs' base delay).
+    pub const DEFAULT_BASE: Duration = FullJitter::DEFAULT_BASE;
+    /// Default `cap`: 20 s, as [`FullJitter::DEFAULT_CAP`] (the AWS SDKs' maximum backoff).
+    pub const DEFAULT_CAP: Duration = FullJitter::DEFAULT_CAP;
+
+    /// Base 100 ms, cap 20 s, as [`FullJitter::new`].
+    pub const fn new() -> Self {
+        Self {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// A builder starting from the defaults.
+    pub const fn builder() -> DecorrelatedBuilder {
+        DecorrelatedBuilder {
+            base: Self::DEFAULT_BASE,
+            cap: Self::DEFAULT_CAP,
+        }
+    }
+
+    /// The base delay, the shortest wait.
+    pub const fn base(&self) -> Duration {
+        self.base
+    }
+
+    /// The cap, the largest wait.
+    pub const fn cap(&self) -> Duration {
+        self.cap
+    }
+}
+
+impl Default for Decorrelated {
+    /// The same as [`Decorrelated::new`]: base 100 ms, cap 20 s.
+    fn default() -> Self {
+        Self::new()
     }
 }
 
@@ -499,11 +773,59 @@ impl Backoff for Decorrelated {
     }
 }
 
+/// Builds a [`Decorrelated`]; made by [`Decorrelated::builder`], starting from the defaults
+/// (base 100 ms, cap 20 s).
+///
+/// [`build`](Self::build) checks that `base` is greater than zero and does not exceed
+/// `cap`.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DecorrelatedBuilder {
+    base: Duration,
+    cap: Duration,
+}
+
+impl DecorrelatedBuilder {
+    /// The shortest wait, and the starting point of the first draw, `U(base, 3 base)`. Must
+    /// be greater than zero. Default: 100 ms, the AWS SDKs' base delay.
+    pub const fn base(mut self, base: Duration) -> Self {
+        self.base = base;
+        self
+    }
+
+    /// The largest wait. Must be at least `base`. Default: 20 s, the AWS SDKs' maximum
+    /// backoff.
+    pub const fn cap(mut self, cap: Duration) -> Self {
+        self.cap = cap;
+        self
+    }
+
+    /// Checks the settings and builds the strategy.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `base` if it is zero or above `cap`.
+    pub fn build(self) -> Result<Decorrelated, ConfigError> {
+        check_base_cap(self.base, self.cap)?;
+        Ok(Decorrelated {
+            base: self.base,
+            cap: self.cap,
+        })
+    }
+}
+
 /// Ethernet's truncated binary exponential backoff: after collision `c` (`c = n + 1` before
 /// retry `n`), wait a whole number of slots drawn uniformly from `0 ..= 2^min(c, 10) - 1`.
 ///
 /// The expected wait after collision `c` is `(2^c - 1) / 2` slots (for `c <= 10`); the
 /// largest is 1023 slots.
+///
+/// [`Ethernet::new`] uses a slot of 100 ms ([`DEFAULT_SLOT`](Self::DEFAULT_SLOT)).
+/// IEEE 802.3 sizes its slot (512 bit times, 51.2 µs at 10 Mb/s) to the longest round trip
+/// on the medium, the time a collision takes to be seen; for a request the matching unit
+/// is the time a server takes to answer, and 100 ms is the article's service time (its
+/// `MinDelay`). Waits are then 0 or 100 ms before the first retry, at most 102.3 s. The slot
+/// is the only setting, so [`Ethernet::with_slot`] takes another one rather than a builder.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Ethernet {
     slot: Duration,
@@ -513,16 +835,31 @@ impl Ethernet {
     /// The exponent is truncated at 10, as in IEEE 802.3.
     pub const CEILING: u32 = 10;
 
-    /// Validates and builds the strategy.
+    /// Default slot time: 100 ms, a request's round trip in the article's model (see the
+    /// [type docs](Self)).
+    pub const DEFAULT_SLOT: Duration = Duration::from_millis(100);
+
+    /// A slot of 100 ms ([`DEFAULT_SLOT`](Self::DEFAULT_SLOT)).
+    pub const fn new() -> Self {
+        Self {
+            slot: Self::DEFAULT_SLOT,
+        }
+    }
+
+    /// A slot of `slot`.
     ///
     /// # Errors
     ///
-    /// [`InvalidBackoff::ZeroDelay`] if `slot` is zero; [`InvalidBackoff::Overflow`] if
-    /// `slot * 1023` does not fit in a [`Duration`].
-    pub fn new(slot: Duration) -> Result<Self, InvalidBackoff> {
-        check_base("slot time", slot)?;
+    /// A [`ConfigError`] on the setting `slot` if it is zero, or so long that the largest
+    /// wait, `slot * 1023`, does not fit in a [`Duration`].
+    pub fn with_slot(slot: Duration) -> Result<Self, ConfigError> {
+        positive("slot", slot)?;
         if slot.checked_mul((1 << Self::CEILING) - 1).is_none() {
-            return Err(InvalidBackoff::Overflow);
+            return Err(ConfigError::out_of_range(
+                "slot",
+                slot,
+                "short enough that 1023 slots fit in a Duration",
+            ));
         }
         Ok(Self { slot })
     }
@@ -539,9 +876,17 @@ impl Ethernet {
     }
 }
 
+impl Default for Ethernet {
+    /// The same as [`Ethernet::new`]: a slot of 100 ms.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
 impl Backoff for Ethernet {
     fn next_delay(&self, retry: u32, _: Option<Duration>, rng: &mut dyn RngCore) -> Duration {
-        // NOTE: cannot overflow: `new` checked `slot * 1023`, and slots() <= 1023.
+        // NOTE: cannot overflow: `with_slot` checked `slot * 1023` (and the default is
+        // 100 ms), and slots() <= 1023.
         self.slot * self.slots(retry, rng)
     }
 
@@ -625,18 +970,35 @@ mod tests {
 
     const MS: Duration = Duration::from_millis(1);
 
+    fn full_jitter(base: Duration, cap: Duration) -> FullJitter {
+        FullJitter::builder().base(base).cap(cap).build().unwrap()
+    }
+
+    fn decorrelated(base: Duration, cap: Duration) -> Decorrelated {
+        Decorrelated::builder().base(base).cap(cap).build().unwrap()
+    }
+
     fn all_strategies() -> Vec<Box<dyn Backoff>> {
         vec![
             Box::new(Fixed::default()),
             Box::new(Exponential::default()),
-            Box::new(Exponential::new(100 * MS, Duration::from_secs(600), 2.7, 0.1).unwrap()),
-            Box::new(Exponential::new(MS, Duration::MAX, 2.7, 0.5).unwrap()),
-            Box::new(FullJitter::new(100 * MS, Duration::from_secs(30)).unwrap()),
-            Box::new(FullJitter::new(MS, Duration::MAX).unwrap()),
-            Box::new(EqualJitter::new(100 * MS, Duration::from_secs(30)).unwrap()),
-            Box::new(Decorrelated::new(100 * MS, Duration::from_secs(30)).unwrap()),
-            Box::new(Decorrelated::new(MS, Duration::MAX).unwrap()),
-            Box::new(Ethernet::new(51 * Duration::from_micros(1)).unwrap()),
+            Box::new(Exponential::article_blue()),
+            Box::new(
+                Exponential::builder()
+                    .min_delay(MS)
+                    .max_delay(Duration::MAX)
+                    .factor(2.7)
+                    .jitter(0.5)
+                    .build()
+                    .unwrap(),
+            ),
+            Box::new(FullJitter::new()),
+            Box::new(full_jitter(MS, Duration::MAX)),
+            Box::new(EqualJitter::new()),
+            Box::new(Decorrelated::new()),
+            Box::new(decorrelated(MS, Duration::MAX)),
+            Box::new(Ethernet::new()),
+            Box::new(Ethernet::with_slot(51 * Duration::from_micros(1)).unwrap()),
         ]
     }
 
@@ -654,7 +1016,7 @@ mod tests {
     fn article_sequence_mean_matches_the_deterministic_curve() {
         let seeds = Seeds::from_seed(1);
         for b in [
-            Exponential::default(),
+            Exponential::new(),
             Exponential::article_blue(),
             Exponential::article_green(),
         ] {
@@ -678,7 +1040,7 @@ mod tests {
 
     #[test]
     fn article_jitter_has_the_stated_spread() {
-        let b = Exponential::default();
+        let b = Exponential::new();
         let seeds = Seeds::from_seed(2);
         let n = 3; // 800 ms
         let xs: Vec<f64> = (0..20_000)
@@ -692,7 +1054,11 @@ mod tests {
 
     #[test]
     fn exponential_without_jitter_is_exact() {
-        let b = Exponential::new(100 * MS, Duration::from_secs(1), 2.0, 0.0).unwrap();
+        let b = Exponential::builder()
+            .max_delay(Duration::from_secs(1))
+            .jitter(0.0)
+            .build()
+            .unwrap();
         let got: Vec<Duration> = b.delays(Seeds::from_seed(3).rng()).take(6).collect();
         assert_eq!(
             got,
@@ -701,8 +1067,12 @@ mod tests {
     }
 
     #[test]
-    fn exponential_is_never_negative_even_with_wild_jitter() {
-        let b = Exponential::new(100 * MS, Duration::from_secs(10), 2.0, 3.0).unwrap();
+    fn exponential_is_never_negative_even_at_the_largest_jitter() {
+        let b = Exponential::builder()
+            .max_delay(Duration::from_secs(10))
+            .jitter(1.0)
+            .build()
+            .unwrap();
         let seeds = Seeds::from_seed(4);
         let mut zeros = 0;
         for _ in 0..2_000 {
@@ -712,23 +1082,27 @@ mod tests {
             }
             assert!(d <= Duration::from_secs(20));
         }
-        assert!(zeros > 0, "with sigma = 3d some draws must clamp at zero");
+        // P(z < -1) is 15.9 %: about 317 of 2000 draws clamp at zero.
+        assert!(
+            zeros > 200,
+            "with sigma = d some draws must clamp at zero: {zeros}"
+        );
     }
 
     #[test]
     fn fixed_is_fixed() {
-        let b = Fixed::new(250 * MS).unwrap();
+        let b = Fixed::every(250 * MS).unwrap();
         assert!(
             b.delays(Seeds::from_seed(5).rng())
                 .take(100)
                 .all(|d| d == 250 * MS)
         );
-        assert_eq!(Fixed::default().interval(), 100 * MS);
+        assert_eq!(Fixed::new().interval(), 100 * MS);
     }
 
     #[test]
     fn full_jitter_bounds_and_mean() {
-        let b = FullJitter::new(100 * MS, Duration::from_secs(2)).unwrap();
+        let b = full_jitter(100 * MS, Duration::from_secs(2));
         let seeds = Seeds::from_seed(6);
         for n in 0..8u32 {
             let t = (0.1 * 2f64.powi(n as i32)).min(2.0);
@@ -749,7 +1123,11 @@ mod tests {
 
     #[test]
     fn equal_jitter_bounds_and_mean() {
-        let b = EqualJitter::new(100 * MS, Duration::from_secs(2)).unwrap();
+        let b = EqualJitter::builder()
+            .base(100 * MS)
+            .cap(Duration::from_secs(2))
+            .build()
+            .unwrap();
         let seeds = Seeds::from_seed(7);
         for n in 0..8u32 {
             let t = (0.1 * 2f64.powi(n as i32)).min(2.0);
@@ -769,7 +1147,7 @@ mod tests {
     fn decorrelated_bounds_follow_the_previous_delay() {
         let base = 100 * MS;
         let cap = Duration::from_secs(5);
-        let b = Decorrelated::new(base, cap).unwrap();
+        let b = decorrelated(base, cap);
         let seeds = Seeds::from_seed(8);
         for _ in 0..200 {
             let mut prev = base;
@@ -791,7 +1169,7 @@ mod tests {
     #[test]
     fn ethernet_slots_have_the_expected_mean_and_range() {
         let slot = Duration::from_micros(51_200) / 1000; // 51.2 us
-        let b = Ethernet::new(slot).unwrap();
+        let b = Ethernet::with_slot(slot).unwrap();
         let seeds = Seeds::from_seed(9);
         for c in 1..=12u32 {
             let hi = (1u32 << c.min(10)) - 1;
@@ -838,7 +1216,7 @@ mod tests {
                 }
             }
         }
-        let b = Exponential::new(100 * MS, Duration::from_secs(600), 2.7, 0.1).unwrap();
+        let b = Exponential::article_blue();
         let d = b.next_delay(10_000, None, &mut seeds.rng());
         assert!(
             d >= Duration::from_secs(300) && d <= Duration::from_secs(900),
@@ -876,56 +1254,178 @@ mod tests {
     }
 
     #[test]
-    fn invalid_configurations_are_rejected_with_clear_messages() {
+    fn new_gives_the_documented_defaults() {
+        assert_eq!(Fixed::new().interval(), 100 * MS);
+        assert_eq!(Fixed::new(), Fixed::default());
+
+        let e = Exponential::new();
+        assert_eq!(
+            (e.min_delay(), e.max_delay(), e.factor(), e.jitter()),
+            (100 * MS, Duration::from_secs(900), 2.0, 0.1)
+        );
+        assert_eq!(e, Exponential::default());
+        assert_eq!(Exponential::builder().build().unwrap(), e);
+        let blue = Exponential::article_blue();
+        assert_eq!(
+            (
+                blue.min_delay(),
+                blue.max_delay(),
+                blue.factor(),
+                blue.jitter()
+            ),
+            (100 * MS, Duration::from_secs(600), 2.7, 0.1)
+        );
+        let green = Exponential::article_green();
+        assert_eq!(
+            (
+                green.min_delay(),
+                green.max_delay(),
+                green.factor(),
+                green.jitter()
+            ),
+            (Duration::from_secs(1), Duration::from_secs(300), 1.5, 0.1)
+        );
+
+        let twenty = Duration::from_secs(20);
+        let f = FullJitter::new();
+        assert_eq!((f.base(), f.cap()), (100 * MS, twenty));
+        assert_eq!(FullJitter::builder().build().unwrap(), f);
+        let q = EqualJitter::new();
+        assert_eq!((q.base(), q.cap()), (500 * MS, twenty));
+        assert_eq!(EqualJitter::builder().build().unwrap(), q);
+        let d = Decorrelated::new();
+        assert_eq!((d.base(), d.cap()), (100 * MS, twenty));
+        assert_eq!(Decorrelated::builder().build().unwrap(), d);
+        assert_eq!(Ethernet::new().slot(), 100 * MS);
+        assert_eq!(Ethernet::new().max_delay(), 102_300 * MS);
+    }
+
+    /// The error's field, kind and message.
+    fn refused<T: fmt::Debug>(
+        r: Result<T, ConfigError>,
+    ) -> (&'static str, ConfigErrorKind, String) {
+        let e = r.unwrap_err();
+        (e.field(), e.kind(), e.to_string())
+    }
+
+    use overload_signal::ConfigErrorKind::{self, Conflict, NotFinite, OutOfRange};
+
+    #[test]
+    fn invalid_configurations_are_refused_by_name_value_and_rule() {
         let s = Duration::from_secs(1);
-        assert_eq!(
-            Fixed::new(Duration::ZERO),
-            Err(InvalidBackoff::ZeroDelay("fixed interval"))
-        );
-        assert_eq!(
-            Exponential::new(Duration::ZERO, s, 2.0, 0.1),
-            Err(InvalidBackoff::ZeroDelay("minimum delay"))
-        );
-        assert!(matches!(
-            Exponential::new(s, MS, 2.0, 0.1),
-            Err(InvalidBackoff::MaxBelowBase { .. })
-        ));
-        for f in [f64::NAN, f64::INFINITY, 0.5, -2.0, 0.0] {
-            assert!(matches!(
-                Exponential::new(MS, s, f, 0.1),
-                Err(InvalidBackoff::Factor(_))
-            ));
-        }
-        for j in [f64::NAN, f64::INFINITY, -0.1] {
-            assert!(matches!(
-                Exponential::new(MS, s, 2.0, j),
-                Err(InvalidBackoff::Jitter(_))
-            ));
-        }
-        assert!(FullJitter::new(Duration::ZERO, s).is_err());
-        assert!(FullJitter::new(s, MS).is_err());
-        assert!(EqualJitter::new(Duration::ZERO, s).is_err());
-        assert!(EqualJitter::new(s, MS).is_err());
-        assert!(Decorrelated::new(Duration::ZERO, s).is_err());
-        assert!(Decorrelated::new(s, MS).is_err());
-        assert_eq!(
-            Ethernet::new(Duration::ZERO),
-            Err(InvalidBackoff::ZeroDelay("slot time"))
-        );
-        assert_eq!(Ethernet::new(Duration::MAX), Err(InvalidBackoff::Overflow));
+        let owned = |(f, k, m): (&'static str, ConfigErrorKind, &str)| (f, k, m.to_owned());
 
         assert_eq!(
-            Exponential::new(MS, s, 0.5, 0.1).unwrap_err().to_string(),
-            "growth factor must be finite and at least 1, got 0.5"
+            refused(Fixed::every(Duration::ZERO)),
+            owned((
+                "interval",
+                OutOfRange,
+                "interval must be greater than zero, got 0ns"
+            ))
+        );
+
+        let e = Exponential::builder;
+        assert_eq!(
+            refused(e().min_delay(Duration::ZERO).build()),
+            owned((
+                "min_delay",
+                OutOfRange,
+                "min_delay must be greater than zero, got 0ns"
+            ))
         );
         assert_eq!(
-            Exponential::new(s, MS, 2.0, 0.1).unwrap_err().to_string(),
-            "maximum delay (1ms) must be at least the base delay (1s)"
+            refused(e().min_delay(s).max_delay(MS).build()),
+            owned((
+                "min_delay",
+                Conflict,
+                "min_delay (1s) must not exceed max_delay (1ms)"
+            ))
+        );
+        // A minimum above the default maximum (15 min) is caught too.
+        assert_eq!(refused(e().min_delay(1000 * s).build()).1, Conflict);
+        assert_eq!(
+            refused(e().factor(0.5).build()),
+            owned(("factor", OutOfRange, "factor must be at least 1, got 0.5"))
+        );
+        for f in [0.0, -2.0, 0.999] {
+            assert_eq!(refused(e().factor(f).build()).1, OutOfRange, "{f}");
+        }
+        for f in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            assert_eq!(refused(e().factor(f).build()).1, NotFinite, "{f}");
+        }
+        assert_eq!(
+            refused(e().factor(f64::NAN).build()).2,
+            "factor must be a finite number, got NaN"
         );
         assert_eq!(
-            Fixed::new(Duration::ZERO).unwrap_err().to_string(),
-            "fixed interval must be greater than zero"
+            refused(e().jitter(1.5).build()),
+            owned(("jitter", OutOfRange, "jitter must be within 0..=1, got 1.5"))
         );
+        assert_eq!(refused(e().jitter(-0.1).build()).1, OutOfRange);
+        assert_eq!(refused(e().jitter(f64::INFINITY).build()).1, NotFinite);
+        // Regression: the old positional `Exponential::new(min, max, factor, jitter)` took
+        // a swapped factor and jitter (2.0 and 0.1 as 0.1 and 2.0) without a word only when
+        // both happened to pass; by name, each setting is checked against its own rule.
+        assert_eq!(refused(e().factor(0.1).jitter(2.0).build()).0, "factor");
+        assert_eq!(refused(e().factor(2.0).jitter(2.0).build()).0, "jitter");
+        // The bounds are inclusive.
+        assert!(e().factor(1.0).jitter(0.0).build().is_ok());
+        assert!(e().jitter(1.0).min_delay(s).max_delay(s).build().is_ok());
+
+        for (field_base, r) in [
+            (
+                "base",
+                refused(FullJitter::builder().base(Duration::ZERO).build()),
+            ),
+            (
+                "base",
+                refused(EqualJitter::builder().base(Duration::ZERO).build()),
+            ),
+            (
+                "base",
+                refused(Decorrelated::builder().base(Duration::ZERO).build()),
+            ),
+        ] {
+            assert_eq!(
+                r,
+                owned((
+                    field_base,
+                    OutOfRange,
+                    "base must be greater than zero, got 0ns"
+                ))
+            );
+        }
+        for r in [
+            refused(FullJitter::builder().base(s).cap(MS).build()),
+            refused(EqualJitter::builder().base(s).cap(MS).build()),
+            refused(Decorrelated::builder().base(s).cap(MS).build()),
+        ] {
+            assert_eq!(
+                r,
+                owned(("base", Conflict, "base (1s) must not exceed cap (1ms)"))
+            );
+        }
+        // A base above the default cap (20 s) is caught too.
+        assert_eq!(
+            refused(FullJitter::builder().base(30 * s).build()).2,
+            "base (30s) must not exceed cap (20s)"
+        );
+
+        assert_eq!(
+            refused(Ethernet::with_slot(Duration::ZERO)),
+            owned((
+                "slot",
+                OutOfRange,
+                "slot must be greater than zero, got 0ns"
+            ))
+        );
+        let (field, kind, message) = refused(Ethernet::with_slot(Duration::MAX));
+        assert_eq!((field, kind), ("slot", OutOfRange));
+        assert!(
+            message.starts_with("slot must be short enough that 1023 slots fit in a Duration"),
+            "{message}"
+        );
+        assert!(Ethernet::with_slot(Duration::MAX / 1023).is_ok());
     }
 
     proptest! {
@@ -937,24 +1437,30 @@ mod tests {
             base_ms in 1u64..10_000,
             cap_factor in 1u64..1_000,
             factor in 1.0f64..10.0,
-            jitter in 0.0f64..2.0,
+            jitter in 0.0f64..=1.0,
         ) {
             let base = Duration::from_millis(base_ms);
             let cap = base * u32::try_from(cap_factor).unwrap();
             let prev = Some(Duration::from_nanos(prev_nanos));
             let mut rng = SmallRng::seed_from_u64(seed);
-            let e = Exponential::new(base, cap, factor, jitter).unwrap();
+            let e = Exponential::builder()
+                .min_delay(base)
+                .max_delay(cap)
+                .factor(factor)
+                .jitter(jitter)
+                .build()
+                .unwrap();
             prop_assert!(e.next_delay(retry, prev, &mut rng) <= cap * 2);
-            let f = FullJitter::new(base, cap).unwrap();
+            let f = full_jitter(base, cap);
             prop_assert!(f.next_delay(retry, prev, &mut rng) <= cap);
-            let q = EqualJitter::new(base, cap).unwrap();
+            let q = EqualJitter::builder().base(base).cap(cap).build().unwrap();
             let d = q.next_delay(retry, prev, &mut rng);
             prop_assert!(d <= cap);
             prop_assert!(d.as_secs_f64() >= grown(base, 2.0, retry, cap) / 2.0 - 1e-9);
-            let c = Decorrelated::new(base, cap).unwrap();
+            let c = decorrelated(base, cap);
             let d = c.next_delay(retry, prev, &mut rng);
             prop_assert!(d >= base && d <= cap);
-            let t = Ethernet::new(base).unwrap();
+            let t = Ethernet::with_slot(base).unwrap();
             prop_assert!(t.next_delay(retry, prev, &mut rng) <= base * 1023);
         }
     }

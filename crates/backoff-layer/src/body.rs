@@ -18,7 +18,8 @@
 //! copied frame (a connection may go on sending a request whose response already came back),
 //! the retry waits for it to read on or to release the body, and continues from there.
 //!
-//! Trailers are replayed too. Data frames are turned into [`Bytes`] (without a copy when they
+//! Trailers are replayed too. Data frames are turned into
+//! [`Bytes`](https://docs.rs/bytes/1/bytes/struct.Bytes.html) (without a copy when they
 //! already are `Bytes`).
 
 use std::fmt;
@@ -36,9 +37,10 @@ use crate::BoxError;
 pin_project! {
     /// The request body the retry layer gives its inner service; see the [module docs](self).
     ///
-    /// It implements [`http_body::Body`] with `Data = Bytes` and `Error = BoxError`, so it fits
-    /// hyper, hyper-util's legacy `Client` and tonic's transport. It is `Unpin` when `B` is
-    /// (hyper-util's `Client` requires it).
+    /// It implements [`http_body::Body`](https://docs.rs/http-body/1/http_body/trait.Body.html)
+    /// with `Data = Bytes` and `Error = BoxError`, so it fits hyper, hyper-util's legacy
+    /// `Client` and tonic's transport. It is `Unpin` when `B` is (hyper-util's `Client`
+    /// requires it).
     ///
     /// The retry layer makes every `ReplayBody`; there is no public constructor.
     pub struct ReplayBody<B> {

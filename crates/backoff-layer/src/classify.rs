@@ -51,7 +51,7 @@
 //!
 //! let layer = RetryLayer::builder().classifier(AlsoRetry500).build()?;
 //! # let _ = layer;
-//! # Ok::<(), backoff_layer::InvalidRetryConfig>(())
+//! # Ok::<(), backoff_layer::ConfigError>(())
 //! ```
 
 use std::error::Error;
@@ -62,7 +62,7 @@ use overload_signal::protocol::{
     GRPC_RESOURCE_EXHAUSTED, GRPC_RETRY_PUSHBACK_MS, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, grpc_status,
 };
 
-use crate::retry::AttemptTimedOut;
+use crate::outcome::AttemptTimedOut;
 
 /// What an attempt's outcome calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -278,6 +278,13 @@ mod tests {
 
         let ours = Wrap(Box::new(AttemptTimedOut::new()));
         assert!(is_timeout(&ours));
+        // The chain is walked through the layer's own `GaveUp` too.
+        let gave_up = crate::GaveUp::new(
+            crate::GiveUpReason::MaxAttempts,
+            3,
+            Box::new(AttemptTimedOut::new()),
+        );
+        assert!(is_timeout(&gave_up));
 
         let reset = Wrap(Box::new(io::Error::from(io::ErrorKind::ConnectionReset)));
         assert!(!is_connect_error(&reset));

@@ -53,15 +53,41 @@
 //! use backoff_layer::RetryLayer;
 //!
 //! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::builder().ratio(0.2).build()?);
+//! let backoff = Decorrelated::builder()
+//!     .base(Duration::from_millis(50))
+//!     .cap(Duration::from_secs(5))
+//!     .build()?;
 //! let layer = RetryLayer::builder()
 //!     .max_attempts(5)
-//!     .backoff(Decorrelated::new(Duration::from_millis(50), Duration::from_secs(5))?)
+//!     .backoff(backoff)
 //!     .attempt_timeout(Duration::from_secs(2))
 //!     .deadline(Duration::from_secs(10))
 //!     .shared_budget(budget)
 //!     .build()?;
 //! # let _ = layer;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
+//! ```
+//!
+//! # Configuration
+//!
+//! Every configurable type of this crate follows one convention, shared with
+//! `overload-signal` and `ratelimit-layer`: `X::new()` gives the defaults (each stated in
+//! its docs with its source, and an associated constant such as
+//! [`RetryLayer::DEFAULT_MAX_ATTEMPTS`]); `X::builder()` returns a builder with one named
+//! setter per setting; `build()` checks the settings and returns a [`ConfigError`] that
+//! names the setting, the value and the rule it broke:
+//!
+//! ```
+//! use backoff_layer::{ConfigErrorKind, RetryLayer};
+//! use backoff_layer::backoff::Exponential;
+//!
+//! let err = Exponential::builder().jitter(1.5).build().unwrap_err();
+//! assert_eq!(err.field(), "jitter");
+//! assert_eq!(err.kind(), ConfigErrorKind::OutOfRange);
+//! assert_eq!(err.to_string(), "jitter must be within 0..=1, got 1.5");
+//!
+//! let err = RetryLayer::builder().max_attempts(0).build().unwrap_err();
+//! assert_eq!(err.to_string(), "max_attempts must be at least 1, got 0");
 //! ```
 //!
 //! # The inner service's body type
@@ -88,14 +114,18 @@
 //! |---|---|
 //! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
 //! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable) or [`NotRetryable`](GiveUpReason::NotRetryable) |
-//! | the stop signal | `Err`, an [`overload_signal::Overloaded`] (`err.is::<Overloaded>()`); the task-local marker of [`overload_signal::propagation`] is raised |
+//! | the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the task-local marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
 //!
 //! # Metrics
 //!
-//! Recorded through the [`metrics`] facade (install any recorder; none is installed here):
+//! Recorded through the [`metrics`](https://docs.rs/metrics) facade (install any recorder;
+//! none is installed here). Each layer registers its metrics once, with the recorder
+//! installed when it serves its first request, and keeps the handles: install the recorder
+//! before the first request (building the layer before it is fine). Every
+//! `backoff_layer_gave_up_total` series is registered at zero with the others.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
@@ -119,17 +149,18 @@
 //!   for stacks that put tower's `Timeout` under the retry layer.
 
 pub mod backoff;
-mod body;
+pub mod body;
 pub mod budget;
 pub mod classify;
+mod outcome;
 mod retry;
 
-pub use body::{ReplayBody, ReplayError};
+pub use body::ReplayBody;
+pub use outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
+pub use overload_signal::{ConfigError, ConfigErrorKind};
+pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
-pub use retry::{
-    AttemptTimedOut, GaveUp, GiveUpReason, InvalidRetryConfig, Retry, RetryBuilder, RetryInfo,
-    RetryLayer,
-};
+pub use retry::{Retry, RetryBuilder, RetryLayer};
 
 /// The boxed error type the retry layer returns: `Box<dyn Error + Send + Sync>`, the same as
 /// `tower::BoxError`.

@@ -83,7 +83,7 @@ fn client() -> Client<HttpConnector, ReplayBody<Full<Bytes>>> {
 
 fn layer() -> RetryLayer {
     RetryLayer::builder()
-        .backoff(Fixed::new(Duration::from_millis(10)).unwrap())
+        .backoff(Fixed::every(Duration::from_millis(10)).unwrap())
         .seeds(Seeds::from_seed(3))
         .attempt_timeout(Duration::from_secs(10))
         .build()

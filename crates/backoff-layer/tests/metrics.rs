@@ -40,7 +40,7 @@ async fn counters_by_name_and_reason() {
 
     let builder = || {
         RetryLayer::builder()
-            .backoff(Fixed::new(100 * MS).unwrap())
+            .backoff(Fixed::every(100 * MS).unwrap())
             .seeds(Seeds::from_seed(5))
     };
     // Three attempts, then give up on max attempts.
@@ -84,6 +84,10 @@ async fn counters_by_name_and_reason() {
         ("backoff_layer_stop_signals_total", 1),
         ("backoff_layer_gave_up_total{reason=max_attempts}", 1),
         ("backoff_layer_gave_up_total{reason=budget}", 1),
+        // Every reason's series exists from the first request on, at zero until used.
+        ("backoff_layer_gave_up_total{reason=deadline}", 0),
+        ("backoff_layer_gave_up_total{reason=body_not_replayable}", 0),
+        ("backoff_layer_gave_up_total{reason=not_retryable}", 0),
         // The default budget's own counters: it granted both retries of the first request
         // (the floor allows 10 per window) and refused none.
         ("backoff_layer_budget_retries_allowed_total", 2),

@@ -22,7 +22,7 @@ use tower::{Layer, ServiceExt};
 
 fn layer() -> RetryBuilder {
     RetryLayer::builder()
-        .backoff(Fixed::new(100 * MS).unwrap())
+        .backoff(Fixed::every(100 * MS).unwrap())
         .seeds(Seeds::from_seed(1))
 }
 
@@ -150,7 +150,11 @@ async fn retry_after_delays_the_retry_by_at_least_its_value() {
         status(200),
     ]);
     // The backoff alone would wait 100 ms; its maximum is large enough not to cap the hint.
-    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(60 * SECOND)
+        .jitter(0.0)
+        .build()
+        .unwrap();
     let r = send(layer().backoff(backoff), &mock, get()).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
     let seen = mock.seen();
@@ -172,7 +176,11 @@ async fn grpc_pushback_is_a_lower_bound_too() {
         ),
         status(200),
     ]);
-    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(60 * SECOND)
+        .jitter(0.0)
+        .build()
+        .unwrap();
     send(layer().backoff(backoff), &mock, get()).await.unwrap();
     let seen = mock.seen();
     assert_eq!(seen.len(), 2);
@@ -185,7 +193,11 @@ async fn a_hint_is_capped_by_the_strategy_maximum() {
         Reply::Status(503, vec![("retry-after", "3600")]),
         status(200),
     ]);
-    let backoff = Exponential::new(100 * MS, 2 * SECOND, 2.0, 0.0).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(2 * SECOND)
+        .jitter(0.0)
+        .build()
+        .unwrap();
     send(layer().backoff(backoff), &mock, get()).await.unwrap();
     let seen = mock.seen();
     assert_eq!(seen[1].at - seen[0].at, 2 * SECOND);
@@ -197,7 +209,11 @@ async fn a_wait_past_the_deadline_gives_up_at_once() {
         Reply::Status(503, vec![("retry-after", "10")]),
         status(200),
     ]);
-    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.0).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(60 * SECOND)
+        .jitter(0.0)
+        .build()
+        .unwrap();
     let start = Instant::now();
     let r = send(layer().backoff(backoff).deadline(5 * SECOND), &mock, get())
         .await
@@ -339,7 +355,12 @@ async fn max_attempts_one_turns_retries_off() {
 #[tokio::test(start_paused = true)]
 async fn waits_follow_the_backoff_strategy() {
     let mock = Mock::new(vec![status(503)]);
-    let backoff = Exponential::new(100 * MS, 60 * SECOND, 3.0, 0.0).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(60 * SECOND)
+        .factor(3.0)
+        .jitter(0.0)
+        .build()
+        .unwrap();
     send(layer().backoff(backoff).max_attempts(4), &mock, get())
         .await
         .unwrap();
@@ -350,7 +371,11 @@ async fn waits_follow_the_backoff_strategy() {
 
 #[tokio::test(start_paused = true)]
 async fn two_requests_draw_different_jitter() {
-    let backoff = Exponential::new(100 * MS, 60 * SECOND, 2.0, 0.5).unwrap();
+    let backoff = Exponential::builder()
+        .max_delay(60 * SECOND)
+        .jitter(0.5)
+        .build()
+        .unwrap();
     let layer = layer().backoff(backoff).build().unwrap();
     let mut gaps = Vec::new();
     for _ in 0..2 {
@@ -402,7 +427,7 @@ async fn budget_refusal_is_typed_for_responses_and_errors() {
     assert_eq!(budget.withdrawals.load(Ordering::Relaxed), 2);
 
     let layer = RetryLayer::builder()
-        .backoff(Fixed::new(100 * MS).unwrap())
+        .backoff(Fixed::every(100 * MS).unwrap())
         .shared_budget(Arc::clone(&budget) as Arc<dyn Budget>);
     let mock = Mock::new(vec![Reply::Io(ErrorKind::ConnectionRefused)]);
     let err = send(layer, &mock, get()).await.unwrap_err();

@@ -46,7 +46,8 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryL
         // NOTE: `RetryLayer`'s default budget is a `RetryBudget`; the article's clients have
         // none, so it is turned off explicitly.
         Strategy::Fixed => builder
-            .backoff(fixed_backoff())
+            // The article's fixed interval, 100 ms.
+            .backoff(Fixed::new())
             .budget(Unlimited)
             .max_attempts(u32::MAX)
             .build(),
@@ -56,7 +57,7 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryL
             .max_attempts(u32::MAX)
             .build(),
         Strategy::Full => builder
-            .backoff(Exponential::default())
+            .backoff(Exponential::new())
             .budget(CountingBudget::new(
                 RetryBudget::default(),
                 recorder.clone(),
@@ -68,22 +69,12 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryL
     built.unwrap_or_else(|e| unreachable!("the demo's retry configurations are valid: {e}"))
 }
 
-/// The article's fixed interval: 100 ms.
-fn fixed_backoff() -> Fixed {
-    Fixed::new(Fixed::ARTICLE_INTERVAL)
-        .unwrap_or_else(|e| unreachable!("100 ms is a valid interval: {e}"))
-}
-
 /// The article's exponential backoff without jitter: 100 ms, x2, at most 15 minutes.
 fn exponential_without_jitter() -> Exponential {
-    let article = Exponential::default();
-    Exponential::new(
-        article.min_delay(),
-        backoff_layer::backoff::Backoff::max_delay(&article),
-        article.factor(),
-        0.0,
-    )
-    .unwrap_or_else(|e| unreachable!("the article's parameters are valid: {e}"))
+    Exponential::builder()
+        .jitter(0.0)
+        .build()
+        .unwrap_or_else(|e| unreachable!("the article's parameters are valid: {e}"))
 }
 
 /// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`,

@@ -17,10 +17,11 @@ use rand::rngs::SmallRng;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower_service::Service;
 
-use super::{AttemptTimedOut, Config, GaveUp, GiveUpReason, RetryInfo, metric};
+use super::Config;
 use crate::BoxError;
 use crate::body::{BodySource, ReplayBody};
 use crate::classify::Classification;
+use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry): one request, all its attempts and the
@@ -36,7 +37,9 @@ pin_project! {
         #[pin]
         timer: Option<Sleep>,
         timer_is_deadline: bool,
-        service: S,
+        // A clone of the inner service for the retries; `None` when the request may not be
+        // retried.
+        service: Option<S>,
         retry: RetryState<B>,
     }
 }
@@ -66,7 +69,6 @@ struct RetryState<B> {
     // NOTE: the next request is built only when it is sent, so that the future does not
     // carry a whole request (over 250 bytes) through every move.
     next_body: Option<ReplayBody<B>>,
-    may_retry: bool,
     /// Attempts sent so far.
     attempts: u32,
     deadline: Option<Instant>,
@@ -87,15 +89,17 @@ impl<S, B> ResponseFuture<S, B>
 where
     S: Service<Request<ReplayBody<B>>>,
 {
+    /// The future of a request whose first attempt is `future`. `retry` holds the request's
+    /// parts and a clone of the inner service when the request may be retried.
+    #[inline]
     pub(crate) fn new(
         future: S::Future,
         span: tracing::Span,
-        service: S,
         config: Arc<Config>,
-        template: Option<Parts>,
+        retry: Option<(Parts, S)>,
         body: BodySource<B>,
-        may_retry: bool,
     ) -> Self {
+        let (template, service) = retry.unzip();
         let needs_now = config.deadline.is_some() || config.attempt_timeout.is_some();
         let now = needs_now.then(Instant::now);
         let deadline = config.deadline.zip(now).map(|(d, now)| now + d);
@@ -105,7 +109,6 @@ where
             template,
             body,
             next_body: None,
-            may_retry,
             attempts: 1,
             deadline,
             previous_delay: None,
@@ -155,7 +158,7 @@ impl<B> RetryState<B> {
                 if protocol::is_stop_signal(response.headers()) {
                     // Never retried, whatever the classifier says; and tell a server layer
                     // above us, so it can answer its own caller with the signal too.
-                    metrics::counter!(metric::STOP_SIGNALS).increment(1);
+                    self.config.metrics().stop_signals.increment(1);
                     propagation::mark_stop_received();
                     tracing::debug!(attempts = self.attempts, "stop signal received");
                     return Next::Return(Err(Box::new(Overloaded::new())));
@@ -178,7 +181,7 @@ impl<B> RetryState<B> {
         let config = Arc::clone(&self.config);
 
         let give_up = |this: &mut Self, reason| Next::Return(this.finish(outcome, Some(reason)));
-        if !self.may_retry {
+        if self.template.is_none() {
             return give_up(self, GiveUpReason::NotRetryable);
         }
         if self.attempts >= config.max_attempts {
@@ -211,7 +214,7 @@ impl<B> RetryState<B> {
         }
 
         self.next_body = Some(body);
-        metrics::histogram!(metric::RETRY_DELAY).record(delay.as_secs_f64());
+        config.metrics().retry_delay.record(delay.as_secs_f64());
         tracing::debug!(
             attempt = self.attempts,
             delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
@@ -239,7 +242,7 @@ impl<B> RetryState<B> {
         gave_up: Option<GiveUpReason>,
     ) -> Result<Response<ResBody>, BoxError> {
         if let Some(reason) = gave_up {
-            metrics::counter!(metric::GAVE_UP, "reason" => reason.as_str()).increment(1);
+            self.config.metrics().gave_up(reason).increment(1);
             tracing::debug!(attempts = self.attempts, %reason, "giving up");
         }
         match outcome {
@@ -326,7 +329,10 @@ where
                     this.state.set(State::Polling);
                 }
                 StateProj::Polling => {
-                    if let Err(e) = ready!(this.service.poll_ready(cx)) {
+                    let Some(service) = this.service.as_mut() else {
+                        unreachable!("a retry is decided only with a service to send it");
+                    };
+                    if let Err(e) = ready!(service.poll_ready(cx)) {
                         this.state.set(State::Done);
                         this.timer.set(None);
                         return Poll::Ready(Err(e.into()));
@@ -334,12 +340,13 @@ where
                     let request = this.retry.next_request();
                     let attempt = this.retry.attempts;
                     this.retry.attempts += 1;
-                    metrics::counter!(metric::ATTEMPTS).increment(1);
-                    metrics::counter!(metric::RETRIES).increment(1);
+                    let metrics = this.retry.config.metrics();
+                    metrics.attempts.increment(1);
+                    metrics.retries.increment(1);
                     let span = tracing::debug_span!("attempt", attempt);
                     let future = {
                         let _entered = span.enter();
-                        this.service.call(request)
+                        service.call(request)
                     };
                     if this.retry.needs_attempt_timer() {
                         let (at, is_deadline) = this.retry.attempt_timer(Instant::now());
@@ -366,7 +373,7 @@ where
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("attempts", &self.retry.attempts)
-            .field("may_retry", &self.retry.may_retry)
+            .field("may_retry", &self.retry.template.is_some())
             .finish_non_exhaustive()
     }
 }

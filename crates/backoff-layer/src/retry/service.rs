@@ -8,7 +8,6 @@ use tower_service::Service;
 
 use super::Config;
 use super::future::ResponseFuture;
-use super::metric;
 use crate::BoxError;
 use crate::body::{BodySource, ReplayBody};
 
@@ -32,24 +31,11 @@ impl<S: Clone> Clone for Retry<S> {
 }
 
 impl<S> Retry<S> {
-    pub(crate) const fn from_config(inner: S, config: Arc<Config>) -> Self {
+    pub(crate) const fn new(inner: S, config: Arc<Config>) -> Self {
         Self { inner, config }
     }
 
-    /// The inner service.
-    pub const fn get_ref(&self) -> &S {
-        &self.inner
-    }
-
-    /// The inner service, mutably.
-    pub const fn get_mut(&mut self) -> &mut S {
-        &mut self.inner
-    }
-
-    /// Consumes `self`, returning the inner service.
-    pub fn into_inner(self) -> S {
-        self.inner
-    }
+    overload_signal::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S>
@@ -68,35 +54,36 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        // NOTE: `self.inner` was made ready by `poll_ready`; the ready one serves the first
-        // attempt and moves into the future for the retries, and a fresh clone (not yet
-        // ready) stays here for the next `poll_ready`.
-        let clone = self.inner.clone();
-        let mut service = std::mem::replace(&mut self.inner, clone);
         let config = Arc::clone(&self.config);
-
         let (mut parts, body) = request.into_parts();
-        Attempt::set(&mut parts.headers, 0);
         let may_retry =
             config.max_attempts > 1 && config.classifier.may_retry(&parts.method, &parts.headers);
+
+        // What a retry needs, taken only when a retry is possible at all: the request's parts,
+        // to rebuild each retry from, and a clone of the inner service to send it with.
+        // NOTE: the parts are cloned before the attempt header is set (each retry sets its
+        // own): a header map without it is cheaper to clone, and costs no allocation when the
+        // request carries no other header.
+        // NOTE: `self.inner` was made ready by `poll_ready` and serves the first attempt;
+        // the clone, not ready, waits in the future and is polled ready before each retry.
+        let retry = may_retry.then(|| (parts.clone(), self.inner.clone()));
         let (body, source) = if may_retry {
             ReplayBody::first_of(body, config.body_limit)
         } else {
             (ReplayBody::streamed(body), BodySource::Streamed)
         };
-        // NOTE: the parts are cloned only when a retry is possible at all; a retry rebuilds
-        // its request from them.
-        let template = may_retry.then(|| parts.clone());
+        Attempt::set(&mut parts.headers, 0);
 
         config.budget.deposit();
-        metrics::counter!(metric::REQUESTS).increment(1);
-        metrics::counter!(metric::ATTEMPTS).increment(1);
+        let metrics = config.metrics();
+        metrics.requests.increment(1);
+        metrics.attempts.increment(1);
         let span = tracing::debug_span!("attempt", attempt = 0u32);
         let future = {
             let _entered = span.enter();
             tracing::trace!("sending first attempt");
-            service.call(Request::from_parts(parts, body))
+            self.inner.call(Request::from_parts(parts, body))
         };
-        ResponseFuture::new(future, span, service, config, template, source, may_retry)
+        ResponseFuture::new(future, span, config, retry, source)
     }
 }

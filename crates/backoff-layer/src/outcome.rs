@@ -1,4 +1,7 @@
-//! Typed outcomes of the retry layer.
+//! Typed outcomes of the retry layer: what callers match on.
+//!
+//! Kept apart from the layer itself so that [`classify`](crate::classify), which recognises
+//! [`AttemptTimedOut`], and the layer, which asks the classifier, do not import each other.
 
 use std::fmt;
 
@@ -168,38 +171,6 @@ impl fmt::Display for AttemptTimedOut {
 
 impl std::error::Error for AttemptTimedOut {}
 
-/// A [`RetryBuilder`](crate::RetryBuilder) was given a configuration that makes no sense.
-///
-/// The rules:
-///
-/// - max attempts must be at least 1 (1 turns retries off);
-/// - the overall deadline, if set, must be greater than zero;
-/// - the per-attempt timeout, if set, must be greater than zero.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidRetryConfig {
-    /// Max attempts was zero.
-    ZeroMaxAttempts,
-    /// The deadline was zero.
-    ZeroDeadline,
-    /// The per-attempt timeout was zero.
-    ZeroAttemptTimeout,
-}
-
-impl fmt::Display for InvalidRetryConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            InvalidRetryConfig::ZeroMaxAttempts => "max attempts must be at least 1",
-            InvalidRetryConfig::ZeroDeadline => "deadline must be greater than zero",
-            InvalidRetryConfig::ZeroAttemptTimeout => {
-                "per-attempt timeout must be greater than zero"
-            }
-        })
-    }
-}
-
-impl std::error::Error for InvalidRetryConfig {}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -217,8 +188,6 @@ mod tests {
             "gave up after 3 attempts: maximum attempts reached"
         );
         assert!(e.source().unwrap().is::<AttemptTimedOut>());
-        let boxed: BoxError = Box::new(e);
-        assert!(crate::classify::is_timeout(&*boxed));
         let one = GaveUp::new(GiveUpReason::BudgetExhausted, 1, "x".into());
         assert_eq!(
             one.to_string(),
