@@ -395,8 +395,53 @@ struct Registry {
     conns: Mutex<HashMap<u64, Arc<Track>>>,
     next_id: AtomicU64,
     /// Signalled when a connection closes or has no request in progress any more.
-    changed: Arc<Notify>,
+    changed: Arc<Changes>,
     stats: ConnectionStats,
+}
+
+/// A signal for the accept loop and the shutdown, cheap for the requests that raise it.
+#[derive(Debug, Default)]
+struct Changes {
+    notify: Notify,
+    /// Tasks waiting for a change. Requests end far more often than anyone waits (only at
+    /// the connection cap and at shutdown), so they skip `Notify`'s lock when none does.
+    waiting: AtomicUsize,
+}
+
+impl Changes {
+    /// Wakes the waiting tasks, if any. `SeqCst`, with the waiter's side: either the waiter
+    /// sees the change, or this sees the waiter.
+    fn raise(&self) {
+        if self.waiting.load(Ordering::SeqCst) > 0 {
+            self.notify.notify_waiters();
+        }
+    }
+
+    /// Returns once `done` holds, checking it again after every change.
+    async fn until(&self, mut done: impl FnMut() -> bool) {
+        self.waiting.fetch_add(1, Ordering::SeqCst);
+        let _waiting = Waiting(&self.waiting);
+        loop {
+            let changed = self.notify.notified();
+            tokio::pin!(changed);
+            // NOTE: registered before the check, so a change between the check and the
+            // wait is not missed.
+            changed.as_mut().enable();
+            if done() {
+                return;
+            }
+            changed.await;
+        }
+    }
+}
+
+/// Counts a task in [`Changes::waiting`] while it lives (also when its future is dropped).
+struct Waiting<'a>(&'a AtomicUsize);
+
+impl Drop for Waiting<'_> {
+    fn drop(&mut self) {
+        self.0.fetch_sub(1, Ordering::SeqCst);
+    }
 }
 
 impl Registry {
@@ -408,7 +453,7 @@ impl Registry {
             idle_since: AtomicU64::new(clock.now()),
             clock,
             evict: Notify::new(),
-            changed: Arc::clone(&self.changed),
+            changes: Arc::clone(&self.changed),
         });
         let mut conns = self.lock();
         conns.insert(id, Arc::clone(&track));
@@ -421,7 +466,7 @@ impl Registry {
         conns.remove(&id);
         self.stats.inner.open.store(conns.len(), Ordering::Relaxed);
         drop(conns);
-        self.changed.notify_waiters();
+        self.changed.raise();
     }
 
     fn lock(&self) -> std::sync::MutexGuard<'_, HashMap<u64, Arc<Track>>> {
@@ -433,17 +478,9 @@ impl Registry {
     /// Returns once fewer than `max` connections are open, closing the connection idle the
     /// longest when there is one to make room.
     async fn make_room(&self, max: usize) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            // NOTE: registered before the check, so a change between the check and the wait
-            // is not missed.
-            changed.as_mut().enable();
-            if self.lock().len() < max || self.evict_one() {
-                return;
-            }
-            changed.await;
-        }
+        self.changed
+            .until(|| self.lock().len() < max || self.evict_one())
+            .await;
     }
 
     /// Closes the connection without a request in progress that has been idle longest;
@@ -452,7 +489,7 @@ impl Registry {
         let mut conns = self.lock();
         let victim = conns
             .values()
-            .filter(|t| t.in_flight.load(Ordering::Acquire) == 0)
+            .filter(|t| t.in_flight.load(Ordering::SeqCst) == 0)
             .min_by_key(|t| t.idle_since.load(Ordering::Acquire))
             .map(|t| t.id);
         let Some(id) = victim else {
@@ -471,15 +508,7 @@ impl Registry {
     }
 
     async fn closed_all(&self) {
-        loop {
-            let changed = self.changed.notified();
-            tokio::pin!(changed);
-            changed.as_mut().enable();
-            if self.lock().is_empty() {
-                return;
-            }
-            changed.await;
-        }
+        self.changed.until(|| self.lock().is_empty()).await;
     }
 }
 
@@ -493,7 +522,7 @@ struct Track {
     idle_since: AtomicU64,
     clock: TokioClock,
     evict: Notify,
-    changed: Arc<Notify>,
+    changes: Arc<Changes>,
 }
 
 impl Track {
@@ -526,8 +555,8 @@ impl Drop for Busy {
         // NOTE: the time is stored before the count drops, so a reader that sees the
         // connection idle also sees when it became idle.
         t.idle_since.store(t.clock.now(), Ordering::Release);
-        if t.in_flight.fetch_sub(1, Ordering::AcqRel) == 1 {
-            t.changed.notify_waiters();
+        if t.in_flight.fetch_sub(1, Ordering::SeqCst) == 1 {
+            t.changes.raise();
         }
     }
 }

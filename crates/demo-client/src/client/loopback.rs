@@ -17,19 +17,12 @@ use tower_service::Service;
 
 use super::DemoBody;
 
-/// What an in-process server does with a request whose client has given up (dropped the
-/// response future, after a timeout).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Abandoned {
-    /// Cancel it as soon as the server runs, as hyper does: a running hyper server sees the
-    /// closed connection and drops the request's handler; a stopped one sees it on resume.
-    /// This is what the real `demo-server` does. The default.
-    #[default]
-    Cancel,
-    /// Serve it to the end and answer into the void, as a server that never looks at its
-    /// connection while working (the article's Go server) does.
-    Serve,
-}
+/// What the in-process server does with a request whose client has given up (dropped the
+/// response future, after a timeout): the same choice, with the same default, as
+/// `demo-server --abandoned`. [`Abandoned::Serve`] works on it to the end and answers into
+/// the void; [`Abandoned::Cancel`] drops it as soon as the server runs, as hyper does when it
+/// sees the connection close (a stopped server sees it on resume).
+pub use demo_server::server::Abandoned;
 
 /// The listen queue and the process state of an in-process server: pausing it behaves like
 /// SIGSTOP on a server process, in front of all its middleware.
