@@ -142,7 +142,7 @@ struct Shared {
 }
 
 impl Model {
-    /// A model with a [default](PauseSwitch::default) pause switch (running, backlog 1024).
+    /// A model with a [default](PauseSwitch::default) pause switch (running, backlog 4096).
     pub fn new(latency: LatencyModel) -> Self {
         Self::with_pause_switch(latency, PauseSwitch::default())
     }
