@@ -4,7 +4,7 @@
 use demo_server::app::{AppConfig, Stack, app, default_rate_limit};
 use demo_server::model::Model;
 use overload_signal::OverloadSignalLayer;
-use ratelimit_layer::RateLimitConfig;
+use ratelimit_layer::config::RateLimitConfig;
 use tower::BoxError;
 
 use crate::experiment::ServerStack;

@@ -12,7 +12,7 @@ use demo_server::app::{AppConfig, Stack, app};
 use demo_server::model::{LatencyModel, Model};
 use http::Request;
 use overload_signal::OverloadSignalLayer;
-use ratelimit_layer::RateLimitConfig;
+use ratelimit_layer::config::RateLimitConfig;
 use tower::ServiceExt;
 
 fn router(stack: Stack) -> Router {

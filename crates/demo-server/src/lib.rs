@@ -22,13 +22,13 @@
 //! use demo_server::app::{AppConfig, Stack, app};
 //! use demo_server::model::{LatencyModel, Model};
 //! use overload_signal::OverloadSignalLayer;
-//! use ratelimit_layer::RateLimitConfig;
+//! use ratelimit_layer::config::RateLimitConfig;
 //! use tower::ServiceExt;
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = Stack::Full {
-//!     overload: OverloadSignalLayer::default(),
+//!     overload: OverloadSignalLayer::new(),
 //!     rate_limit: RateLimitConfig { rate: 250, burst: Some(5), ..Default::default() }.layer()?,
 //! };
 //! let model = Model::new(LatencyModel::default());

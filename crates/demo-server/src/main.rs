@@ -7,6 +7,7 @@ use std::process::ExitCode;
 use std::time::Duration;
 
 use axum::extract::ConnectInfo;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use demo_server::app::{
     ARTICLE_BURST, ARTICLE_RATE_LIMIT, AppConfig, MMC_BURST, MMC_RATE_LIMIT, ServerStats, Stack,
@@ -20,7 +21,9 @@ use demo_server::server::{
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
-use ratelimit_layer::{Algorithm, ClientIp, KeyBy, RateLimitConfig};
+use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
+use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::redis::RedisStore;
 
 use demo_server::duration::parse_duration;
 use demo_server::size::parse_size;
@@ -57,7 +60,10 @@ Examples:
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
-  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject";
+  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
+  demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
+      --redis-local-share 0.33 --listen 127.0.0.1:8071
+                                               one of three servers sharing 300 req/s";
 
 /// The command line. Flag names are stable: people script against them.
 #[derive(Debug, Parser)]
@@ -94,12 +100,12 @@ struct Cli {
     burst: Option<u32>,
 
     /// Rate limiting algorithm.
-    #[arg(long, value_enum, default_value_t = AlgorithmArg::TokenBucket)]
-    algorithm: AlgorithmArg,
+    #[arg(long, default_value_t = Algorithm::TokenBucket, value_parser = algorithm_parser())]
+    algorithm: Algorithm,
 
     /// What the rate limit applies to: all requests together, or each client IP address.
-    #[arg(long, value_enum, default_value_t = KeyArg::Global)]
-    key: KeyArg,
+    #[arg(long, default_value_t = KeyBy::Global, value_parser = key_parser())]
+    key: KeyBy,
 
     /// Call this URL (GET, through the retrying client stack) before answering each /api
     /// request, to chain tiers: server -> server -> server.
@@ -190,6 +196,25 @@ struct Cli {
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
     max_downstream_body: usize,
 
+    /// Keep the rate limit in this Redis (redis://HOST:PORT[/DB]), shared by every
+    /// demo-server that uses it: one limit for the fleet.
+    #[arg(long, value_name = "URL", help_heading = "Fleet")]
+    redis_url: Option<String>,
+
+    /// The share of the limit this server applies on its own while Redis is away
+    /// (1/N for N servers) [default: 1].
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        requires = "redis_url",
+        help_heading = "Fleet"
+    )]
+    redis_local_share: Option<f64>,
+
+    /// How long a decision may wait for Redis before the local share decides [default: 5ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
+    redis_budget: Option<Duration>,
+
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
@@ -221,22 +246,27 @@ enum ModelArg {
     Instant,
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum AlgorithmArg {
-    /// Token bucket (GCRA): the rate, with bursts of --burst.
-    TokenBucket,
-    /// Fixed window of one second.
-    FixedWindow,
-    /// Sliding window of one second.
-    SlidingWindow,
+/// `--algorithm`: the library's names, parsed by the library, listed with their help.
+fn algorithm_parser() -> impl TypedValueParser<Value = Algorithm> {
+    let values = Algorithm::ALL.map(|algorithm| {
+        PossibleValue::new(algorithm.as_str()).help(match algorithm {
+            Algorithm::TokenBucket => "Token bucket (GCRA): the rate, with bursts of --burst",
+            Algorithm::FixedWindow => "Fixed window of one second",
+            Algorithm::SlidingWindow => "Sliding window of one second",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<Algorithm>())
 }
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
-enum KeyArg {
-    /// One limit for all clients.
-    Global,
-    /// One limit per client IP address.
-    Ip,
+/// `--key`: the library's names, parsed by the library, listed with their help.
+fn key_parser() -> impl TypedValueParser<Value = KeyBy> {
+    let values = KeyBy::ALL.map(|key| {
+        PossibleValue::new(key.as_str()).help(match key {
+            KeyBy::Global => "One limit for all clients",
+            KeyBy::Ip => "One limit per client IP address",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<KeyBy>())
 }
 
 /// Everything the flags describe, validated.
@@ -247,6 +277,7 @@ struct Plan {
     latency: LatencyModel,
     stack: Stack,
     downstream: Option<Downstream>,
+    redis: Option<RedisStore>,
     quiet: bool,
 }
 
@@ -275,14 +306,16 @@ impl Cli {
             }
             ModelArg::Instant => LatencyModel::Instant,
         };
+        let redis = self.redis_config()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Full => Stack::Full {
                 overload: OverloadSignalLayer::default(),
-                rate_limit: self
-                    .rate_limit_config()
-                    .layer()
-                    .map_err(|e| e.to_string())?,
+                rate_limit: match &redis {
+                    None => self.rate_limit_config().layer(),
+                    Some(redis) => self.rate_limit_config().redis_layer(redis),
+                }
+                .map_err(|e| e.to_string())?,
             },
         };
         let downstream = self
@@ -307,8 +340,24 @@ impl Cli {
             latency,
             stack,
             downstream,
+            redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// `--redis-url` and its settings, validated.
+    fn redis_config(&self) -> Result<Option<RedisConfig>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let mut config = RedisConfig::new(RedisStore::new(url).map_err(|e| e.to_string())?);
+        if let Some(share) = self.redis_local_share {
+            config.local_share = share;
+        }
+        if let Some(budget) = self.redis_budget {
+            config.budget = budget;
+        }
+        Ok(Some(config))
     }
 
     fn rate_limit_config(&self) -> RateLimitConfig {
@@ -316,11 +365,7 @@ impl Cli {
             ModelArg::Article | ModelArg::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
             ModelArg::Mmc => (MMC_RATE_LIMIT, MMC_BURST),
         };
-        let algorithm = match self.algorithm {
-            AlgorithmArg::TokenBucket => Algorithm::TokenBucket,
-            AlgorithmArg::FixedWindow => Algorithm::FixedWindow,
-            AlgorithmArg::SlidingWindow => Algorithm::SlidingWindow,
-        };
+        let algorithm = self.algorithm;
         let burst = match algorithm {
             Algorithm::TokenBucket => Some(self.burst.unwrap_or(burst)),
             // NOTE: an explicit --burst with a window algorithm is kept, so the limiter's
@@ -331,10 +376,7 @@ impl Cli {
             algorithm,
             rate: self.rate_limit.unwrap_or(rate),
             burst,
-            key: match self.key {
-                KeyArg::Global => KeyBy::Global,
-                KeyArg::Ip => KeyBy::Ip,
-            },
+            key: self.key,
             client_ip: ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0)),
             ..RateLimitConfig::default()
         }
@@ -382,6 +424,19 @@ async fn serve(plan: Plan) -> Result<(), String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
 
+    if let Some(store) = &plan.redis {
+        // NOTE: connected before serving, so that the first requests do not spend their
+        // budget on the handshake; a Redis that is away is not fatal (the local share
+        // decides until it answers).
+        match tokio::time::timeout(Duration::from_secs(2), store.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: {e}; limiting locally until it answers"),
+            Err(_) => eprintln!(
+                "warning: Redis at {} does not answer within 2 s; limiting locally until it does",
+                store.addr()
+            ),
+        }
+    }
     let model = Model::new(plan.latency);
     let histogram = match &plan.stack {
         Stack::Full { overload, .. } => Some(overload.histogram().clone()),
@@ -398,13 +453,17 @@ async fn serve(plan: Plan) -> Result<(), String> {
     let addr = server.local_addr().map_err(|e| e.to_string())?;
 
     println!(
-        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}; abandoned requests: {}",
+        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}; abandoned requests: {}{}",
         describe(model.latency()),
         if histogram.is_some() { "full" } else { "none" },
         match server_config.abandoned() {
             Abandoned::Serve => "served to the end",
             Abandoned::Cancel => "cancelled",
         },
+        plan.redis
+            .as_ref()
+            .map(|store| format!("; rate limit in Redis at {}", store.addr()))
+            .unwrap_or_default(),
     );
     let status = tokio::spawn(status_lines(
         model,
@@ -693,6 +752,18 @@ mod tests {
     }
 
     #[test]
+    fn the_rate_limit_flags_take_every_name_of_the_library() {
+        for algorithm in Algorithm::ALL {
+            let cli = parse(&["--algorithm", algorithm.as_str()]).unwrap();
+            assert_eq!(cli.algorithm, algorithm);
+        }
+        for key in KeyBy::ALL {
+            let cli = parse(&["--key", key.as_str()]).unwrap();
+            assert_eq!(cli.key, key);
+        }
+    }
+
+    #[test]
     fn bad_flags_are_clear_errors() {
         for (args, needle) in [
             (&["--stack", "half"][..], "invalid value 'half'"),
@@ -725,6 +796,63 @@ mod tests {
             (
                 &["--header-read-timeout", "0s"],
                 "--header-read-timeout must be greater than zero",
+            ),
+        ] {
+            let Err(err) = parse(args).unwrap().plan() else {
+                panic!("{args:?} was accepted")
+            };
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn redis_flags_reach_the_plan_and_are_checked() {
+        let cli = parse(&[
+            "--redis-url",
+            "redis://127.0.0.1:6390",
+            "--redis-local-share",
+            "0.25",
+            "--redis-budget",
+            "20ms",
+        ])
+        .unwrap();
+        let redis = cli.redis_config().unwrap().unwrap();
+        assert!((redis.local_share - 0.25).abs() < 1e-12);
+        assert_eq!(redis.budget, Duration::from_millis(20));
+        let plan = cli.plan().unwrap();
+        assert_eq!(plan.redis.unwrap().addr(), "127.0.0.1:6390");
+        // The defaults.
+        let redis = parse(&["--redis-url", "redis://127.0.0.1"])
+            .unwrap()
+            .redis_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(redis.budget, Duration::from_millis(5));
+        assert!(parse(&[]).unwrap().redis_config().unwrap().is_none());
+        // Settings without a URL, a bad URL, a bad share, a window Redis does not offer.
+        assert!(parse(&["--redis-local-share", "0.5"]).is_err());
+        for (args, needle) in [
+            (
+                &["--redis-url", "http://127.0.0.1"][..],
+                "url must be redis://",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--redis-local-share",
+                    "3",
+                ],
+                "local_share must be within (0, 1]",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--algorithm",
+                    "fixed-window",
+                ],
+                "token-bucket or sliding-window with Redis",
             ),
         ] {
             let Err(err) = parse(args).unwrap().plan() else {

@@ -26,7 +26,7 @@ use http::{Request, StatusCode};
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, Exp};
-use ratelimit_layer::RateLimitConfig;
+use ratelimit_layer::config::RateLimitConfig;
 use tokio::time::{Instant, sleep_until};
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder, ServiceExt};

@@ -13,7 +13,7 @@
 //!
 //! Each row has three functions: `governor` (its default clock: quanta, reading the TSC),
 //! `ratelimit-layer` (the same TSC clock, through our `Clock` trait: the algorithms and maps
-//! compared on equal terms) and `ratelimit-layer-tokio-clock` (our default `RealClock`).
+//! compared on equal terms) and `ratelimit-layer-tokio-clock` (our default `TokioClock`).
 //!
 //! Run: `cargo bench -p ratelimit-layer --bench limiters -- --warm-up-time 1 --measurement-time 3`
 
@@ -26,7 +26,9 @@ use criterion::{
     BenchmarkGroup, Criterion, criterion_group, criterion_main, measurement::WallTime,
 };
 use governor::{Quota, RateLimiter};
-use ratelimit_layer::{Clock, DEFAULT_MAX_KEYS, KeyedLimiter, Limiter, RealClock, TokenBucket};
+use ratelimit_layer::clock::{Clock, TokioClock};
+use ratelimit_layer::keyed::KeyedLimiter;
+use ratelimit_layer::{Limiter, RateLimitLayer, TokenBucket};
 // NOTE: tokio's `Instant` is std's outside a paused runtime; the workspace bans std's by name.
 use tokio::time::Instant;
 
@@ -70,7 +72,7 @@ fn nz(n: u32) -> NonZeroU32 {
 /// Admits everything a benchmark can send: a billion per second, bursts of a billion.
 fn allowing() -> (TokenBucket, Quota) {
     (
-        TokenBucket::per_second(ALLOW_RATE, ALLOW_RATE).unwrap(),
+        TokenBucket::new(ALLOW_RATE).unwrap(),
         Quota::per_second(nz(ALLOW_RATE)).allow_burst(nz(ALLOW_RATE)),
     )
 }
@@ -78,7 +80,10 @@ fn allowing() -> (TokenBucket, Quota) {
 /// Admits one request per hour: after the first, everything is denied.
 fn denying() -> (TokenBucket, Quota) {
     (
-        TokenBucket::new(1, Duration::from_secs(3_600), 1).unwrap(),
+        TokenBucket::builder(1)
+            .period(Duration::from_secs(3_600))
+            .build()
+            .unwrap(),
         Quota::per_hour(nz(1)),
     )
 }
@@ -87,7 +92,7 @@ fn clocks(c: &mut Criterion) {
     let mut group = c.benchmark_group("clock");
     let tsc = Tsc::default();
     group.bench_function(format!("now/{OURS}"), |b| b.iter(|| black_box(tsc.now())));
-    let tokio = RealClock::new();
+    let tokio = TokioClock::new();
     group.bench_function(format!("now/{OURS_TOKIO}"), |b| {
         b.iter(|| black_box(tokio.now()));
     });
@@ -135,7 +140,7 @@ fn single(c: &mut Criterion) {
             &mut group,
             format!("{name}/{OURS_TOKIO}"),
             &ours,
-            &RealClock::new(),
+            &TokioClock::new(),
             expect,
         );
     }
@@ -143,7 +148,11 @@ fn single(c: &mut Criterion) {
 }
 
 fn ours_keyed<C: Clock>(clock: C, max_keys: usize) -> KeyedLimiter<TokenBucket, u64, C> {
-    KeyedLimiter::with_clock(allowing().0, clock, max_keys)
+    KeyedLimiter::builder(allowing().0)
+        .clock(clock)
+        .max_keys(max_keys)
+        .build()
+        .unwrap()
 }
 
 fn governor_keyed() -> governor::DefaultKeyedRateLimiter<u64> {
@@ -158,7 +167,7 @@ fn next(i: &mut u64) -> u64 {
 fn new_key_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name: &str, clock: &C) {
     group.bench_function(format!("new_key/{name}"), |b| {
         b.iter_custom(|iters| {
-            let limiter = ours_keyed(clock.clone(), DEFAULT_MAX_KEYS);
+            let limiter = ours_keyed(clock.clone(), RateLimitLayer::DEFAULT_MAX_KEYS);
             let start = Instant::now();
             for k in 0..iters {
                 let _ = black_box(limiter.check(&k, 1));
@@ -174,7 +183,7 @@ fn new_key_ours<C: Clock + Clone>(group: &mut BenchmarkGroup<'_, WallTime>, name
 // on a machine shared with other work.
 fn keyed(c: &mut Criterion) {
     let mut group = c.benchmark_group("keyed");
-    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let (tsc, tokio) = (Tsc::default(), TokioClock::new());
     let ours = ours_keyed(tsc.clone(), 2 * KEYS as usize);
     let ours_tokio = ours_keyed(tokio, 2 * KEYS as usize);
     let theirs = governor_keyed();
@@ -246,7 +255,7 @@ fn on_two_threads(iters: u64, op: impl Fn(u64, u64) + Sync) -> Duration {
 
 fn contended(c: &mut Criterion) {
     let mut group = c.benchmark_group("contended");
-    let (tsc, tokio) = (Tsc::default(), RealClock::new());
+    let (tsc, tokio) = (Tsc::default(), TokioClock::new());
     let limiter = allowing().0;
     let (state, state_tokio) = (Default::default(), Default::default());
     let governor = RateLimiter::direct(allowing().1);

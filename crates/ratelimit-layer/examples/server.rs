@@ -13,7 +13,8 @@ use std::net::SocketAddr;
 use axum::Router;
 use axum::extract::ConnectInfo;
 use axum::routing::get;
-use ratelimit_layer::{ClientIp, RateLimitConfig};
+use ratelimit_layer::config::RateLimitConfig;
+use ratelimit_layer::key::ClientIp;
 
 fn usage() -> ! {
     eprintln!(

@@ -1,13 +1,15 @@
-//! A plain configuration struct, for command-line flags and configuration files.
+//! A rate limit as plain data, for command-line flags and configuration files:
+//! [`RateLimitConfig`], and the names its [`Algorithm`] and [`KeyBy`] parse from.
 
 use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
+use overload_signal::ConfigError;
+
 use crate::algorithm::{FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::key::ClientIp;
-use crate::keyed::DEFAULT_MAX_KEYS;
-use crate::layer::{DEFAULT_POLICY_NAME, InvalidConfig, RateLimitBuilder, RateLimitLayer};
+use crate::layer::RateLimitLayer;
 
 /// Which algorithm a [`RateLimitConfig`] uses; parses from `token-bucket`, `fixed-window`
 /// or `sliding-window`.
@@ -23,8 +25,11 @@ pub enum Algorithm {
 }
 
 impl Algorithm {
+    /// Every algorithm, in the order of the names [`FromStr`] lists.
+    pub const ALL: [Self; 3] = [Self::TokenBucket, Self::FixedWindow, Self::SlidingWindow];
+
     /// The name [`FromStr`] accepts.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::TokenBucket => "token-bucket",
             Self::FixedWindow => "fixed-window",
@@ -39,38 +44,25 @@ impl fmt::Display for Algorithm {
     }
 }
 
-/// A name that is not an [`Algorithm`] or a [`KeyBy`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct UnknownName {
-    what: &'static str,
-    expected: &'static str,
-}
-
-impl fmt::Display for UnknownName {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(
-            f,
-            "unknown rate limit {}: expected {}",
-            self.what, self.expected
-        )
-    }
-}
-
-impl std::error::Error for UnknownName {}
-
 impl FromStr for Algorithm {
-    type Err = UnknownName;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "token-bucket" => Ok(Self::TokenBucket),
-            "fixed-window" => Ok(Self::FixedWindow),
-            "sliding-window" => Ok(Self::SlidingWindow),
-            _ => Err(UnknownName {
-                what: "algorithm",
-                expected: "token-bucket, fixed-window or sliding-window",
-            }),
-        }
+    /// Parses `token-bucket`, `fixed-window` or `sliding-window`.
+    ///
+    /// # Errors
+    ///
+    /// Any other name: a [`ConfigError`] of kind `Invalid` on `algorithm`.
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|a| a.as_str() == s)
+            .ok_or_else(|| {
+                ConfigError::invalid(
+                    "algorithm",
+                    s,
+                    "one of token-bucket, fixed-window, sliding-window",
+                )
+            })
     }
 }
 
@@ -85,8 +77,11 @@ pub enum KeyBy {
 }
 
 impl KeyBy {
+    /// Every choice, in the order of the names [`FromStr`] lists.
+    pub const ALL: [Self; 2] = [Self::Global, Self::Ip];
+
     /// The name [`FromStr`] accepts.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Global => "global",
             Self::Ip => "ip",
@@ -101,30 +96,27 @@ impl fmt::Display for KeyBy {
 }
 
 impl FromStr for KeyBy {
-    type Err = UnknownName;
+    type Err = ConfigError;
 
-    fn from_str(s: &str) -> Result<Self, UnknownName> {
-        match s {
-            "global" => Ok(Self::Global),
-            "ip" => Ok(Self::Ip),
-            _ => Err(UnknownName {
-                what: "key",
-                expected: "global or ip",
-            }),
-        }
+    /// Parses `global` or `ip`.
+    ///
+    /// # Errors
+    ///
+    /// Any other name: a [`ConfigError`] of kind `Invalid` on `key`.
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        Self::ALL
+            .into_iter()
+            .find(|k| k.as_str() == s)
+            .ok_or_else(|| ConfigError::invalid("key", s, "one of global, ip"))
     }
 }
-
-/// The default rate of [`RateLimitConfig`]: 1000 requests per second, the limit of the
-/// paper's retry-amplification example.
-pub const DEFAULT_RATE: u32 = 1_000;
 
 /// A rate limit as plain data, mapping one to one onto command-line flags such as
 /// `--rate-limit <per second> --burst <n> --algorithm token-bucket|fixed-window|sliding-window
 /// --key global|ip`.
 ///
 /// ```
-/// use ratelimit_layer::{Algorithm, KeyBy, RateLimitConfig};
+/// use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig};
 ///
 /// let config = RateLimitConfig {
 ///     rate: 100,
@@ -135,14 +127,14 @@ pub const DEFAULT_RATE: u32 = 1_000;
 /// };
 /// let layer = config.layer()?;
 /// # let _ = layer;
-/// # Ok::<(), Box<dyn std::error::Error>>(())
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Debug)]
 pub struct RateLimitConfig {
     /// The algorithm. Default: [`Algorithm::TokenBucket`].
     pub algorithm: Algorithm,
     /// Requests (units of cost) per `period`: the token bucket's rate, or the windows'
-    /// quota. Default: [`DEFAULT_RATE`] (1000).
+    /// quota. Default: 1000 ([`RateLimitConfig::DEFAULT_RATE`]).
     pub rate: u32,
     /// The period of `rate`: the token bucket's refill period, or the window length.
     /// Default: one second.
@@ -152,13 +144,14 @@ pub struct RateLimitConfig {
     pub burst: Option<u32>,
     /// What is limited separately. Default: [`KeyBy::Global`].
     pub key: KeyBy,
-    /// Where [`KeyBy::Ip`] finds the client address. Default: [`ClientIp::socket_addr`]
-    /// (a `SocketAddr` extension, no trusted proxies).
+    /// Where [`KeyBy::Ip`] finds the client address. Default: [`ClientIp::new`] (a
+    /// `SocketAddr` extension, no trusted proxies).
     pub client_ip: ClientIp,
-    /// The cap on tracked keys with [`KeyBy::Ip`]. Default: [`DEFAULT_MAX_KEYS`] (100 000).
+    /// The cap on tracked keys with [`KeyBy::Ip`]. Default: 100 000
+    /// ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
     pub max_keys: usize,
-    /// The policy name in the `RateLimit` fields and the metrics. Default:
-    /// [`DEFAULT_POLICY_NAME`] (`default`).
+    /// The policy name in the `RateLimit` fields and the metrics. Default: `default`
+    /// ([`RateLimitLayer::DEFAULT_POLICY_NAME`]).
     pub policy_name: String,
     /// Whether admitted responses carry the `RateLimit` fields. Default: `false`.
     pub admitted_headers: bool,
@@ -168,42 +161,80 @@ impl Default for RateLimitConfig {
     fn default() -> Self {
         Self {
             algorithm: Algorithm::default(),
-            rate: DEFAULT_RATE,
-            period: Duration::from_secs(1),
+            rate: Self::DEFAULT_RATE,
+            period: Self::DEFAULT_PERIOD,
             burst: None,
             key: KeyBy::default(),
             client_ip: ClientIp::default(),
-            max_keys: DEFAULT_MAX_KEYS,
-            policy_name: DEFAULT_POLICY_NAME.to_owned(),
+            max_keys: RateLimitLayer::DEFAULT_MAX_KEYS,
+            policy_name: RateLimitLayer::DEFAULT_POLICY_NAME.to_owned(),
             admitted_headers: false,
         }
     }
 }
 
 impl RateLimitConfig {
+    /// The default rate: 1000 requests per second, the limit of the paper's
+    /// retry-amplification example.
+    pub const DEFAULT_RATE: u32 = 1_000;
+
+    /// The default period of the rate: one second.
+    pub const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
+
     /// Builds the layer.
     ///
     /// # Errors
     ///
-    /// Any rule of the chosen algorithm ([`InvalidLimit`](crate::InvalidLimit)), a burst
-    /// with a window algorithm, and the rules of [`RateLimitBuilder::build`]; see
-    /// [`InvalidConfig`].
-    pub fn layer(&self) -> Result<RateLimitLayer, InvalidConfig> {
+    /// A [`ConfigError`] naming the field, when `rate` is zero, `period` is zero, `burst`
+    /// is zero or given with a window algorithm (whose burst is its quota), the token
+    /// bucket's rate is above one per nanosecond of the period, or any rule of
+    /// [`RateLimitBuilder::build`](crate::RateLimitBuilder::build) breaks.
+    pub fn layer(&self) -> Result<RateLimitLayer, ConfigError> {
+        // NOTE: the fields are checked here first, so that errors name this struct's fields
+        // (`rate`, `period`), not the algorithms' settings they become (`quota`, `window`).
+        if self.rate == 0 {
+            return Err(ConfigError::out_of_range("rate", self.rate, "at least 1"));
+        }
+        if self.period.is_zero() || u64::try_from(self.period.as_nanos()).is_err() {
+            return Err(ConfigError::out_of_range(
+                "period",
+                self.period,
+                "greater than zero and at most 584 years",
+            ));
+        }
         match self.algorithm {
             Algorithm::TokenBucket => {
-                let burst = self.burst.unwrap_or(self.rate);
-                self.finish(TokenBucket::new(self.rate, self.period, burst)?)
+                let mut bucket = TokenBucket::builder(self.rate).period(self.period);
+                if let Some(burst) = self.burst {
+                    bucket = bucket.burst(burst);
+                }
+                self.finish(bucket.build()?)
             }
             Algorithm::FixedWindow | Algorithm::SlidingWindow if self.burst.is_some() => {
-                Err(InvalidConfig::BurstWithWindow)
+                Err(ConfigError::conflict(
+                    "burst",
+                    format_args!(
+                        "burst ({}) applies to the token bucket only; {} admits the rate per period",
+                        self.burst.unwrap_or_default(),
+                        self.algorithm
+                    ),
+                ))
             }
-            Algorithm::FixedWindow => self.finish(FixedWindow::new(self.rate, self.period)?),
-            Algorithm::SlidingWindow => self.finish(SlidingWindow::new(self.rate, self.period)?),
+            Algorithm::FixedWindow => self.finish(
+                FixedWindow::builder(self.rate)
+                    .window(self.period)
+                    .build()?,
+            ),
+            Algorithm::SlidingWindow => self.finish(
+                SlidingWindow::builder(self.rate)
+                    .window(self.period)
+                    .build()?,
+            ),
         }
     }
 
-    fn finish<L: Limiter>(&self, limiter: L) -> Result<RateLimitLayer, InvalidConfig> {
-        let builder: RateLimitBuilder<L> = RateLimitLayer::builder(limiter)
+    fn finish<L: Limiter>(&self, limiter: L) -> Result<RateLimitLayer, ConfigError> {
+        let builder = RateLimitLayer::builder(limiter)
             .max_keys(self.max_keys)
             .policy_name(&self.policy_name)
             .admitted_headers(self.admitted_headers);
@@ -214,38 +245,123 @@ impl RateLimitConfig {
     }
 }
 
+/// Where a [`RateLimitConfig`] keeps its limit for a fleet, as plain data, mapping onto
+/// flags such as `--redis-url redis://host:6379 --redis-local-share 0.33 --redis-budget 5ms`.
+/// Only with the feature `redis`; see [`crate::redis`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    /// The Redis that holds the limit.
+    pub store: crate::redis::RedisStore,
+    /// The share of the limit a process applies while Redis is away. Default: 1
+    /// ([`RedisLayerBuilder::DEFAULT_LOCAL_SHARE`](crate::redis::RedisLayerBuilder::DEFAULT_LOCAL_SHARE)).
+    pub local_share: f64,
+    /// The time budget of a decision. Default: 5 ms
+    /// ([`RedisLayerBuilder::DEFAULT_BUDGET`](crate::redis::RedisLayerBuilder::DEFAULT_BUDGET)).
+    pub budget: Duration,
+}
+
+#[cfg(feature = "redis")]
+impl RedisConfig {
+    /// The limit kept in `store`, with the defaults.
+    pub fn new(store: crate::redis::RedisStore) -> Self {
+        use crate::redis::RedisLayerBuilder;
+        Self {
+            store,
+            local_share: RedisLayerBuilder::DEFAULT_LOCAL_SHARE,
+            budget: RedisLayerBuilder::DEFAULT_BUDGET,
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RateLimitConfig {
+    /// Builds the layer with its limit kept in Redis, shared by every process that uses the
+    /// same Redis and policy name.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer`](Self::layer); and with [`Algorithm::FixedWindow`], which is not offered
+    /// in Redis (kind `Invalid` on `algorithm`), or any rule of
+    /// [`RedisLayerBuilder::build`](crate::redis::RedisLayerBuilder::build).
+    pub fn redis_layer(&self, redis: &RedisConfig) -> Result<RateLimitLayer, ConfigError> {
+        // NOTE: the local checks first, so that errors name this struct's fields.
+        self.layer()?;
+        match self.algorithm {
+            Algorithm::TokenBucket => {
+                let mut bucket = TokenBucket::builder(self.rate).period(self.period);
+                if let Some(burst) = self.burst {
+                    bucket = bucket.burst(burst);
+                }
+                self.finish_redis(bucket.build()?, redis)
+            }
+            Algorithm::SlidingWindow => self.finish_redis(
+                SlidingWindow::builder(self.rate)
+                    .window(self.period)
+                    .build()?,
+                redis,
+            ),
+            Algorithm::FixedWindow => Err(ConfigError::invalid(
+                "algorithm",
+                self.algorithm.as_str(),
+                "token-bucket or sliding-window with Redis",
+            )),
+        }
+    }
+
+    fn finish_redis<L: crate::redis::RedisAlgorithm>(
+        &self,
+        limiter: L,
+        redis: &RedisConfig,
+    ) -> Result<RateLimitLayer, ConfigError> {
+        let builder = RateLimitLayer::builder(limiter)
+            .max_keys(self.max_keys)
+            .policy_name(&self.policy_name)
+            .admitted_headers(self.admitted_headers);
+        match self.key {
+            KeyBy::Global => builder
+                .redis(redis.store.clone())
+                .local_share(redis.local_share)
+                .budget(redis.budget)
+                .build(),
+            KeyBy::Ip => builder
+                .key_by_client_ip(self.client_ip.clone())
+                .redis(redis.store.clone())
+                .local_share(redis.local_share)
+                .budget(redis.budget)
+                .build(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::InvalidLimit;
 
     #[test]
     fn names_round_trip() {
-        for a in [
-            Algorithm::TokenBucket,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-        ] {
+        for a in Algorithm::ALL {
             assert_eq!(a.to_string().parse::<Algorithm>(), Ok(a));
         }
-        for k in [KeyBy::Global, KeyBy::Ip] {
+        for k in KeyBy::ALL {
             assert_eq!(k.to_string().parse::<KeyBy>(), Ok(k));
         }
+        let err = "leaky".parse::<Algorithm>().unwrap_err();
+        assert_eq!(err.field(), "algorithm");
         assert_eq!(
-            "leaky".parse::<Algorithm>().unwrap_err().to_string(),
-            "unknown rate limit algorithm: expected token-bucket, fixed-window or sliding-window"
+            err.to_string(),
+            "algorithm must be one of token-bucket, fixed-window, sliding-window, got \"leaky\""
         );
-        assert!("IP".parse::<KeyBy>().is_err());
+        assert_eq!(
+            "IP".parse::<KeyBy>().unwrap_err().to_string(),
+            "key must be one of global, ip, got \"IP\""
+        );
     }
 
     #[test]
     fn every_combination_builds() {
-        for algorithm in [
-            Algorithm::TokenBucket,
-            Algorithm::FixedWindow,
-            Algorithm::SlidingWindow,
-        ] {
-            for key in [KeyBy::Global, KeyBy::Ip] {
+        for algorithm in Algorithm::ALL {
+            for key in KeyBy::ALL {
                 let config = RateLimitConfig {
                     algorithm,
                     key,
@@ -257,47 +373,101 @@ mod tests {
     }
 
     #[test]
-    fn invalid_configs_are_refused() {
-        let zero = RateLimitConfig {
-            rate: 0,
-            ..RateLimitConfig::default()
-        };
+    fn invalid_configs_name_the_field() {
+        let message = |config: RateLimitConfig| config.layer().unwrap_err().to_string();
+        for algorithm in Algorithm::ALL {
+            assert_eq!(
+                message(RateLimitConfig {
+                    algorithm,
+                    rate: 0,
+                    ..RateLimitConfig::default()
+                }),
+                "rate must be at least 1, got 0",
+                "{algorithm}"
+            );
+            assert_eq!(
+                message(RateLimitConfig {
+                    algorithm,
+                    period: Duration::ZERO,
+                    ..RateLimitConfig::default()
+                }),
+                "period must be greater than zero and at most 584 years, got 0ns",
+                "{algorithm}"
+            );
+            let err = RateLimitConfig {
+                algorithm,
+                period: Duration::MAX,
+                ..RateLimitConfig::default()
+            }
+            .layer()
+            .unwrap_err();
+            assert_eq!(err.field(), "period", "{algorithm}");
+        }
         assert_eq!(
-            zero.layer().unwrap_err(),
-            InvalidConfig::Limit(InvalidLimit::ZeroRate)
+            message(RateLimitConfig {
+                algorithm: Algorithm::SlidingWindow,
+                burst: Some(5),
+                ..RateLimitConfig::default()
+            }),
+            "burst (5) applies to the token bucket only; sliding-window admits the rate per period"
         );
-        let burst = RateLimitConfig {
-            algorithm: Algorithm::SlidingWindow,
-            burst: Some(5),
-            ..RateLimitConfig::default()
-        };
-        assert_eq!(burst.layer().unwrap_err(), InvalidConfig::BurstWithWindow);
-        let window = RateLimitConfig {
-            algorithm: Algorithm::FixedWindow,
-            period: Duration::ZERO,
-            ..RateLimitConfig::default()
-        };
         assert_eq!(
-            window.layer().unwrap_err(),
-            InvalidConfig::Limit(InvalidLimit::ZeroPeriod)
+            message(RateLimitConfig {
+                burst: Some(0),
+                ..RateLimitConfig::default()
+            }),
+            "burst must be at least 1, got 0"
         );
-        let keys = RateLimitConfig {
-            key: KeyBy::Ip,
-            max_keys: 0,
-            ..RateLimitConfig::default()
-        };
-        assert_eq!(keys.layer().unwrap_err(), InvalidConfig::ZeroMaxKeys);
-        let name = RateLimitConfig {
+        assert_eq!(
+            message(RateLimitConfig {
+                key: KeyBy::Ip,
+                max_keys: 0,
+                ..RateLimitConfig::default()
+            }),
+            "max_keys must be at least 1, got 0"
+        );
+        let err = RateLimitConfig {
             policy_name: String::new(),
             ..RateLimitConfig::default()
-        };
-        assert!(matches!(
-            name.layer().unwrap_err(),
-            InvalidConfig::Policy(_)
-        ));
+        }
+        .layer()
+        .unwrap_err();
+        assert_eq!(err.field(), "policy_name");
+        assert_eq!(err.kind(), overload_signal::ConfigErrorKind::Invalid);
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_layers_build_for_the_algorithms_redis_offers() {
+        let redis =
+            RedisConfig::new(crate::redis::RedisStore::new("redis://127.0.0.1:6379").unwrap());
+        assert_eq!(redis.budget, Duration::from_millis(5));
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+            for key in KeyBy::ALL {
+                let config = RateLimitConfig {
+                    algorithm,
+                    key,
+                    ..RateLimitConfig::default()
+                };
+                assert!(config.redis_layer(&redis).is_ok(), "{algorithm} {key}");
+            }
+        }
+        let err = RateLimitConfig {
+            algorithm: Algorithm::FixedWindow,
+            ..RateLimitConfig::default()
+        }
+        .redis_layer(&redis)
+        .unwrap_err();
         assert_eq!(
-            name.layer().unwrap_err().to_string(),
-            "rate limit policy name must not be empty"
+            err.to_string(),
+            "algorithm must be token-bucket or sliding-window with Redis, got \"fixed-window\""
         );
+        let err = RateLimitConfig::default()
+            .redis_layer(&RedisConfig {
+                local_share: 2.0,
+                ..redis
+            })
+            .unwrap_err();
+        assert_eq!(err.field(), "local_share");
     }
 }

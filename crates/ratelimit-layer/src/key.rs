@@ -1,51 +1,121 @@
-//! Which key a request is limited under: the client's IP address, a header value, or
-//! anything a closure extracts.
+//! Which key a request is limited under: the client's IP address ([`ClientIp`]), a header
+//! value ([`HeaderKey`]), or anything a closure or a [`KeyExtractor`] of your own extracts.
 //!
-//! Extractors see the request head ([`http::request::Parts`]) and return `None` when the
-//! request has no key; such requests share one limit ([`KeyClass::Unkeyed`](crate::KeyClass)).
+//! Extractors see the request head ([`Parts`]) and return `None` when the request has no
+//! key; such requests share one limit ([`KeyClass::Unkeyed`](crate::keyed::KeyClass)).
+//!
+//! The built-in extractors allocate nothing per request: an IP address is a value, and a
+//! header value is looked up borrowed from the request; only a key seen for the first time
+//! is copied into the limiter's map.
+//!
+//! [`Parts`]: https://docs.rs/http/1/http/request/struct.Parts.html
 
+use std::borrow::{Borrow, Cow};
 use std::fmt;
+use std::hash::Hash;
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
 
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName};
+use overload_signal::ConfigError;
 
-/// Why an IP network or prefix length was refused.
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidIpNet {
-    /// The address part is not an IPv4 or IPv6 address.
-    Address,
-    /// The prefix length is not a decimal number no larger than 32 (IPv4) or 128 (IPv6).
-    PrefixLength,
+/// Extracts the key a request is limited under.
+///
+/// A keyed limit stores one [`Key`](Self::Key) per client, and looks a request up by a
+/// [`Lookup`](Self::Lookup), which [`extract`](Self::extract) may borrow from the request so
+/// that a known key costs no allocation: [`HeaderKey`] stores `Box<[u8]>` and looks up the
+/// header's bytes in place. The two must hash and compare alike, as [`Borrow`] requires.
+///
+/// Implemented by [`ClientIp`], [`HeaderKey`], and every closure
+/// `Fn(&Parts) -> Option<K>` whose key `K` is `Hash + Eq + Clone + Send + Sync`. A closure
+/// passed to [`RateLimitBuilder::key_by`](crate::RateLimitBuilder::key_by) needs its
+/// argument's type written out (`|parts: &Parts| ...`), because the compiler infers a
+/// closure's signature only from an `Fn` bound.
+///
+/// A key extractor of your own, borrowing a tenant name from a request extension:
+///
+/// ```
+/// use std::borrow::Cow;
+/// use http::request::Parts;
+/// use ratelimit_layer::key::KeyExtractor;
+///
+/// /// Put in the request's extensions by an authentication layer.
+/// #[derive(Clone)]
+/// struct Tenant(String);
+///
+/// struct ByTenant;
+///
+/// impl KeyExtractor for ByTenant {
+///     type Key = Box<str>;
+///     type Lookup = str;
+///
+///     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, str>> {
+///         let tenant = parts.extensions.get::<Tenant>()?;
+///         Some(Cow::Borrowed(tenant.0.as_str()))
+///     }
+/// }
+/// ```
+pub trait KeyExtractor: Send + Sync + 'static {
+    /// The key as the limiter stores it.
+    type Key: Borrow<Self::Lookup> + Hash + Eq + Send + Sync + 'static;
+
+    /// The key as a request is looked up by; its owned form becomes the stored key the
+    /// first time a key is seen.
+    type Lookup: ?Sized + Hash + Eq + ToOwned<Owned: Into<Self::Key>>;
+
+    /// The request's key, borrowed from `parts` where it can be, or `None` when the request
+    /// has none.
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, Self::Lookup>>;
 }
 
-impl fmt::Display for InvalidIpNet {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::Address => "ip network address is not a valid ipv4 or ipv6 address",
-            Self::PrefixLength => {
-                "ip network prefix length must be at most 32 for ipv4 and 128 for ipv6"
-            }
-        })
+impl<F, K> KeyExtractor for F
+where
+    F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
+    K: Hash + Eq + Clone + Send + Sync + 'static,
+{
+    type Key = K;
+    type Lookup = K;
+
+    #[inline]
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, K>> {
+        self(parts).map(Cow::Owned)
     }
 }
 
-impl std::error::Error for InvalidIpNet {}
+/// The key extractor of a layer that has none: one global limit for every request.
+///
+/// It has no values: it only fills the key parameter of
+/// [`RateLimitBuilder`](crate::RateLimitBuilder) until
+/// [`key_by`](crate::RateLimitBuilder::key_by) sets a real one.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum NoKey {}
+
+impl KeyExtractor for NoKey {
+    type Key = ();
+    type Lookup = ();
+
+    fn extract<'a>(&self, _: &'a Parts) -> Option<Cow<'a, ()>> {
+        match *self {}
+    }
+}
 
 /// An IP network such as `10.0.0.0/8` or `2001:db8::/32`; a bare address is a network of
 /// one. IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`) are matched as the IPv4 address.
 ///
 /// ```
-/// use ratelimit_layer::IpNet;
+/// use ratelimit_layer::key::IpNet;
 ///
 /// let net: IpNet = "10.0.0.0/8".parse()?;
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
 /// assert!(net.contains("::ffff:10.1.2.3".parse().unwrap()));
 /// assert!(!net.contains("11.0.0.1".parse().unwrap()));
-/// # Ok::<(), ratelimit_layer::InvalidIpNet>(())
+/// assert_eq!(
+///     "10.0.0.0/33".parse::<IpNet>().unwrap_err().to_string(),
+///     "ip_net must be an IPv4 address with a prefix length of at most 32, got \"10.0.0.0/33\""
+/// );
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IpNet {
@@ -58,12 +128,21 @@ impl IpNet {
     ///
     /// # Errors
     ///
-    /// A prefix longer than the address ([`InvalidIpNet::PrefixLength`]).
-    pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, InvalidIpNet> {
+    /// A prefix longer than the address (32 bits for IPv4, 128 for IPv6): a
+    /// [`ConfigError`] of kind `OutOfRange` on `prefix`.
+    pub fn new(addr: IpAddr, prefix: u8) -> Result<Self, ConfigError> {
         let addr = addr.to_canonical();
-        let max = if addr.is_ipv4() { 32 } else { 128 };
+        let max = max_prefix(addr);
         if prefix > max {
-            return Err(InvalidIpNet::PrefixLength);
+            return Err(ConfigError::out_of_range(
+                "prefix",
+                prefix,
+                if addr.is_ipv4() {
+                    "at most 32 for an IPv4 address"
+                } else {
+                    "at most 128 for an IPv6 address"
+                },
+            ));
         }
         Ok(Self {
             addr: mask(addr, prefix),
@@ -78,25 +157,48 @@ impl IpNet {
     }
 }
 
-impl FromStr for IpNet {
-    type Err = InvalidIpNet;
+fn max_prefix(addr: IpAddr) -> u8 {
+    if addr.is_ipv4() { 32 } else { 128 }
+}
 
-    fn from_str(s: &str) -> Result<Self, InvalidIpNet> {
+impl FromStr for IpNet {
+    type Err = ConfigError;
+
+    /// Parses `192.0.2.0/24`, `2001:db8::/32` or a bare address.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind `Invalid` on `ip_net`, quoting the text.
+    fn from_str(s: &str) -> Result<Self, ConfigError> {
+        let invalid = |rule| ConfigError::invalid("ip_net", s, rule);
         let (addr, prefix) = match s.split_once('/') {
-            Some((a, p)) => {
-                let prefix =
-                    if !p.is_empty() && p.len() <= 3 && p.bytes().all(|b| b.is_ascii_digit()) {
-                        p.parse().map_err(|_| InvalidIpNet::PrefixLength)?
-                    } else {
-                        return Err(InvalidIpNet::PrefixLength);
-                    };
-                (a, Some(prefix))
-            }
+            Some((a, p)) => (a, Some(p)),
             None => (s, None),
         };
-        let addr: IpAddr = addr.parse().map_err(|_| InvalidIpNet::Address)?;
+        let addr: IpAddr = addr
+            .parse()
+            .map_err(|_| invalid("an IP address or network such as 10.0.0.0/8"))?;
         let addr = addr.to_canonical();
-        let prefix = prefix.unwrap_or(if addr.is_ipv4() { 32 } else { 128 });
+        let max = max_prefix(addr);
+        let prefix = match prefix {
+            None => max,
+            Some(p) => p
+                .parse::<u8>()
+                .ok()
+                .filter(|&n| {
+                    n <= max
+                        && !p.is_empty()
+                        && p.len() <= 3
+                        && p.bytes().all(|b| b.is_ascii_digit())
+                })
+                .ok_or_else(|| {
+                    invalid(if addr.is_ipv4() {
+                        "an IPv4 address with a prefix length of at most 32"
+                    } else {
+                        "an IPv6 address with a prefix length of at most 128"
+                    })
+                })?,
+        };
         Self::new(addr, prefix)
     }
 }
@@ -135,6 +237,16 @@ pub enum ForwardedHeader {
     Forwarded,
 }
 
+impl ForwardedHeader {
+    /// The header's name.
+    pub fn name(self) -> HeaderName {
+        match self {
+            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            Self::Forwarded => http::header::FORWARDED,
+        }
+    }
+}
+
 type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 
 /// The client's IP address, as a rate-limit key.
@@ -144,7 +256,7 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// The connection's peer address is read from a request extension, which the server puts
 /// there:
 ///
-/// - [`ClientIp::socket_addr`] (the default) reads a [`std::net::SocketAddr`] extension.
+/// - [`ClientIp::new`] (the default) reads a [`SocketAddr`] extension.
 /// - [`ClientIp::from_extension`] reads any extension type through a function. For axum,
 ///   serve with `into_make_service_with_connect_info::<SocketAddr>()` and read
 ///   `axum::extract::ConnectInfo<SocketAddr>`:
@@ -159,32 +271,51 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 ///
 /// By default forwarding headers are **ignored**: anyone can send `X-Forwarded-For`, so
 /// trusting it would let a client pick its own key and escape its limit. When the server
-/// sits behind proxies, name them with [`trust_proxies`](Self::trust_proxies): if the
-/// peer is one of them, the chosen header is read from right to left (nearest proxy
-/// first), skipping trusted proxies; the first address that is not a trusted proxy is the
-/// client. Only the one header you name is read, never both.
+/// sits behind proxies, name them with [`ClientIpBuilder::trust_proxies`]: if the peer is
+/// one of them, the chosen header is read from right to left (nearest proxy first),
+/// skipping trusted proxies; the first address that is not a trusted proxy is the client.
+/// Only the one header you name is read, never both.
 ///
 /// # IPv6
 ///
 /// IPv6 clients are keyed by their `/64` network by default: one host usually holds a
 /// whole `/64` (RFC 6177) and could otherwise rotate addresses to escape its limit. Change
-/// it with [`ipv6_prefix`](Self::ipv6_prefix) (`128` keys exact addresses). IPv4-mapped
-/// IPv6 addresses count as IPv4.
+/// it with [`ClientIpBuilder::ipv6_prefix`] (`128` keys exact addresses). IPv4-mapped IPv6
+/// addresses count as IPv4.
+///
+/// # Examples
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use ratelimit_layer::key::{ClientIp, ForwardedHeader};
+///
+/// // The defaults: the `SocketAddr` extension, no trusted proxy, IPv6 keyed by /64.
+/// let direct = ClientIp::new();
+///
+/// // Behind a load balancer in 10.0.0.0/8 that appends to `X-Forwarded-For`.
+/// let behind_proxies = ClientIp::builder()
+///     .trust_proxies(ForwardedHeader::XForwardedFor, ["10.0.0.0/8".parse()?])
+///     .ipv6_prefix(56)
+///     .build()?;
+/// # let _ = (direct, behind_proxies);
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
 #[derive(Clone)]
 pub struct ClientIp {
     peer: Arc<PeerFn>,
     trusted: Arc<[IpNet]>,
-    header: ForwardedHeader,
+    header: HeaderName,
     ipv6_prefix: u8,
 }
 
-/// The default IPv6 key prefix: `/64` (RFC 6177 assigns a `/64` or more per site).
-pub const DEFAULT_IPV6_PREFIX: u8 = 64;
-
 impl ClientIp {
-    /// Reads the peer address from a [`std::net::SocketAddr`] request extension; no
-    /// trusted proxies; IPv6 keyed by `/64`.
-    pub fn socket_addr() -> Self {
+    /// The default IPv6 key prefix: `/64`, because RFC 6177 assigns a `/64` or more per
+    /// site, so one host can hold a whole `/64`.
+    pub const DEFAULT_IPV6_PREFIX: u8 = 64;
+
+    /// Reads the peer address from a [`SocketAddr`] request extension; no trusted proxies;
+    /// IPv6 keyed by `/64`.
+    pub fn new() -> Self {
         Self::from_extension(|addr: &SocketAddr| Some(*addr))
     }
 
@@ -198,35 +329,18 @@ impl ClientIp {
         Self {
             peer: Arc::new(move |ext: &Extensions| ext.get::<T>().and_then(&peer)),
             trusted: Arc::new([]),
-            header: ForwardedHeader::XForwardedFor,
-            ipv6_prefix: DEFAULT_IPV6_PREFIX,
+            header: ForwardedHeader::XForwardedFor.name(),
+            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
     }
 
-    /// Trusts `proxies`: when the peer is one of them, the client address is read from
-    /// `header`. An empty list (the default) trusts nobody.
-    #[must_use]
-    pub fn trust_proxies(
-        mut self,
-        header: ForwardedHeader,
-        proxies: impl IntoIterator<Item = IpNet>,
-    ) -> Self {
-        self.trusted = proxies.into_iter().collect();
-        self.header = header;
-        self
-    }
-
-    /// Keys IPv6 clients by their first `bits` bits. Default: [`DEFAULT_IPV6_PREFIX`] (64).
-    ///
-    /// # Errors
-    ///
-    /// More than 128 bits ([`InvalidIpNet::PrefixLength`]).
-    pub fn ipv6_prefix(mut self, bits: u8) -> Result<Self, InvalidIpNet> {
-        if bits > 128 {
-            return Err(InvalidIpNet::PrefixLength);
+    /// A builder starting from the defaults of [`new`](Self::new).
+    pub fn builder() -> ClientIpBuilder {
+        ClientIpBuilder {
+            client_ip: Self::new(),
+            forwarded: ForwardedHeader::XForwardedFor,
+            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
-        self.ipv6_prefix = bits;
-        Ok(self)
     }
 
     /// The client address of a request (masked to the IPv6 prefix), if the peer address
@@ -251,20 +365,18 @@ impl ClientIp {
         if !self.is_trusted(peer) {
             return peer;
         }
-        let name = match self.header {
-            ForwardedHeader::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            ForwardedHeader::Forwarded => http::header::FORWARDED,
-        };
+        let forwarded = self.header == http::header::FORWARDED;
         let mut client = peer;
         // Nearest proxy first: the last line, its last element.
-        for line in headers.get_all(name).iter().rev() {
+        for line in headers.get_all(&self.header).iter().rev() {
             let Ok(line) = line.to_str() else {
                 return client;
             };
             for element in line.rsplit(',') {
-                let hop = match self.header {
-                    ForwardedHeader::XForwardedFor => parse_node(element.trim()),
-                    ForwardedHeader::Forwarded => forwarded_for(element),
+                let hop = if forwarded {
+                    forwarded_for(element)
+                } else {
+                    parse_node(element.trim())
                 };
                 // NOTE: an element we cannot read ends the walk: nothing left of it can be
                 // attributed to a trusted proxy.
@@ -282,8 +394,9 @@ impl ClientIp {
 }
 
 impl Default for ClientIp {
+    /// The same as [`ClientIp::new`].
     fn default() -> Self {
-        Self::socket_addr()
+        Self::new()
     }
 }
 
@@ -292,6 +405,86 @@ impl fmt::Debug for ClientIp {
         f.debug_struct("ClientIp")
             .field("trusted", &self.trusted)
             .field("header", &self.header)
+            .field("ipv6_prefix", &self.ipv6_prefix)
+            .finish_non_exhaustive()
+    }
+}
+
+impl KeyExtractor for ClientIp {
+    type Key = IpAddr;
+    type Lookup = IpAddr;
+
+    #[inline]
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, IpAddr>> {
+        self.client_ip(parts).map(Cow::Owned)
+    }
+}
+
+/// Builds a [`ClientIp`]; from [`ClientIp::builder`].
+#[must_use]
+pub struct ClientIpBuilder {
+    client_ip: ClientIp,
+    forwarded: ForwardedHeader,
+    ipv6_prefix: u8,
+}
+
+impl ClientIpBuilder {
+    /// Reads the peer address from a request extension of type `T` through `peer`.
+    /// Default: a [`SocketAddr`] extension (see [`ClientIp`] for axum's and tonic's).
+    pub fn peer_from_extension<T, F>(mut self, peer: F) -> Self
+    where
+        T: Send + Sync + 'static,
+        F: Fn(&T) -> Option<SocketAddr> + Send + Sync + 'static,
+    {
+        self.client_ip.peer = ClientIp::from_extension(peer).peer;
+        self
+    }
+
+    /// Trusts `proxies`: when the peer is one of them, the client address is read from
+    /// `header`. Default: nobody is trusted, and forwarding headers are ignored.
+    pub fn trust_proxies(
+        mut self,
+        header: ForwardedHeader,
+        proxies: impl IntoIterator<Item = IpNet>,
+    ) -> Self {
+        self.client_ip.trusted = proxies.into_iter().collect();
+        self.forwarded = header;
+        self
+    }
+
+    /// Keys IPv6 clients by their first `bits` bits (`128` keys exact addresses).
+    /// Default: 64 ([`ClientIp::DEFAULT_IPV6_PREFIX`]).
+    pub const fn ipv6_prefix(mut self, bits: u8) -> Self {
+        self.ipv6_prefix = bits;
+        self
+    }
+
+    /// Builds the extractor.
+    ///
+    /// # Errors
+    ///
+    /// An `ipv6_prefix` above 128: a [`ConfigError`] of kind `OutOfRange`.
+    pub fn build(self) -> Result<ClientIp, ConfigError> {
+        if self.ipv6_prefix > 128 {
+            return Err(ConfigError::out_of_range(
+                "ipv6_prefix",
+                self.ipv6_prefix,
+                "at most 128",
+            ));
+        }
+        Ok(ClientIp {
+            header: self.forwarded.name(),
+            ipv6_prefix: self.ipv6_prefix,
+            ..self.client_ip
+        })
+    }
+}
+
+impl fmt::Debug for ClientIpBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientIpBuilder")
+            .field("trusted", &self.client_ip.trusted)
+            .field("header", &self.forwarded)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .finish_non_exhaustive()
     }
@@ -337,22 +530,59 @@ fn is_port(s: &str) -> bool {
     !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
 }
 
-/// The longest header value [`header_value`] uses as a key: 256 bytes.
-pub const MAX_HEADER_KEY_LEN: usize = 256;
-
-/// A key extractor: the value of header `name` (the first line, as bytes), such as an API
-/// key. A request without the header, or with a value longer than
-/// [`MAX_HEADER_KEY_LEN`], has no key (and shares the unkeyed limit), so a long value
-/// cannot grow memory.
+/// A key extractor: the value of one request header (the first line, as bytes), such as an
+/// API key or a tenant id.
 ///
-/// The value is copied into the key; it is not kept as a [`http::HeaderValue`], which may
-/// share (and so keep alive) the whole buffer the request head was read into.
-pub fn header_value(
+/// A request without the header, or with a value longer than [`MAX_LEN`](Self::MAX_LEN),
+/// has no key (and shares the unkeyed limit), so a long value cannot grow memory.
+///
+/// A request is looked up by the header's bytes in place, without allocating; the value is
+/// copied into the map only the first time it is seen, and not kept as a
+/// [`http::HeaderValue`], which may share (and so keep alive) the whole buffer the request
+/// head was read into.
+///
+/// [`http::HeaderValue`]: https://docs.rs/http/1/http/header/struct.HeaderValue.html
+///
+/// ```
+/// use http::HeaderName;
+/// use ratelimit_layer::{RateLimitLayer, TokenBucket};
+/// use ratelimit_layer::key::HeaderKey;
+///
+/// let layer = RateLimitLayer::builder(TokenBucket::new(10)?)
+///     .key_by(HeaderKey::new(HeaderName::from_static("x-api-key")))
+///     .build()?;
+/// # let _ = layer;
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct HeaderKey {
     name: HeaderName,
-) -> impl Fn(&Parts) -> Option<Box<[u8]>> + Send + Sync + 'static {
-    move |parts: &Parts| {
-        let value = parts.headers.get(&name)?.as_bytes();
-        (value.len() <= MAX_HEADER_KEY_LEN).then(|| value.into())
+}
+
+impl HeaderKey {
+    /// The longest header value used as a key: 256 bytes, this crate's choice, above the
+    /// length of common API keys and tokens' identifiers while bounding what one key holds.
+    pub const MAX_LEN: usize = 256;
+
+    /// Keys requests by the value of header `name`.
+    pub const fn new(name: HeaderName) -> Self {
+        Self { name }
+    }
+
+    /// The header's name.
+    pub const fn name(&self) -> &HeaderName {
+        &self.name
+    }
+}
+
+impl KeyExtractor for HeaderKey {
+    type Key = Box<[u8]>;
+    type Lookup = [u8];
+
+    #[inline]
+    fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, [u8]>> {
+        let value = parts.headers.get(&self.name)?.as_bytes();
+        (value.len() <= Self::MAX_LEN).then_some(Cow::Borrowed(value))
     }
 }
 
@@ -379,20 +609,20 @@ mod tests {
     #[test]
     fn forwarding_headers_are_ignored_by_default() {
         let p = parts("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
-        assert_eq!(
-            ClientIp::socket_addr().client_ip(&p),
-            Some(ip("203.0.113.9"))
-        );
+        assert_eq!(ClientIp::new().client_ip(&p), Some(ip("203.0.113.9")));
         let p = parts("203.0.113.9:5000", &[("forwarded", "for=1.2.3.4")]);
         assert_eq!(ClientIp::default().client_ip(&p), Some(ip("203.0.113.9")));
     }
 
     #[test]
     fn x_forwarded_for_behind_trusted_proxies() {
-        let c = ClientIp::socket_addr().trust_proxies(
-            ForwardedHeader::XForwardedFor,
-            ["10.0.0.0/8".parse().unwrap()],
-        );
+        let c = ClientIp::builder()
+            .trust_proxies(
+                ForwardedHeader::XForwardedFor,
+                ["10.0.0.0/8".parse().unwrap()],
+            )
+            .build()
+            .unwrap();
         // The client forged the first entry; the proxy appended the real address.
         let p = parts(
             "10.0.0.2:80",
@@ -424,8 +654,10 @@ mod tests {
 
     #[test]
     fn forwarded_behind_trusted_proxies() {
-        let c = ClientIp::socket_addr()
-            .trust_proxies(ForwardedHeader::Forwarded, ["10.0.0.1".parse().unwrap()]);
+        let c = ClientIp::builder()
+            .trust_proxies(ForwardedHeader::Forwarded, ["10.0.0.1".parse().unwrap()])
+            .build()
+            .unwrap();
         let p = parts(
             "10.0.0.1:80",
             &[(
@@ -450,12 +682,23 @@ mod tests {
             ClientIp::default().client_ip(&p),
             Some(ip("2001:db8:1:2::"))
         );
-        let exact = ClientIp::default().ipv6_prefix(128).unwrap();
+        let exact = ClientIp::builder().ipv6_prefix(128).build().unwrap();
         assert_eq!(exact.client_ip(&p), Some(ip("2001:db8:1:2:3:4:5:6")));
-        assert_eq!(
-            ClientIp::default().ipv6_prefix(129).unwrap_err(),
-            InvalidIpNet::PrefixLength
-        );
+        let err = ClientIp::builder().ipv6_prefix(129).build().unwrap_err();
+        assert_eq!(err.field(), "ipv6_prefix");
+        assert_eq!(err.to_string(), "ipv6_prefix must be at most 128, got 129");
+        // A custom extension and trusted proxies survive the other setters.
+        #[derive(Clone)]
+        struct Peer(SocketAddr);
+        let c = ClientIp::builder()
+            .peer_from_extension(|p: &Peer| Some(p.0))
+            .ipv6_prefix(48)
+            .build()
+            .unwrap();
+        let mut req = Request::new(());
+        req.extensions_mut()
+            .insert(Peer("[2001:db8:1:2::9]:1".parse().unwrap()));
+        assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("2001:db8:1::")));
         // IPv4-mapped addresses are IPv4.
         let p = parts("[::ffff:192.0.2.1]:443", &[]);
         assert_eq!(ClientIp::default().client_ip(&p), Some(ip("192.0.2.1")));
@@ -498,25 +741,56 @@ mod tests {
             "10.0.0.0/x",
             "10.0.0.0/-1",
         ] {
-            assert_eq!(
-                bad.parse::<IpNet>(),
-                Err(InvalidIpNet::PrefixLength),
-                "{bad}"
+            let err = bad.parse::<IpNet>().unwrap_err();
+            assert_eq!(err.field(), "ip_net", "{bad}");
+            assert!(
+                err.to_string().contains("prefix length of at most"),
+                "{bad}: {err}"
             );
+            assert!(err.to_string().contains(bad), "{bad}: {err}");
         }
-        assert_eq!("nope/8".parse::<IpNet>(), Err(InvalidIpNet::Address));
+        assert_eq!(
+            "nope/8".parse::<IpNet>().unwrap_err().to_string(),
+            "ip_net must be an IP address or network such as 10.0.0.0/8, got \"nope/8\""
+        );
+        let err = IpNet::new(ip("10.0.0.0"), 33).unwrap_err();
+        assert_eq!(
+            (err.field(), err.to_string().as_str()),
+            (
+                "prefix",
+                "prefix must be at most 32 for an IPv4 address, got 33"
+            )
+        );
     }
 
     #[test]
-    fn header_keys() {
-        let extract = header_value(HeaderName::from_static("x-api-key"));
+    fn header_keys_are_borrowed_from_the_request() {
+        let extract = HeaderKey::new(HeaderName::from_static("x-api-key"));
         let p = parts("192.0.2.1:1", &[("x-api-key", "abc")]);
-        assert_eq!(extract(&p).as_deref(), Some(&b"abc"[..]));
-        assert_eq!(extract(&parts("192.0.2.1:1", &[])), None);
-        let long = "k".repeat(MAX_HEADER_KEY_LEN + 1);
+        let key = extract.extract(&p).unwrap();
+        assert!(matches!(key, Cow::Borrowed(b"abc")), "not copied");
+        assert_eq!(extract.extract(&parts("192.0.2.1:1", &[])), None);
+        let long = "k".repeat(HeaderKey::MAX_LEN + 1);
         assert_eq!(
-            extract(&parts("192.0.2.1:1", &[("x-api-key", &long)])),
+            extract.extract(&parts("192.0.2.1:1", &[("x-api-key", &long)])),
             None
+        );
+        let longest = "k".repeat(HeaderKey::MAX_LEN);
+        assert!(
+            extract
+                .extract(&parts("192.0.2.1:1", &[("x-api-key", &longest)]))
+                .is_some()
+        );
+    }
+
+    #[test]
+    fn closures_and_client_ips_are_extractors() {
+        let p = parts("192.0.2.7:1", &[("x-tenant", "t1")]);
+        let by_path = |parts: &Parts| Some(parts.uri.path().to_owned());
+        assert_eq!(by_path.extract(&p).as_deref(), Some(&"/".to_owned()));
+        assert_eq!(
+            ClientIp::new().extract(&p).as_deref(),
+            Some(&ip("192.0.2.7"))
         );
     }
 }

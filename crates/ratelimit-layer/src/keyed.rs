@@ -1,30 +1,30 @@
-//! Limits per key (client IP, API key, ...) with bounded memory.
+//! Limits per key (client IP, API key, ...) with bounded memory: [`KeyedLimiter`].
+//!
+//! [`RateLimitBuilder::key_by`](crate::RateLimitBuilder::key_by) builds one for a layer;
+//! use it directly to limit something other than HTTP requests.
 
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::marker::PhantomData;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use hashbrown::HashTable;
+use overload_signal::ConfigError;
+use overload_signal::clock::{Clock, TokioClock, saturating_nanos};
 
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
-use crate::clock::{Clock, RealClock};
-use crate::layer::METRIC_KEYS;
+use crate::metric_names;
 
-/// The default cap on tracked keys: 100 000.
-///
-/// With the token bucket and IP keys an entry takes 32 bytes, so the map stays under about
-/// 8 MiB (see [`KeyedLimiter::memory_bound`]); the figure is this crate's choice, large
-/// enough for the distinct clients a single server sees within a few seconds.
-pub const DEFAULT_MAX_KEYS: usize = 100_000;
+/// The default cap on tracked keys; see
+/// [`RateLimitLayer::DEFAULT_MAX_KEYS`](crate::RateLimitLayer::DEFAULT_MAX_KEYS).
+pub(crate) const DEFAULT_MAX_KEYS: usize = 100_000;
 
-/// The default interval between sweeps of idle keys in a shard: one second.
-///
-/// Sweeping costs one pass over a shard (at most `max_keys / shards` entries) per interval,
-/// only when a new key arrives in that shard; the figure is this crate's choice.
-pub const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
+/// The default interval between sweeps; see
+/// [`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`](crate::RateLimitLayer::DEFAULT_SWEEP_INTERVAL).
+pub(crate) const DEFAULT_SWEEP_INTERVAL: Duration = Duration::from_secs(1);
 
 /// Fewest keys a shard is made to hold (unless `max_keys` itself is smaller).
 const MIN_SHARD_CAP: usize = 256;
@@ -45,7 +45,7 @@ pub enum KeyClass {
 
 impl KeyClass {
     /// The label value: `global`, `keyed`, `overflow` or `unkeyed`.
-    pub fn as_str(self) -> &'static str {
+    pub const fn as_str(self) -> &'static str {
         match self {
             Self::Global => "global",
             Self::Keyed => "keyed",
@@ -60,11 +60,13 @@ impl KeyClass {
 /// # How keys are stored
 ///
 /// Keys live in a fixed number of shards (a power of two, four per available CPU, at most
-/// 256, and few enough that each holds at least 256 keys), each a hash table behind a reader-writer lock. A key is
-/// hashed once, with std's DoS-resistant `RandomState` (peers choose the keys), which both
-/// picks the shard and finds the entry. A request for a known key takes the shard's *read*
-/// lock only: the per-key state is updated in place (atomically for the token bucket), so
-/// requests for different keys, or for the same hot key, do not serialise on a writer.
+/// 256, and few enough that each holds at least 256 keys), each a hash table behind a
+/// reader-writer lock. A key is hashed once, with std's DoS-resistant `RandomState` (peers
+/// choose the keys), which both picks the shard and finds the entry. A request for a known
+/// key takes the shard's *read* lock only: the per-key state is updated in place
+/// (atomically for the token bucket), so requests for different keys, or for the same hot
+/// key, do not serialise on a writer. A known key is looked up by reference (`&[u8]` for a
+/// `Box<[u8]>` key), so checking it allocates nothing.
 ///
 /// # Bounded memory
 ///
@@ -82,7 +84,32 @@ impl KeyClass {
 ///
 /// The map's heap use is at most [`memory_bound`](Self::memory_bound) bytes, plus whatever
 /// heap the keys themselves own (none for IP addresses).
-pub struct KeyedLimiter<L: Limiter, K, C = RealClock> {
+///
+/// # Examples
+///
+/// ```
+/// use std::net::IpAddr;
+/// use ratelimit_layer::TokenBucket;
+/// use ratelimit_layer::keyed::{KeyClass, KeyedLimiter};
+///
+/// # #[tokio::main(flavor = "current_thread")]
+/// # async fn main() -> Result<(), ratelimit_layer::ConfigError> {
+/// // The defaults: at most 100 000 keys, idle keys swept every second, tokio's clock.
+/// let keyed: KeyedLimiter<_, IpAddr> = KeyedLimiter::new(TokenBucket::new(1)?);
+/// let client: IpAddr = "192.0.2.1".parse().unwrap();
+/// assert_eq!(keyed.check(&client, 1).1, KeyClass::Keyed);
+/// assert!(!keyed.check(&client, 1).0.is_allowed());
+///
+/// // Customised: a smaller cap, reported as the `ratelimit_layer_keys` gauge.
+/// let keyed: KeyedLimiter<_, IpAddr> = KeyedLimiter::builder(TokenBucket::new(1)?)
+///     .max_keys(10_000)
+///     .report_keys("edge")
+///     .build()?;
+/// # let _ = keyed;
+/// # Ok(())
+/// # }
+/// ```
+pub struct KeyedLimiter<L: Limiter, K, C = TokioClock> {
     limiter: L,
     clock: C,
     hasher: RandomState,
@@ -106,7 +133,7 @@ impl LazyGauge {
     fn set(&self, keys: usize) {
         #[allow(clippy::cast_precision_loss)]
         self.gauge
-            .get_or_init(|| metrics::gauge!(METRIC_KEYS, "policy" => self.policy.clone()))
+            .get_or_init(|| metrics::gauge!(metric_names::KEYS, "policy" => self.policy.clone()))
             .set(keys as f64);
     }
 }
@@ -123,18 +150,142 @@ struct ShardTable<K, S> {
     next_sweep: u64,
 }
 
-impl<L: Limiter, K: Hash + Eq> KeyedLimiter<L, K, RealClock> {
-    /// A keyed limiter on the real clock, tracking at most `max_keys` keys (at least one).
-    pub fn new(limiter: L, max_keys: usize) -> Self {
-        Self::with_clock(limiter, RealClock::new(), max_keys)
+impl<L: Limiter, K: Hash + Eq> KeyedLimiter<L, K, TokioClock> {
+    /// A keyed limiter with the defaults: at most 100 000 keys
+    /// ([`RateLimitLayer::DEFAULT_MAX_KEYS`](crate::RateLimitLayer::DEFAULT_MAX_KEYS)), idle
+    /// keys swept at most once a second per shard
+    /// ([`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`](crate::RateLimitLayer::DEFAULT_SWEEP_INTERVAL)),
+    /// time from [`TokioClock`], no keys gauge.
+    ///
+    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    pub fn new(limiter: L) -> Self {
+        Self::assemble(
+            limiter,
+            TokioClock::new(),
+            DEFAULT_MAX_KEYS,
+            saturating_nanos(DEFAULT_SWEEP_INTERVAL),
+            None,
+        )
+    }
+
+    /// A builder starting from the defaults of [`new`](Self::new).
+    pub fn builder(limiter: L) -> KeyedLimiterBuilder<L, K> {
+        KeyedLimiterBuilder {
+            limiter,
+            clock: TokioClock::new(),
+            max_keys: DEFAULT_MAX_KEYS,
+            sweep_interval: DEFAULT_SWEEP_INTERVAL,
+            report_keys: None,
+            key: PhantomData,
+        }
+    }
+}
+
+/// Builds a [`KeyedLimiter`]; from [`KeyedLimiter::builder`].
+#[must_use]
+pub struct KeyedLimiterBuilder<L, K, C = TokioClock> {
+    limiter: L,
+    clock: C,
+    max_keys: usize,
+    sweep_interval: Duration,
+    report_keys: Option<String>,
+    key: PhantomData<fn() -> K>,
+}
+
+impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiterBuilder<L, K, C> {
+    /// Where the limiter reads the time. Default: [`TokioClock`], which follows tokio's
+    /// paused time in tests.
+    ///
+    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    pub fn clock<C2: Clock>(self, clock: C2) -> KeyedLimiterBuilder<L, K, C2> {
+        KeyedLimiterBuilder {
+            limiter: self.limiter,
+            clock,
+            max_keys: self.max_keys,
+            sweep_interval: self.sweep_interval,
+            report_keys: self.report_keys,
+            key: PhantomData,
+        }
+    }
+
+    /// The cap on tracked keys (rounded up to a multiple of the shard count); see
+    /// [`KeyedLimiter`] for what happens at the cap. Default: 100 000
+    /// ([`RateLimitLayer::DEFAULT_MAX_KEYS`](crate::RateLimitLayer::DEFAULT_MAX_KEYS)).
+    pub const fn max_keys(mut self, max_keys: usize) -> Self {
+        self.max_keys = max_keys;
+        self
+    }
+
+    /// The interval between sweeps of idle keys in a shard. Default: one second
+    /// ([`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`](crate::RateLimitLayer::DEFAULT_SWEEP_INTERVAL)).
+    pub const fn sweep_interval(mut self, interval: Duration) -> Self {
+        self.sweep_interval = interval;
+        self
+    }
+
+    /// Reports the number of tracked keys as the gauge `ratelimit_layer_keys`
+    /// ([`metric_names::KEYS`]) with label `policy`, registered with the `metrics` recorder
+    /// when the count first changes. Default: not reported.
+    pub fn report_keys(mut self, policy: &str) -> Self {
+        self.report_keys = Some(policy.to_owned());
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind `OutOfRange` when `max_keys` or `sweep_interval` is zero.
+    pub fn build(self) -> Result<KeyedLimiter<L, K, C>, ConfigError> {
+        check_settings(self.max_keys, self.sweep_interval)?;
+        Ok(KeyedLimiter::assemble(
+            self.limiter,
+            self.clock,
+            self.max_keys,
+            saturating_nanos(self.sweep_interval),
+            self.report_keys,
+        ))
+    }
+}
+
+/// The rules of [`KeyedLimiterBuilder::build`], shared with the layer's builder.
+pub(crate) fn check_settings(max_keys: usize, sweep_interval: Duration) -> Result<(), ConfigError> {
+    if max_keys == 0 {
+        return Err(ConfigError::out_of_range("max_keys", 0, "at least 1"));
+    }
+    if sweep_interval.is_zero() {
+        // NOTE: a zero interval would sweep a whole shard for every new key: a flood of
+        // distinct keys would cost O(cap) per request.
+        return Err(ConfigError::out_of_range(
+            "sweep_interval",
+            sweep_interval,
+            "greater than zero",
+        ));
+    }
+    Ok(())
+}
+
+impl<L: Limiter + fmt::Debug, K, C: fmt::Debug> fmt::Debug for KeyedLimiterBuilder<L, K, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("KeyedLimiterBuilder")
+            .field("limiter", &self.limiter)
+            .field("clock", &self.clock)
+            .field("max_keys", &self.max_keys)
+            .field("sweep_interval", &self.sweep_interval)
+            .field("report_keys", &self.report_keys)
+            .finish()
     }
 }
 
 impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
-    /// A keyed limiter on `clock`, tracking at most `max_keys` keys (at least one; a zero
-    /// is taken as one).
-    pub fn with_clock(limiter: L, clock: C, max_keys: usize) -> Self {
-        let max_keys = max_keys.max(1);
+    /// `max_keys` at least one, `sweep_interval` in nanoseconds and above zero.
+    fn assemble(
+        limiter: L,
+        clock: C,
+        max_keys: usize,
+        sweep_interval: u64,
+        report_keys: Option<String>,
+    ) -> Self {
         let cpus = std::thread::available_parallelism().map_or(1, usize::from);
         // NOTE: a power of two, so that a mask picks the shard. The cap is enforced per shard,
         // so each shard must hold enough keys (256) for hashing to spread them evenly.
@@ -159,31 +310,14 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                 .collect(),
             shard_mask: shards - 1,
             shard_cap,
-            sweep_interval: nanos(DEFAULT_SWEEP_INTERVAL),
+            sweep_interval,
             len: AtomicUsize::new(0),
             overflow: L::State::default(),
-            keys_gauge: None,
+            keys_gauge: report_keys.map(|policy| LazyGauge {
+                policy,
+                gauge: OnceLock::new(),
+            }),
         }
-    }
-
-    /// Sets the interval between sweeps of idle keys in a shard. Default:
-    /// [`DEFAULT_SWEEP_INTERVAL`] (one second).
-    #[must_use]
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
-        self.sweep_interval = nanos(interval);
-        self
-    }
-
-    /// Reports the number of tracked keys as the gauge `ratelimit_layer_keys` with label
-    /// `policy`, registered with the `metrics` recorder when the count first changes.
-    /// Default: not reported.
-    #[must_use]
-    pub fn report_keys(mut self, policy: &str) -> Self {
-        self.keys_gauge = Some(LazyGauge {
-            policy: policy.to_owned(),
-            gauge: OnceLock::new(),
-        });
-        self
     }
 
     fn report(&self, keys: usize) {
@@ -406,10 +540,6 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
     }
 }
 
-fn nanos(d: Duration) -> u64 {
-    u64::try_from(d.as_nanos()).unwrap_or(u64::MAX)
-}
-
 impl<L: Limiter + fmt::Debug, K, C: fmt::Debug> fmt::Debug for KeyedLimiter<L, K, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("KeyedLimiter")
@@ -425,8 +555,25 @@ impl<L: Limiter + fmt::Debug, K, C: fmt::Debug> fmt::Debug for KeyedLimiter<L, K
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::{FakeClock, SlidingWindow, TokenBucket};
+    use crate::{SlidingWindow, TokenBucket};
+    use overload_signal::clock::FakeClock;
     use std::net::{IpAddr, Ipv4Addr};
+
+    fn with_clock<L: Limiter, K: Hash + Eq>(
+        limiter: L,
+        clock: FakeClock,
+        max_keys: usize,
+    ) -> KeyedLimiter<L, K, FakeClock> {
+        KeyedLimiter::builder(limiter)
+            .clock(clock)
+            .max_keys(max_keys)
+            .build()
+            .unwrap()
+    }
+
+    fn bucket(rate: u32, burst: u32) -> TokenBucket {
+        TokenBucket::builder(rate).burst(burst).build().unwrap()
+    }
 
     fn ip(n: u32) -> IpAddr {
         IpAddr::V4(Ipv4Addr::from(n))
@@ -434,8 +581,7 @@ mod tests {
 
     #[test]
     fn status_is_read_only_when_asked() {
-        let keyed: KeyedLimiter<_, IpAddr, _> =
-            KeyedLimiter::with_clock(TokenBucket::per_second(1, 2).unwrap(), FakeClock::new(), 16);
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(1, 2), FakeClock::new(), 16);
         let (d, status, _) = keyed.check_with_status(&ip(1), 1, false);
         assert_eq!((d, status), (Decision::Allow, None));
         let (d, status, _) = keyed.check_with_status(&ip(1), 1, true);
@@ -455,8 +601,7 @@ mod tests {
     #[test]
     fn keys_have_their_own_limits() {
         let clock = FakeClock::new();
-        let keyed: KeyedLimiter<_, IpAddr, _> =
-            KeyedLimiter::with_clock(TokenBucket::per_second(1, 2).unwrap(), clock, 100);
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(1, 2), clock, 100);
         for _ in 0..2 {
             assert!(keyed.check(&ip(1), 1).0.is_allowed());
         }
@@ -467,11 +612,7 @@ mod tests {
 
     #[test]
     fn borrowed_lookups_store_owned_keys() {
-        let keyed: KeyedLimiter<_, Box<[u8]>, _> = KeyedLimiter::with_clock(
-            TokenBucket::per_second(1, 1).unwrap(),
-            FakeClock::new(),
-            100,
-        );
+        let keyed: KeyedLimiter<_, Box<[u8]>, _> = with_clock(bucket(1, 1), FakeClock::new(), 100);
         let key: &[u8] = b"api-key-1";
         assert!(keyed.check(key, 1).0.is_allowed());
         assert!(!keyed.check(key, 1).0.is_allowed());
@@ -481,8 +622,7 @@ mod tests {
     #[test]
     fn idle_keys_are_evicted_without_changing_decisions() {
         let clock = FakeClock::new();
-        let keyed: KeyedLimiter<_, IpAddr, _> =
-            KeyedLimiter::with_clock(TokenBucket::per_second(10, 1).unwrap(), clock.clone(), 100);
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(10, 1), clock.clone(), 100);
         for n in 0..50 {
             assert!(keyed.check(&ip(n), 1).0.is_allowed());
         }
@@ -498,11 +638,8 @@ mod tests {
     #[test]
     fn sweeps_run_on_their_own_as_new_keys_arrive() {
         let clock = FakeClock::new();
-        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
-            SlidingWindow::new(5, Duration::from_secs(1)).unwrap(),
-            clock.clone(),
-            1_000,
-        );
+        let keyed: KeyedLimiter<_, IpAddr, _> =
+            with_clock(SlidingWindow::new(5).unwrap(), clock.clone(), 1_000);
         for n in 0..200 {
             let _ = keyed.check(&ip(n), 1);
         }
@@ -519,8 +656,7 @@ mod tests {
     #[test]
     fn at_the_cap_new_keys_share_the_overflow_limit() {
         let clock = FakeClock::new();
-        let keyed: KeyedLimiter<_, IpAddr, _> =
-            KeyedLimiter::with_clock(TokenBucket::per_second(1, 3).unwrap(), clock.clone(), 16);
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(1, 3), clock.clone(), 16);
         let cap = keyed.max_keys();
         let mut classes = std::collections::HashMap::new();
         let mut overflow_admitted = 0;
@@ -581,9 +717,13 @@ mod tests {
         // Regression guard: sweeping a full shard for each new key would make a flood of
         // distinct keys cost O(cap) per request.
         let clock = FakeClock::new();
-        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(
             CountingSweeps {
-                inner: TokenBucket::new(1, Duration::from_secs(3_600), 1).unwrap(),
+                inner: TokenBucket::builder(1)
+                    .period(Duration::from_secs(3_600))
+                    .burst(1)
+                    .build()
+                    .unwrap(),
                 idle_checks: AtomicUsize::new(0),
             },
             clock.clone(),
@@ -610,8 +750,7 @@ mod tests {
 
     #[test]
     fn over_capacity_and_free_requests_store_nothing() {
-        let keyed: KeyedLimiter<_, IpAddr, _> =
-            KeyedLimiter::with_clock(TokenBucket::per_second(1, 3).unwrap(), FakeClock::new(), 16);
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(1, 3), FakeClock::new(), 16);
         assert_eq!(
             keyed.check(&ip(1), 4).0,
             Decision::OverCapacity { capacity: 3 }
@@ -622,12 +761,28 @@ mod tests {
     }
 
     #[test]
-    fn memory_stays_under_the_bound() {
-        let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
-            TokenBucket::per_second(1, 1).unwrap(),
-            FakeClock::new(),
-            1_000,
+    fn invalid_builds_name_the_setting() {
+        let err = KeyedLimiter::<_, IpAddr>::builder(bucket(1, 1))
+            .max_keys(0)
+            .build()
+            .unwrap_err();
+        assert_eq!(err.to_string(), "max_keys must be at least 1, got 0");
+        let err = KeyedLimiter::<_, IpAddr>::builder(bucket(1, 1))
+            .sweep_interval(Duration::ZERO)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "sweep_interval must be greater than zero, got 0ns"
         );
+        let keyed = KeyedLimiter::<_, IpAddr>::new(bucket(1, 1));
+        assert!(keyed.max_keys() >= DEFAULT_MAX_KEYS);
+        assert_eq!(keyed.sweep_interval, 1_000_000_000);
+    }
+
+    #[test]
+    fn memory_stays_under_the_bound() {
+        let keyed: KeyedLimiter<_, IpAddr, _> = with_clock(bucket(1, 1), FakeClock::new(), 1_000);
         let bound = keyed.memory_bound();
         for n in 0..20_000 {
             let _ = keyed.check(&ip(n), 1);

@@ -16,31 +16,48 @@
 //! `tower::ServiceBuilder` and tonic's `Server::builder().layer(..)`. It never calls the
 //! inner service for a rejected request.
 //!
+//! [`overload_signal::protocol`]: https://docs.rs/overload-signal/0.1/overload_signal/protocol/index.html
+//!
 //! # Algorithms
 //!
 //! Three, behind one trait ([`Limiter`]), each deciding `allow / reject(retry_after)` for a
 //! request of a given cost (weight), with the remaining quota and reset time for the
-//! headers:
+//! headers (module [`algorithm`]):
 //!
 //! - [`TokenBucket`]: rate `R`, burst `B`, as GCRA on a single `AtomicU64`, lock-free. At
 //!   most `R*L + B` units in any interval of length `L`.
 //! - [`FixedWindow`]: a count per window; up to **twice** the quota across a window edge.
 //! - [`SlidingWindow`]: the paper's estimate `r = c_n + (1 - (t mod w)/w) * c_{n-1}`.
 //!
-//! Time comes from a [`Clock`]: [`RealClock`] reads [`tokio::time::Instant`] (so paused
-//! tokio tests control it), [`FakeClock`] moves only when told to.
+//! Time comes from a [`Clock`] (this crate re-exports `overload-signal`'s [`clock`] module as
+//! its own `clock`): [`TokioClock`] by default, which follows tokio's paused time in tests;
+//! `FakeClock`, which moves only when told to, with the `test-util` feature. Set it with
+//! [`RateLimitBuilder::clock`].
+//!
+//! [`Clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/trait.Clock.html
+//! [`clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/index.html
+//! [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
 //!
 //! # Keys
 //!
-//! One global limit by default; or one per client IP ([`ClientIp`], forwarding headers
-//! ignored unless proxies are named), per header value ([`header_value`]), or per whatever a
-//! closure extracts. Keys live in a [`KeyedLimiter`]: sharded, read-locked on the hot path,
-//! idle keys evicted losslessly, and a hard cap beyond which new keys share one overflow
-//! limit, so memory is bounded ([`KeyedLimiter::memory_bound`]).
+//! One global limit by default; or one per client IP ([`key::ClientIp`], forwarding
+//! headers ignored unless proxies are named), per header value ([`key::HeaderKey`]), or per
+//! whatever a closure or a [`key::KeyExtractor`] extracts. Keys live in a
+//! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
+//! losslessly, and a hard cap beyond which new keys share one overflow limit, so memory is
+//! bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
+//! allocating, whichever built-in extractor found it.
+//!
+//! # Configuration
+//!
+//! Every type follows one convention: `new` takes what has no default (a rate, a limiter),
+//! `builder` returns named setters starting from the defaults, and `build` returns
+//! [`ConfigError`] (`overload-signal`'s, re-exported), whose message names the setting, the
+//! value and the rule.
 //!
 //! # Examples
 //!
-//! With defaults: one global token bucket, 100 per second, bursts of 20, in a
+//! With defaults: one global token bucket, 100 per second (bursts of 100), in a
 //! `tower::ServiceBuilder`:
 //!
 //! ```
@@ -51,7 +68,7 @@
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = RateLimitLayer::new(TokenBucket::per_second(100, 20)?)?;
+//! let layer = RateLimitLayer::new(TokenBucket::new(100)?);
 //! let service = ServiceBuilder::new()
 //!     .layer(layer)
 //!     .service(service_fn(|_: Request<String>| async {
@@ -70,11 +87,13 @@
 //! use std::net::SocketAddr;
 //! use std::time::Duration;
 //! use axum::{Router, extract::ConnectInfo, routing::get};
-//! use ratelimit_layer::{ClientIp, RateLimitLayer, SlidingWindow};
+//! use ratelimit_layer::{RateLimitLayer, SlidingWindow};
+//! use ratelimit_layer::key::ClientIp;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = RateLimitLayer::builder(SlidingWindow::new(600, Duration::from_secs(60))?)
+//! let window = SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?;
+//! let layer = RateLimitLayer::builder(window)
 //!     // axum puts the peer address in `ConnectInfo`; the layer reads it through this
 //!     // function (it does not depend on axum).
 //!     .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0)))
@@ -93,13 +112,14 @@
 //! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`:
 //!
 //! ```no_run
-//! use ratelimit_layer::{ClientIp, RateLimitLayer, TokenBucket};
+//! use ratelimit_layer::{RateLimitLayer, TokenBucket};
+//! use ratelimit_layer::key::ClientIp;
 //! use tonic::transport::Server;
 //! use tonic::transport::server::TcpConnectInfo;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = RateLimitLayer::builder(TokenBucket::per_second(1_000, 100)?)
+//! let layer = RateLimitLayer::builder(TokenBucket::builder(1_000).burst(100).build()?)
 //!     .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| ci.remote_addr()))
 //!     .build()?;
 //! let (_reporter, health) = tonic_health::server::health_reporter();
@@ -112,11 +132,11 @@
 //! # }
 //! ```
 //!
-//! From command-line flags, through [`RateLimitConfig`] (`Algorithm` and `KeyBy` parse
-//! from `token-bucket|fixed-window|sliding-window` and `global|ip`):
+//! From command-line flags, through [`config::RateLimitConfig`] (its `Algorithm` and
+//! `KeyBy` parse from `token-bucket|fixed-window|sliding-window` and `global|ip`):
 //!
 //! ```
-//! use ratelimit_layer::{RateLimitConfig, KeyBy};
+//! use ratelimit_layer::config::{KeyBy, RateLimitConfig};
 //!
 //! let layer = RateLimitConfig {
 //!     rate: 1_000,
@@ -127,14 +147,14 @@
 //! }
 //! .layer()?;
 //! # let _ = layer;
-//! # Ok::<(), Box<dyn std::error::Error>>(())
+//! # Ok::<(), ratelimit_layer::ConfigError>(())
 //! ```
 //!
 //! # Metrics
 //!
-//! Through the [`metrics`] facade; this crate never installs a recorder. They are registered
-//! with the recorder on the first request (not when the layer is built), so install the
-//! recorder before serving traffic.
+//! Through the [`metrics`] facade; this crate never installs a recorder. The names are in [`metric_names`]. They are registered with the
+//! recorder on the first request (not when the layer is built) and the handles are kept,
+//! so install the recorder before serving traffic.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -144,29 +164,38 @@
 //!
 //! Rejections are also logged through [`tracing`] at `TRACE` level.
 //!
+//! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
+//! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
+//!
+//! # What a request costs
+//!
+//! An admitted request allocates nothing in this layer, with the global limit or any
+//! built-in key (client IP, header value), once its key is known; the test
+//! `tests/no_alloc.rs` counts. The metric handles are registered once and kept. A rejection
+//! builds its response: the `RateLimit-Policy` value is formatted once, at build time, and
+//! cloned; `Retry-After` and `RateLimit`, which change, are written per rejection.
+//! [`admitted_headers`](RateLimitBuilder::admitted_headers) writes `RateLimit` on every
+//! admitted response too, at the cost of that allocation.
+//!
 //! # Feature flags
 //!
-//! This crate has no optional features.
+//! - `test-util` (off by default): enables `overload-signal`'s `test-util` feature, so that
+//!   `clock::FakeClock`, a clock that moves only when told to, exists for tests.
 
-mod algorithm;
-mod clock;
-mod config;
-mod key;
-mod keyed;
+pub mod algorithm;
+pub mod config;
+pub mod future;
+pub mod key;
+pub mod keyed;
 mod layer;
+pub mod metric_names;
+#[cfg(feature = "redis")]
+pub mod redis;
 
-pub use algorithm::{
-    Decision, FixedWindow, FixedWindowState, InvalidLimit, Limiter, QuotaStatus, SlidingWindow,
-    SlidingWindowState, TokenBucket, TokenBucketState,
-};
-pub use clock::{Clock, FakeClock, RealClock};
-pub use config::{Algorithm, DEFAULT_RATE, KeyBy, RateLimitConfig, UnknownName};
-pub use key::{
-    ClientIp, DEFAULT_IPV6_PREFIX, ForwardedHeader, InvalidIpNet, IpNet, MAX_HEADER_KEY_LEN,
-    header_value,
-};
-pub use keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, KeyClass, KeyedLimiter};
-pub use layer::{
-    DEFAULT_POLICY_NAME, InvalidConfig, METRIC_ADMITTED, METRIC_KEYS, METRIC_REJECTED, RateLimit,
-    RateLimitBuilder, RateLimitLayer, ResponseFuture,
-};
+// NOTE: not inlined: the module is `overload-signal`'s, documented there.
+#[doc(no_inline)]
+pub use overload_signal::clock;
+
+pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
+pub use layer::{RateLimit, RateLimitBuilder, RateLimitLayer};
+pub use overload_signal::{ConfigError, ConfigErrorKind};

@@ -11,22 +11,22 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
-use ratelimit_layer::{ClientIp, FakeClock, RateLimitLayer, TokenBucket};
+use ratelimit_layer::clock::FakeClock;
+use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::{RateLimitLayer, TokenBucket};
 
 #[tokio::test]
 async fn axum_router_answers_429_with_the_protocol_headers() {
     // NOTE: a fake clock that never moves makes the third request's rejection certain,
     // however slow the machine.
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(1, 2).unwrap(),
-        FakeClock::new(),
-    )
-    .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| {
-        Some(ci.0)
-    }))
-    .admitted_headers(true)
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(TokenBucket::builder(1).burst(2).build().unwrap())
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| {
+            Some(ci.0)
+        }))
+        .admitted_headers(true)
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/api", get(|| async { "hello" }))
         .layer(layer);

@@ -9,13 +9,18 @@ use std::time::Duration;
 use http::{HeaderValue, Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use overload_signal::protocol::{GRPC_RETRY_PUSHBACK_MS, RATELIMIT, RATELIMIT_POLICY, grpc_status};
+use ratelimit_layer::clock::FakeClock;
+use ratelimit_layer::key::ClientIp;
 use ratelimit_layer::{
-    ClientIp, FakeClock, FixedWindow, InvalidConfig, InvalidLimit, RateLimit, RateLimitLayer,
-    TokenBucket,
+    ConfigErrorKind, FixedWindow, RateLimit, RateLimitLayer, SlidingWindow, TokenBucket,
 };
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
 type Calls = Arc<AtomicUsize>;
+
+fn bucket(rate: u32, burst: u32) -> TokenBucket {
+    TokenBucket::builder(rate).burst(burst).build().unwrap()
+}
 
 fn counting_service(
     calls: &Calls,
@@ -42,10 +47,10 @@ fn from(peer: &str) -> Request<String> {
 #[tokio::test]
 async fn rejects_above_the_rate_without_calling_the_inner_service() {
     let clock = FakeClock::new();
-    let layer =
-        RateLimitLayer::builder_with_clock(TokenBucket::per_second(10, 5).unwrap(), clock.clone())
-            .build()
-            .unwrap();
+    let layer = RateLimitLayer::builder(bucket(10, 5))
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let calls = Calls::default();
     let svc = layer.layer(counting_service(&calls));
     for _ in 0..5 {
@@ -67,14 +72,39 @@ async fn rejects_above_the_rate_without_calling_the_inner_service() {
     assert_eq!(calls.load(Ordering::SeqCst), 6);
 }
 
+/// The `RateLimit-Policy` value never changes, so it is formatted once and every response
+/// shares its bytes: a value formatted per response would live in its own buffer.
+#[tokio::test]
+async fn the_policy_field_is_formatted_once() {
+    let layer = RateLimitLayer::builder(bucket(10, 1))
+        .clock(FakeClock::new())
+        .admitted_headers(true)
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let admitted = svc.clone().oneshot(request()).await.unwrap();
+    let first = svc.clone().oneshot(request()).await.unwrap();
+    let second = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(admitted.status(), StatusCode::OK);
+    assert_eq!(first.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(second.status(), StatusCode::TOO_MANY_REQUESTS);
+    let bytes = |res: &Response<String>| res.headers()[RATELIMIT_POLICY].as_bytes().as_ptr();
+    assert_eq!(first.headers()[RATELIMIT_POLICY], "\"default\";q=10;w=1");
+    assert_eq!(bytes(&first), bytes(&second));
+    assert_eq!(bytes(&first), bytes(&admitted));
+    // The `RateLimit` field changes with the quota left, so each response has its own.
+    assert_ne!(
+        first.headers()[RATELIMIT].as_bytes().as_ptr(),
+        second.headers()[RATELIMIT].as_bytes().as_ptr()
+    );
+}
+
 #[tokio::test]
 async fn grpc_requests_get_resource_exhausted_with_pushback() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(10, 1).unwrap(),
-        FakeClock::new(),
-    )
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(bucket(10, 1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
     let calls = Calls::default();
     let svc = layer.layer(counting_service(&calls));
     let grpc = || {
@@ -97,10 +127,13 @@ async fn grpc_requests_get_resource_exhausted_with_pushback() {
 
 #[tokio::test]
 async fn admitted_responses_carry_the_fields_when_asked() {
-    let layer = RateLimitLayer::builder_with_clock(
-        FixedWindow::new(3, Duration::from_secs(10)).unwrap(),
-        FakeClock::new(),
+    let layer = RateLimitLayer::builder(
+        FixedWindow::builder(3)
+            .window(Duration::from_secs(10))
+            .build()
+            .unwrap(),
     )
+    .clock(FakeClock::new())
     .policy_name("api")
     .admitted_headers(true)
     .build()
@@ -114,13 +147,11 @@ async fn admitted_responses_carry_the_fields_when_asked() {
 
 #[tokio::test]
 async fn keyed_by_client_ip() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(1, 2).unwrap(),
-        FakeClock::new(),
-    )
-    .key_by_client_ip(ClientIp::socket_addr())
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(bucket(1, 2))
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::new())
+        .build()
+        .unwrap();
     let calls = Calls::default();
     let svc = layer.layer(counting_service(&calls));
     let status = |req| {
@@ -150,13 +181,11 @@ async fn keyed_by_client_ip() {
 
 #[tokio::test]
 async fn keyed_by_header() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(1, 1).unwrap(),
-        FakeClock::new(),
-    )
-    .key_by_header(http::HeaderName::from_static("x-api-key"))
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by_header(http::HeaderName::from_static("x-api-key"))
+        .build()
+        .unwrap();
     let svc = layer.layer(counting_service(&Calls::default()));
     let with_key = |k: &'static str| {
         Request::builder()
@@ -180,13 +209,11 @@ async fn keyed_by_header() {
 
 #[tokio::test]
 async fn weighted_requests() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(10, 10).unwrap(),
-        FakeClock::new(),
-    )
-    .cost_by(|parts| if parts.uri.path() == "/heavy" { 6 } else { 1 })
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(bucket(10, 10))
+        .clock(FakeClock::new())
+        .cost_by(|parts| if parts.uri.path() == "/heavy" { 6 } else { 1 })
+        .build()
+        .unwrap();
     let svc = layer.layer(counting_service(&Calls::default()));
     let to = |path: &str| Request::builder().uri(path).body(String::new()).unwrap();
     assert_eq!(
@@ -206,10 +233,13 @@ async fn weighted_requests() {
 
 #[tokio::test]
 async fn over_capacity_requests_are_rejected_with_the_window() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::new(5, Duration::from_secs(3), 5).unwrap(),
-        FakeClock::new(),
+    let layer = RateLimitLayer::builder(
+        TokenBucket::builder(5)
+            .period(Duration::from_secs(3))
+            .build()
+            .unwrap(),
     )
+    .clock(FakeClock::new())
     .cost_by(|_| 6)
     .build()
     .unwrap();
@@ -225,33 +255,134 @@ async fn over_capacity_requests_are_rejected_with_the_window() {
 }
 
 #[test]
-fn invalid_builds_are_refused() {
-    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
+fn invalid_builds_name_the_setting() {
+    let err = RateLimitLayer::builder(bucket(10, 5))
         .cost(6)
         .build()
         .unwrap_err();
     assert_eq!(
-        err,
-        InvalidConfig::Limit(InvalidLimit::CostExceedsCapacity {
-            cost: 6,
-            capacity: 5
-        })
+        (err.field(), err.kind()),
+        ("cost", ConfigErrorKind::Conflict)
     );
     assert_eq!(
         err.to_string(),
-        "request cost 6 exceeds the burst or quota 5, so no such request could ever be admitted"
+        "cost (6) must not exceed the limiter's capacity (5, its burst or quota): no such request could ever be admitted"
     );
-    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
-        .key_by_client_ip(ClientIp::default())
-        .max_keys(0)
+    for keyed in [false, true] {
+        let builder = RateLimitLayer::builder(bucket(10, 5)).max_keys(0);
+        let err = if keyed {
+            builder.key_by_client_ip(ClientIp::default()).build()
+        } else {
+            builder.build()
+        }
+        .unwrap_err();
+        assert_eq!(err.to_string(), "max_keys must be at least 1, got 0");
+    }
+    let err = RateLimitLayer::builder(bucket(10, 5))
+        .sweep_interval(Duration::ZERO)
         .build()
         .unwrap_err();
-    assert_eq!(err, InvalidConfig::ZeroMaxKeys);
-    let err = RateLimitLayer::builder(TokenBucket::per_second(10, 5).unwrap())
+    assert_eq!(err.field(), "sweep_interval");
+    let err = RateLimitLayer::builder(bucket(10, 5))
         .policy_name("é")
         .build()
         .unwrap_err();
-    assert!(matches!(err, InvalidConfig::Policy(_)));
+    assert_eq!(
+        (err.field(), err.kind()),
+        ("policy_name", ConfigErrorKind::Invalid)
+    );
+    assert_eq!(
+        err.to_string(),
+        "policy_name must be non-empty printable ASCII (0x20 to 0x7e), which a structured field string can carry, got \"é\""
+    );
+    // A cost chosen per request is not checked at build time: an over-capacity request is
+    // rejected when it comes (see `over_capacity_requests_are_rejected_with_the_window`).
+    assert!(
+        RateLimitLayer::builder(bucket(10, 5))
+            .cost_by(|_| 6)
+            .build()
+            .is_ok()
+    );
+}
+
+#[tokio::test]
+async fn new_equals_the_builder_with_defaults() {
+    let by_new = RateLimitLayer::new(SlidingWindow::new(2).unwrap());
+    let by_builder = RateLimitLayer::builder(SlidingWindow::new(2).unwrap())
+        .build()
+        .unwrap();
+    for layer in [by_new, by_builder] {
+        let svc = layer.layer(counting_service(&Calls::default()));
+        for _ in 0..2 {
+            assert_eq!(
+                svc.clone().oneshot(request()).await.unwrap().status(),
+                StatusCode::OK
+            );
+        }
+        let res = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(res.headers()[RATELIMIT_POLICY], "\"default\";q=2;w=1");
+    }
+}
+
+#[tokio::test]
+async fn the_clock_and_the_key_may_be_set_in_either_order() {
+    let clock = FakeClock::new();
+    let clock_first = RateLimitLayer::builder(bucket(1, 1))
+        .clock(clock.clone())
+        .key_by_client_ip(ClientIp::new())
+        .build()
+        .unwrap();
+    let key_first = RateLimitLayer::builder(bucket(1, 1))
+        .key_by_client_ip(ClientIp::new())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let (a, b) = (
+        clock_first.layer(counting_service(&Calls::default())),
+        key_first.layer(counting_service(&Calls::default())),
+    );
+    for svc in [&a, &b] {
+        let status = |peer| async move { svc.clone().oneshot(from(peer)).await.unwrap().status() };
+        assert_eq!(status("192.0.2.1:1").await, StatusCode::OK);
+        assert_eq!(status("192.0.2.1:2").await, StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(status("192.0.2.2:1").await, StatusCode::OK);
+    }
+    // Both read the fake clock: one second later each key has its token back.
+    clock.advance(Duration::from_secs(1));
+    for svc in [&a, &b] {
+        assert_eq!(
+            svc.clone()
+                .oneshot(from("192.0.2.1:3"))
+                .await
+                .unwrap()
+                .status(),
+            StatusCode::OK
+        );
+    }
+}
+
+#[tokio::test]
+async fn keyed_by_a_closure() {
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by(|parts: &http::request::Parts| Some(parts.uri.path().to_owned()))
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let to = |path: &str| Request::builder().uri(path).body(String::new()).unwrap();
+    assert_eq!(
+        svc.clone().oneshot(to("/a")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(to("/b")).await.unwrap().status(),
+        StatusCode::OK
+    );
+    assert_eq!(
+        svc.clone().oneshot(to("/a")).await.unwrap().status(),
+        StatusCode::TOO_MANY_REQUESTS
+    );
 }
 
 #[test]
@@ -263,10 +394,19 @@ fn layer_and_service_are_clone_send_sync() {
     >();
 }
 
+#[test]
+fn the_inner_service_is_reachable() {
+    let calls = Calls::default();
+    let mut svc = RateLimitLayer::new(bucket(1, 1)).layer(Arc::clone(&calls));
+    assert!(Arc::ptr_eq(svc.get_ref(), &calls));
+    assert!(Arc::ptr_eq(svc.get_mut(), &calls));
+    assert!(Arc::ptr_eq(&svc.into_inner(), &calls));
+}
+
 // NOTE: paused time makes the "no request arrives" timeout deterministic.
 #[tokio::test(start_paused = true)]
 async fn composes_in_service_builder_and_delegates_readiness() {
-    let layer = RateLimitLayer::new(TokenBucket::per_second(1, 1).unwrap()).unwrap();
+    let layer = RateLimitLayer::new(bucket(1, 1));
     let (mock, mut handle) = tower_test::mock::pair::<Request<String>, Response<String>>();
     let mut svc = ServiceBuilder::new().layer(layer).service(mock);
     handle.allow(0);
@@ -304,14 +444,12 @@ fn tokio_test_poll_ready<S: Service<Request<String>>>(svc: &mut S) -> std::task:
 /// registered on the first request, not at build time.
 #[tokio::test]
 async fn metrics_count_admitted_rejected_and_keys() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(1, 1).unwrap(),
-        FakeClock::new(),
-    )
-    .key_by_client_ip(ClientIp::socket_addr())
-    .policy_name("edge")
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::new())
+        .policy_name("edge")
+        .build()
+        .unwrap();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     // NOTE: the test runtime is single-threaded, so the thread-local recorder sees every

@@ -4,7 +4,11 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
-use ratelimit_layer::{DEFAULT_MAX_KEYS, FakeClock, KeyClass, KeyedLimiter, TokenBucket};
+use overload_signal::clock::FakeClock;
+use ratelimit_layer::keyed::{KeyClass, KeyedLimiter};
+use ratelimit_layer::{RateLimitLayer, TokenBucket};
+
+const DEFAULT_MAX_KEYS: usize = RateLimitLayer::DEFAULT_MAX_KEYS;
 
 const FLOOD: u32 = 1_000_000;
 
@@ -16,11 +20,14 @@ fn key(n: u32) -> IpAddr {
 #[test]
 fn a_million_distinct_keys_stay_under_the_bound() {
     // Keys that stay busy for a whole hour: nothing can be evicted, so only the cap holds.
-    let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
-        TokenBucket::new(1, Duration::from_secs(3_600), 1).unwrap(),
-        FakeClock::new(),
-        DEFAULT_MAX_KEYS,
-    );
+    let hourly = TokenBucket::builder(1)
+        .period(Duration::from_secs(3_600))
+        .build()
+        .unwrap();
+    let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::builder(hourly)
+        .clock(FakeClock::new())
+        .build()
+        .unwrap();
     let bound = keyed.memory_bound();
     // The documented figure: about 8 MiB for the default cap with IP keys.
     assert!(bound <= 8 * 1024 * 1024, "bound {bound}");
@@ -51,11 +58,10 @@ fn a_flood_of_short_lived_keys_is_evicted_as_it_goes() {
     // 1 per second, bursts of 1: a key is idle one second after its request. A million
     // keys over 100 s of fake time, 10 000 per second: about 10 000 are alive at any time.
     let clock = FakeClock::new();
-    let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::with_clock(
-        TokenBucket::per_second(1, 1).unwrap(),
-        clock.clone(),
-        DEFAULT_MAX_KEYS,
-    );
+    let keyed: KeyedLimiter<_, IpAddr, _> = KeyedLimiter::builder(TokenBucket::new(1).unwrap())
+        .clock(clock.clone())
+        .build()
+        .unwrap();
     let mut most = 0;
     for n in 0..FLOOD {
         if n % 100 == 0 {

@@ -70,7 +70,7 @@ proptest! {
         burst in 1u32..10,
         arrivals in arrivals(),
     ) {
-        let bucket = TokenBucket::per_second(rate, burst).unwrap();
+        let bucket = TokenBucket::builder(rate).burst(burst).build().unwrap();
         let t = nanos(bucket.emission_interval());
         let admitted = run(&bucket, &arrivals);
         for i in 0..admitted.len() {
@@ -94,7 +94,10 @@ proptest! {
         window_ms in 1u64..2_000,
         arrivals in arrivals(),
     ) {
-        let limiter = FixedWindow::new(quota, Duration::from_millis(window_ms)).unwrap();
+        let limiter = FixedWindow::builder(quota)
+            .window(Duration::from_millis(window_ms))
+            .build()
+            .unwrap();
         let w = window_ms * 1_000_000;
         let admitted = run(&limiter, &arrivals);
         let mut per_window = std::collections::HashMap::new();
@@ -115,7 +118,10 @@ proptest! {
         window_ms in 1u64..2_000,
         arrivals in arrivals(),
     ) {
-        let limiter = SlidingWindow::new(quota, Duration::from_millis(window_ms)).unwrap();
+        let limiter = SlidingWindow::builder(quota)
+            .window(Duration::from_millis(window_ms))
+            .build()
+            .unwrap();
         let w = window_ms * 1_000_000;
         let admitted = run(&limiter, &arrivals);
         for i in 0..admitted.len() {

@@ -2,7 +2,9 @@
 
 use std::time::Duration;
 
-use ratelimit_layer::{ClientIp, FakeClock, RateLimitLayer, TokenBucket};
+use ratelimit_layer::clock::FakeClock;
+use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
 use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
@@ -10,15 +12,13 @@ use tonic_health::pb::health_client::HealthClient;
 
 #[tokio::test]
 async fn tonic_server_answers_resource_exhausted_with_pushback() {
-    let layer = RateLimitLayer::builder_with_clock(
-        TokenBucket::per_second(4, 1).unwrap(),
-        FakeClock::new(),
-    )
-    .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| {
-        ci.remote_addr
-    }))
-    .build()
-    .unwrap();
+    let layer = RateLimitLayer::builder(TokenBucket::builder(4).burst(1).build().unwrap())
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| {
+            ci.remote_addr
+        }))
+        .build()
+        .unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
 
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -3,7 +3,10 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
+use overload_signal::ConfigError;
+
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// At most `quota` units per window; windows are aligned on the clock's origin
 /// (`[0, w)`, `[w, 2w)`, ...) and the count starts again at zero in each.
@@ -21,16 +24,15 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 /// instructions.
 ///
 /// ```
-/// use std::time::Duration;
 /// use ratelimit_layer::{FixedWindow, Limiter};
 ///
-/// let window = FixedWindow::new(2, Duration::from_secs(1))?;
+/// let window = FixedWindow::new(2)?;
 /// let state = Default::default();
 /// assert!(window.check(&state, 0, 1).is_allowed());
 /// assert!(window.check(&state, 0, 1).is_allowed());
 /// assert!(!window.check(&state, 999_999_999, 1).is_allowed());
 /// assert!(window.check(&state, 1_000_000_000, 1).is_allowed());
-/// # Ok::<(), ratelimit_layer::InvalidLimit>(())
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct FixedWindow {
@@ -53,22 +55,77 @@ struct FixedInner {
 }
 
 impl FixedWindow {
-    /// At most `quota` units per `window`.
+    /// The window unless [`FixedWindowBuilder::window`] says otherwise: one second, so that
+    /// the quota reads as requests per second, as in the paper's limits.
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+
+    /// At most `quota` units per window of one second ([`DEFAULT_WINDOW`](Self::DEFAULT_WINDOW)).
     ///
     /// # Errors
     ///
-    /// Zero quota, zero window, or a window longer than 584 years; see [`InvalidLimit`].
-    pub fn new(quota: u32, window: Duration) -> Result<Self, InvalidLimit> {
-        if quota == 0 {
-            return Err(InvalidLimit::ZeroRate);
+    /// A zero quota; see [`FixedWindowBuilder::build`].
+    pub fn new(quota: u32) -> Result<Self, ConfigError> {
+        Self::builder(quota).build()
+    }
+
+    /// A builder for at most `quota` units per window, starting from the defaults of
+    /// [`new`](Self::new): a window of one second.
+    pub const fn builder(quota: u32) -> FixedWindowBuilder {
+        FixedWindowBuilder {
+            quota,
+            window: Self::DEFAULT_WINDOW,
         }
-        if window.is_zero() {
-            return Err(InvalidLimit::ZeroPeriod);
-        }
-        Ok(Self {
+    }
+
+    /// The quota: units per window.
+    pub const fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// The window.
+    pub const fn window(&self) -> Duration {
+        self.window
+    }
+}
+
+/// Builds a [`FixedWindow`]; from [`FixedWindow::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_layer::FixedWindow;
+///
+/// // 600 per minute.
+/// let limiter = FixedWindow::builder(600).window(Duration::from_secs(60)).build()?;
+/// assert_eq!(limiter.quota(), 600);
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct FixedWindowBuilder {
+    quota: u32,
+    window: Duration,
+}
+
+impl FixedWindowBuilder {
+    /// The window the quota is counted over. Default: one second
+    /// ([`FixedWindow::DEFAULT_WINDOW`]).
+    pub const fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind `OutOfRange` naming the setting, when `quota` is zero or
+    /// `window` is zero or longer than 584 years.
+    pub fn build(self) -> Result<FixedWindow, ConfigError> {
+        let quota = non_zero("quota", self.quota)?;
+        Ok(FixedWindow {
             quota: u64::from(quota),
-            window,
-            window_nanos: nanos(window)?,
+            window: self.window,
+            window_nanos: positive_nanos("window", self.window)?,
         })
     }
 }
@@ -149,7 +206,7 @@ mod tests {
     #[test]
     fn edge_burst_admits_twice_the_quota_across_an_edge() {
         // The paper's flaw: quota 10 per second, 10 at 0.99 s and 10 more at 1.00 s.
-        let window = FixedWindow::new(10, Duration::from_secs(1)).unwrap();
+        let window = FixedWindow::new(10).unwrap();
         let state = FixedWindowState::default();
         let mut admitted = 0;
         for t in [990 * MS, 1_000 * MS] {
@@ -164,7 +221,7 @@ mod tests {
 
     #[test]
     fn counts_per_window_and_rejects_until_the_edge() {
-        let window = FixedWindow::new(3, Duration::from_secs(1)).unwrap();
+        let window = FixedWindow::new(3).unwrap();
         let state = FixedWindowState::default();
         assert_eq!(window.check(&state, 100 * MS, 2), Decision::Allow);
         assert_eq!(
@@ -206,7 +263,7 @@ mod tests {
 
     #[test]
     fn a_late_reader_counts_in_the_newer_window() {
-        let window = FixedWindow::new(1, Duration::from_secs(1)).unwrap();
+        let window = FixedWindow::new(1).unwrap();
         let state = FixedWindowState::default();
         assert!(window.check(&state, 1_500 * MS, 1).is_allowed());
         // A thread that read the clock before 1 s arrives after: the newer window counts.
@@ -214,18 +271,28 @@ mod tests {
     }
 
     #[test]
-    fn invalid_configurations() {
+    fn invalid_configurations_name_the_setting() {
+        let err = |b: FixedWindowBuilder| b.build().unwrap_err();
+        let e = err(FixedWindow::builder(0));
         assert_eq!(
-            FixedWindow::new(0, Duration::from_secs(1)),
-            Err(InvalidLimit::ZeroRate)
+            (e.field(), e.to_string().as_str()),
+            ("quota", "quota must be at least 1, got 0")
         );
+        let e = err(FixedWindow::builder(1).window(Duration::ZERO));
         assert_eq!(
-            FixedWindow::new(1, Duration::ZERO),
-            Err(InvalidLimit::ZeroPeriod)
+            (e.field(), e.to_string().as_str()),
+            ("window", "window must be greater than zero, got 0ns")
         );
+        let e = err(FixedWindow::builder(1).window(Duration::MAX));
         assert_eq!(
-            FixedWindow::new(1, Duration::MAX),
-            Err(InvalidLimit::TooLong)
+            (e.field(), e.kind()),
+            ("window", overload_signal::ConfigErrorKind::OutOfRange)
         );
+        assert!(
+            e.to_string()
+                .starts_with("window must be at most 584 years, got ")
+        );
+        let l = FixedWindow::new(5).unwrap();
+        assert_eq!((l.quota(), l.window()), (5, Duration::from_secs(1)));
     }
 }

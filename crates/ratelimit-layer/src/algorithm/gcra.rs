@@ -3,7 +3,10 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
+use overload_signal::ConfigError;
+
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// A token bucket with rate `R` and burst `B`, implemented as GCRA (the generic cell rate
 /// algorithm) on a single `AtomicU64`, lock-free.
@@ -23,10 +26,11 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_layer::{Decision, Limiter, QuotaStatus, TokenBucket};
+/// use ratelimit_layer::algorithm::QuotaStatus;
+/// use ratelimit_layer::{Decision, Limiter, TokenBucket};
 ///
 /// // 10 per second, bursts of 5.
-/// let bucket = TokenBucket::per_second(10, 5)?;
+/// let bucket = TokenBucket::builder(10).burst(5).build()?;
 /// let state = Default::default();
 /// for _ in 0..5 {
 ///     assert!(bucket.check(&state, 0, 1).is_allowed());
@@ -40,7 +44,7 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 ///     QuotaStatus { remaining: 0, reset: Duration::from_millis(500) }
 /// );
 /// assert!(bucket.check(&state, 100_000_000, 1).is_allowed());
-/// # Ok::<(), ratelimit_layer::InvalidLimit>(())
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct TokenBucket {
@@ -60,65 +64,129 @@ pub struct TokenBucketState {
 }
 
 impl TokenBucket {
-    /// A bucket refilled with `rate` units per `period`, holding at most `burst` units.
+    /// The period the rate is counted over unless [`TokenBucketBuilder::period`] says
+    /// otherwise: one second, so that `rate` reads as requests per second, as in the
+    /// paper's limits and in `RateLimit-Policy`'s usual `w=1`.
+    pub const DEFAULT_PERIOD: Duration = Duration::from_secs(1);
+
+    /// A bucket refilled with `rate` units per second ([`DEFAULT_PERIOD`](Self::DEFAULT_PERIOD)),
+    /// holding at most `rate` units (one period's worth, as governor's `Quota::per_second`).
     ///
     /// # Errors
     ///
-    /// Zero rate, zero period, zero burst, more than one unit per nanosecond, or a
-    /// `burst * period / rate` longer than 584 years; see [`InvalidLimit`].
-    pub fn new(rate: u32, period: Duration, burst: u32) -> Result<Self, InvalidLimit> {
-        if rate == 0 {
-            return Err(InvalidLimit::ZeroRate);
-        }
-        if period.is_zero() {
-            return Err(InvalidLimit::ZeroPeriod);
-        }
-        if burst == 0 {
-            return Err(InvalidLimit::ZeroBurst);
-        }
-        let emission = nanos(period)? / u64::from(rate);
-        if emission == 0 {
-            return Err(InvalidLimit::RateTooHigh);
-        }
-        let tolerance = emission
-            .checked_mul(u64::from(burst))
-            .ok_or(InvalidLimit::TooLong)?;
-        Ok(Self {
-            rate,
-            period,
-            burst,
-            emission,
-            tolerance,
-        })
+    /// A zero rate, or more than one unit per nanosecond; see [`TokenBucketBuilder::build`].
+    pub fn new(rate: u32) -> Result<Self, ConfigError> {
+        Self::builder(rate).build()
     }
 
-    /// A bucket refilled with `rate` units per second, holding at most `burst` units.
-    ///
-    /// # Errors
-    ///
-    /// As [`TokenBucket::new`].
-    pub fn per_second(rate: u32, burst: u32) -> Result<Self, InvalidLimit> {
-        Self::new(rate, Duration::from_secs(1), burst)
+    /// A builder for a bucket refilled with `rate` units per period, starting from the
+    /// defaults of [`new`](Self::new): a period of one second and a burst of `rate`.
+    pub const fn builder(rate: u32) -> TokenBucketBuilder {
+        TokenBucketBuilder {
+            rate,
+            period: Self::DEFAULT_PERIOD,
+            burst: None,
+        }
     }
 
     /// The rate: units per [`period`](Self::period).
-    pub fn rate(&self) -> u32 {
+    pub const fn rate(&self) -> u32 {
         self.rate
     }
 
     /// The period the rate is counted over.
-    pub fn period(&self) -> Duration {
+    pub const fn period(&self) -> Duration {
         self.period
     }
 
     /// The burst: the most units admitted at once.
-    pub fn burst(&self) -> u32 {
+    pub const fn burst(&self) -> u32 {
         self.burst
     }
 
     /// The emission interval `T`: the time one unit takes to come back.
-    pub fn emission_interval(&self) -> Duration {
+    pub const fn emission_interval(&self) -> Duration {
         Duration::from_nanos(self.emission)
+    }
+}
+
+/// Builds a [`TokenBucket`]; from [`TokenBucket::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_layer::TokenBucket;
+///
+/// // 5 per 3 seconds, bursts of 2.
+/// let bucket = TokenBucket::builder(5)
+///     .period(Duration::from_secs(3))
+///     .burst(2)
+///     .build()?;
+/// assert_eq!(bucket.emission_interval(), Duration::from_millis(600));
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct TokenBucketBuilder {
+    rate: u32,
+    period: Duration,
+    burst: Option<u32>,
+}
+
+impl TokenBucketBuilder {
+    /// The period the rate is counted over (the bucket refills `rate` units per `period`).
+    /// Default: one second ([`TokenBucket::DEFAULT_PERIOD`]).
+    pub const fn period(mut self, period: Duration) -> Self {
+        self.period = period;
+        self
+    }
+
+    /// The most units admitted at once, by a bucket that has been idle. Default: the rate
+    /// (one period's worth, as governor's `Quota::per_second`).
+    pub const fn burst(mut self, burst: u32) -> Self {
+        self.burst = Some(burst);
+        self
+    }
+
+    /// Builds the bucket.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting, when:
+    ///
+    /// - `rate` or `burst` is zero, or `period` is zero or longer than 584 years
+    ///   (kind `OutOfRange`);
+    /// - the rate is above one unit per nanosecond of the period, or `burst` times the
+    ///   emission interval exceeds 584 years (kind `Conflict`).
+    pub fn build(self) -> Result<TokenBucket, ConfigError> {
+        let rate = non_zero("rate", self.rate)?;
+        let period_nanos = positive_nanos("period", self.period)?;
+        let burst = non_zero("burst", self.burst.unwrap_or(rate))?;
+        let emission = period_nanos / u64::from(rate);
+        if emission == 0 {
+            return Err(ConfigError::conflict(
+                "rate",
+                format_args!(
+                    "rate ({rate}) must be at most one unit per nanosecond of period ({:?})",
+                    self.period
+                ),
+            ));
+        }
+        let tolerance = emission.checked_mul(u64::from(burst)).ok_or_else(|| {
+            ConfigError::conflict(
+                "burst",
+                format_args!(
+                    "burst ({burst}) times the emission interval ({:?}) must be at most 584 years",
+                    Duration::from_nanos(emission)
+                ),
+            )
+        })?;
+        Ok(TokenBucket {
+            rate,
+            period: self.period,
+            burst,
+            emission,
+            tolerance,
+        })
     }
 }
 
@@ -188,13 +256,18 @@ impl Limiter for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use overload_signal::ConfigErrorKind::{Conflict, OutOfRange};
 
     const MS: u64 = 1_000_000;
+
+    fn bucket(rate: u32, burst: u32) -> TokenBucket {
+        TokenBucket::builder(rate).burst(burst).build().unwrap()
+    }
 
     #[test]
     fn issue_case_ten_per_second_burst_five() {
         // Issue 5: R = 10/s, B = 5 admits exactly 5 at once, then 1 per 100 ms.
-        let bucket = TokenBucket::per_second(10, 5).unwrap();
+        let bucket = bucket(10, 5);
         let state = TokenBucketState::default();
         for i in 0..5 {
             assert_eq!(bucket.check(&state, 0, 1), Decision::Allow);
@@ -235,7 +308,7 @@ mod tests {
 
     #[test]
     fn refills_to_burst_and_no_further() {
-        let bucket = TokenBucket::per_second(10, 5).unwrap();
+        let bucket = bucket(10, 5);
         let state = TokenBucketState::default();
         assert!(bucket.check(&state, 0, 5).is_allowed());
         assert!(!bucket.is_idle(&state, 499 * MS));
@@ -248,7 +321,7 @@ mod tests {
 
     #[test]
     fn weighted_costs() {
-        let bucket = TokenBucket::per_second(10, 5).unwrap();
+        let bucket = bucket(10, 5);
         let state = TokenBucketState::default();
         assert!(bucket.check(&state, 0, 3).is_allowed());
         assert_eq!(
@@ -282,35 +355,60 @@ mod tests {
     }
 
     #[test]
-    fn invalid_configurations() {
+    fn invalid_configurations_name_the_setting() {
         let s = Duration::from_secs(1);
-        assert_eq!(TokenBucket::new(0, s, 1), Err(InvalidLimit::ZeroRate));
+        let err = |b: TokenBucketBuilder| {
+            let e = b.build().unwrap_err();
+            (e.field(), e.kind(), e.to_string())
+        };
         assert_eq!(
-            TokenBucket::new(1, Duration::ZERO, 1),
-            Err(InvalidLimit::ZeroPeriod)
-        );
-        assert_eq!(TokenBucket::new(1, s, 0), Err(InvalidLimit::ZeroBurst));
-        assert_eq!(
-            TokenBucket::new(2, Duration::from_nanos(1), 1),
-            Err(InvalidLimit::RateTooHigh)
+            err(TokenBucket::builder(0)),
+            ("rate", OutOfRange, "rate must be at least 1, got 0".into())
         );
         assert_eq!(
-            TokenBucket::new(1, Duration::MAX, 1),
-            Err(InvalidLimit::TooLong)
+            err(TokenBucket::builder(1).period(Duration::ZERO)),
+            (
+                "period",
+                OutOfRange,
+                "period must be greater than zero, got 0ns".into()
+            )
         );
         assert_eq!(
-            TokenBucket::new(1, Duration::from_secs(u64::MAX / 1_000_000_000), u32::MAX),
-            Err(InvalidLimit::TooLong)
+            err(TokenBucket::builder(1).burst(0)),
+            (
+                "burst",
+                OutOfRange,
+                "burst must be at least 1, got 0".into()
+            )
         );
         assert_eq!(
-            InvalidLimit::ZeroBurst.to_string(),
-            "rate limit burst must not be zero"
+            err(TokenBucket::builder(2).period(Duration::from_nanos(1))),
+            (
+                "rate",
+                Conflict,
+                "rate (2) must be at most one unit per nanosecond of period (1ns)".into()
+            )
+        );
+        assert_eq!(
+            err(TokenBucket::builder(1).period(Duration::MAX)).0,
+            "period"
+        );
+        let long = Duration::from_secs(u64::MAX / 1_000_000_000);
+        let (field, kind, message) = err(TokenBucket::builder(1).period(long).burst(u32::MAX));
+        assert_eq!((field, kind), ("burst", Conflict));
+        assert!(message.starts_with("burst (4294967295) times the emission interval"));
+        // The defaults: one second, a burst of the rate.
+        let b = TokenBucket::new(7).unwrap();
+        assert_eq!((b.rate(), b.period(), b.burst()), (7, s, 7));
+        assert_eq!(
+            TokenBucket::new(1_000_000_000).unwrap().emission_interval(),
+            Duration::from_nanos(1)
         );
     }
 
     #[test]
     fn contended_updates_lose_nothing() {
-        let bucket = TokenBucket::per_second(1, 1_000).unwrap();
+        let bucket = bucket(1, 1_000);
         let state = TokenBucketState::default();
         let admitted = AtomicU64::new(0);
         std::thread::scope(|s| {

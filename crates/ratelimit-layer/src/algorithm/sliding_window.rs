@@ -3,7 +3,10 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
+use overload_signal::ConfigError;
+
+use super::limiter::{Decision, Limiter, QuotaStatus};
+use super::validate::{non_zero, positive_nanos};
 
 /// About `quota` units per sliding window, estimated from the counts of the current and
 /// the previous fixed window, as the paper describes:
@@ -27,9 +30,8 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 ///
 /// ```
 /// use ratelimit_layer::{Limiter, SlidingWindow};
-/// use std::time::Duration;
 ///
-/// let limiter = SlidingWindow::new(10, Duration::from_secs(1))?;
+/// let limiter = SlidingWindow::new(10)?;
 /// let state = Default::default();
 /// for i in 0..10 {
 ///     assert!(limiter.check(&state, i * 90_000_000, 1).is_allowed()); // 10 in [0, 1)
@@ -38,7 +40,7 @@ use super::{Decision, InvalidLimit, Limiter, QuotaStatus, nanos};
 /// // At 1.15 s: 1 + (1 - 0.15) * 10 = 9.5 < 10, so one more is admitted.
 /// assert!((limiter.estimate(&state, 1_150_000_000) - 9.5).abs() < 1e-9);
 /// assert!(limiter.check(&state, 1_150_000_000, 1).is_allowed());
-/// # Ok::<(), ratelimit_layer::InvalidLimit>(())
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct SlidingWindow {
@@ -69,23 +71,36 @@ struct View {
 }
 
 impl SlidingWindow {
-    /// About `quota` units per sliding `window`.
+    /// The window unless [`SlidingWindowBuilder::window`] says otherwise: one second, so that
+    /// the quota reads as requests per second, as in the paper's limits.
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(1);
+
+    /// About `quota` units per window of one second ([`DEFAULT_WINDOW`](Self::DEFAULT_WINDOW)).
     ///
     /// # Errors
     ///
-    /// Zero quota, zero window, or a window longer than 584 years; see [`InvalidLimit`].
-    pub fn new(quota: u32, window: Duration) -> Result<Self, InvalidLimit> {
-        if quota == 0 {
-            return Err(InvalidLimit::ZeroRate);
+    /// A zero quota; see [`SlidingWindowBuilder::build`].
+    pub fn new(quota: u32) -> Result<Self, ConfigError> {
+        Self::builder(quota).build()
+    }
+
+    /// A builder for about `quota` units per window, starting from the defaults of
+    /// [`new`](Self::new): a window of one second.
+    pub const fn builder(quota: u32) -> SlidingWindowBuilder {
+        SlidingWindowBuilder {
+            quota,
+            window: Self::DEFAULT_WINDOW,
         }
-        if window.is_zero() {
-            return Err(InvalidLimit::ZeroPeriod);
-        }
-        Ok(Self {
-            quota: u64::from(quota),
-            window,
-            window_nanos: nanos(window)?,
-        })
+    }
+
+    /// The quota: units per window.
+    pub const fn quota(&self) -> u64 {
+        self.quota
+    }
+
+    /// The window.
+    pub const fn window(&self) -> Duration {
+        self.window
     }
 
     /// The paper's estimate `r` for `state` at `now`, before any new request.
@@ -164,8 +179,90 @@ impl SlidingWindow {
     }
 }
 
+#[cfg(feature = "redis")]
+impl SlidingWindow {
+    /// The window in whole nanoseconds.
+    pub(crate) const fn window_nanos(&self) -> u64 {
+        self.window_nanos
+    }
+
+    /// The decision and the quota status for counts kept elsewhere (Redis), which decided
+    /// `admitted` with this limiter's rule: `current` is the current window's count (with
+    /// this request's cost if it was admitted), `previous` the previous window's, and
+    /// `left` the nanoseconds left of the current window. The same arithmetic as
+    /// [`check`](Limiter::check) and [`status`](Limiter::status).
+    pub(crate) fn outcome_of_counts(
+        &self,
+        admitted: bool,
+        current: u64,
+        previous: u64,
+        left: u64,
+        cost: u32,
+    ) -> (Decision, QuotaStatus) {
+        let v = View {
+            current,
+            previous,
+            left: left.min(self.window_nanos),
+        };
+        let decision = if admitted {
+            Decision::Allow
+        } else {
+            Decision::Reject {
+                retry_after: Duration::from_nanos(self.retry_after(&v, u64::from(cost).max(1))),
+            }
+        };
+        let status = QuotaStatus {
+            remaining: self.remaining(&v),
+            reset: Duration::from_nanos(v.left),
+        };
+        (decision, status)
+    }
+}
+
 fn to_u64(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
+}
+
+/// Builds a [`SlidingWindow`]; from [`SlidingWindow::builder`].
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_layer::SlidingWindow;
+///
+/// // 600 per minute.
+/// let limiter = SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?;
+/// assert_eq!(limiter.quota(), 600);
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
+#[derive(Clone, Debug)]
+#[must_use]
+pub struct SlidingWindowBuilder {
+    quota: u32,
+    window: Duration,
+}
+
+impl SlidingWindowBuilder {
+    /// The window the quota is counted over. Default: one second
+    /// ([`SlidingWindow::DEFAULT_WINDOW`]).
+    pub const fn window(mut self, window: Duration) -> Self {
+        self.window = window;
+        self
+    }
+
+    /// Builds the limiter.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] of kind `OutOfRange` naming the setting, when `quota` is zero or
+    /// `window` is zero or longer than 584 years.
+    pub fn build(self) -> Result<SlidingWindow, ConfigError> {
+        let quota = non_zero("quota", self.quota)?;
+        Ok(SlidingWindow {
+            quota: u64::from(quota),
+            window: self.window,
+            window_nanos: positive_nanos("window", self.window)?,
+        })
+    }
 }
 
 impl Limiter for SlidingWindow {
@@ -236,7 +333,7 @@ mod tests {
     #[test]
     fn the_papers_worked_example() {
         // 10 in [0, 1), 1 in [1, 2); at t = 1.15 s the estimate is 9.5 < 10.
-        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let limiter = SlidingWindow::new(10).unwrap();
         let state = SlidingWindowState::default();
         for i in 0..10 {
             assert!(limiter.check(&state, i * 100 * MS, 1).is_allowed());
@@ -264,7 +361,7 @@ mod tests {
 
     #[test]
     fn no_edge_burst() {
-        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let limiter = SlidingWindow::new(10).unwrap();
         let state = SlidingWindowState::default();
         let mut admitted = 0;
         for t in [990 * MS, 1_000 * MS] {
@@ -279,7 +376,7 @@ mod tests {
 
     #[test]
     fn retry_after_is_exact() {
-        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let limiter = SlidingWindow::new(10).unwrap();
         let state = SlidingWindowState::default();
         for _ in 0..10 {
             assert!(limiter.check(&state, 500 * MS, 1).is_allowed());
@@ -296,7 +393,7 @@ mod tests {
 
     #[test]
     fn idle_after_two_quiet_windows() {
-        let limiter = SlidingWindow::new(10, Duration::from_secs(1)).unwrap();
+        let limiter = SlidingWindow::new(10).unwrap();
         let state = SlidingWindowState::default();
         assert!(limiter.is_idle(&state, 0));
         assert!(limiter.check(&state, 500 * MS, 4).is_allowed());
@@ -309,14 +406,28 @@ mod tests {
     }
 
     #[test]
-    fn invalid_configurations() {
+    fn invalid_configurations_name_the_setting() {
+        let err = |b: SlidingWindowBuilder| b.build().unwrap_err();
+        let e = err(SlidingWindow::builder(0));
         assert_eq!(
-            SlidingWindow::new(0, Duration::from_secs(1)),
-            Err(InvalidLimit::ZeroRate)
+            (e.field(), e.to_string().as_str()),
+            ("quota", "quota must be at least 1, got 0")
         );
+        let e = err(SlidingWindow::builder(1).window(Duration::ZERO));
         assert_eq!(
-            SlidingWindow::new(1, Duration::ZERO),
-            Err(InvalidLimit::ZeroPeriod)
+            (e.field(), e.to_string().as_str()),
+            ("window", "window must be greater than zero, got 0ns")
         );
+        let e = err(SlidingWindow::builder(1).window(Duration::MAX));
+        assert_eq!(
+            (e.field(), e.kind()),
+            ("window", overload_signal::ConfigErrorKind::OutOfRange)
+        );
+        assert!(
+            e.to_string()
+                .starts_with("window must be at most 584 years, got ")
+        );
+        let l = SlidingWindow::new(5).unwrap();
+        assert_eq!((l.quota(), l.window()), (5, Duration::from_secs(1)));
     }
 }

@@ -1,303 +1,120 @@
-//! The Tower layer: [`RateLimitLayer`] and [`RateLimit`].
+//! The Tower layer: [`RateLimitLayer`], its builder, and what its services share.
 
-mod future;
+#[cfg(feature = "redis")]
+mod redis;
+pub(crate) mod remote;
 mod service;
+pub(crate) mod shared;
 
 use std::fmt;
-use std::hash::Hash;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::HeaderName;
 use http::request::Parts;
-use metrics::Counter;
-use overload_signal::protocol::{InvalidRateLimitField, RateLimitPolicy};
+use overload_signal::ConfigError;
+use overload_signal::clock::{Clock, TokioClock};
 use tower_layer::Layer;
 
-pub use future::ResponseFuture;
+#[cfg(feature = "redis")]
+pub use redis::RedisLayerBuilder;
 pub use service::RateLimit;
+pub(crate) use service::respond;
 
-use crate::algorithm::{Decision, InvalidLimit, Limiter, QuotaStatus};
-use crate::clock::{Clock, RealClock};
-use crate::key::{ClientIp, header_value};
-use crate::keyed::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, KeyClass, KeyedLimiter};
-
-/// Metric: counter of admitted requests, labelled `policy`.
-pub const METRIC_ADMITTED: &str = "ratelimit_layer_requests_admitted_total";
-/// Metric: counter of rejected requests, labelled `policy` and `key_class` (`global`,
-/// `keyed`, `overflow` or `unkeyed`, see [`KeyClass`]).
-pub const METRIC_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
-/// Metric: gauge of keys tracked by a keyed layer, labelled `policy`.
-pub const METRIC_KEYS: &str = "ratelimit_layer_keys";
-
-/// The default policy name written in the `RateLimit-Policy` and `RateLimit` fields:
-/// `default` (the name the IETF draft's examples use).
-pub const DEFAULT_POLICY_NAME: &str = "default";
-
-/// Why a [`RateLimitLayer`] could not be built.
-///
-/// The rules: the limiter's own ([`InvalidLimit`]); a fixed cost no larger than the
-/// limiter's capacity ([`InvalidLimit::CostExceedsCapacity`]); a valid policy name (non-empty
-/// printable ASCII, [`InvalidRateLimitField`]); a key cap of at least one
-/// ([`ZeroMaxKeys`](Self::ZeroMaxKeys)); a burst only with the token bucket
-/// ([`BurstWithWindow`](Self::BurstWithWindow)).
-#[derive(Clone, Debug, PartialEq, Eq)]
-#[non_exhaustive]
-pub enum InvalidConfig {
-    /// The limiter's parameters or the request cost.
-    Limit(InvalidLimit),
-    /// The policy name.
-    Policy(InvalidRateLimitField),
-    /// A keyed limit with room for no key.
-    ZeroMaxKeys,
-    /// A burst was given for a window algorithm, which has none (its quota is the rate).
-    BurstWithWindow,
-}
-
-impl fmt::Display for InvalidConfig {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        match self {
-            Self::Limit(e) => e.fmt(f),
-            Self::Policy(e) => e.fmt(f),
-            Self::ZeroMaxKeys => f.write_str("rate limit max keys must not be zero"),
-            Self::BurstWithWindow => f.write_str(
-                "rate limit burst applies to the token bucket only; windows admit the rate per window",
-            ),
-        }
-    }
-}
-
-impl std::error::Error for InvalidConfig {
-    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
-        match self {
-            Self::Limit(e) => Some(e),
-            Self::Policy(e) => Some(e),
-            Self::ZeroMaxKeys | Self::BurstWithWindow => None,
-        }
-    }
-}
-
-impl From<InvalidLimit> for InvalidConfig {
-    fn from(e: InvalidLimit) -> Self {
-        Self::Limit(e)
-    }
-}
-
-impl From<InvalidRateLimitField> for InvalidConfig {
-    fn from(e: InvalidRateLimitField) -> Self {
-        Self::Policy(e)
-    }
-}
-
-/// Decides a request: the limiter with its state(s) and key extractor, type-erased.
-trait Decide: Send + Sync + 'static {
-    /// The decision, the quota status when a rejection (always) or an admission (when
-    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class.
-    fn decide(
-        &self,
-        parts: &Parts,
-        cost: u32,
-        status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass);
-}
-
-/// `limiter.check`, plus its status when the response will report it.
-#[inline]
-fn check_and_status<L: Limiter>(
-    limiter: &L,
-    state: &L::State,
-    now: u64,
-    cost: u32,
-    status_on_allow: bool,
-) -> (Decision, Option<QuotaStatus>) {
-    let decision = limiter.check(state, now, cost);
-    let want = !decision.is_allowed() || status_on_allow;
-    (decision, want.then(|| limiter.status(state, now)))
-}
-
-struct Global<L: Limiter, C> {
-    limiter: L,
-    clock: C,
-    state: L::State,
-}
-
-impl<L: Limiter, C: Clock> Decide for Global<L, C> {
-    #[inline]
-    fn decide(
-        &self,
-        _: &Parts,
-        cost: u32,
-        status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
-        let now = self.clock.now();
-        let (decision, status) =
-            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
-        (decision, status, KeyClass::Global)
-    }
-}
-
-struct Keyed<L: Limiter, K, C, F> {
-    map: KeyedLimiter<L, K, C>,
-    extract: F,
-    unkeyed: L::State,
-}
-
-impl<L, K, C, F> Decide for Keyed<L, K, C, F>
-where
-    L: Limiter,
-    K: Hash + Eq + Clone + Send + Sync + 'static,
-    C: Clock,
-    F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
-{
-    #[inline]
-    fn decide(
-        &self,
-        parts: &Parts,
-        cost: u32,
-        status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
-        match (self.extract)(parts) {
-            Some(key) => self.map.check_with_status(&key, cost, status_on_allow),
-            None => {
-                let now = self.map.clock().now();
-                let (decision, status) = check_and_status(
-                    self.map.limiter(),
-                    &self.unkeyed,
-                    now,
-                    cost,
-                    status_on_allow,
-                );
-                (decision, status, KeyClass::Unkeyed)
-            }
-        }
-    }
-}
-
-type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
-
-/// The layer's counters, registered with the `metrics` recorder on first use (the first
-/// request), so that a recorder installed after the layer was built still receives them.
-pub(crate) struct Metrics {
-    policy: String,
-    handles: OnceLock<Handles>,
-}
-
-struct Handles {
-    admitted: Counter,
-    rejected: [Counter; 4],
-}
-
-impl Metrics {
-    fn new(policy: &str) -> Self {
-        Self {
-            policy: policy.to_owned(),
-            handles: OnceLock::new(),
-        }
-    }
-
-    #[inline]
-    fn handles(&self) -> &Handles {
-        self.handles.get_or_init(|| {
-            let policy = &self.policy;
-            let rejected = |class: KeyClass| {
-                metrics::counter!(METRIC_REJECTED, "policy" => policy.clone(), "key_class" => class.as_str())
-            };
-            Handles {
-                admitted: metrics::counter!(METRIC_ADMITTED, "policy" => policy.clone()),
-                // NOTE: in the declaration order of `KeyClass`; `rejected` indexes by it.
-                rejected: [
-                    rejected(KeyClass::Global),
-                    rejected(KeyClass::Keyed),
-                    rejected(KeyClass::Overflow),
-                    rejected(KeyClass::Unkeyed),
-                ],
-            }
-        })
-    }
-
-    #[inline]
-    pub(crate) fn admitted(&self) -> &Counter {
-        &self.handles().admitted
-    }
-
-    #[inline]
-    pub(crate) fn rejected(&self, class: KeyClass) -> &Counter {
-        &self.handles().rejected[class as usize]
-    }
-}
-
-/// What every clone of a layer and its services shares.
-pub(crate) struct Shared {
-    decide: Box<dyn Decide>,
-    fixed_cost: u32,
-    cost_fn: Option<Box<CostFn>>,
-    pub(crate) policy: RateLimitPolicy,
-    pub(crate) admitted_headers: bool,
-    /// The limiter's window: the `Retry-After` of an over-capacity request.
-    pub(crate) window: Duration,
-    pub(crate) metrics: Metrics,
-}
-
-impl Shared {
-    #[inline]
-    pub(crate) fn cost(&self, parts: &Parts) -> u32 {
-        match &self.cost_fn {
-            Some(f) => f(parts),
-            None => self.fixed_cost,
-        }
-    }
-}
-
-impl fmt::Debug for Shared {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
-            .field("policy", &self.policy)
-            .field("fixed_cost", &self.fixed_cost)
-            .field("admitted_headers", &self.admitted_headers)
-            .finish_non_exhaustive()
-    }
-}
+use self::shared::{Cost, Decide, Global, Keyed, Shared, policy};
+use crate::algorithm::Limiter;
+use crate::key::{ClientIp, HeaderKey, KeyExtractor, NoKey};
+use crate::keyed::{self, KeyedLimiter};
 
 /// Applies [`RateLimit`] to a service; see the [crate docs](crate).
 ///
 /// Cheap to clone: clones (and the services they make) share the same limits.
+///
+/// ```
+/// use std::time::Duration;
+/// use ratelimit_layer::{RateLimitLayer, SlidingWindow, TokenBucket};
+///
+/// // The defaults: one global limit, cost 1 per request, policy `default`.
+/// let layer = RateLimitLayer::new(TokenBucket::new(100)?);
+///
+/// // Customised: per client IP, heavier POSTs, a named policy on every response.
+/// let layer = RateLimitLayer::builder(
+///     SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?,
+/// )
+/// .key_by_client_ip(ratelimit_layer::key::ClientIp::new())
+/// .cost_by(|parts| if parts.method == http::Method::POST { 10 } else { 1 })
+/// .policy_name("api")
+/// .admitted_headers(true)
+/// .build()?;
+/// # let _ = layer;
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
 #[derive(Clone, Debug)]
 pub struct RateLimitLayer {
     shared: Arc<Shared>,
 }
 
 impl RateLimitLayer {
-    /// One global limit with the defaults: cost 1 per request, policy name `default`, no
-    /// `RateLimit` fields on admitted responses.
+    /// The default policy name written in the `RateLimit-Policy` and `RateLimit` fields and
+    /// in the metrics' `policy` label: `default`, the name the IETF draft's examples use.
+    pub const DEFAULT_POLICY_NAME: &'static str = "default";
+
+    /// The default cost (weight) of a request: 1, so that the rate counts requests.
+    pub const DEFAULT_COST: u32 = 1;
+
+    /// The default cap on the keys a keyed limit tracks: 100 000.
     ///
-    /// # Errors
+    /// With the token bucket and IP keys an entry takes 32 bytes, so the map stays under
+    /// about 8 MiB (see [`KeyedLimiter::memory_bound`]); the figure is this crate's choice,
+    /// large enough for the distinct clients a single server sees within a few seconds.
+    pub const DEFAULT_MAX_KEYS: usize = keyed::DEFAULT_MAX_KEYS;
+
+    /// The default interval between sweeps of idle keys in a shard of a keyed limit: one
+    /// second.
     ///
-    /// None in practice with these defaults; the `Result` is that of
-    /// [`RateLimitBuilder::build`].
-    pub fn new<L: Limiter>(limiter: L) -> Result<Self, InvalidConfig> {
-        Self::builder(limiter).build()
+    /// Sweeping costs one pass over a shard (at most `max_keys / shards` entries) per
+    /// interval, only when a new key arrives in that shard; the figure is this crate's
+    /// choice.
+    pub const DEFAULT_SWEEP_INTERVAL: Duration = keyed::DEFAULT_SWEEP_INTERVAL;
+
+    /// One global limit with `limiter` and the defaults: cost 1 per request, policy name
+    /// `default`, no `RateLimit` fields on admitted responses, time from [`TokioClock`].
+    ///
+    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    pub fn new<L: Limiter>(limiter: L) -> Self {
+        // NOTE: the default name is valid printable ASCII (every test that calls `new` builds
+        // it), and `policy` accepts every window, so this cannot fail.
+        let policy = policy(Self::DEFAULT_POLICY_NAME, &limiter)
+            .expect("the default policy name is a valid structured field string");
+        let window = limiter.window();
+        let decide = Box::new(Global {
+            limiter,
+            clock: TokioClock::new(),
+            state: L::State::default(),
+        });
+        Self {
+            shared: Arc::new(Shared::new(
+                decide,
+                Cost::Fixed(Self::DEFAULT_COST),
+                policy,
+                Self::DEFAULT_POLICY_NAME,
+                false,
+                window,
+            )),
+        }
     }
 
-    /// A builder for a limit with `limiter`, on the real clock.
+    /// A builder for a limit with `limiter`, starting from the defaults of
+    /// [`new`](Self::new).
     pub fn builder<L: Limiter>(limiter: L) -> RateLimitBuilder<L> {
-        Self::builder_with_clock(limiter, RealClock::new())
-    }
-
-    /// A builder for a limit with `limiter`, reading time from `clock` (a
-    /// [`FakeClock`](crate::FakeClock) in tests).
-    pub fn builder_with_clock<L: Limiter, C: Clock>(
-        limiter: L,
-        clock: C,
-    ) -> RateLimitBuilder<L, C> {
         RateLimitBuilder {
             limiter,
-            clock,
+            clock: TokioClock::new(),
             key: None,
-            max_keys: DEFAULT_MAX_KEYS,
-            sweep_interval: DEFAULT_SWEEP_INTERVAL,
-            cost: 1,
-            cost_fn: None,
-            policy_name: DEFAULT_POLICY_NAME.to_owned(),
+            max_keys: Self::DEFAULT_MAX_KEYS,
+            sweep_interval: Self::DEFAULT_SWEEP_INTERVAL,
+            cost: None,
+            policy_name: Self::DEFAULT_POLICY_NAME.to_owned(),
             admitted_headers: false,
         }
     }
@@ -311,82 +128,91 @@ impl<S> Layer<S> for RateLimitLayer {
     }
 }
 
-/// Everything a keyed limit needs to build its [`Decide`], given the limiter and clock.
-type KeySetup<L, C> = Box<dyn FnOnce(L, C, usize, Duration, &str) -> Box<dyn Decide> + Send>;
-
 /// Builds a [`RateLimitLayer`]; from [`RateLimitLayer::builder`].
-pub struct RateLimitBuilder<L: Limiter, C = RealClock> {
+///
+/// Its type parameters are the limiter `L`, the clock `C` (set with
+/// [`clock`](Self::clock)) and the key extractor `E` (set with [`key_by`](Self::key_by);
+/// [`NoKey`] for one global limit).
+#[must_use]
+pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
     limiter: L,
     clock: C,
-    key: Option<KeySetup<L, C>>,
+    key: Option<E>,
     max_keys: usize,
     sweep_interval: Duration,
-    cost: u32,
-    cost_fn: Option<Box<CostFn>>,
+    cost: Option<Cost>,
     policy_name: String,
     admitted_headers: bool,
 }
 
-impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
+impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
+    /// Where the limiter reads the time. Default: [`TokioClock`], which follows tokio's
+    /// paused time in tests; `FakeClock` (feature `test-util`) moves only when told to.
+    ///
+    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    pub fn clock<C2: Clock>(self, clock: C2) -> RateLimitBuilder<L, C2, E> {
+        RateLimitBuilder {
+            limiter: self.limiter,
+            clock,
+            key: self.key,
+            max_keys: self.max_keys,
+            sweep_interval: self.sweep_interval,
+            cost: self.cost,
+            policy_name: self.policy_name,
+            admitted_headers: self.admitted_headers,
+        }
+    }
+
+    /// Limits each key that `extract` returns separately: a [`ClientIp`], a
+    /// [`HeaderKey`], a closure `|parts: &Parts| -> Option<K>`, or a [`KeyExtractor`] of
+    /// your own. Requests without a key share one limit
+    /// ([`KeyClass::Unkeyed`](crate::keyed::KeyClass::Unkeyed)). Default: one global limit.
+    ///
+    /// Keep keys small: the key cap bounds their number, not the heap they own.
+    pub fn key_by<E2: KeyExtractor>(self, extract: E2) -> RateLimitBuilder<L, C, E2> {
+        RateLimitBuilder {
+            limiter: self.limiter,
+            clock: self.clock,
+            key: Some(extract),
+            max_keys: self.max_keys,
+            sweep_interval: self.sweep_interval,
+            cost: self.cost,
+            policy_name: self.policy_name,
+            admitted_headers: self.admitted_headers,
+        }
+    }
+
     /// Limits each client IP address separately; see [`ClientIp`] for where the address
-    /// comes from and how proxies are trusted. Default: one global limit.
-    #[must_use]
-    pub fn key_by_client_ip(self, client_ip: ClientIp) -> Self {
-        self.key_by(move |parts: &Parts| client_ip.client_ip(parts))
+    /// comes from and how proxies are trusted. The same as `key_by(client_ip)`. Default:
+    /// one global limit.
+    pub fn key_by_client_ip(self, client_ip: ClientIp) -> RateLimitBuilder<L, C, ClientIp> {
+        self.key_by(client_ip)
     }
 
     /// Limits each value of header `name` (an API key, a tenant id) separately; see
-    /// [`header_value`]. Requests without it share one limit. Default: one global limit.
-    #[must_use]
-    pub fn key_by_header(self, name: HeaderName) -> Self {
-        self.key_by(header_value(name))
-    }
-
-    /// Limits each key that `extract` returns separately; requests for which it returns
-    /// `None` share one limit. Default: one global limit.
-    ///
-    /// Keep keys small: the key cap bounds their number, not the heap they own.
-    #[must_use]
-    pub fn key_by<K, F>(mut self, extract: F) -> Self
-    where
-        K: Hash + Eq + Clone + Send + Sync + 'static,
-        F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
-    {
-        self.key = Some(Box::new(
-            move |limiter, clock, max_keys, sweep, policy: &str| {
-                Box::new(Keyed {
-                    map: KeyedLimiter::with_clock(limiter, clock, max_keys)
-                        .sweep_interval(sweep)
-                        .report_keys(policy),
-                    extract,
-                    unkeyed: L::State::default(),
-                })
-            },
-        ));
-        self
+    /// [`HeaderKey`]. Requests without it share one limit. The same as
+    /// `key_by(HeaderKey::new(name))`. Default: one global limit.
+    pub fn key_by_header(self, name: HeaderName) -> RateLimitBuilder<L, C, HeaderKey> {
+        self.key_by(HeaderKey::new(name))
     }
 
     /// The cap on tracked keys of a keyed limit; see [`KeyedLimiter`] for what happens at
-    /// the cap. Default: [`DEFAULT_MAX_KEYS`] (100 000).
-    #[must_use]
-    pub fn max_keys(mut self, max_keys: usize) -> Self {
+    /// the cap. Default: 100 000 ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
+    pub const fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self
     }
 
-    /// How often a shard of the key map sweeps idle keys. Default:
-    /// [`DEFAULT_SWEEP_INTERVAL`] (one second).
-    #[must_use]
-    pub fn sweep_interval(mut self, interval: Duration) -> Self {
+    /// How often a shard of the key map sweeps idle keys. Default: one second
+    /// ([`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`]).
+    pub const fn sweep_interval(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
         self
     }
 
-    /// The cost (weight) of every request. Default: 1.
-    #[must_use]
+    /// The cost (weight) of every request. Default: 1 ([`RateLimitLayer::DEFAULT_COST`]).
     pub fn cost(mut self, cost: u32) -> Self {
-        self.cost = cost;
-        self.cost_fn = None;
+        self.cost = Some(Cost::Fixed(cost));
         self
     }
 
@@ -394,28 +220,25 @@ impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
     /// the quota. A cost of 0 is always admitted. A cost above the limiter's
     /// [capacity](Limiter::capacity) can never be admitted: it is rejected like any other,
     /// with `Retry-After` set to the limiter's window. Default: 1 for every request.
-    #[must_use]
     pub fn cost_by<F>(mut self, cost: F) -> Self
     where
         F: Fn(&Parts) -> u32 + Send + Sync + 'static,
     {
-        self.cost_fn = Some(Box::new(cost));
+        self.cost = Some(Cost::By(Box::new(cost)));
         self
     }
 
     /// The policy name written in `RateLimit-Policy` and `RateLimit`, and the `policy`
-    /// label of the metrics. Default: [`DEFAULT_POLICY_NAME`] (`default`).
-    #[must_use]
+    /// label of the metrics. Default: `default` ([`RateLimitLayer::DEFAULT_POLICY_NAME`]).
     pub fn policy_name(mut self, name: &str) -> Self {
         name.clone_into(&mut self.policy_name);
         self
     }
 
     /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` too (rejections
-    /// always do). Default: `false`, because writing the fields costs an allocation per
-    /// admitted request.
-    #[must_use]
-    pub fn admitted_headers(mut self, enabled: bool) -> Self {
+    /// always do). Default: `false`, because writing the `RateLimit` field costs an
+    /// allocation per admitted request.
+    pub const fn admitted_headers(mut self, enabled: bool) -> Self {
         self.admitted_headers = enabled;
         self
     }
@@ -427,64 +250,78 @@ impl<L: Limiter, C: Clock> RateLimitBuilder<L, C> {
     ///
     /// # Errors
     ///
-    /// A fixed cost above the limiter's capacity, an invalid policy name, or a zero key
-    /// cap on a keyed limit; see [`InvalidConfig`].
-    pub fn build(self) -> Result<RateLimitLayer, InvalidConfig> {
-        if self.cost_fn.is_none() && u64::from(self.cost) > self.limiter.capacity() {
-            return Err(InvalidLimit::CostExceedsCapacity {
-                cost: self.cost,
-                capacity: self.limiter.capacity(),
+    /// A [`ConfigError`] naming the setting, when:
+    ///
+    /// - a fixed `cost` exceeds the limiter's capacity (its burst or quota), so no request
+    ///   could ever be admitted (kind `Conflict`);
+    /// - `policy_name` is empty or not printable ASCII (kind `Invalid`);
+    /// - `max_keys` or `sweep_interval` is zero (kind `OutOfRange`).
+    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+        if let Some(Cost::Fixed(cost)) = self.cost {
+            let capacity = self.limiter.capacity();
+            if u64::from(cost) > capacity {
+                return Err(ConfigError::conflict(
+                    "cost",
+                    format_args!(
+                        "cost ({cost}) must not exceed the limiter's capacity ({capacity}, its \
+                         burst or quota): no such request could ever be admitted"
+                    ),
+                ));
             }
-            .into());
         }
-        let policy = RateLimitPolicy::new(
-            &self.policy_name,
-            self.limiter.quota(),
-            self.limiter.window(),
-        )?;
+        let policy = policy(&self.policy_name, &self.limiter)?;
         let window = self.limiter.window();
         let decide: Box<dyn Decide> = match self.key {
-            None => Box::new(Global {
-                limiter: self.limiter,
-                clock: self.clock,
-                state: L::State::default(),
-            }),
-            Some(setup) => {
-                if self.max_keys == 0 {
-                    return Err(InvalidConfig::ZeroMaxKeys);
-                }
-                setup(
-                    self.limiter,
-                    self.clock,
-                    self.max_keys,
-                    self.sweep_interval,
-                    &self.policy_name,
-                )
+            None => {
+                // NOTE: checked without a key too, so that a setting is refused whatever the key.
+                keyed::check_settings(self.max_keys, self.sweep_interval)?;
+                Box::new(Global {
+                    limiter: self.limiter,
+                    clock: self.clock,
+                    state: L::State::default(),
+                })
             }
-        };
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared {
-                decide,
-                fixed_cost: self.cost,
-                cost_fn: self.cost_fn,
-                metrics: Metrics::new(&self.policy_name),
-                policy,
-                admitted_headers: self.admitted_headers,
-                window,
+            Some(extract) => Box::new(Keyed {
+                map: KeyedLimiter::builder(self.limiter)
+                    .clock(self.clock)
+                    .max_keys(self.max_keys)
+                    .sweep_interval(self.sweep_interval)
+                    .report_keys(&self.policy_name)
+                    .build()?,
+                extract,
+                unkeyed: L::State::default(),
             }),
+        };
+        let cost = self
+            .cost
+            .unwrap_or(Cost::Fixed(RateLimitLayer::DEFAULT_COST));
+        Ok(RateLimitLayer {
+            shared: Arc::new(Shared::new(
+                decide,
+                cost,
+                policy,
+                &self.policy_name,
+                self.admitted_headers,
+                window,
+            )),
         })
     }
 }
 
-impl<L: Limiter + fmt::Debug, C: fmt::Debug> fmt::Debug for RateLimitBuilder<L, C> {
+impl<L: Limiter + fmt::Debug, C: fmt::Debug, E> fmt::Debug for RateLimitBuilder<L, C, E> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cost: &dyn fmt::Debug = match &self.cost {
+            None => &RateLimitLayer::DEFAULT_COST,
+            Some(Cost::Fixed(cost)) => cost,
+            Some(Cost::By(_)) => &"by request",
+        };
         f.debug_struct("RateLimitBuilder")
             .field("limiter", &self.limiter)
             .field("clock", &self.clock)
             .field("keyed", &self.key.is_some())
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
-            .field("cost", &self.cost)
+            .field("cost", cost)
             .field("policy_name", &self.policy_name)
             .field("admitted_headers", &self.admitted_headers)
             .finish_non_exhaustive()

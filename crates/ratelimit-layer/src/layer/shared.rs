@@ -1,0 +1,252 @@
+//! What a layer and its services share: the type-erased decision, the cost, the formatted
+//! `RateLimit-Policy` value and the metric handles.
+
+use std::fmt;
+use std::sync::OnceLock;
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::request::Parts;
+use metrics::Counter;
+use overload_signal::clock::Clock;
+use overload_signal::protocol::RateLimitPolicy;
+use overload_signal::{ConfigError, ConfigErrorKind};
+
+use super::remote::RemoteDecide;
+use crate::algorithm::{Decision, Limiter, QuotaStatus};
+use crate::key::KeyExtractor;
+use crate::keyed::{KeyClass, KeyedLimiter};
+use crate::metric_names;
+
+/// Decides a request: the limiter with its state(s) and key extractor, type-erased.
+pub(super) trait Decide: Send + Sync + 'static {
+    /// The decision, the quota status when a rejection (always) or an admission (when
+    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class.
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass);
+}
+
+/// `limiter.check`, plus its status when the response will report it.
+#[inline]
+fn check_and_status<L: Limiter>(
+    limiter: &L,
+    state: &L::State,
+    now: u64,
+    cost: u32,
+    status_on_allow: bool,
+) -> (Decision, Option<QuotaStatus>) {
+    let decision = limiter.check(state, now, cost);
+    let want = !decision.is_allowed() || status_on_allow;
+    (decision, want.then(|| limiter.status(state, now)))
+}
+
+pub(super) struct Global<L: Limiter, C> {
+    pub(super) limiter: L,
+    pub(super) clock: C,
+    pub(super) state: L::State,
+}
+
+impl<L: Limiter, C: Clock> Decide for Global<L, C> {
+    #[inline]
+    fn decide(
+        &self,
+        _: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+        let now = self.clock.now();
+        let (decision, status) =
+            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
+        (decision, status, KeyClass::Global)
+    }
+}
+
+pub(super) struct Keyed<L: Limiter, C, E: KeyExtractor> {
+    pub(super) map: KeyedLimiter<L, E::Key, C>,
+    pub(super) extract: E,
+    pub(super) unkeyed: L::State,
+}
+
+impl<L: Limiter, C: Clock, E: KeyExtractor> Decide for Keyed<L, C, E> {
+    #[inline]
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+        match self.extract.extract(parts) {
+            // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen
+            // for the first time is copied into the map.
+            Some(key) => self.map.check_with_status(&*key, cost, status_on_allow),
+            None => {
+                let now = self.map.clock().now();
+                let (decision, status) = check_and_status(
+                    self.map.limiter(),
+                    &self.unkeyed,
+                    now,
+                    cost,
+                    status_on_allow,
+                );
+                (decision, status, KeyClass::Unkeyed)
+            }
+        }
+    }
+}
+
+pub(super) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+
+/// What a request costs.
+pub(super) enum Cost {
+    Fixed(u32),
+    By(Box<CostFn>),
+}
+
+/// The layer's counters, registered with the `metrics` recorder on first use (the first
+/// request), so that a recorder installed after the layer was built still receives them,
+/// and kept: a request costs no registry lookup.
+pub(crate) struct Metrics {
+    policy: String,
+    handles: OnceLock<Handles>,
+}
+
+struct Handles {
+    admitted: Counter,
+    rejected: [Counter; 4],
+}
+
+impl Metrics {
+    fn new(policy: &str) -> Self {
+        Self {
+            policy: policy.to_owned(),
+            handles: OnceLock::new(),
+        }
+    }
+
+    #[inline]
+    fn handles(&self) -> &Handles {
+        self.handles.get_or_init(|| {
+            let policy = &self.policy;
+            let rejected = |class: KeyClass| {
+                metrics::counter!(metric_names::REQUESTS_REJECTED, "policy" => policy.clone(), "key_class" => class.as_str())
+            };
+            Handles {
+                admitted: metrics::counter!(metric_names::REQUESTS_ADMITTED, "policy" => policy.clone()),
+                // NOTE: in the declaration order of `KeyClass`; `rejected` indexes by it.
+                rejected: [
+                    rejected(KeyClass::Global),
+                    rejected(KeyClass::Keyed),
+                    rejected(KeyClass::Overflow),
+                    rejected(KeyClass::Unkeyed),
+                ],
+            }
+        })
+    }
+
+    #[inline]
+    pub(crate) fn admitted(&self) -> &Counter {
+        &self.handles().admitted
+    }
+
+    #[inline]
+    pub(crate) fn rejected(&self, class: KeyClass) -> &Counter {
+        &self.handles().rejected[class as usize]
+    }
+}
+
+/// What every clone of a layer and its services shares.
+pub(crate) struct Shared {
+    decide: Box<dyn Decide>,
+    cost: Cost,
+    pub(crate) policy: RateLimitPolicy,
+    /// The `RateLimit-Policy` value, formatted once: it never changes.
+    pub(crate) policy_header: HeaderValue,
+    pub(crate) admitted_headers: bool,
+    /// The limiter's window: the `Retry-After` of an over-capacity request.
+    pub(crate) window: Duration,
+    pub(crate) metrics: Metrics,
+    /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
+    /// its local fallback. `None` for a local limit.
+    pub(crate) remote: Option<Box<dyn RemoteDecide>>,
+}
+
+impl Shared {
+    #[inline]
+    pub(crate) fn cost(&self, parts: &Parts) -> u32 {
+        match &self.cost {
+            Cost::Fixed(cost) => *cost,
+            Cost::By(f) => f(parts),
+        }
+    }
+
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+        self.decide.decide(parts, cost, self.admitted_headers)
+    }
+
+    pub(super) fn new(
+        decide: Box<dyn Decide>,
+        cost: Cost,
+        policy: RateLimitPolicy,
+        policy_name: &str,
+        admitted_headers: bool,
+        window: Duration,
+    ) -> Self {
+        Self {
+            decide,
+            cost,
+            policy_header: policy.to_header_value(),
+            policy,
+            admitted_headers,
+            window,
+            metrics: Metrics::new(policy_name),
+            remote: None,
+        }
+    }
+
+    /// Asks `remote` first for every request, with `decide` as its local fallback.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) fn with_remote(mut self, remote: Box<dyn RemoteDecide>) -> Self {
+        self.remote = Some(remote);
+        self
+    }
+}
+
+impl fmt::Debug for Shared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cost: &dyn fmt::Debug = match &self.cost {
+            Cost::Fixed(cost) => cost,
+            Cost::By(_) => &"by request",
+        };
+        f.debug_struct("Shared")
+            .field("policy", &self.policy)
+            .field("cost", cost)
+            .field("admitted_headers", &self.admitted_headers)
+            .field("remote", &self.remote.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// The `RateLimit-Policy` of `limiter` under `name`: validated, formatted once.
+pub(super) fn policy<L: Limiter>(name: &str, limiter: &L) -> Result<RateLimitPolicy, ConfigError> {
+    if name.is_empty() || !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ConfigError::invalid(
+            "policy_name",
+            name,
+            "non-empty printable ASCII (0x20 to 0x7e), which a structured field string can carry",
+        ));
+    }
+    // NOTE: the field's `w` is whole seconds, at least 1, so a custom limiter's zero window
+    // is written as `w=1` rather than refused.
+    let window = limiter.window().max(Duration::from_nanos(1));
+    RateLimitPolicy::new(name, limiter.quota(), window)
+        .map_err(|e| ConfigError::new("policy_name", ConfigErrorKind::Invalid, e))
+}

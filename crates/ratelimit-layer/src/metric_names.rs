@@ -1,0 +1,37 @@
+//! The names of the metrics this crate emits through the [`metrics`] facade.
+//!
+//! The crate never installs a recorder: without one, every metric is a no-op.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
+//! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//! | `ratelimit_layer_redis_fallbacks_total` | counter | `policy`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
+//! | `ratelimit_layer_redis_up` | gauge | `policy` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
+//!
+//! They are registered with the recorder on the first request (the keys gauge: on the first
+//! change of the key count), not when the layer is built, and the handles are kept, so a
+//! request costs no registry lookup. Install the recorder before serving traffic.
+//!
+//! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
+
+/// Counter, label `policy`: requests passed to the inner service.
+pub const REQUESTS_ADMITTED: &str = "ratelimit_layer_requests_admitted_total";
+
+/// Counter, labels `policy` and `key_class` (`global`, `keyed`, `overflow` or `unkeyed`, see
+/// [`KeyClass`](crate::keyed::KeyClass)): requests answered with a rejection.
+pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
+
+/// Gauge, label `policy`: keys tracked by a keyed layer.
+pub const KEYS: &str = "ratelimit_layer_keys";
+
+/// Counter, labels `policy` and `reason`: requests a limit kept in Redis (feature `redis`)
+/// decided locally, with its local share, instead of in Redis. `reason` is `timeout` (Redis
+/// did not answer within the time budget), `error` (Redis answered with an error, or the
+/// connection failed) or `unavailable` (Redis was known to be away, so it was not asked).
+pub const REDIS_FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
+
+/// Gauge, label `policy`: 1 while a limit kept in Redis (feature `redis`) is decided in
+/// Redis, 0 while it falls back to its local share. Set on each change.
+pub const REDIS_UP: &str = "ratelimit_layer_redis_up";
