@@ -2,8 +2,9 @@
 //! client sockets, SIGSTOP and SIGCONT, through the same code as `demo-client scenario
 //! --quick`.
 //!
-//! The server binary is built by `cargo build -p demo-server` from this test (a test cannot
-//! depend on another package's binary), so the first run pays for that build once.
+//! The server binary is built by `cargo build --workspace --bin demo-server` from this test
+//! (a test cannot depend on another package's binary): under `cargo test --workspace` that
+//! build is already done; alone, the first run pays for it once.
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
@@ -17,13 +18,17 @@ use demo_client::scenario::{RealRun, Target, real_run};
 use demo_client::strategy::Strategy;
 
 /// Builds the `demo-server` binary with the cargo running this test and returns its path.
+///
+/// NOTE: `--workspace` resolves features as `cargo test --workspace` does, so under it this
+/// build finds the binary that command already built, instead of rebuilding it with
+/// `demo-server`'s features alone (a minute or more on a 2-core machine, outside the test's
+/// time bound).
 fn demo_server_binary() -> PathBuf {
     let output = Command::new(env!("CARGO"))
         .args([
             "build",
             "--quiet",
-            "-p",
-            "demo-server",
+            "--workspace",
             "--bin",
             "demo-server",
             "--message-format=json",
