@@ -115,9 +115,9 @@ pub trait Backoff: fmt::Debug + Send + Sync + 'static {
 
     /// The largest delay this strategy means to wait.
     ///
-    /// The retry layer caps a server's `Retry-After` or `grpc-retry-pushback-ms` hint at this
-    /// value: a hint can lengthen a wait up to the strategy's maximum, never beyond it.
-    /// [`Exponential`]'s jitter may take a single delay slightly above it.
+    /// It bounds the strategy's own waits only: a server's `Retry-After` or
+    /// `grpc-retry-pushback-ms` hint may lengthen a wait beyond it, up to the retry layer's
+    /// `max_retry_after`. [`Exponential`]'s jitter may take a single delay slightly above it.
     fn max_delay(&self) -> Duration;
 
     /// The infinite sequence of delays one request would see, drawn from `rng`.
@@ -227,8 +227,8 @@ fn check_base_cap(base: Duration, cap: Duration) -> Result<(), ConfigError> {
 /// interval is the strategy's only setting, so it is given to a named constructor rather
 /// than to a builder.
 ///
-/// Its maximum is its interval, so a server's `Retry-After` cannot lengthen its waits (the
-/// retry layer caps hints at the strategy's maximum).
+/// Its maximum is its interval. A server's `Retry-After` still lengthens a wait: the retry
+/// layer takes a hint as a lower bound, up to its `max_retry_after`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct Fixed {
     interval: Duration,

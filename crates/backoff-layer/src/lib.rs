@@ -14,9 +14,10 @@
 //!   a success whatever its headers;
 //! - **no multiplication**: what a retry layer gave up on is final for every retry layer
 //!   above it in the process, so nested layers of 3 attempts send 3, not 9;
-//! - `Retry-After` and `grpc-retry-pushback-ms` as a **lower bound** on the next wait (capped
-//!   by the strategy's maximum), up to [`max_retry_after`](RetryBuilder::max_retry_after)
-//!   (30 s by default): a longer hint gives up at once rather than park the request;
+//! - `Retry-After` and `grpc-retry-pushback-ms` as a **lower bound** on the next wait, even
+//!   above the strategy's own maximum, up to
+//!   [`max_retry_after`](RetryBuilder::max_retry_after) (30 s by default): a longer hint gives
+//!   up at once rather than park the request;
 //! - an overall **deadline** that holds in every state: no wait passes it and no attempt is
 //!   sent after it, a wait for the inner service's readiness included;
 //! - a **per-attempt timeout** whose expiry is a retryable failure;

@@ -187,11 +187,12 @@ async fn grpc_pushback_is_a_lower_bound_too() {
     assert_eq!(seen[1].at - seen[0].at, 1500 * MS);
 }
 
-/// A hint within `max_retry_after` (30 s by default) is capped by the strategy's maximum. (A
-/// longer hint, such as the 3600 s this test used to send, now gives up at once: see
-/// `edges.rs`.)
+/// A hint within `max_retry_after` (30 s by default) is a lower bound even above the
+/// strategy's maximum: the server, not the client's backoff, knows when it can take the
+/// request again (DESIGN.md's client rules; gRPC's retry design says pushback overrides the
+/// backoff). A longer hint gives up at once: see `edges.rs`.
 #[tokio::test(start_paused = true)]
-async fn a_hint_is_capped_by_the_strategy_maximum() {
+async fn a_hint_is_honoured_above_the_strategy_maximum() {
     let mock = Mock::new(vec![
         Reply::Status(503, vec![("retry-after", "20")]),
         status(200),
@@ -203,7 +204,21 @@ async fn a_hint_is_capped_by_the_strategy_maximum() {
         .unwrap();
     send(layer().backoff(backoff), &mock, get()).await.unwrap();
     let seen = mock.seen();
-    assert_eq!(seen[1].at - seen[0].at, 2 * SECOND);
+    assert_eq!(seen[1].at - seen[0].at, 20 * SECOND);
+}
+
+/// The fixed-interval strategy too: its interval is its maximum, and `Retry-After: 1` still
+/// makes it wait 1 s, not 10 ms.
+#[tokio::test(start_paused = true)]
+async fn a_fixed_interval_waits_for_a_longer_hint() {
+    let mock = Mock::new(vec![
+        Reply::Status(503, vec![("retry-after", "1")]),
+        status(200),
+    ]);
+    let backoff = Fixed::every(10 * MS).unwrap();
+    send(layer().backoff(backoff), &mock, get()).await.unwrap();
+    let seen = mock.seen();
+    assert_eq!(seen[1].at - seen[0].at, SECOND);
 }
 
 #[tokio::test(start_paused = true)]

@@ -13,10 +13,11 @@
 //!   traffic, so a quiet millisecond's capacity is not lost to Poisson gaps); an attempt that
 //!   finds a token is admitted, any other is rejected with
 //!   `overload_signal::protocol::too_many_requests_response`. Every answer comes back after a
-//!   round trip of 100 ms (the article's server latency).
-//! - **Clients**: the real [`RetryLayer`], with a backoff that never waits (its maximum is zero,
-//!   so the server's `Retry-After` is capped to nothing): a rejected attempt is retried the
-//!   moment its answer arrives.
+//!   round trip of 100 ms (the article's server latency), and a rejection's `Retry-After` is
+//!   taken off: the paper's clients retry at once, and `RetryLayer` honours a server's hint
+//!   as a lower bound on its wait, which would make this a different experiment.
+//! - **Clients**: the real [`RetryLayer`], with a backoff that never waits: a rejected attempt
+//!   is retried the moment its answer arrives.
 //! - **Tiers**: with three tiers, a tier's handler calls the tier below through its own retry
 //!   layer and answers with what it got (as a network would carry it: status, headers and
 //!   body), so a rejection at the bottom comes back up as a rejection that the tier above
@@ -71,7 +72,6 @@ impl Backoff for Immediate {
     }
 
     fn max_delay(&self) -> Duration {
-        // Caps the server's `Retry-After` to zero too.
         Duration::ZERO
     }
 }
@@ -173,7 +173,11 @@ fn server(model: Arc<Mutex<Server>>) -> Hop {
             let response = if admitted {
                 Response::new(Body::new())
             } else {
-                protocol::too_many_requests_response(Protocol::Http, Duration::from_secs(1))
+                let mut rejection =
+                    protocol::too_many_requests_response(Protocol::Http, Duration::from_secs(1));
+                // NOTE: the paper's clients retry at once; see the module docs.
+                rejection.headers_mut().remove(http::header::RETRY_AFTER);
+                rejection
             };
             Ok::<_, BoxError>(response)
         }

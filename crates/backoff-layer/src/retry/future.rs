@@ -292,9 +292,10 @@ impl<B> RetryState<B> {
             .get_or_insert_with(|| SmallRng::seed_from_u64(config.seeds.next_seed()));
         let backoff = config.backoff.next_delay(retry, self.previous_delay, rng);
         self.previous_delay = Some(backoff);
-        // A server's hint (at most `max_retry_after`) is a lower bound, capped by the
-        // strategy's maximum.
-        let delay = hint.map_or(backoff, |h| backoff.max(h.min(config.backoff.max_delay())));
+        // A server's hint is a lower bound on the wait, whatever the strategy's own maximum:
+        // the server knows when it can take the request again. `max_retry_after` (checked
+        // above) is what bounds it.
+        let delay = hint.map_or(backoff, |h| backoff.max(h));
         let now = Instant::now();
         let at = now.checked_add(delay);
         if let Some(deadline) = self.deadline {

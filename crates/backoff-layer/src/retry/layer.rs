@@ -251,7 +251,7 @@ impl RetryBuilder {
 
     /// The longest wait a server may ask for before the next attempt (`Retry-After` in
     /// seconds or as a date, or `grpc-retry-pushback-ms`). A hint up to it is a lower bound
-    /// on the wait (itself capped by the backoff strategy's maximum delay); a longer one
+    /// on the wait, even above the backoff strategy's maximum delay; a longer one
     /// makes the layer give up at once, with
     /// [`GiveUpReason::RetryAfterTooLong`](crate::GiveUpReason::RetryAfterTooLong), rather
     /// than park the request, its buffered body and a budget token. `Duration::ZERO` gives
