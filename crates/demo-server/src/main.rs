@@ -17,6 +17,7 @@ use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
+use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig};
 use ratelimit_layer::key::ClientIp;
 use tokio::net::{TcpListener, TcpSocket};
@@ -42,9 +43,13 @@ the model: above --rate-limit requests are rejected at once with 429 Too Many Re
 Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
 were retries (the X-Request-Attempt header), rejections become 503 with
 X-Overloaded: stop-retrying.
---stack none serves the bare model.
+--stack adaptive puts the overload-signal layer in front of an adaptive concurrency limit
+instead: no rate configured, it finds the model's capacity from its latency and rejects above
+it with 503 Service Unavailable and Retry-After. --stack none serves the bare model.
 
-Other routes: GET /healthz (never limited), GET /metrics (Prometheus text).
+Other routes: GET /healthz (never limited), GET /metrics (Prometheus text), and with --admin
+GET and PUT /admin/capacity, the model's capacity (article: the knee; mmc: the workers),
+to change it while the server runs.
 Once a second a status line is printed on standard output. Ctrl-C (SIGINT) or SIGTERM stops
 the server after in-flight requests finish; a second Ctrl-C stops it at once.";
 
@@ -53,6 +58,8 @@ Examples:
   demo-server                                  the article's server behind the full stack
   demo-server --stack none                     the article's server, bare
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
+  demo-server --stack adaptive --admin         no rate: the limit adapts; then halve the capacity:
+      curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
   oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject";
@@ -65,7 +72,8 @@ struct Cli {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
     listen: SocketAddr,
 
-    /// What stands in front of the model: `full` (overload signal + rate limiter) or `none`.
+    /// What stands in front of the model: `full` (overload signal + rate limiter),
+    /// `adaptive` (overload signal + adaptive limit, no rate) or `none`.
     #[arg(long, value_enum, default_value_t = StackArg::Full)]
     stack: StackArg,
 
@@ -165,6 +173,12 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = AbandonedArg::Cancel)]
     abandoned: AbandonedArg,
 
+    /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
+    /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
+    /// reach the server could change it.
+    #[arg(long)]
+    admin: bool,
+
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
@@ -182,6 +196,8 @@ enum AbandonedArg {
 enum StackArg {
     /// Overload signal and rate limiter in front of the model.
     Full,
+    /// Overload signal and an adaptive concurrency limit (no rate) in front of the model.
+    Adaptive,
     /// The bare model.
     None,
 }
@@ -227,6 +243,7 @@ struct Plan {
     latency: LatencyModel,
     stack: Stack,
     downstream: Option<Downstream>,
+    admin: bool,
     quiet: bool,
 }
 
@@ -264,6 +281,10 @@ impl Cli {
                     .layer()
                     .map_err(|e| e.to_string())?,
             },
+            StackArg::Adaptive => Stack::Adaptive {
+                overload: OverloadSignalLayer::default(),
+                adaptive: AdaptiveLimitLayer::new(),
+            },
         };
         let downstream = self
             .downstream
@@ -281,6 +302,7 @@ impl Cli {
             latency,
             stack,
             downstream,
+            admin: self.admin,
             quiet: self.quiet,
         })
     }
@@ -366,11 +388,14 @@ async fn serve(plan: Plan) -> Result<(), String> {
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
 
     let model = Model::new(plan.latency);
-    let histogram = match &plan.stack {
-        Stack::Full { overload, .. } => Some(overload.histogram().clone()),
-        Stack::None => None,
+    let histogram = plan.stack.overload().map(|o| o.histogram().clone());
+    let adaptive = match &plan.stack {
+        Stack::Adaptive { adaptive, .. } => Some(adaptive.clone()),
+        Stack::None | Stack::Full { .. } => None,
     };
+    let stack_name = plan.stack.name();
     let mut config = AppConfig::new(model.clone())
+        .admin(plan.admin)
         .abandoned(plan.abandoned)
         .stack(plan.stack)
         .metrics(metrics.clone());
@@ -383,9 +408,11 @@ async fn serve(plan: Plan) -> Result<(), String> {
     println!(
         "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}",
         describe(model.latency()),
-        if histogram.is_some() { "full" } else { "none" },
+        stack_name,
     );
-    let status = tokio::spawn(status_lines(model, stats, histogram, metrics, plan.quiet));
+    let status = tokio::spawn(status_lines(
+        model, stats, histogram, adaptive, metrics, plan.quiet,
+    ));
     let result = axum::serve(
         listener,
         router.into_make_service_with_connect_info::<SocketAddr>(),
@@ -439,6 +466,7 @@ async fn status_lines(
     model: Model,
     stats: ServerStats,
     histogram: Option<AttemptHistogram>,
+    adaptive: Option<AdaptiveLimitLayer>,
     metrics: PrometheusHandle,
     quiet: bool,
 ) {
@@ -472,6 +500,22 @@ async fn status_lines(
             second.failed,
             retry_share,
         );
+        if let Some(adaptive) = &adaptive {
+            let a = adaptive.status();
+            println!(
+                "  adaptive limit: {}, in flight: {}, baseline: {:?}, latency: {:?}{}, capacity: {}",
+                a.limit,
+                a.in_flight,
+                a.baseline.unwrap_or_default(),
+                a.latency.unwrap_or_default(),
+                if a.probing {
+                    " (measuring the baseline)"
+                } else {
+                    ""
+                },
+                model.capacity().map_or(0, |c| c.get()),
+            );
+        }
     }
 }
 
@@ -583,6 +627,23 @@ mod tests {
             )
         );
         assert!(plan.downstream.is_some());
+    }
+
+    #[test]
+    fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
+        let plan = parse(&[]).unwrap().plan().unwrap();
+        assert!(!plan.admin);
+        let cli = parse(&["--stack", "adaptive", "--admin", "--model", "mmc"]).unwrap();
+        let plan = cli.plan().unwrap();
+        assert!(plan.admin);
+        let Stack::Adaptive { adaptive, .. } = plan.stack else {
+            panic!("not the adaptive stack")
+        };
+        assert!(adaptive.status().probing, "nothing measured yet");
+        assert_eq!(
+            adaptive.status().limit,
+            AdaptiveLimitLayer::DEFAULT_MIN_LIMIT
+        );
     }
 
     #[test]
