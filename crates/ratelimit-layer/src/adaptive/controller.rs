@@ -45,6 +45,8 @@ pub(super) struct WindowStats {
     pub(super) latency: Option<u64>,
     /// The most requests in flight at once during the window.
     pub(super) peak_in_flight: usize,
+    /// Whether the limit rejected a request during the window.
+    pub(super) rejected: bool,
 }
 
 /// The controller's phase.
@@ -157,7 +159,15 @@ impl Controller {
                 } else {
                     self.windows_at_min = 0;
                 }
-                if now >= self.next_probe || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
+                // NOTE: a periodic probe runs only while the limit rejects: otherwise nobody is
+                // turned away whatever the baseline, and a probe would reject traffic that a
+                // healthy service can take (every minute, at its minimum limit). It is put off
+                // by one interval instead.
+                let due = now >= self.next_probe;
+                if due && !stats.rejected {
+                    self.schedule_probe(now);
+                }
+                if (due && stats.rejected) || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
                     self.phase = Phase::Probing { resume: self.limit };
                     self.limit = self.settings.min_limit as f64;
                     self.windows_at_min = 0;
@@ -272,6 +282,7 @@ mod tests {
             failures: 0,
             latency: Some(latency_ms * MS),
             peak_in_flight: peak,
+            rejected: true,
         }
     }
 
@@ -340,6 +351,7 @@ mod tests {
             failures: 20,
             latency: Some(50 * MS),
             peak_in_flight: 20,
+            rejected: false,
         };
         assert_eq!(c.on_window(100 * MS, stats).limit, 18, "20 * 0.9");
         // Under the threshold, failures are ignored and the gradient applies.
@@ -371,6 +383,29 @@ mod tests {
         // The service became faster: the new baseline is taken and the limit resumes.
         assert_eq!(c.on_window(t + 1, window(50, 3)).limit, limit);
         assert_eq!(c.baseline(), Some(50 * MS));
+    }
+
+    #[test]
+    fn no_periodic_probe_while_the_limit_rejects_nobody() {
+        // Regression: a probe every minute rejected most of a healthy service's traffic for
+        // a second or two (the outage scenario's recovery never "stayed" recovered).
+        let mut c = tracking(100);
+        let calm = WindowStats {
+            rejected: false,
+            ..window(100, 5)
+        };
+        for i in 1..=2000 {
+            assert!(!c.on_window(i * 100 * MS, calm).probe_started, "window {i}");
+        }
+        // Once it rejects again, the next due probe runs.
+        let mut t = 2000 * 100 * MS;
+        let started = loop {
+            t += 100 * MS;
+            if c.on_window(t, window(125, 0)).probe_started {
+                break t;
+            }
+        };
+        assert!(started - 2000 * 100 * MS <= 69_000 * MS, "{started}");
     }
 
     #[test]

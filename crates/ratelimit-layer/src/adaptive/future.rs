@@ -144,3 +144,38 @@ impl fmt::Debug for Guard {
             .finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use overload_signal::protocol::GRPC_STATUS;
+
+    fn status(code: u16) -> Response<()> {
+        let mut r = Response::new(());
+        *r.status_mut() = StatusCode::from_u16(code).unwrap();
+        r
+    }
+
+    fn grpc(code: &'static str) -> Response<()> {
+        let mut r = Response::new(());
+        r.headers_mut()
+            .insert(GRPC_STATUS, http::HeaderValue::from_static(code));
+        r
+    }
+
+    #[test]
+    fn overload_failures_are_the_ones_about_capacity() {
+        for code in [429, 503, 504] {
+            assert!(is_overload(&status(code)), "{code}");
+        }
+        for code in [200, 204, 301, 400, 404, 500, 501, 502] {
+            assert!(!is_overload(&status(code)), "{code}");
+        }
+        for code in ["4", "8", "14"] {
+            assert!(is_overload(&grpc(code)), "grpc {code}");
+        }
+        for code in ["0", "2", "5", "13", "junk"] {
+            assert!(!is_overload(&grpc(code)), "grpc {code}");
+        }
+    }
+}

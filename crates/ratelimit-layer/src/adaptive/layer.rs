@@ -68,10 +68,12 @@ impl AdaptiveLimitLayer {
     /// `buffer` of 25 %.
     pub const DEFAULT_TOLERANCE: f64 = 1.25;
 
-    /// How often the baseline is measured again: every 60 seconds, plus jitter. This
-    /// crate's choice: each measurement holds the limit at its minimum for about 50
-    /// requests, so at 60 s the cost stays near 2 % of goodput under overload; a service
-    /// that became slower is noticed sooner anyway, when the limit sits at its floor.
+    /// How often the baseline is measured again while the limit rejects requests: every 60
+    /// seconds, plus jitter (a measurement that falls due while nothing is rejected is put
+    /// off by one interval). This crate's choice: each measurement holds the limit at its
+    /// minimum for about 50 requests, so at 60 s the cost stays near 2 % of goodput under
+    /// overload; a service that became slower is noticed sooner anyway, when the limit sits
+    /// at its floor.
     pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 
     /// The random extra delay before each measurement, as a share of the interval: 0.15,
@@ -254,7 +256,8 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         self
     }
 
-    /// How often the baseline is measured again. Default: 60 s
+    /// How often the baseline is measured again while the limit rejects requests (a
+    /// measurement due while nothing is rejected is put off by one interval). Default: 60 s
     /// ([`AdaptiveLimitLayer::DEFAULT_PROBE_INTERVAL`]).
     pub const fn probe_interval(mut self, interval: Duration) -> Self {
         self.probe_interval = interval;

@@ -43,12 +43,16 @@
 //!   [`backoff`](AdaptiveLimitBuilder::backoff) (0.9), whatever the latency.
 //!
 //! **The baseline** `b` is the no-load latency, measured, not guessed: at start, every
-//! [`probe_interval`](AdaptiveLimitBuilder::probe_interval) (60 s, with 15 % jitter), and
-//! whenever the limit sat at its floor for 5 windows in a row (the service may have become
-//! slower for good), the limit drops to [`min_limit`](AdaptiveLimitBuilder::min_limit) (3)
-//! until [`probe_samples`](AdaptiveLimitBuilder::probe_samples) (50) requests admitted
-//! under it have completed; their percentile is the new baseline and the previous limit is
-//! restored. Requests admitted before the measurement started are not counted in it.
+//! [`probe_interval`](AdaptiveLimitBuilder::probe_interval) (60 s, with 15 % jitter) while
+//! the limit is rejecting requests, and whenever the limit sat at its floor for 5 windows in
+//! a row (the service may have become slower for good), the limit drops to
+//! [`min_limit`](AdaptiveLimitBuilder::min_limit) (3) until
+//! [`probe_samples`](AdaptiveLimitBuilder::probe_samples) (50) requests admitted under it
+//! have completed; their percentile is the new baseline and the previous limit is restored.
+//! Requests admitted before the measurement started are not counted in it. A periodic
+//! measurement that falls due while the limit rejects nobody is put off by one interval:
+//! the baseline then decides nothing, and measuring would turn away traffic that a healthy
+//! service can take. (Envoy measures on schedule whatever the load.)
 //!
 //! **Why this one.** A baseline taken from a slowly moving average (Netflix's Gradient2)
 //! drifts upward under sustained overload, since every sample is already queued; a

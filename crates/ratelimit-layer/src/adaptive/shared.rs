@@ -2,7 +2,7 @@
 //! sampled, the controller, and the metric handles.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -21,6 +21,8 @@ pub(crate) struct Shared<C> {
     in_flight: AtomicUsize,
     /// The most in flight at once since the window started.
     peak_in_flight: AtomicUsize,
+    /// Whether a request was rejected since the window started.
+    rejected_in_window: AtomicBool,
     sampler: Sampler,
     /// When the current window may close (clock nanoseconds), and after how many outcomes.
     close_at: AtomicU64,
@@ -53,6 +55,7 @@ impl<C: Clock> Shared<C> {
             limit: AtomicUsize::new(controller.limit()),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
+            rejected_in_window: AtomicBool::new(false),
             sampler: Sampler::new(),
             close_at: AtomicU64::new(now.saturating_add(controller.window_nanos())),
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
@@ -84,6 +87,11 @@ impl<C: Clock> Shared<C> {
             }
             Err(_) => {
                 self.metrics.handles().rejected.increment(1);
+                // NOTE: read first: under overload every rejection would otherwise write the
+                // shared cache line.
+                if !self.rejected_in_window.load(Ordering::Relaxed) {
+                    self.rejected_in_window.store(true, Ordering::Relaxed);
+                }
                 None
             }
         }
@@ -146,6 +154,7 @@ impl<C: Clock> Shared<C> {
             failures: taken.failures,
             latency: taken.percentile,
             peak_in_flight: peak.max(in_flight),
+            rejected: self.rejected_in_window.swap(false, Ordering::Relaxed),
         };
         let before = controller.limit();
         let update = controller.on_window(now, stats);
