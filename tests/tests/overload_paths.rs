@@ -20,7 +20,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use integration_tests::TestServer;
 use overload_signal::protocol::{self, Protocol};
-use overload_signal::{AttemptHistogram, OverloadSignalLayer, Overloaded, StopRule, is_overloaded};
+use overload_signal::{OverloadSignalLayer, Overloaded, StopRule, is_overloaded};
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tonic::transport::server::TcpIncoming;
@@ -37,8 +37,15 @@ async fn tonic_rejections_become_the_grpc_stop_signal_in_a_retry_storm() {
         .clock(FakeClock::new())
         .build()
         .unwrap();
-    let signal =
-        OverloadSignalLayer::new(AttemptHistogram::default(), StopRule::new(0.1, 5).unwrap());
+    let signal = OverloadSignalLayer::builder()
+        .rule(
+            StopRule::builder()
+                .retry_share(0.1)
+                .min_requests(5)
+                .build()
+                .unwrap(),
+        )
+        .build();
     let histogram = signal.histogram().clone();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -132,7 +139,7 @@ async fn overloaded_from_a_spawned_task_answers_with_the_stop_signal() {
     };
     let app = Router::new()
         .route("/api", get(handler))
-        .layer(OverloadSignalLayer::default());
+        .layer(OverloadSignalLayer::new());
 
     let response = app
         .oneshot(

@@ -38,7 +38,7 @@ async fn readme_stack_rejects_then_the_client_retries_after_retry_after() {
         .layer(RateLimitLayer::new(
             TokenBucket::builder(1).burst(2).build().unwrap(),
         ))
-        .layer(OverloadSignalLayer::default());
+        .layer(OverloadSignalLayer::new());
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
     let server = tokio::spawn(async move { axum::serve(listener, app).await });

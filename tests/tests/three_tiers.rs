@@ -33,7 +33,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::protocol::{self, Attempt};
-use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule, is_overloaded};
+use overload_signal::{OverloadSignalLayer, StopRule, is_overloaded};
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
@@ -96,7 +96,11 @@ fn get_request(url: &str, id: u64) -> http::Request<Empty<Bytes>> {
 /// (each tier's budget retries during the moments the rule is not firing); 2 % keeps it
 /// under 1.1. See `StopRule`'s docs on deep call chains.
 fn rule() -> StopRule {
-    StopRule::new(0.02, 100).unwrap()
+    StopRule::builder()
+        .retry_share(0.02)
+        .min_requests(100)
+        .build()
+        .unwrap()
 }
 
 /// Records every request and the tier's final answer to it (outermost, so it sees what the
@@ -161,10 +165,7 @@ impl Drop for Tier {
 async fn serve(router: Router, signal: bool) -> Tier {
     let log = Log::default();
     let router = if signal {
-        router.layer(OverloadSignalLayer::new(
-            AttemptHistogram::default(),
-            rule(),
-        ))
+        router.layer(OverloadSignalLayer::builder().rule(rule()).build())
     } else {
         router
     };

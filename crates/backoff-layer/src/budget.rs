@@ -18,7 +18,7 @@
 //! ```
 //! use backoff_layer::budget::{Budget, RetryBudget};
 //!
-//! let budget = RetryBudget::default();
+//! let budget = RetryBudget::new();
 //! for _ in 0..100 {
 //!     budget.deposit(); // 100 first attempts earn 10 retries, plus the floor of 10
 //! }
@@ -26,28 +26,31 @@
 //! assert_eq!(allowed, 20);
 //! ```
 //!
-//! A customised budget, built with the fallible builder:
+//! A customised budget, on the coarse clock:
 //!
 //! ```
 //! use std::time::Duration;
 //! use backoff_layer::budget::{Budget, RetryBudget};
+//! use overload_signal::clock::CoarseClock;
 //!
 //! let budget = RetryBudget::builder()
 //!     .ratio(0.6)
 //!     .window(Duration::from_secs(30))
 //!     .slots(30)
 //!     .min_retries_per_sec(0)
-//!     .build()
-//!     .expect("a valid budget");
+//!     .clock(CoarseClock::new())
+//!     .build()?;
 //! for _ in 0..10 {
 //!     budget.deposit();
 //! }
 //! // Exactly 60% of 10 first attempts: 6 retries, not one more.
 //! assert_eq!((0..10).filter(|_| budget.withdraw()).count(), 6);
 //!
-//! // Invalid configuration cannot be built.
+//! // Invalid configuration cannot be built, and the error names the setting.
 //! let err = RetryBudget::builder().ratio(f64::NAN).build().unwrap_err();
-//! assert_eq!(err.to_string(), "retry budget ratio must be a finite number");
+//! assert_eq!(err.field(), "ratio");
+//! assert_eq!(err.to_string(), "ratio must be a finite number, got NaN");
+//! # Ok::<(), backoff_layer::ConfigError>(())
 //! ```
 //!
 //! # Metrics
@@ -67,10 +70,11 @@
 //! cost more than the budget itself), so install the recorder before building budgets.
 
 use std::fmt;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use tokio::time::Instant;
+use overload_signal::ConfigError;
+use overload_signal::clock::{Clock, TokioClock};
+use overload_signal::window::Window;
 
 /// A retry budget shared by every clone of a client.
 ///
@@ -108,17 +112,8 @@ const RETRIES_REFUSED: &str = "backoff_layer_budget_retries_refused_total";
 /// (0.1, 0.2, 0.6) are exact, unlike their binary floating-point forms.
 const SCALE: u64 = 1_000_000;
 
-/// Bits of a slot number in a packed word; the low [`COUNT_BITS`] hold a withdrawal count.
-const COUNT_BITS: u32 = 28;
-/// Mask of the withdrawal count in a packed word.
-const COUNT_MASK: u64 = (1 << COUNT_BITS) - 1;
-/// The largest slot number: with the shortest slot (10 ms) it is reached after 21 years.
-const EPOCH_MAX: u64 = (1 << (64 - COUNT_BITS)) - 1;
-
-/// The largest number of retries one window can allow: 2^27 - 1 (134,217,727). Withdrawals
-/// are counted modulo 2^28 in the packed word, so counts in one window must stay well below
-/// that to be compared unambiguously.
-pub const MAX_RETRIES_PER_WINDOW: u64 = (1 << (COUNT_BITS - 1)) - 1;
+/// The window's one added counter: deposits. Withdrawals are its takes.
+const DEPOSITS: usize = 0;
 
 /// A sliding-window retry budget: retries may be at most a share of first attempts.
 ///
@@ -135,357 +130,205 @@ pub const MAX_RETRIES_PER_WINDOW: u64 = (1 << (COUNT_BITS - 1)) - 1;
 ///
 /// # Defaults
 ///
-/// [`RetryBudget::default()`] and [`RetryBudget::builder()`] start from:
+/// [`RetryBudget::new()`] and [`RetryBudget::builder()`] start from:
 ///
-/// - **ratio 0.1**: retries may add at most 10% to the load. The figure is the paper's
-///   ("retries at most 10% of requests") and the Google SRE book's per-client retry
-///   budget (chapter "Handling Overload").
-/// - **window 10 seconds, in 10 slots of 1 second**: the window length is the one
-///   Finagle, linkerd and tower's `TpsBudget` use; the window slides one slot at a time,
-///   so it spans between 9 and 10 seconds of history.
-/// - **floor 1 retry per second** (10 per default window), so a quiet client that sends a
-///   request a minute can still retry a transient failure. Finagle and linkerd use 10 per
-///   second with a ratio of 0.2; this budget uses 1 because the floor is added to the ratio's
-///   allowance for every budget: at 10 per second, a client sending fewer than 100 requests
-///   per second would get more than twice its 10% share, and a fleet of quiet clients would
-///   retry far more than 10% in total.
+/// - **ratio 0.1** ([`RetryBudget::DEFAULT_RATIO`]): retries may add at most 10% to the
+///   load. The figure is the paper's ("retries at most 10% of requests") and the Google SRE
+///   book's per-client retry budget (chapter "Handling Overload").
+/// - **window 10 seconds, in 10 slots of 1 second** ([`RetryBudget::DEFAULT_WINDOW`],
+///   [`RetryBudget::DEFAULT_SLOTS`]): the window length is the one Finagle, linkerd and
+///   tower's `TpsBudget` use; the window slides one slot at a time, so it spans between 9
+///   and 10 seconds of history.
+/// - **floor 1 retry per second** ([`RetryBudget::DEFAULT_MIN_RETRIES_PER_SEC`]; 10 per
+///   default window), so a quiet client that sends a request a minute can still retry a
+///   transient failure. Finagle and linkerd use 10 per second with a ratio of 0.2; this
+///   budget uses 1 because the floor is added to the ratio's allowance for every budget: at
+///   10 per second, a client sending fewer than 100 requests per second would get more than
+///   twice its 10% share, and a fleet of quiet clients would retry far more than 10% in total.
+/// - **clock: [`TokioClock`]**, so under `tokio::time::pause()` the window slides with the
+///   paused clock. [`CoarseClock`](overload_signal::clock::CoarseClock) (through
+///   [`clock`](RetryBudgetBuilder::clock)) reads the time in a few nanoseconds instead of
+///   tens, which is most of a deposit's cost; slots then start up to one kernel tick (1 to
+///   10 ms) late, and paused time no longer moves the budget.
 ///
 /// # Sharing and cost
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`
-/// (the retry layer holds it as `Arc<dyn Budget>`). Both operations are lock-free: a
-/// deposit reads the clock and the current slot (a word that changes once a slot) and
-/// adds to a counter; a withdrawal also reads
-/// the counts at the start of the window and takes its retry with a compare-and-swap
-/// loop, so concurrent withdrawals never take more than the allowance.
-///
-/// Time comes from [`tokio::time::Instant`], so under `tokio::time::pause()` the window
-/// slides with the paused clock.
+/// (the retry layer holds it as `Arc<dyn Budget>`). It is an
+/// [`overload_signal::window::Window`]: a deposit reads the clock and adds one with a
+/// compare-and-swap on a counter of the calling thread's own stripe, so threads on different
+/// cores do not contend; a withdrawal reads the window's deposits and withdrawals and takes
+/// its retry with a compare-and-swap on the word that holds the current slot's withdrawals,
+/// so concurrent withdrawals never take more than the allowance. Both are lock-free, and no
+/// call ever waits for another thread to finish: a call retries only when another changed
+/// the same word meanwhile.
 ///
 /// # Precision
 ///
-/// - The ratio is kept in millionths (0.1234567 acts as 0.123457).
-/// - A deposit racing with the start of a new slot may be counted in either slot. A
-///   withdrawal racing with deposits may not see them yet, and a withdrawal racing with
-///   the start of a new slot is checked against the window of the new slot: every
-///   granted withdrawal keeps `retries <= ratio * first_attempts + floor` in the window
-///   it was checked against.
-/// - At most [`MAX_RETRIES_PER_WINDOW`] retries are allowed in one window, however large
-///   the ratio and the traffic.
-/// - Slots are numbered from the budget's creation in 36 bits; after 2^36 slots (21 years
-///   with the shortest 10 ms slot, 2000 years with the default 1 s) the window stops
-///   sliding and the ratio then applies to all deposits since.
-pub struct RetryBudget {
-    /// The current slot and the withdrawals so far, packed: `slot << 28 | withdrawals`.
-    /// Every successful withdrawal is a compare-and-swap on this word.
-    head: CachePadded<AtomicU64>,
-    /// Deposits since creation. Not part of `head`: a withdrawal that misses a concurrent
-    /// deposit only errs on the strict side.
-    deposits: CachePadded<AtomicU64>,
-    /// The slot of `head`, or an older one: raised after `head` moves. A deposit in this slot
-    /// reads only this word, which changes once a slot, not `head`, which every granted
-    /// withdrawal changes.
-    slot: CachePadded<AtomicU64>,
-    /// For slot `s`, at index `s & index_mask`: the counts when `s` became current. The
-    /// length is the number of slots rounded up to a power of two, so the slots of one
-    /// window never share a record and indexing needs no division.
-    starts: Box<[SlotStart]>,
-    index_mask: u64,
-    origin: Instant,
-    slot_nanos: u64,
+/// - The ratio is kept in millionths (0.1234567 acts as 0.123457), and the allowance is
+///   computed in integers: no rounding beyond that.
+/// - Every granted withdrawal keeps `retries <= ratio * first_attempts + floor` in the
+///   window it was checked against, with the withdrawals counted exactly at the moment it
+///   was granted. Deposits still in flight on other threads may be missed by a withdrawal
+///   (it is then stricter, never more generous); a deposit is never lost.
+/// - A withdrawal by a thread that read the clock before another thread's withdrawal in a
+///   newer slot is checked against the newer slot's window.
+/// - At most 16,777,215 (2^24 - 1) retries are allowed in one slot, and deposits saturate
+///   at 4,294,967,295 per slot and stripe, however large the ratio and the traffic.
+/// - Slots are numbered from the clock's origin; see [`Window`]'s limits for how long a
+///   slot number lasts.
+pub struct RetryBudget<C: Clock = TokioClock> {
+    window: Window<1, C>,
+    ratio: f64,
+    min_retries_per_sec: u32,
     ratio_units: u64,
     floor_units: u64,
     allowed: metrics::Counter,
     refused: metrics::Counter,
-    config: RetryBudgetBuilder,
-}
-
-/// The cumulative counts at the start of one slot.
-#[derive(Debug)]
-struct SlotStart {
-    /// `slot << 28 | withdrawals`, written after `deposits`.
-    tag: AtomicU64,
-    /// Deposits when the slot began; only ever raised (`fetch_max`), so a late writer from
-    /// an older slot cannot lower it.
-    deposits: AtomicU64,
-}
-
-/// Keeps a hot atomic on its own cache line, so deposits and withdrawals from different
-/// cores do not invalidate each other's unrelated data.
-#[derive(Debug, Default)]
-#[repr(align(128))]
-struct CachePadded<T>(T);
-
-impl std::ops::Deref for CachePadded<AtomicU64> {
-    type Target = AtomicU64;
-    fn deref(&self) -> &AtomicU64 {
-        &self.0
-    }
-}
-
-const fn pack(epoch: u64, withdrawals: u64) -> u64 {
-    (epoch << COUNT_BITS) | (withdrawals & COUNT_MASK)
-}
-
-const fn epoch_of(word: u64) -> u64 {
-    word >> COUNT_BITS
-}
-
-const fn count_of(word: u64) -> u64 {
-    word & COUNT_MASK
-}
-
-/// Whether withdrawal count `a` is later than `b`. Counts wrap at 2^28; two counts read
-/// around one slot boundary differ by at most an allowance, under 2^27. A misjudged order
-/// could only keep an older (smaller) count, which counts more withdrawals in the window:
-/// stricter, never more generous.
-const fn count_after(a: u64, b: u64) -> bool {
-    let d = a.wrapping_sub(b) & COUNT_MASK;
-    d != 0 && d < (1 << (COUNT_BITS - 1))
 }
 
 impl RetryBudget {
+    /// The default ratio: retries may be 10% of first attempts (paper; Google SRE book).
+    pub const DEFAULT_RATIO: f64 = 0.1;
+    /// The default window: 10 seconds (Finagle, linkerd, tower's `TpsBudget`).
+    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
+    /// The default number of slots: 10, so the default window slides by 1 second.
+    pub const DEFAULT_SLOTS: u32 = 10;
+    /// The default floor: 1 retry per second of window (see [Defaults](#defaults) for why
+    /// not Finagle's 10).
+    pub const DEFAULT_MIN_RETRIES_PER_SEC: u32 = 1;
+    /// The largest ratio accepted: 1000 retries per first attempt, Finagle's bound.
+    pub const MAX_RATIO: f64 = 1000.0;
+    /// The longest window accepted: 1 hour; a budget over longer spans no longer reacts
+    /// to an outage.
+    pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
+    /// The most slots accepted: 64; a withdrawal reads every slot.
+    pub const MAX_SLOTS: u32 = 64;
+    /// The shortest slot (window divided by slots) accepted: 10 milliseconds.
+    pub const MIN_SLOT: Duration = Duration::from_millis(10);
+
+    /// A budget with the defaults: ratio 0.1, window 10 s in 10 slots, floor 1 retry per
+    /// second, on [`TokioClock`]. See [Defaults](#defaults) for their sources.
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("the default retry budget configuration is valid")
+    }
+
     /// A builder starting from the defaults (see [Defaults](#defaults)).
     pub fn builder() -> RetryBudgetBuilder {
         RetryBudgetBuilder::new()
     }
+}
 
+impl Default for RetryBudget {
+    /// The same as [`RetryBudget::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<C: Clock> RetryBudget<C> {
     /// The ratio of retries to first attempts.
     pub fn ratio(&self) -> f64 {
-        self.config.ratio
+        self.ratio
     }
 
     /// The length of the sliding window.
     pub fn window(&self) -> Duration {
-        self.config.window
+        self.window.window()
     }
 
     /// The number of slots the window slides by.
     pub fn slots(&self) -> u32 {
-        self.config.slots
+        self.window.slots()
     }
 
     /// The floor, in retries per second of window.
     pub fn min_retries_per_sec(&self) -> u32 {
-        self.config.min_retries_per_sec
+        self.min_retries_per_sec
     }
 
     /// How many retries the budget would allow now, without taking any.
     ///
-    /// A snapshot: concurrent deposits and withdrawals change it at once.
+    /// Only reads: it never moves the window. A snapshot: concurrent deposits and
+    /// withdrawals change it at once.
     pub fn remaining(&self) -> u64 {
-        let nanos = self.elapsed_nanos();
-        loop {
-            let seen = self.head.load(Ordering::Acquire);
-            let current = self.epoch_at(nanos, seen);
-            if epoch_of(seen) < current {
-                // The window has moved since the last call: count as if it had slid.
-                self.rotate(seen, current);
-                continue;
-            }
-            let Some((withdrawn, deposited)) = self.in_window(seen) else {
-                continue;
-            };
-            let earned = self.earned(deposited);
-            return (earned / u128::from(SCALE))
-                .saturating_sub(u128::from(withdrawn))
-                .try_into()
-                .unwrap_or(u64::MAX);
-        }
+        let counts = self.window.counts(self.window.slot_now());
+        let earned = self.earned(counts.added(DEPOSITS)) / u128::from(SCALE);
+        u64::try_from(earned)
+            .unwrap_or(u64::MAX)
+            .saturating_sub(counts.taken())
     }
 
-    /// Nanoseconds since the budget was built, by tokio's clock.
-    fn elapsed_nanos(&self) -> u64 {
-        let elapsed = Instant::now().saturating_duration_since(self.origin);
-        elapsed
-            .as_secs()
-            .saturating_mul(1_000_000_000)
-            .saturating_add(u64::from(elapsed.subsec_nanos()))
-    }
-
-    /// The slot at `nanos`, or `head`'s if that is as new: the common case, a call in the
-    /// current slot, costs a multiplication instead of a division.
-    fn epoch_at(&self, nanos: u64, head: u64) -> u64 {
-        let current = epoch_of(head);
-        if nanos < (current + 1).saturating_mul(self.slot_nanos) {
-            current
-        } else {
-            (nanos / self.slot_nanos).min(EPOCH_MAX)
-        }
-    }
-
-    fn start(&self, epoch: u64) -> &SlotStart {
-        // The mask is below the length of `starts`, so this never goes out of bounds.
-        &self.starts[(epoch & self.index_mask) as usize]
-    }
-
-    /// Allowance earned by `deposited` first attempts, in millionths of a retry, capped so
-    /// the window never allows more than [`MAX_RETRIES_PER_WINDOW`].
+    /// Allowance earned by `deposited` first attempts (and the floor), in millionths of a
+    /// retry.
     fn earned(&self, deposited: u64) -> u128 {
-        let earned =
-            u128::from(self.ratio_units) * u128::from(deposited) + u128::from(self.floor_units);
-        earned.min(u128::from(MAX_RETRIES_PER_WINDOW) * u128::from(SCALE))
-    }
-
-    /// Withdrawals and deposits in the window ending at the slot of `head`, or `None` if
-    /// the slot records were reused meanwhile (the caller reloads `head`).
-    fn in_window(&self, head: u64) -> Option<(u64, u64)> {
-        let current = epoch_of(head);
-        let n = u64::from(self.config.slots);
-        // NOTE: the oldest slot with a record is the start of the window: a slot without
-        // one saw no calls, so the counts at the start of the next recorded slot are the
-        // counts at the end of the last slot before the window.
-        for epoch in current.saturating_sub(n - 1)..=current {
-            let start = self.start(epoch);
-            let tag = start.tag.load(Ordering::Acquire);
-            if epoch_of(tag) == epoch {
-                let withdrawn = count_of(head).wrapping_sub(count_of(tag)) & COUNT_MASK;
-                // Read after the tag (acquire): at least the value written with it.
-                let deposited_before = start.deposits.load(Ordering::Acquire);
-                let deposited = self
-                    .deposits
-                    .load(Ordering::Acquire)
-                    .saturating_sub(deposited_before);
-                return Some((withdrawn, deposited));
-            }
-        }
-        None
-    }
-
-    /// Makes slot `to` current, if `head` still reads `seen` (an older slot).
-    fn rotate(&self, seen: u64, to: u64) {
-        let withdrawn = count_of(seen);
-        let start = self.start(to);
-        // NOTE: deposits first, then the tag (release): a reader that sees the tag sees
-        // a deposit count at least this recent. `fetch_max` because deposits only grow,
-        // so a late writer for an older slot can only leave a larger (stricter) value.
-        start
-            .deposits
-            .fetch_max(self.deposits.load(Ordering::Acquire), Ordering::AcqRel);
-        let new_tag = pack(to, withdrawn);
-        let mut tag = start.tag.load(Ordering::Acquire);
-        loop {
-            let (epoch, count) = (epoch_of(tag), count_of(tag));
-            // A newer slot's record, or a later count of the same slot, is already there.
-            if epoch > to || (epoch == to && !count_after(withdrawn, count)) {
-                break;
-            }
-            match start
-                .tag
-                .compare_exchange_weak(tag, new_tag, Ordering::AcqRel, Ordering::Acquire)
-            {
-                Ok(_) => break,
-                Err(actual) => tag = actual,
-            }
-        }
-        // NOTE: the slot's record is written before `head` moves to it, so whoever sees
-        // the new `head` finds the record. Failure means someone else moved `head`, or a
-        // withdrawal raised the count; the caller reloads and tries again.
-        if self
-            .head
-            .compare_exchange(
-                seen,
-                pack(to, withdrawn),
-                Ordering::AcqRel,
-                Ordering::Relaxed,
-            )
-            .is_ok()
-        {
-            self.slot.fetch_max(to, Ordering::Relaxed);
-        }
+        u128::from(self.ratio_units) * u128::from(deposited) + u128::from(self.floor_units)
     }
 }
 
-impl Budget for RetryBudget {
+impl<C: Clock> Budget for RetryBudget<C> {
+    #[inline]
     fn deposit(&self) {
-        let nanos = self.elapsed_nanos();
-        // NOTE: `slot` never runs ahead of `head`, so a call within its slot is within
-        // `head`'s too: nothing to rotate.
-        let slot = self.slot.load(Ordering::Relaxed);
-        if nanos >= (slot + 1).saturating_mul(self.slot_nanos) {
-            let mut seen = self.head.load(Ordering::Acquire);
-            loop {
-                let now = self.epoch_at(nanos, seen);
-                if epoch_of(seen) >= now {
-                    break;
-                }
-                self.rotate(seen, now);
-                seen = self.head.load(Ordering::Acquire);
-            }
-            self.slot.fetch_max(epoch_of(seen), Ordering::Relaxed);
-        }
-        self.deposits.fetch_add(1, Ordering::Relaxed);
+        self.window.add(self.window.slot_now(), DEPOSITS, 1);
     }
 
     fn withdraw(&self) -> bool {
-        let nanos = self.elapsed_nanos();
-        loop {
-            let seen = self.head.load(Ordering::Acquire);
-            let epoch = epoch_of(seen);
-            let now = self.epoch_at(nanos, seen);
-            if epoch < now {
-                self.rotate(seen, now);
-                continue;
-            }
-            let Some((withdrawn, deposited)) = self.in_window(seen) else {
-                continue;
-            };
-            let wanted = u128::from(withdrawn + 1) * u128::from(SCALE);
-            if wanted > self.earned(deposited) {
-                self.refused.increment(1);
-                return false;
-            }
-            // NOTE: the whole decision rests on `seen`: if any withdrawal (or a new slot)
-            // got in between, the swap fails and the check is made again on fresh counts.
-            // This is what keeps concurrent withdrawals from overdrawing.
-            if self
-                .head
-                .compare_exchange_weak(
-                    seen,
-                    pack(epoch, count_of(seen) + 1),
-                    Ordering::AcqRel,
-                    Ordering::Relaxed,
-                )
-                .is_ok()
-            {
-                self.allowed.increment(1);
-                return true;
-            }
+        let slot = self.window.slot_now();
+        // NOTE: the window calls this with the withdrawals exact as of the moment the retry
+        // is granted (it re-checks if another withdrawal got in first): never an overdraw.
+        let granted = self.window.try_take(slot, |counts| {
+            u128::from(counts.taken() + 1) * u128::from(SCALE)
+                <= self.earned(counts.added(DEPOSITS))
+        });
+        if granted {
+            self.allowed.increment(1);
+        } else {
+            self.refused.increment(1);
         }
+        granted
     }
 }
 
-impl Default for RetryBudget {
-    /// The defaults: ratio 0.1, window 10 s in 10 slots, floor 1 retry per second. See
-    /// [Defaults](#defaults) for their sources.
-    fn default() -> Self {
-        RetryBudgetBuilder::new()
-            .build()
-            .expect("the default retry budget configuration is valid")
-    }
-}
-
-impl fmt::Debug for RetryBudget {
+impl<C: Clock> fmt::Debug for RetryBudget<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // NOTE: `remaining` only reads (regression: it used to move the window, so printing
+        // a budget changed it).
         f.debug_struct("RetryBudget")
-            .field("ratio", &self.config.ratio)
-            .field("window", &self.config.window)
-            .field("slots", &self.config.slots)
-            .field("min_retries_per_sec", &self.config.min_retries_per_sec)
+            .field("ratio", &self.ratio)
+            .field("window", &self.window())
+            .field("slots", &self.slots())
+            .field("min_retries_per_sec", &self.min_retries_per_sec)
             .field("remaining", &self.remaining())
             .finish()
     }
 }
 
-/// Builds a [`RetryBudget`]; every setting starts at its default.
+/// Builds a [`RetryBudget`]; every setting starts at its default (see
+/// [Defaults](RetryBudget#defaults)).
 ///
-/// [`build`](Self::build) checks the settings; see [`InvalidBudget`] for the rules.
-#[derive(Clone, Debug)]
-pub struct RetryBudgetBuilder {
+/// [`build`](Self::build) checks the settings and names the one that is wrong.
+pub struct RetryBudgetBuilder<C: Clock = TokioClock> {
     ratio: f64,
     window: Duration,
     slots: u32,
     min_retries_per_sec: u32,
+    clock: C,
+}
+
+impl RetryBudgetBuilder {
+    /// A builder with the defaults: ratio 0.1, window 10 s, 10 slots, 1 retry per second,
+    /// [`TokioClock`].
+    pub fn new() -> Self {
+        Self {
+            ratio: RetryBudget::DEFAULT_RATIO,
+            window: RetryBudget::DEFAULT_WINDOW,
+            slots: RetryBudget::DEFAULT_SLOTS,
+            min_retries_per_sec: RetryBudget::DEFAULT_MIN_RETRIES_PER_SEC,
+            clock: TokioClock::new(),
+        }
+    }
 }
 
 impl Default for RetryBudgetBuilder {
@@ -494,177 +337,147 @@ impl Default for RetryBudgetBuilder {
     }
 }
 
-impl RetryBudgetBuilder {
-    /// The default ratio: retries may be 10% of first attempts (paper; Google SRE book).
-    pub const DEFAULT_RATIO: f64 = 0.1;
-    /// The default window: 10 seconds (Finagle, linkerd, tower's `TpsBudget`).
-    pub const DEFAULT_WINDOW: Duration = Duration::from_secs(10);
-    /// The default number of slots: 10, so the default window slides by 1 second.
-    pub const DEFAULT_SLOTS: u32 = 10;
-    /// The default floor: 1 retry per second of window.
-    pub const DEFAULT_MIN_RETRIES_PER_SEC: u32 = 1;
-    /// The largest ratio accepted: 1000 retries per first attempt, Finagle's bound.
-    pub const MAX_RATIO: f64 = 1000.0;
-    /// The longest window accepted: 1 hour; a budget over longer spans no longer reacts
-    /// to an outage.
-    pub const MAX_WINDOW: Duration = Duration::from_secs(3600);
-    /// The most slots accepted: 64; a withdrawal may look at every slot.
-    pub const MAX_SLOTS: u32 = 64;
-    /// The shortest slot (window divided by slots) accepted: 10 milliseconds.
-    pub const MIN_SLOT: Duration = Duration::from_millis(10);
-
-    /// A builder with the defaults: ratio 0.1, window 10 s, 10 slots, 1 retry per second.
-    pub const fn new() -> Self {
-        Self {
-            ratio: Self::DEFAULT_RATIO,
-            window: Self::DEFAULT_WINDOW,
-            slots: Self::DEFAULT_SLOTS,
-            min_retries_per_sec: Self::DEFAULT_MIN_RETRIES_PER_SEC,
-        }
-    }
-
-    /// Retries allowed per first attempt in the window. Default 0.1.
+impl<C: Clock> RetryBudgetBuilder<C> {
+    /// Retries allowed per first attempt in the window. Default: 0.1 (10%, the paper's and
+    /// the SRE book's retry budget).
     ///
-    /// Must be finite, and from 0 to [`MAX_RATIO`](Self::MAX_RATIO). At 0 only the floor
+    /// Must be finite, and from 0 to [`RetryBudget::MAX_RATIO`] (1000). At 0 only the floor
     /// allows retries.
     pub const fn ratio(mut self, ratio: f64) -> Self {
         self.ratio = ratio;
         self
     }
 
-    /// How far back deposits and withdrawals count. Default 10 seconds.
+    /// How far back deposits and withdrawals count. Default: 10 seconds (Finagle, linkerd,
+    /// tower's `TpsBudget`).
     ///
-    /// Must be more than zero and at most [`MAX_WINDOW`](Self::MAX_WINDOW).
+    /// Must be more than zero and at most [`RetryBudget::MAX_WINDOW`] (1 hour).
     pub const fn window(mut self, window: Duration) -> Self {
         self.window = window;
         self
     }
 
-    /// Into how many slots the window is cut; it slides one slot at a time. Default 10.
+    /// Into how many slots the window is cut; it slides one slot at a time. Default: 10, so
+    /// the default window slides by 1 second.
     ///
-    /// Must be from 1 to [`MAX_SLOTS`](Self::MAX_SLOTS), and each slot at least
-    /// [`MIN_SLOT`](Self::MIN_SLOT) long. More slots slide more smoothly; each withdrawal
-    /// may look at every slot, so keep the number small.
+    /// Must be from 1 to [`RetryBudget::MAX_SLOTS`] (64), and each slot at least
+    /// [`RetryBudget::MIN_SLOT`] (10 ms) long. More slots slide more smoothly; each
+    /// withdrawal reads every slot, so keep the number small.
     pub const fn slots(mut self, slots: u32) -> Self {
         self.slots = slots;
         self
     }
 
     /// Retries allowed per second of window whatever the traffic, added to the ratio's
-    /// allowance. Default 1 (10 retries in the default window). 0 disables the floor.
+    /// allowance. Default: 1 (10 retries in the default window; see
+    /// [Defaults](RetryBudget#defaults) for why not Finagle's 10). 0 disables the floor.
     pub const fn min_retries_per_sec(mut self, min_retries_per_sec: u32) -> Self {
         self.min_retries_per_sec = min_retries_per_sec;
         self
     }
 
-    /// Builds the budget; its window starts now (by [`tokio::time::Instant`]).
+    /// The clock the budget reads. Default: [`TokioClock`], which follows tokio's paused
+    /// time; [`CoarseClock`](overload_signal::clock::CoarseClock) costs less per call (see
+    /// [Defaults](RetryBudget#defaults) for what it changes).
+    pub fn clock<C2: Clock>(self, clock: C2) -> RetryBudgetBuilder<C2> {
+        RetryBudgetBuilder {
+            ratio: self.ratio,
+            window: self.window,
+            slots: self.slots,
+            min_retries_per_sec: self.min_retries_per_sec,
+            clock,
+        }
+    }
+
+    /// Builds the budget; its slots are counted from the clock's origin.
     ///
     /// The budget's metrics are registered here, with the recorder installed at this
     /// moment: install the recorder before building budgets.
     ///
     /// # Errors
     ///
-    /// [`InvalidBudget`] if a setting breaks one of the rules listed there.
-    pub fn build(&self) -> Result<RetryBudget, InvalidBudget> {
+    /// A [`ConfigError`] naming the setting when: `ratio` is not finite, or not from 0 to
+    /// 1000; `window` is zero or longer than one hour; `slots` is not from 1 to 64; a slot
+    /// (`window / slots`) is shorter than 10 milliseconds.
+    pub fn build(self) -> Result<RetryBudget<C>, ConfigError> {
         if !self.ratio.is_finite() {
-            return Err(InvalidBudget(Kind::RatioNotFinite));
+            return Err(ConfigError::not_finite("ratio", self.ratio));
         }
-        if self.ratio < 0.0 {
-            return Err(InvalidBudget(Kind::RatioNegative));
+        if !(0.0..=RetryBudget::MAX_RATIO).contains(&self.ratio) {
+            return Err(ConfigError::out_of_range(
+                "ratio",
+                self.ratio,
+                "within 0..=1000",
+            ));
         }
-        if self.ratio > Self::MAX_RATIO {
-            return Err(InvalidBudget(Kind::RatioTooLarge));
+        if self.window.is_zero() || self.window > RetryBudget::MAX_WINDOW {
+            return Err(ConfigError::out_of_range(
+                "window",
+                self.window,
+                "more than zero and at most 1h",
+            ));
         }
-        if self.window.is_zero() {
-            return Err(InvalidBudget(Kind::WindowZero));
-        }
-        if self.window > Self::MAX_WINDOW {
-            return Err(InvalidBudget(Kind::WindowTooLong));
-        }
-        if self.slots == 0 || self.slots > Self::MAX_SLOTS {
-            return Err(InvalidBudget(Kind::Slots));
+        if self.slots == 0 || self.slots > RetryBudget::MAX_SLOTS {
+            return Err(ConfigError::out_of_range(
+                "slots",
+                self.slots,
+                "within 1..=64",
+            ));
         }
         let slot = self.window / self.slots;
-        if slot < Self::MIN_SLOT {
-            return Err(InvalidBudget(Kind::SlotTooShort));
+        if slot < RetryBudget::MIN_SLOT {
+            return Err(ConfigError::conflict(
+                "slots",
+                format_args!(
+                    "window ({:?}) divided by slots ({}) must be at least 10ms, got {slot:?}",
+                    self.window, self.slots
+                ),
+            ));
         }
-        let slot_nanos = u64::try_from(slot.as_nanos()).unwrap_or(u64::MAX);
+        let window = Window::<1>::builder()
+            .window(self.window)
+            .slots(self.slots)
+            .clock(self.clock)
+            .build()?;
+        // The ratio is at most 1000: at most 10^9 millionths, exact in an f64 and a u64.
         let ratio_units = (self.ratio * SCALE as f64).round() as u64;
-        // retries/s * window in ns / 1e9 * SCALE, with SCALE = 1e6: exact in u128.
+        // retries/s * window in ns / 1e9 * SCALE, with SCALE = 1e6: exact in u128, at most
+        // 2^32 * 3.6e12 / 1e3 < 2^64.
         let floor_units = u128::from(self.min_retries_per_sec) * self.window.as_nanos() / 1_000;
         let floor_units = u64::try_from(floor_units).unwrap_or(u64::MAX);
-        let records = self.slots.next_power_of_two();
-        let starts = (0..records)
-            .map(|_| SlotStart {
-                // Slot 0 starts with nothing deposited or withdrawn; the other records
-                // hold slot 0, which never maps to their index, so they read as empty.
-                tag: AtomicU64::new(pack(0, 0)),
-                deposits: AtomicU64::new(0),
-            })
-            .collect();
         Ok(RetryBudget {
-            head: CachePadded(AtomicU64::new(pack(0, 0))),
-            deposits: CachePadded(AtomicU64::new(0)),
-            slot: CachePadded(AtomicU64::new(0)),
-            starts,
-            index_mask: u64::from(records - 1),
-            origin: Instant::now(),
-            slot_nanos,
+            window,
+            ratio: self.ratio,
+            min_retries_per_sec: self.min_retries_per_sec,
             ratio_units,
             floor_units,
             allowed: metrics::counter!(RETRIES_ALLOWED),
             refused: metrics::counter!(RETRIES_REFUSED),
-            config: self.clone(),
         })
     }
 }
 
-/// A [`RetryBudget`] setting is invalid.
-///
-/// The rules [`RetryBudgetBuilder::build`] checks:
-///
-/// - the ratio is a finite number, not negative, and at most 1000;
-/// - the window is more than zero and at most one hour;
-/// - the number of slots is from 1 to 64;
-/// - a slot (the window divided by the number of slots) is at least 10 milliseconds.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidBudget(Kind);
-
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-enum Kind {
-    RatioNotFinite,
-    RatioNegative,
-    RatioTooLarge,
-    WindowZero,
-    WindowTooLong,
-    Slots,
-    SlotTooShort,
-}
-
-impl fmt::Display for InvalidBudget {
+impl<C: Clock> fmt::Debug for RetryBudgetBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.0 {
-            Kind::RatioNotFinite => "retry budget ratio must be a finite number",
-            Kind::RatioNegative => "retry budget ratio must not be negative",
-            Kind::RatioTooLarge => "retry budget ratio must be at most 1000",
-            Kind::WindowZero => "retry budget window must be more than zero",
-            Kind::WindowTooLong => "retry budget window must be at most one hour",
-            Kind::Slots => "retry budget slots must be from 1 to 64",
-            Kind::SlotTooShort => {
-                "retry budget slot (window divided by slots) must be at least 10 milliseconds"
-            }
-        })
+        f.debug_struct("RetryBudgetBuilder")
+            .field("ratio", &self.ratio)
+            .field("window", &self.window)
+            .field("slots", &self.slots)
+            .field("min_retries_per_sec", &self.min_retries_per_sec)
+            .finish_non_exhaustive()
     }
 }
 
-impl std::error::Error for InvalidBudget {}
+#[cfg(all(test, loom))]
+mod loom_tests;
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use overload_signal::clock::{CoarseClock, FakeClock};
     use proptest::prelude::*;
     use std::sync::Arc;
-    use std::sync::atomic::AtomicUsize;
+    use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 
     fn budget(ratio: f64, window: Duration, slots: u32, floor: u32) -> RetryBudget {
         RetryBudget::builder()
@@ -676,7 +489,7 @@ mod tests {
             .unwrap()
     }
 
-    fn drain(b: &RetryBudget) -> usize {
+    fn drain(b: &impl Budget) -> usize {
         let mut n = 0;
         while b.withdraw() {
             n += 1;
@@ -685,7 +498,7 @@ mod tests {
         n
     }
 
-    fn deposit(b: &RetryBudget, n: usize) {
+    fn deposit(b: &impl Budget, n: usize) {
         for _ in 0..n {
             b.deposit();
         }
@@ -720,7 +533,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn default_is_ten_percent_plus_one_per_second() {
-        let b = RetryBudget::default();
+        let b = RetryBudget::new();
         assert!((b.ratio() - 0.1).abs() < f64::EPSILON);
         assert_eq!(b.window(), Duration::from_secs(10));
         assert_eq!(b.slots(), 10);
@@ -836,50 +649,79 @@ mod tests {
     }
 
     #[test]
-    fn invalid_settings_are_refused_with_clear_messages() {
-        let cases: [(RetryBudgetBuilder, &str); 9] = [
+    fn invalid_settings_are_refused_by_name() {
+        use overload_signal::ConfigErrorKind::{Conflict, NotFinite, OutOfRange};
+        let cases: [(RetryBudgetBuilder, &str, _, &str); 10] = [
             (
                 RetryBudget::builder().ratio(f64::NAN),
-                "retry budget ratio must be a finite number",
+                "ratio",
+                NotFinite,
+                "ratio must be a finite number, got NaN",
             ),
             (
                 RetryBudget::builder().ratio(f64::INFINITY),
-                "retry budget ratio must be a finite number",
+                "ratio",
+                NotFinite,
+                "ratio must be a finite number, got inf",
             ),
             (
                 RetryBudget::builder().ratio(-0.1),
-                "retry budget ratio must not be negative",
+                "ratio",
+                OutOfRange,
+                "ratio must be within 0..=1000, got -0.1",
             ),
             (
                 RetryBudget::builder().ratio(1000.5),
-                "retry budget ratio must be at most 1000",
+                "ratio",
+                OutOfRange,
+                "ratio must be within 0..=1000, got 1000.5",
             ),
             (
                 RetryBudget::builder().window(Duration::ZERO),
-                "retry budget window must be more than zero",
+                "window",
+                OutOfRange,
+                "window must be more than zero and at most 1h, got 0ns",
             ),
             (
                 RetryBudget::builder().window(Duration::from_secs(3601)),
-                "retry budget window must be at most one hour",
+                "window",
+                OutOfRange,
+                "window must be more than zero and at most 1h, got 3601s",
             ),
             (
                 RetryBudget::builder().slots(0),
-                "retry budget slots must be from 1 to 64",
+                "slots",
+                OutOfRange,
+                "slots must be within 1..=64, got 0",
             ),
             (
                 RetryBudget::builder().slots(65),
-                "retry budget slots must be from 1 to 64",
+                "slots",
+                OutOfRange,
+                "slots must be within 1..=64, got 65",
             ),
             (
                 RetryBudget::builder()
                     .window(Duration::from_millis(99))
                     .slots(10),
-                "retry budget slot (window divided by slots) must be at least 10 milliseconds",
+                "slots",
+                Conflict,
+                "window (99ms) divided by slots (10) must be at least 10ms, got 9.9ms",
+            ),
+            (
+                RetryBudget::builder()
+                    .window(Duration::from_millis(100))
+                    .slots(11),
+                "slots",
+                Conflict,
+                "window (100ms) divided by slots (11) must be at least 10ms, got 9.090909ms",
             ),
         ];
-        for (builder, message) in cases {
+        for (builder, field, kind, message) in cases {
+            let shown = format!("{builder:?}");
             let err = builder.build().unwrap_err();
-            assert_eq!(err.to_string(), message, "{builder:?}");
+            assert_eq!((err.field(), err.kind()), (field, kind), "{shown}");
+            assert_eq!(err.to_string(), message, "{shown}");
         }
         // The bounds themselves are valid.
         RetryBudget::builder()
@@ -897,12 +739,69 @@ mod tests {
     }
 
     #[test]
-    fn count_order_wraps() {
-        assert!(count_after(1, 0));
-        assert!(!count_after(0, 0));
-        assert!(!count_after(0, 1));
-        assert!(count_after(0, COUNT_MASK));
-        assert!(count_after(3, COUNT_MASK - 2));
+    fn defaults_are_the_associated_constants() {
+        let b = RetryBudget::new();
+        assert_eq!(b.ratio().to_bits(), RetryBudget::DEFAULT_RATIO.to_bits());
+        assert_eq!(b.window(), RetryBudget::DEFAULT_WINDOW);
+        assert_eq!(b.slots(), RetryBudget::DEFAULT_SLOTS);
+        assert_eq!(
+            b.min_retries_per_sec(),
+            RetryBudget::DEFAULT_MIN_RETRIES_PER_SEC
+        );
+    }
+
+    /// A budget on a clock the test moves, without a tokio runtime.
+    #[test]
+    fn any_clock_moves_the_window() {
+        let clock = FakeClock::new();
+        let b = RetryBudget::builder()
+            .ratio(0.5)
+            .window(Duration::from_secs(2))
+            .slots(2)
+            .min_retries_per_sec(0)
+            .clock(clock.clone())
+            .build()
+            .unwrap();
+        deposit(&b, 4);
+        clock.advance(Duration::from_secs(1));
+        assert_eq!(b.remaining(), 2);
+        assert!(b.withdraw());
+        clock.advance(Duration::from_secs(1));
+        // The deposits' slot left; the withdrawal's (slot 1) is still in the window.
+        assert_eq!(b.remaining(), 0);
+        deposit(&b, 4);
+        assert_eq!(b.remaining(), 1);
+        assert_eq!(
+            format!("{b:?}"),
+            "RetryBudget { ratio: 0.5, window: 2s, slots: 2, min_retries_per_sec: 0, remaining: 1 }"
+        );
+    }
+
+    /// The opt-in coarse clock: the same exact arithmetic.
+    #[test]
+    fn coarse_clock_budget_is_exact_too() {
+        let b = RetryBudget::builder()
+            .ratio(0.6)
+            .window(Duration::from_secs(3600))
+            .min_retries_per_sec(0)
+            .clock(CoarseClock::new())
+            .build()
+            .unwrap();
+        deposit(&b, 10);
+        assert_eq!(drain(&b), 6);
+    }
+
+    /// A tiny ratio over huge traffic: the allowance is computed in 128-bit integers.
+    #[test]
+    fn allowance_does_not_overflow() {
+        let b = RetryBudget::builder()
+            .ratio(1000.0)
+            .min_retries_per_sec(u32::MAX)
+            .window(Duration::from_secs(3600))
+            .build()
+            .unwrap();
+        assert!(b.remaining() > u64::from(u32::MAX));
+        assert!(b.withdraw());
     }
 
     /// The no-overdraw property: many tasks on a multi-threaded runtime race to withdraw
@@ -912,7 +811,7 @@ mod tests {
         for round in 0..20 {
             // A window far longer than the test, so nothing expires while it runs.
             let b = Arc::new(budget(0.6, Duration::from_secs(3600), 10, 0));
-            deposit(&b, 1000 + round);
+            deposit(&*b, 1000 + round);
             let allowance = (1000 + round) * 6 / 10;
             let granted = Arc::new(AtomicUsize::new(0));
             let tasks: Vec<_> = (0..64)
@@ -977,7 +876,7 @@ mod tests {
         assert_eq!(d, 40_000);
         assert!(g <= d / 4, "granted {g} of {d}");
         // Whatever was refused during the race is still there, exactly.
-        assert_eq!(g + drain(&b), d / 4);
+        assert_eq!(g + drain(&*b), d / 4);
     }
 
     #[tokio::test(start_paused = true)]

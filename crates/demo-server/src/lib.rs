@@ -24,7 +24,7 @@
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = Stack::Full {
-//!     overload: OverloadSignalLayer::default(),
+//!     overload: OverloadSignalLayer::new(),
 //!     rate_limit: RateLimitConfig { rate: 250, burst: Some(5), ..Default::default() }.layer()?,
 //! };
 //! let model = Model::new(LatencyModel::default());

@@ -9,8 +9,8 @@ use demo_server::model::{LatencyModel, Model};
 use http::{Request, StatusCode};
 use http_body_util::BodyExt;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use overload_signal::OverloadSignalLayer;
 use overload_signal::protocol::{Attempt, RATELIMIT, RATELIMIT_POLICY, is_stop_signal};
-use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
 use ratelimit_layer::config::RateLimitConfig;
 use tower::ServiceExt;
 
@@ -25,7 +25,7 @@ async fn body_text(response: http::Response<Body>) -> String {
 
 fn full_stack(rate: u32, burst: u32) -> Stack {
     Stack::Full {
-        overload: OverloadSignalLayer::new(AttemptHistogram::default(), StopRule::default()),
+        overload: OverloadSignalLayer::new(),
         rate_limit: RateLimitConfig {
             rate,
             burst: Some(burst),

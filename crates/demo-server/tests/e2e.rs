@@ -15,10 +15,10 @@ use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use metrics_exporter_prometheus::PrometheusBuilder;
+use overload_signal::OverloadSignalLayer;
 use overload_signal::protocol::{
     self, Protocol, RATELIMIT, RATELIMIT_POLICY, RateLimitStatus, is_stop_signal, parse_retry_after,
 };
-use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
 use ratelimit_layer::config::RateLimitConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
@@ -59,7 +59,7 @@ async fn a_burst_above_the_limit_gets_429s_with_headers_and_metrics_count_them()
     // recorder sees everything the server records.
     let _local = metrics::set_default_local_recorder(&recorder);
     let stack = Stack::Full {
-        overload: OverloadSignalLayer::new(AttemptHistogram::default(), StopRule::default()),
+        overload: OverloadSignalLayer::new(),
         rate_limit: RateLimitConfig {
             rate: 5,
             burst: Some(5),
@@ -234,7 +234,7 @@ async fn a_downstream_stop_signal_reaches_the_caller_without_retries() {
 
     // A middle tier with the full stack, and one without: both answer with the stop signal.
     let full = Stack::Full {
-        overload: OverloadSignalLayer::default(),
+        overload: OverloadSignalLayer::new(),
         rate_limit: RateLimitConfig::default().layer().unwrap(),
     };
     for stack in [full, Stack::None] {

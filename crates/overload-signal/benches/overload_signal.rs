@@ -2,7 +2,8 @@
 //!
 //! - `record/*`: reading the attempt counter and recording it in the histogram, against a
 //!   bare atomic increment (the floor for any shared counter) and a read of the clock
-//!   (which every record makes);
+//!   (which every record makes): tokio's clock (the default) and the coarse clock (the
+//!   opt-in `clock::CoarseClock`), each with the histogram on that clock;
 //! - `layer/*`: a request through `OverloadSignal` on the admitted path (the inner service
 //!   answers 200), against the same inner service without the layer.
 //!
@@ -18,6 +19,7 @@ use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response};
+use overload_signal::clock::{Clock, CoarseClock};
 use overload_signal::protocol::{Attempt, X_REQUEST_ATTEMPT};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use tower::{Layer, Service, service_fn};
@@ -52,9 +54,18 @@ fn record(c: &mut Criterion) {
     group.bench_function("anchor_tokio_instant_now", |b| {
         b.iter(tokio::time::Instant::now);
     });
-    let histogram = AttemptHistogram::default();
+    let coarse = CoarseClock::new();
+    group.bench_function("anchor_coarse_clock", |b| b.iter(|| coarse.now()));
+    let histogram = AttemptHistogram::new();
     group.bench_function("histogram_record", |b| {
         b.iter(|| histogram.record(black_box(Attempt::Number(1))));
+    });
+    let coarse_histogram = AttemptHistogram::builder()
+        .clock(CoarseClock::new())
+        .build()
+        .unwrap();
+    group.bench_function("histogram_record_coarse_clock", |b| {
+        b.iter(|| coarse_histogram.record(black_box(Attempt::Number(1))));
     });
     let req = request();
     group.bench_function("parse_header_and_record", |b| {
@@ -75,7 +86,7 @@ fn layer(c: &mut Criterion) {
             criterion::BatchSize::SmallInput,
         );
     });
-    let mut layered = OverloadSignalLayer::default().layer(inner);
+    let mut layered = OverloadSignalLayer::new().layer(inner);
     group.bench_function("overload_signal_admitted", |b| {
         b.iter_batched(
             request,

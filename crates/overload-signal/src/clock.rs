@@ -8,6 +8,10 @@
 //! - [`TokioClock`], the default everywhere, reads [`tokio::time::Instant`], so tests that
 //!   pause tokio's time (`#[tokio::test(start_paused = true)]`, `tokio::time::advance`)
 //!   move every limiter, budget and histogram with it;
+//! - [`CoarseClock`] reads the operating system's coarse monotonic clock: a few nanoseconds
+//!   instead of tens, in steps of the kernel's tick (1 to 10 ms). Opt in where the clock read
+//!   is most of the cost (a retry budget, a histogram on every request) and slots of 10 ms
+//!   or more make a tick's lateness irrelevant; it does not follow tokio's paused time;
 //! - `FakeClock` (with the `test-util` feature) moves only when told to, for tests that run
 //!   without a tokio runtime, and for property and model tests.
 //!
@@ -85,6 +89,111 @@ impl Clock for TokioClock {
     #[inline]
     fn now(&self) -> u64 {
         saturating_nanos(Instant::now().saturating_duration_since(self.origin))
+    }
+}
+
+/// The operating system's coarse monotonic clock, measured from when the clock was made.
+///
+/// On Linux, Android and FreeBSD it reads `CLOCK_MONOTONIC_COARSE`, which the kernel updates
+/// once a tick: reading it copies a value the kernel keeps (measured at 7 to 8 ns on a
+/// virtual machine whose precise clock, the one [`TokioClock`] reads, costs 30 to 40 ns),
+/// and it moves in steps of [`resolution`](Self::resolution) (4 ms on a kernel built with
+/// `HZ=250`). Elsewhere it reads the same clock as [`TokioClock`], at the same cost.
+///
+/// What choosing it changes:
+///
+/// - **Up to one tick late.** A record or a deposit made just after a slot boundary can be
+///   counted in the slot before, so a window slides up to one tick late. With the retry
+///   budget's slots (10 ms at the shortest, 1 s by default) or the attempt histogram's
+///   (1 s by default) that is a fraction of a slot; with slots close to the tick it is not,
+///   so keep slots several ticks wide.
+/// - **Not paused by tokio.** It ignores `tokio::time::pause()`: tests of code that uses it
+///   inject `FakeClock` (feature `test-util`) instead, through the same type parameter.
+/// - **No thread, no state.** The kernel keeps the time; nothing runs in the background and
+///   nothing needs to be started or stopped, and it keeps time while the process is starved
+///   of CPU, which is when an overload layer needs it.
+///
+/// ```
+/// use overload_signal::clock::{Clock, CoarseClock};
+///
+/// let clock = CoarseClock::new();
+/// let before = clock.now();
+/// assert!(clock.now() >= before);
+/// assert!(CoarseClock::resolution() <= std::time::Duration::from_millis(100));
+/// ```
+#[derive(Clone, Copy, Debug)]
+pub struct CoarseClock {
+    origin: u64,
+}
+
+impl CoarseClock {
+    /// A clock whose origin is now.
+    pub fn new() -> Self {
+        Self {
+            origin: coarse::now(),
+        }
+    }
+
+    /// The step in which the clock moves: the kernel's tick where the coarse clock is read
+    /// (1 to 10 ms), 1 ns where the precise clock is read instead.
+    pub fn resolution() -> Duration {
+        coarse::resolution()
+    }
+}
+
+impl Default for CoarseClock {
+    /// The same as [`CoarseClock::new`]: the origin is now.
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl Clock for CoarseClock {
+    #[inline]
+    fn now(&self) -> u64 {
+        coarse::now().saturating_sub(self.origin)
+    }
+}
+
+#[cfg(any(target_os = "linux", target_os = "android", target_os = "freebsd"))]
+mod coarse {
+    use std::time::Duration;
+
+    use rustix::time::{ClockId, Timespec, clock_getres, clock_gettime};
+
+    fn nanos(t: Timespec) -> u64 {
+        // A monotonic clock never reads negative; saturate rather than trust that blindly.
+        let secs = u64::try_from(t.tv_sec).unwrap_or(0);
+        let nanos = u64::try_from(t.tv_nsec).unwrap_or(0);
+        secs.saturating_mul(1_000_000_000).saturating_add(nanos)
+    }
+
+    #[inline]
+    pub(super) fn now() -> u64 {
+        nanos(clock_gettime(ClockId::MonotonicCoarse))
+    }
+
+    pub(super) fn resolution() -> Duration {
+        Duration::from_nanos(nanos(clock_getres(ClockId::MonotonicCoarse)).max(1))
+    }
+}
+
+#[cfg(not(any(target_os = "linux", target_os = "android", target_os = "freebsd")))]
+mod coarse {
+    use std::sync::OnceLock;
+    use std::time::Duration;
+
+    use tokio::time::Instant;
+
+    /// Where no coarse clock is known: the precise clock, since a process-wide origin.
+    pub(super) fn now() -> u64 {
+        static ORIGIN: OnceLock<Instant> = OnceLock::new();
+        let origin = *ORIGIN.get_or_init(Instant::now);
+        super::saturating_nanos(Instant::now().saturating_duration_since(origin))
+    }
+
+    pub(super) fn resolution() -> Duration {
+        Duration::from_nanos(1)
     }
 }
 
@@ -195,6 +304,28 @@ mod tests {
         assert_eq!(clock.now(), 250_000_000);
         let shared: Arc<dyn Clock> = Arc::new(clock);
         assert_eq!(shared.now(), 250_000_000);
+    }
+
+    #[test]
+    fn coarse_clock_is_monotonic_and_moves() {
+        let clock = CoarseClock::new();
+        let resolution = CoarseClock::resolution();
+        assert!(resolution >= Duration::from_nanos(1));
+        assert!(resolution <= Duration::from_millis(100), "{resolution:?}");
+        let mut last = clock.now();
+        // Spin (bounded) until the clock has moved by at least one step: it must move, and
+        // never backwards.
+        let mut moved = false;
+        for _ in 0..50_000_000u64 {
+            let now = clock.now();
+            assert!(now >= last);
+            last = now;
+            if now > 0 {
+                moved = true;
+                break;
+            }
+        }
+        assert!(moved, "the coarse clock never moved");
     }
 
     #[test]

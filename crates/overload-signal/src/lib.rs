@@ -15,7 +15,9 @@
 //! And the server side of the paper's second defence:
 //!
 //! - [`AttemptHistogram`]: a lock-free sliding-window histogram of the attempt counters a
-//!   server receives, and the share of them that are retries.
+//!   server receives, and the share of them that are retries, built on [`window`]: the one
+//!   time-slotted atomic window of the workspace, which the retry budget of `backoff-layer`
+//!   uses too.
 //! - [`OverloadSignalLayer`]: a Tower layer, outside the rate limiter, that records every
 //!   request, answers a rejection with "stop retrying" when the retry share says the whole
 //!   fleet is drowning in retries ([`StopRule`]), and passes a downstream stop signal up to
@@ -44,20 +46,23 @@
 //!
 //! ```
 //! use std::convert::Infallible;
+//! use std::time::Duration;
 //! use http::{Request, Response};
 //! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
 //! use tower::{ServiceBuilder, service_fn};
 //!
 //! // Defaults: a 10-second window; stop signal above a 5 % retry share over 200 requests.
-//! let layer = OverloadSignalLayer::default();
+//! let layer = OverloadSignalLayer::new();
 //!
 //! // Customised: a 30-second window in 30 buckets; above 10 % over 500 requests.
-//! let histogram = AttemptHistogram::new(
-//!     std::time::Duration::from_secs(30),
-//!     std::num::NonZeroU32::new(30).unwrap(),
-//! )
-//! .unwrap();
-//! let layer = OverloadSignalLayer::new(histogram.clone(), StopRule::new(0.10, 500).unwrap());
+//! let histogram = AttemptHistogram::builder()
+//!     .window(Duration::from_secs(30))
+//!     .buckets(30)
+//!     .build()?;
+//! let layer = OverloadSignalLayer::builder()
+//!     .histogram(histogram.clone())
+//!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
+//!     .build();
 //!
 //! let service = ServiceBuilder::new()
 //!     .layer(layer)
@@ -67,7 +72,16 @@
 //!     }));
 //! # drop(service);
 //! // `histogram.snapshot()` reads the window at any time.
+//! # Ok::<(), overload_signal::ConfigError>(())
 //! ```
+//!
+//! # Configuration
+//!
+//! Every configurable type has `new()` for its defaults and `builder()` with named
+//! setters; a `build()` that can fail returns [`ConfigError`], which names the setting,
+//! the value and the rule (`backoff-layer` and `ratelimit-layer` return the same type). Time
+//! is read through [`clock::Clock`]: tokio's clock by default, so tests run under paused
+//! time; [`clock::CoarseClock`] where the clock read is most of the cost.
 //!
 //! # Metrics
 //!
@@ -90,6 +104,10 @@
 //!   or any other server; only axum users should pay for axum.
 //! - `test-util` (off by default): `clock::FakeClock`, a clock that moves only when told
 //!   to, for tests of code that takes a [`clock::Clock`].
+//!
+//! Model tests of the lock-free code run under [loom](https://docs.rs/loom) with
+//! `RUSTFLAGS="--cfg loom"`; that `cfg` is not a feature and changes nothing in a normal
+//! build.
 
 #[cfg(feature = "axum")]
 mod axum;
@@ -102,8 +120,12 @@ pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
+mod sync;
+pub mod window;
 
 pub use config_error::{ConfigError, ConfigErrorKind};
 pub use error::{Overloaded, is_overloaded};
-pub use histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot, InvalidHistogram};
-pub use signal::{InvalidStopRule, OverloadSignal, OverloadSignalLayer, StopRule};
+pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
+pub use signal::{
+    OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,
+};

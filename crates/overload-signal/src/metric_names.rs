@@ -10,10 +10,11 @@
 //! | `overload_signal_window_requests` | gauge | `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | | the window's retry share, 0 when empty |
 //!
-//! The window gauges are set by [`AttemptSnapshot::export_metrics`](crate::AttemptSnapshot::export_metrics);
-//! [`OverloadSignal`](crate::OverloadSignal) calls it with the first request of each bucket
-//! (once a second by default), for the window that ended with the previous bucket. When
-//! traffic stops they keep their last value.
+//! [`OverloadSignal`](crate::OverloadSignal) sets the window gauges with the first request
+//! of each bucket (once a second by default), for the window that ended with the previous
+//! bucket; when traffic stops they keep their last value.
+//! [`AttemptSnapshot::export_metrics`](crate::AttemptSnapshot::export_metrics) sets the same
+//! gauges from any snapshot.
 
 /// Counter: rejections answered with the stop signal because the decision rule fired.
 pub const STOP_SIGNALS: &str = "overload_signal_stop_signals_total";

@@ -115,7 +115,7 @@ where
 async fn one_percent_transient_failures_never_trigger_the_stop_signal() {
     // Ten minutes of steady traffic, several seeds: 30,000 first tries each.
     for seed in 0..5 {
-        let layer = OverloadSignalLayer::default();
+        let layer = OverloadSignalLayer::new();
         let mut svc = server(&layer, 0.01, seed);
         let out = run(&mut svc, 600, None).await;
         // The rule was consulted hundreds of times (every rejection) and never fired.
@@ -133,13 +133,13 @@ async fn one_percent_transient_failures_never_trigger_the_stop_signal() {
 #[tokio::test(start_paused = true)]
 async fn retry_storm_triggers_the_stop_signal() {
     // The server rejects 60 % of requests; callers retry every rejection up to 3 attempts.
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = server(&layer, 0.6, 7);
     let out = run(&mut svc, 30, None).await;
     let first = out.first_stop_at.expect("the stop signal was sent");
     // Not before the window held the minimum of 200 requests (about 102 per second here:
     // 50 first tries, 30 first retries, 18 second retries), and soon after.
-    let rule = StopRule::default();
+    let rule = StopRule::new();
     assert!(first >= 1.9, "{out:?}");
     assert!(first < 3.0, "{out:?}");
     assert_eq!(rule.min_requests(), 200);
@@ -152,7 +152,7 @@ async fn retry_storm_triggers_the_stop_signal() {
 async fn full_outage_triggers_the_stop_signal_even_for_budget_keeping_clients() {
     // Everything is rejected, and callers keep to a 10 % retry budget: at most about 9 % of
     // the traffic is retries, which the default 5 % threshold still catches.
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = server(&layer, 1.0, 11);
     let out = run(&mut svc, 30, Some(Budget { balance: 0.0 })).await;
     assert!(out.first_stop_at.is_some(), "{out:?}");

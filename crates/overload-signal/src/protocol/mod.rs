@@ -59,10 +59,11 @@
 //! use overload_signal::protocol::{RateLimitPolicy, RateLimitStatus, format_retry_after};
 //!
 //! assert_eq!(format_retry_after(Duration::from_millis(1_200)), "2");
-//! let policy = RateLimitPolicy::new("default", 100, Duration::from_secs(1)).unwrap();
+//! let policy = RateLimitPolicy::new("default", 100, Duration::from_secs(1))?;
 //! assert_eq!(policy.to_header_value(), "\"default\";q=100;w=1");
-//! let status = RateLimitStatus::new("default", 0, Duration::from_millis(300)).unwrap();
+//! let status = RateLimitStatus::new("default", 0, Duration::from_millis(300))?;
 //! assert_eq!(status.to_header_value(), "\"default\";r=0;t=1");
+//! # Ok::<(), overload_signal::ConfigError>(())
 //! ```
 
 mod attempt;
@@ -71,7 +72,7 @@ mod retry_after;
 mod stop;
 
 pub use attempt::Attempt;
-pub use ratelimit_fields::{InvalidRateLimitField, RateLimitPolicy, RateLimitStatus};
+pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
 pub use retry_after::{
     GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback, parse_grpc_pushback,
     parse_retry_after, retry_after,

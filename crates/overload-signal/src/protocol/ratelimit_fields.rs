@@ -4,46 +4,25 @@
 //! parameters: `q` (quota) and `w` (window, seconds) on the policy; `r` (remaining) and `t`
 //! (seconds until the quota resets) on the status. This module writes one item per field.
 
-use std::fmt::{self, Write as _};
+use std::fmt::Write as _;
 use std::time::Duration;
 
 use http::HeaderValue;
 
+use crate::ConfigError;
+
 /// The largest integer a Structured Field may carry (15 decimal digits); larger values clamp.
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
 
-/// Why a `RateLimit` field could not be built.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub enum InvalidRateLimitField {
-    /// The policy name is empty.
-    EmptyName,
-    /// The policy name has a character outside printable ASCII (`0x20..=0x7E`), which a
-    /// Structured Field string cannot carry.
-    NameNotPrintableAscii,
-    /// The policy window is zero; the field's `w` must be at least one second.
-    ZeroWindow,
-}
-
-impl fmt::Display for InvalidRateLimitField {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self {
-            Self::EmptyName => "rate limit policy name must not be empty",
-            Self::NameNotPrintableAscii => {
-                "rate limit policy name must be printable ASCII (0x20 to 0x7e)"
-            }
-            Self::ZeroWindow => "rate limit policy window must not be zero",
-        })
-    }
-}
-
-impl std::error::Error for InvalidRateLimitField {}
-
-fn validate_name(name: &str) -> Result<(), InvalidRateLimitField> {
-    if name.is_empty() {
-        return Err(InvalidRateLimitField::EmptyName);
-    }
-    if !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
-        return Err(InvalidRateLimitField::NameNotPrintableAscii);
+/// Checks a policy name: non-empty printable ASCII, which a Structured Field string can
+/// carry.
+fn validate_name(name: &str) -> Result<(), ConfigError> {
+    if name.is_empty() || !name.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+        return Err(ConfigError::invalid(
+            "name",
+            name,
+            "non-empty printable ASCII (0x20 to 0x7e)",
+        ));
     }
     Ok(())
 }
@@ -90,12 +69,17 @@ impl RateLimitPolicy {
     ///
     /// # Errors
     ///
-    /// The name must be non-empty printable ASCII and the window non-zero; see
-    /// [`InvalidRateLimitField`].
-    pub fn new(name: &str, quota: u64, window: Duration) -> Result<Self, InvalidRateLimitField> {
+    /// A [`ConfigError`] when the name (`name`) is empty or not printable ASCII (`0x20` to
+    /// `0x7e`, what a Structured Field string can carry), or the window (`window`) is zero:
+    /// the field's `w` must be at least one second.
+    pub fn new(name: &str, quota: u64, window: Duration) -> Result<Self, ConfigError> {
         validate_name(name)?;
         if window.is_zero() {
-            return Err(InvalidRateLimitField::ZeroWindow);
+            return Err(ConfigError::out_of_range(
+                "window",
+                window,
+                "more than zero",
+            ));
         }
         let mut s = String::with_capacity(name.len() + 32);
         write_sf_string(&mut s, name);
@@ -166,8 +150,9 @@ impl RateLimitStatus {
     ///
     /// # Errors
     ///
-    /// The name must be non-empty printable ASCII; see [`InvalidRateLimitField`].
-    pub fn new(name: &str, remaining: u64, reset: Duration) -> Result<Self, InvalidRateLimitField> {
+    /// A [`ConfigError`] when the name (`name`) is empty or not printable ASCII (`0x20` to
+    /// `0x7e`).
+    pub fn new(name: &str, remaining: u64, reset: Duration) -> Result<Self, ConfigError> {
         validate_name(name)?;
         Ok(Self {
             name: name.to_owned(),
@@ -281,6 +266,7 @@ fn parse_sf_uint(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ConfigErrorKind;
     use proptest::prelude::*;
 
     #[test]
@@ -303,22 +289,25 @@ mod tests {
     fn names_are_escaped_and_validated() {
         let p = RateLimitPolicy::new(r#"a"b\c"#, 1, Duration::from_secs(1)).unwrap();
         assert_eq!(p.to_header_value(), r#""a\"b\\c";q=1;w=1"#);
+        let e = RateLimitPolicy::new("", 1, Duration::from_secs(1)).unwrap_err();
+        assert_eq!((e.field(), e.kind()), ("name", ConfigErrorKind::Invalid));
         assert_eq!(
-            RateLimitPolicy::new("", 1, Duration::from_secs(1)),
-            Err(InvalidRateLimitField::EmptyName)
+            e.to_string(),
+            "name must be non-empty printable ASCII (0x20 to 0x7e), got \"\""
         );
+        let e = RateLimitPolicy::new("é", 1, Duration::from_secs(1)).unwrap_err();
         assert_eq!(
-            RateLimitPolicy::new("é", 1, Duration::from_secs(1)),
-            Err(InvalidRateLimitField::NameNotPrintableAscii)
+            e.to_string(),
+            "name must be non-empty printable ASCII (0x20 to 0x7e), got \"é\""
         );
+        let e = RateLimitStatus::new("a\tb", 1, Duration::from_secs(1)).unwrap_err();
+        assert_eq!(e.field(), "name");
+        let e = RateLimitPolicy::new("x", 1, Duration::ZERO).unwrap_err();
         assert_eq!(
-            RateLimitPolicy::new("x", 1, Duration::ZERO),
-            Err(InvalidRateLimitField::ZeroWindow)
+            (e.field(), e.kind()),
+            ("window", ConfigErrorKind::OutOfRange)
         );
-        assert_eq!(
-            InvalidRateLimitField::ZeroWindow.to_string(),
-            "rate limit policy window must not be zero"
-        );
+        assert_eq!(e.to_string(), "window must be more than zero, got 0ns");
     }
 
     #[test]

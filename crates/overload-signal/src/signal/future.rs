@@ -9,24 +9,25 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
-use super::service::Shared;
+use super::shared::Shared;
+use crate::clock::{Clock, TokioClock};
 use crate::propagation::{self, Scoped};
 use crate::protocol::Protocol;
 
 pin_project! {
     /// The response future of [`OverloadSignal`](super::OverloadSignal): runs the inner
     /// future inside a [propagation scope](crate::propagation::scope), then decides the
-    /// response.
-    pub struct ResponseFuture<F> {
+    /// response. `C` is the histogram's clock.
+    pub struct ResponseFuture<F, C: Clock = TokioClock> {
         #[pin]
         inner: Scoped<F>,
         protocol: Protocol,
-        shared: Arc<Shared>,
+        shared: Arc<Shared<C>>,
     }
 }
 
-impl<F> ResponseFuture<F> {
-    pub(super) fn new(inner: Scoped<F>, protocol: Protocol, shared: Arc<Shared>) -> Self {
+impl<F, C: Clock> ResponseFuture<F, C> {
+    pub(super) fn new(inner: Scoped<F>, protocol: Protocol, shared: Arc<Shared<C>>) -> Self {
         Self {
             inner,
             protocol,
@@ -35,7 +36,7 @@ impl<F> ResponseFuture<F> {
     }
 }
 
-impl<F> fmt::Debug for ResponseFuture<F> {
+impl<F, C: Clock> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("protocol", &self.protocol)
@@ -43,9 +44,10 @@ impl<F> fmt::Debug for ResponseFuture<F> {
     }
 }
 
-impl<F, B, E> Future for ResponseFuture<F>
+impl<F, C, B, E> Future for ResponseFuture<F, C>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    C: Clock,
     B: Default,
 {
     type Output = Result<Response<B>, E>;

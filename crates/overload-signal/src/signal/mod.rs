@@ -7,6 +7,47 @@
 //! network ──► OverloadSignalLayer ──► RateLimitLayer ──► handler
 //! ```
 //!
+//! # Examples
+//!
+//! With the defaults (a 10-second window in 10 buckets; the stop signal when more than 5 % of
+//! at least 200 requests in the window are retries):
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use overload_signal::OverloadSignalLayer;
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(OverloadSignalLayer::new())
+//!     // .layer(rate_limit) goes here, inside.
+//!     .service(service_fn(|_req: Request<()>| async {
+//!         Ok::<_, Infallible>(Response::new(()))
+//!     }));
+//! # drop(service);
+//! ```
+//!
+//! Customised: a 30-second window in 30 buckets, read with the coarse clock; the stop signal
+//! above 10 % of at least 500 requests:
+//!
+//! ```
+//! use std::time::Duration;
+//! use overload_signal::clock::CoarseClock;
+//! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+//!
+//! let histogram = AttemptHistogram::builder()
+//!     .window(Duration::from_secs(30))
+//!     .buckets(30)
+//!     .clock(CoarseClock::new())
+//!     .build()?;
+//! let layer = OverloadSignalLayer::builder()
+//!     .histogram(histogram.clone()) // keep a clone to read `histogram.snapshot()`
+//!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
+//!     .build();
+//! # drop(layer);
+//! # Ok::<(), overload_signal::ConfigError>(())
+//! ```
+//!
 //! # What it does to each request
 //!
 //! 1. **Records** the request's attempt counter ([`Attempt`](crate::protocol::Attempt):
@@ -81,7 +122,7 @@
 //! # async fn main() {
 //! // The bottom tier: overloaded, every request is rejected by its (here, stand-in) limiter.
 //! let bottom = ServiceBuilder::new()
-//!     .layer(OverloadSignalLayer::default())
+//!     .layer(OverloadSignalLayer::new())
 //!     .service(service_fn(|_req: Request<()>| async {
 //!         let mut r = Response::new(());
 //!         *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
@@ -97,7 +138,7 @@
 //!     S: Service<Request<()>, Response = Response<()>, Error = Infallible> + Clone,
 //! {
 //!     ServiceBuilder::new()
-//!         .layer(OverloadSignalLayer::default())
+//!         .layer(OverloadSignalLayer::new())
 //!         .service(service_fn(move |_req: Request<()>| {
 //!             let below = below.clone();
 //!             async move {
@@ -132,16 +173,22 @@
 //! # Metrics
 //!
 //! Emitted through the [`metrics`](https://docs.rs/metrics) facade; see the
-//! [crate docs](crate#metrics) for the names.
+//! [crate docs](crate#metrics) for the names. The layer registers its metric handles once,
+//! on first use (its first request, or the first response it decides), and keeps them: no
+//! registry lookup per request. Install the recorder before the server takes traffic; a
+//! recorder installed after the first request does not receive this layer's metrics. (Not
+//! when the layer is built: applications often build their router before they install the
+//! recorder, and a handle registered then would stay a no-op.)
 
 pub mod future;
 mod layer;
 mod rule;
 mod service;
+mod shared;
 
 #[cfg(test)]
 mod tests;
 
-pub use layer::OverloadSignalLayer;
-pub use rule::{InvalidStopRule, StopRule};
+pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
+pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;

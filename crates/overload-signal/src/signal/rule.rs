@@ -1,7 +1,6 @@
 //! The decision rule: when a rejection becomes the stop signal.
 
-use std::fmt;
-
+use crate::ConfigError;
 use crate::histogram::AttemptSnapshot;
 
 /// When a rejected request is answered with the stop signal instead of the plain rejection.
@@ -38,15 +37,16 @@ use crate::histogram::AttemptSnapshot;
 /// the bottom tier's histogram cannot tell apart. Each tier's retries add up: in the
 /// workspace's three-tier test (10 % client budgets, the bottom tier admitting 40 % of the
 /// offered load) the bottom tier receives about 1.14 times the offered load with the
-/// defaults, and about 1.07 times with `StopRule::new(0.02, 100)`, against 1.38 times with
-/// budgets alone. For a chain of `n` tiers, a threshold near `target extra load / n` keeps
-/// the bottom under its target; keep it well above the failure rate the service sees on a
-/// normal day, and raise the minimum with the traffic so the share is not noise.
+/// defaults, and about 1.07 times with a retry share of 0.02 over at least 100 requests,
+/// against 1.38 times with budgets alone. For a chain of `n` tiers, a threshold near
+/// `target extra load / n` keeps the bottom under its target; keep it well above the failure
+/// rate the service sees on a normal day, and raise the minimum with the traffic so the share
+/// is not noise.
 ///
 /// ```
 /// use overload_signal::{AttemptSnapshot, StopRule};
 ///
-/// let rule = StopRule::default();
+/// let rule = StopRule::new();
 /// assert_eq!(rule.retry_share(), 0.05);
 /// assert_eq!(rule.min_requests(), 200);
 ///
@@ -59,8 +59,17 @@ use crate::histogram::AttemptSnapshot;
 /// assert!(!rule.should_stop(&too_few));
 ///
 /// // Stricter: a quarter of the traffic must be retries, over at least 1000 requests.
-/// let strict = StopRule::new(0.25, 1000).unwrap();
+/// let strict = StopRule::builder()
+///     .retry_share(0.25)
+///     .min_requests(1000)
+///     .build()?;
 /// assert!(!strict.should_stop(&storm));
+///
+/// // Settings are checked by name.
+/// let err = StopRule::builder().retry_share(1.5).build().unwrap_err();
+/// assert_eq!(err.field(), "retry_share");
+/// assert_eq!(err.to_string(), "retry_share must be within 0..1 (the rule fires strictly above it), got 1.5");
+/// # Ok::<(), overload_signal::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StopRule {
@@ -77,27 +86,18 @@ impl StopRule {
     /// default 10-second window). See [`StopRule`] for the reasoning.
     pub const DEFAULT_MIN_REQUESTS: u64 = 200;
 
-    /// A rule that fires when more than `retry_share` of at least `min_requests` requests in
-    /// the window are retries.
-    ///
-    /// # Errors
-    ///
-    /// See [`InvalidStopRule`] for the rules.
-    pub fn new(retry_share: f64, min_requests: u64) -> Result<Self, InvalidStopRule> {
-        if !retry_share.is_finite() || !(0.0..1.0).contains(&retry_share) {
-            return Err(InvalidStopRule {
-                kind: InvalidStopRuleKind::RetryShare,
-            });
+    /// The default rule: retry share above [5 %](StopRule::DEFAULT_RETRY_SHARE) with at
+    /// least [200 requests](StopRule::DEFAULT_MIN_REQUESTS) in the window.
+    pub const fn new() -> Self {
+        Self {
+            retry_share: Self::DEFAULT_RETRY_SHARE,
+            min_requests: Self::DEFAULT_MIN_REQUESTS,
         }
-        if min_requests == 0 {
-            return Err(InvalidStopRule {
-                kind: InvalidStopRuleKind::MinRequests,
-            });
-        }
-        Ok(Self {
-            retry_share,
-            min_requests,
-        })
+    }
+
+    /// A builder that starts from the defaults.
+    pub const fn builder() -> StopRuleBuilder {
+        StopRuleBuilder { rule: Self::new() }
     }
 
     /// The retry-share threshold: the rule fires strictly above it.
@@ -120,74 +120,120 @@ impl StopRule {
 }
 
 impl Default for StopRule {
-    /// Retry share above [5 %](StopRule::DEFAULT_RETRY_SHARE), at least
-    /// [200 requests](StopRule::DEFAULT_MIN_REQUESTS) in the window.
+    /// The same as [`StopRule::new`]: retry share above 5 %, at least 200 requests.
     fn default() -> Self {
-        Self {
-            retry_share: Self::DEFAULT_RETRY_SHARE,
-            min_requests: Self::DEFAULT_MIN_REQUESTS,
+        Self::new()
+    }
+}
+
+/// Builds a [`StopRule`]; every setting starts at its default.
+#[derive(Clone, Copy, Debug)]
+pub struct StopRuleBuilder {
+    rule: StopRule,
+}
+
+impl StopRuleBuilder {
+    /// The retry-share threshold; the rule fires strictly above it. Default: 0.05 (5 %),
+    /// half the usual 10 % client retry budget (the paper, the SRE book).
+    ///
+    /// Must be a finite number within `0..1`: at 1 or above the rule could never fire, as
+    /// the share is at most 1.
+    pub const fn retry_share(mut self, retry_share: f64) -> Self {
+        self.rule.retry_share = retry_share;
+        self
+    }
+
+    /// The fewest requests the window must hold for the rule to fire. Default: 200 (20 per
+    /// second over the default 10-second window), enough for a 5 % share not to be noise.
+    ///
+    /// Must be at least 1.
+    pub const fn min_requests(mut self, min_requests: u64) -> Self {
+        self.rule.min_requests = min_requests;
+        self
+    }
+
+    /// Builds the rule.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] naming the setting when `retry_share` is not a finite number within
+    /// `0..1`, or `min_requests` is 0.
+    pub fn build(self) -> Result<StopRule, ConfigError> {
+        let share = self.rule.retry_share;
+        if !share.is_finite() {
+            return Err(ConfigError::not_finite("retry_share", share));
         }
+        if !(0.0..1.0).contains(&share) {
+            return Err(ConfigError::out_of_range(
+                "retry_share",
+                share,
+                "within 0..1 (the rule fires strictly above it)",
+            ));
+        }
+        if self.rule.min_requests == 0 {
+            return Err(ConfigError::out_of_range(
+                "min_requests",
+                0u64,
+                "at least 1",
+            ));
+        }
+        Ok(self.rule)
     }
 }
-
-/// Why a [`StopRule`] was refused.
-///
-/// A rule is valid when:
-///
-/// - its retry-share threshold is a finite number in `[0, 1)` (at `1` or above it could
-///   never fire, since the share is at most 1 and the rule needs to exceed it);
-/// - its minimum request count is at least 1.
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidStopRule {
-    kind: InvalidStopRuleKind,
-}
-
-#[derive(Clone, Debug, PartialEq, Eq)]
-enum InvalidStopRuleKind {
-    RetryShare,
-    MinRequests,
-}
-
-impl fmt::Display for InvalidStopRule {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(match self.kind {
-            InvalidStopRuleKind::RetryShare => {
-                "retry share threshold must be a finite number in [0, 1)"
-            }
-            InvalidStopRuleKind::MinRequests => "minimum request count must be at least 1",
-        })
-    }
-}
-
-impl std::error::Error for InvalidStopRule {}
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::ConfigErrorKind;
 
     fn snap(first: u64, retries: u64, unknown: u64) -> AttemptSnapshot {
         AttemptSnapshot::from_counts([first, retries, 0, 0, unknown, 0])
     }
 
+    fn rule(share: f64, min: u64) -> StopRule {
+        StopRule::builder()
+            .retry_share(share)
+            .min_requests(min)
+            .build()
+            .unwrap()
+    }
+
     #[test]
-    fn invalid_rules_are_refused() {
-        for share in [f64::NAN, f64::INFINITY, -0.01, 1.0, 1.5] {
-            let e = StopRule::new(share, 10).unwrap_err();
+    fn invalid_rules_are_refused_by_name() {
+        for share in [f64::NAN, f64::INFINITY, f64::NEG_INFINITY] {
+            let e = StopRule::builder().retry_share(share).build().unwrap_err();
+            assert_eq!(
+                (e.field(), e.kind()),
+                ("retry_share", ConfigErrorKind::NotFinite)
+            );
             assert_eq!(
                 e.to_string(),
-                "retry share threshold must be a finite number in [0, 1)",
-                "{share}"
+                format!("retry_share must be a finite number, got {share}")
             );
         }
-        let e = StopRule::new(0.1, 0).unwrap_err();
-        assert_eq!(e.to_string(), "minimum request count must be at least 1");
-        assert!(StopRule::new(0.0, 1).is_ok());
-        assert!(StopRule::new(0.999, u64::MAX).is_ok());
+        for share in [-0.01, 1.0, 1.5] {
+            let e = StopRule::builder().retry_share(share).build().unwrap_err();
+            assert_eq!(
+                (e.field(), e.kind()),
+                ("retry_share", ConfigErrorKind::OutOfRange)
+            );
+            assert_eq!(
+                e.to_string(),
+                format!(
+                    "retry_share must be within 0..1 (the rule fires strictly above it), got {share:?}"
+                )
+            );
+        }
+        let e = StopRule::builder().min_requests(0).build().unwrap_err();
+        assert_eq!(e.field(), "min_requests");
+        assert_eq!(e.to_string(), "min_requests must be at least 1, got 0");
+        assert_eq!(rule(0.0, 1).min_requests(), 1);
+        assert_eq!(rule(0.999, u64::MAX).min_requests(), u64::MAX);
     }
 
     #[test]
     fn fires_strictly_above_the_share_and_at_the_minimum() {
-        let rule = StopRule::new(0.1, 100).unwrap();
+        let rule = rule(0.1, 100);
         // Exactly 10 %: not above.
         assert!(!rule.should_stop(&snap(90, 10, 0)));
         // Just above, with exactly the minimum.
@@ -200,7 +246,7 @@ mod tests {
 
     #[test]
     fn unknown_counters_count_towards_the_minimum_but_dilute_the_share() {
-        let rule = StopRule::new(0.1, 100).unwrap();
+        let rule = rule(0.1, 100);
         // 20 retries of 100: fires.
         assert!(rule.should_stop(&snap(80, 20, 0)));
         // Same retries, 150 requests without a counter: 20 of 250 = 8 %, quiet.
@@ -209,15 +255,17 @@ mod tests {
 
     #[test]
     fn zero_threshold_fires_on_any_retry() {
-        let rule = StopRule::new(0.0, 1).unwrap();
+        let rule = rule(0.0, 1);
         assert!(!rule.should_stop(&snap(5, 0, 0)));
         assert!(rule.should_stop(&snap(5, 1, 0)));
     }
 
     #[test]
     fn defaults() {
-        let rule = StopRule::default();
-        assert_eq!(rule, StopRule::new(0.05, 200).unwrap());
+        let rule = StopRule::new();
+        assert_eq!(rule, StopRule::default());
+        assert_eq!(rule, StopRule::builder().build().unwrap());
+        assert_eq!(rule, self::rule(0.05, 200));
         // A storm of unbounded retries (3 attempts, everything rejected): 2/3 retries.
         assert!(rule.should_stop(&AttemptSnapshot::from_counts([100, 100, 100, 0, 0, 0])));
         // Budget-keeping clients in a full outage: 10 retries per 100 first tries.

@@ -1,5 +1,4 @@
 use std::convert::Infallible;
-use std::num::NonZeroU32;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -9,7 +8,7 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{Service, ServiceExt, service_fn};
 
-use super::service::Shared;
+use super::shared::Shared;
 use super::*;
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::metric_names;
@@ -19,7 +18,16 @@ use crate::protocol::{self, Attempt, Protocol};
 type Body = Full<Bytes>;
 
 fn rule(share: f64, min: u64) -> StopRule {
-    StopRule::new(share, min).unwrap()
+    StopRule::builder()
+        .retry_share(share)
+        .min_requests(min)
+        .build()
+        .unwrap()
+}
+
+/// A layer with the default histogram and `rule`.
+fn layer_with(rule: StopRule) -> OverloadSignalLayer {
+    OverloadSignalLayer::builder().rule(rule).build()
 }
 
 fn request(attempt: Option<u32>) -> Request<Body> {
@@ -88,7 +96,7 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn records_every_request_including_rejected_ones() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let histogram = layer.histogram().clone();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     send(
@@ -112,7 +120,7 @@ async fn records_every_request_including_rejected_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn services_from_one_layer_share_one_histogram() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut a = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
     let mut b = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
     send(&mut a, 3, &[Some(0)]).await;
@@ -123,7 +131,7 @@ async fn services_from_one_layer_share_one_histogram() {
 
 #[tokio::test(start_paused = true)]
 async fn rejection_passes_through_when_few_requests_are_retries() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let layer = layer_with(rule(0.1, 10));
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     // 100 requests, 5 % retries: under the 10 % threshold.
     let mut attempts = vec![Some(0); 19];
@@ -137,7 +145,7 @@ async fn rejection_passes_through_when_few_requests_are_retries() {
 
 #[tokio::test(start_paused = true)]
 async fn rejection_passes_through_below_the_minimum_count() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 50));
+    let layer = layer_with(rule(0.1, 50));
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     // Every request a retry, but only 49 of them (the 50th is the one judged).
     send(&mut svc, 48, &[Some(2)]).await;
@@ -150,7 +158,7 @@ async fn rejection_passes_through_below_the_minimum_count() {
 
 #[tokio::test(start_paused = true)]
 async fn storm_turns_429_into_the_stop_signal() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let layer = layer_with(rule(0.1, 10));
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     send(&mut svc, 30, &[Some(0), Some(1), Some(2)]).await;
     // The judged request itself may be a first try: the window decides, not the request.
@@ -165,7 +173,7 @@ async fn storm_turns_429_into_the_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn storm_turns_a_load_shedders_503_into_the_stop_signal() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let layer = layer_with(rule(0.1, 10));
     let mut svc = tower::Layer::layer(
         &layer,
         answering(|| status(StatusCode::SERVICE_UNAVAILABLE)),
@@ -178,7 +186,7 @@ async fn storm_turns_a_load_shedders_503_into_the_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn storm_leaves_successes_and_other_errors_alone() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let layer = layer_with(rule(0.1, 10));
     for code in [
         StatusCode::OK,
         StatusCode::NOT_FOUND,
@@ -198,9 +206,15 @@ async fn storm_leaves_successes_and_other_errors_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn storm_ends_when_the_window_slides_past_it() {
-    let histogram =
-        AttemptHistogram::new(Duration::from_secs(10), NonZeroU32::new(10).unwrap()).unwrap();
-    let layer = OverloadSignalLayer::new(histogram, rule(0.1, 10));
+    let histogram = AttemptHistogram::builder()
+        .window(Duration::from_secs(10))
+        .buckets(10)
+        .build()
+        .unwrap();
+    let layer = OverloadSignalLayer::builder()
+        .histogram(histogram)
+        .rule(rule(0.1, 10))
+        .build();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     send(&mut svc, 30, &[Some(1)]).await;
     assert!(protocol::is_stop_signal(
@@ -215,7 +229,7 @@ async fn storm_ends_when_the_window_slides_past_it() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_resource_exhausted_becomes_a_trailers_only_stop_signal() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.1, 10));
+    let layer = layer_with(rule(0.1, 10));
     for code in [
         protocol::GRPC_RESOURCE_EXHAUSTED,
         protocol::GRPC_UNAVAILABLE,
@@ -248,7 +262,7 @@ async fn grpc_resource_exhausted_becomes_a_trailers_only_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_attempts_are_read_from_grpc_previous_rpc_attempts() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = tower::Layer::layer(&layer, answering(|| grpc_status_response(0)));
     let mut req = grpc_request(None);
     req.headers_mut().insert(
@@ -262,7 +276,7 @@ async fn grpc_attempts_are_read_from_grpc_previous_rpc_attempts() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_ok_and_caller_errors_are_not_rejections() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.0, 1));
+    let layer = layer_with(rule(0.0, 1));
     for code in [0, 3, 5, 13] {
         let mut svc = tower::Layer::layer(
             &layer,
@@ -295,7 +309,7 @@ fn marking(
 #[tokio::test(start_paused = true)]
 async fn marker_turns_a_handler_failure_into_the_stop_signal() {
     // The rule could never fire: propagation does not depend on the histogram.
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.999, u64::MAX));
+    let layer = layer_with(rule(0.999, u64::MAX));
     for code in [
         StatusCode::INTERNAL_SERVER_ERROR,
         StatusCode::BAD_GATEWAY,
@@ -318,7 +332,7 @@ async fn marker_turns_a_handler_failure_into_the_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_leaves_a_recovered_or_deliberate_answer_alone() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut ok = tower::Layer::layer(&layer, marking(|| status(StatusCode::OK)));
     let r = one(&mut ok, request(Some(0))).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -330,7 +344,7 @@ async fn marker_leaves_a_recovered_or_deliberate_answer_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_does_not_leak_between_requests() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|req: Request<Body>| async move {
@@ -355,7 +369,7 @@ async fn marker_does_not_leak_between_requests() {
 #[tokio::test(start_paused = true)]
 async fn marker_from_a_spawned_task_is_not_seen() {
     // The documented limit: spawned tasks are outside the scope; use the typed error there.
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|_req: Request<Body>| async move {
@@ -372,7 +386,7 @@ async fn marker_from_a_spawned_task_is_not_seen() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_with_a_grpc_failure_answers_in_grpc_form() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = tower::Layer::layer(&layer, marking(|| grpc_status_response(13)));
     let r = one(&mut svc, grpc_request(Some(0))).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -390,7 +404,7 @@ async fn marker_with_a_grpc_failure_answers_in_grpc_form() {
 
 #[tokio::test(start_paused = true)]
 async fn a_handlers_own_stop_signal_passes_unchanged() {
-    let layer = OverloadSignalLayer::default();
+    let layer = OverloadSignalLayer::new();
     let mut svc = tower::Layer::layer(
         &layer,
         answering(|| {
@@ -407,7 +421,7 @@ async fn a_handlers_own_stop_signal_passes_unchanged() {
 
 #[tokio::test(start_paused = true)]
 async fn inner_errors_pass_through() {
-    let layer = OverloadSignalLayer::new(AttemptHistogram::default(), rule(0.0, 1));
+    let layer = layer_with(rule(0.0, 1));
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|_req: Request<Body>| async {
@@ -429,7 +443,7 @@ async fn inner_errors_pass_through() {
 #[tokio::test(start_paused = true)]
 async fn readiness_is_the_inner_services() {
     let (mut svc, mut handle) = tower_test::mock::spawn_layer::<Request<Body>, Response<Body>, _>(
-        OverloadSignalLayer::default(),
+        OverloadSignalLayer::new(),
     );
     handle.allow(0);
     assert!(svc.poll_ready().is_pending());
@@ -459,7 +473,9 @@ fn layer_and_service_are_clone_send_sync() {
 
 #[test]
 fn get_ref_get_mut_into_inner() {
-    let mut svc = OverloadSignal::new(7u8, AttemptHistogram::default(), StopRule::default());
+    let mut svc = OverloadSignal::new(7u8);
+    assert_eq!(svc.rule(), &StopRule::new());
+    assert_eq!(svc.histogram().window(), Duration::from_secs(10));
     assert_eq!(*svc.get_ref(), 7);
     *svc.get_mut() = 8;
     assert_eq!(svc.into_inner(), 8);
@@ -501,7 +517,7 @@ fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'
 #[test]
 fn decisions_are_counted() {
     let recorder = DebuggingRecorder::new();
-    let shared = Shared::new(AttemptHistogram::default(), rule(0.1, 2));
+    let shared = Shared::new(AttemptHistogram::new(), rule(0.1, 2));
     metrics::with_local_recorder(&recorder, || {
         // Empty window: the rejection passes.
         shared.respond(http_429(), Protocol::Http, false);
@@ -548,7 +564,7 @@ fn window_gauges_are_exported_once_per_bucket() {
             .build()
             .unwrap();
         rt.block_on(async {
-            let shared = Shared::new(AttemptHistogram::default(), StopRule::default());
+            let shared = Shared::new(AttemptHistogram::new(), StopRule::new());
             shared.record(Attempt::Number(0));
             shared.record(Attempt::Number(2));
             shared.record(Attempt::Number(0));
