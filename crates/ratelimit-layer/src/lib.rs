@@ -197,6 +197,7 @@ pub mod key;
 pub mod keyed;
 mod layer;
 pub mod metric_names;
+mod sync;
 
 // NOTE: not inlined: the module is `overload-signal`'s, documented there.
 #[doc(no_inline)]

@@ -170,6 +170,8 @@
 mod controller;
 pub mod future;
 mod layer;
+#[cfg(all(test, loom))]
+mod loom_tests;
 mod sampler;
 mod service;
 mod shared;

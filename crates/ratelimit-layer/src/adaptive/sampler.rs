@@ -6,7 +6,13 @@
 //! (6.25 %), and linear interpolation inside the bucket does better. Recording is two
 //! relaxed atomic additions and never allocates.
 
-use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
+use crate::sync::{AtomicU64, Ordering};
+
+// NOTE: the buckets stay std's atomics under `cfg(loom)`: each is an independent counter,
+// summed once per window, that no decision of the admitted path reads, and 592 of them
+// would multiply loom's state space for nothing. The counters the window's close decision
+// reads (`samples`, `failures`) are loom's.
+use std::sync::atomic::{AtomicU32, Ordering as StdOrdering};
 
 /// Sub-buckets per power of two, as a power of two.
 const SUB_BITS: u32 = 4;
@@ -74,7 +80,7 @@ impl Sampler {
     /// Records a success that took `nanos`.
     #[inline]
     pub(super) fn record(&self, nanos: u64) {
-        self.buckets[bucket_of(nanos / 1_000)].fetch_add(1, Ordering::Relaxed);
+        self.buckets[bucket_of(nanos / 1_000)].fetch_add(1, StdOrdering::Relaxed);
         self.samples.fetch_add(1, Ordering::Relaxed);
     }
 
@@ -99,7 +105,7 @@ impl Sampler {
         let mut counts = [0u32; BUCKETS];
         let mut total = 0u64;
         for (count, bucket) in counts.iter_mut().zip(self.buckets.iter()) {
-            *count = bucket.swap(0, Ordering::Relaxed);
+            *count = bucket.swap(0, StdOrdering::Relaxed);
             total += u64::from(*count);
         }
         // NOTE: the counters are reset by subtracting what was read, not stored as zero, so

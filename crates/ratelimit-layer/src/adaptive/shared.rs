@@ -2,7 +2,6 @@
 //! sampled, the controller, and the metric handles.
 
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
@@ -12,6 +11,7 @@ use overload_signal::clock::Clock;
 use super::controller::{Controller, Phase, Settings, WindowStats};
 use super::sampler::Sampler;
 use crate::metric_names;
+use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The shared state of one adaptive limit.
 pub(crate) struct Shared<C> {
@@ -190,6 +190,12 @@ impl<C: Clock> Shared<C> {
         if let Some(latency) = stats.latency {
             handles.latency.set(latency as f64 / 1e9);
         }
+    }
+
+    /// Outcomes recorded in the current window.
+    #[cfg(all(test, loom))]
+    pub(super) fn outcomes(&self) -> u64 {
+        self.sampler.outcomes()
     }
 
     /// A reading for people and tests.
