@@ -18,8 +18,9 @@ use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use ratelimit_layer::AdaptiveLimitLayer;
-use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig};
+use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::redis::RedisStore;
 use tokio::net::{TcpListener, TcpSocket};
 
 use demo_server::duration::parse_duration;
@@ -62,7 +63,10 @@ Examples:
       curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
-  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject";
+  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
+  demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
+      --redis-local-share 0.33 --listen 127.0.0.1:8071
+                                               one of three servers sharing 300 req/s";
 
 /// The command line. Flag names are stable: people script against them.
 #[derive(Debug, Parser)]
@@ -173,6 +177,25 @@ struct Cli {
     #[arg(long, value_enum, default_value_t = AbandonedArg::Cancel)]
     abandoned: AbandonedArg,
 
+    /// Keep the rate limit in this Redis (redis://HOST:PORT[/DB]), shared by every
+    /// demo-server that uses it: one limit for the fleet.
+    #[arg(long, value_name = "URL", help_heading = "Fleet")]
+    redis_url: Option<String>,
+
+    /// The share of the limit this server applies on its own while Redis is away
+    /// (1/N for N servers) [default: 1].
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        requires = "redis_url",
+        help_heading = "Fleet"
+    )]
+    redis_local_share: Option<f64>,
+
+    /// How long a decision may wait for Redis before the local share decides [default: 5ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
+    redis_budget: Option<Duration>,
+
     /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
     /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
     /// reach the server could change it.
@@ -244,6 +267,7 @@ struct Plan {
     stack: Stack,
     downstream: Option<Downstream>,
     admin: bool,
+    redis: Option<RedisStore>,
     quiet: bool,
 }
 
@@ -272,14 +296,25 @@ impl Cli {
             }
             ModelArg::Instant => LatencyModel::Instant,
         };
+        let redis = self.redis_config()?;
+        if redis.is_some() && self.stack != StackArg::Full {
+            return Err(format!(
+                "--redis-url keeps the rate limit of --stack full in Redis; --stack {} has none",
+                self.stack
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default()
+            ));
+        }
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Full => Stack::Full {
                 overload: OverloadSignalLayer::default(),
-                rate_limit: self
-                    .rate_limit_config()
-                    .layer()
-                    .map_err(|e| e.to_string())?,
+                rate_limit: match &redis {
+                    None => self.rate_limit_config().layer(),
+                    Some(redis) => self.rate_limit_config().redis_layer(redis),
+                }
+                .map_err(|e| e.to_string())?,
             },
             StackArg::Adaptive => Stack::Adaptive {
                 overload: OverloadSignalLayer::default(),
@@ -303,8 +338,24 @@ impl Cli {
             stack,
             downstream,
             admin: self.admin,
+            redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// `--redis-url` and its settings, validated.
+    fn redis_config(&self) -> Result<Option<RedisConfig>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let mut config = RedisConfig::new(RedisStore::new(url).map_err(|e| e.to_string())?);
+        if let Some(share) = self.redis_local_share {
+            config.local_share = share;
+        }
+        if let Some(budget) = self.redis_budget {
+            config.budget = budget;
+        }
+        Ok(Some(config))
     }
 
     fn rate_limit_config(&self) -> RateLimitConfig {
@@ -387,6 +438,19 @@ async fn serve(plan: Plan) -> Result<(), String> {
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
 
+    if let Some(store) = &plan.redis {
+        // NOTE: connected before serving, so that the first requests do not spend their
+        // budget on the handshake; a Redis that is away is not fatal (the local share
+        // decides until it answers).
+        match tokio::time::timeout(Duration::from_secs(2), store.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: {e}; limiting locally until it answers"),
+            Err(_) => eprintln!(
+                "warning: Redis at {} does not answer within 2 s; limiting locally until it does",
+                store.addr()
+            ),
+        }
+    }
     let model = Model::new(plan.latency);
     let histogram = plan.stack.overload().map(|o| o.histogram().clone());
     let adaptive = match &plan.stack {
@@ -406,9 +470,13 @@ async fn serve(plan: Plan) -> Result<(), String> {
     let router = app(config);
 
     println!(
-        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}",
+        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}{}",
         describe(model.latency()),
         stack_name,
+        plan.redis
+            .as_ref()
+            .map(|store| format!("; rate limit in Redis at {}", store.addr()))
+            .unwrap_or_default(),
     );
     let status = tokio::spawn(status_lines(
         model, stats, histogram, adaptive, metrics, plan.quiet,
@@ -685,7 +753,68 @@ mod tests {
             (&["--growth", "0.5"], "growth"),
             (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
             (&["--downstream", "https://example.com/"], "http://"),
+            (
+                &["--stack", "adaptive", "--redis-url", "redis://127.0.0.1:6379"],
+                "--redis-url keeps the rate limit of --stack full in Redis; --stack adaptive has none",
+            ),
             (&["--downstream", "/api"], "http://"),
+        ] {
+            let Err(err) = parse(args).unwrap().plan() else {
+                panic!("{args:?} was accepted")
+            };
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn redis_flags_reach_the_plan_and_are_checked() {
+        let cli = parse(&[
+            "--redis-url",
+            "redis://127.0.0.1:6390",
+            "--redis-local-share",
+            "0.25",
+            "--redis-budget",
+            "20ms",
+        ])
+        .unwrap();
+        let redis = cli.redis_config().unwrap().unwrap();
+        assert!((redis.local_share - 0.25).abs() < 1e-12);
+        assert_eq!(redis.budget, Duration::from_millis(20));
+        let plan = cli.plan().unwrap();
+        assert_eq!(plan.redis.unwrap().addr(), "127.0.0.1:6390");
+        // The defaults.
+        let redis = parse(&["--redis-url", "redis://127.0.0.1"])
+            .unwrap()
+            .redis_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(redis.budget, Duration::from_millis(5));
+        assert!(parse(&[]).unwrap().redis_config().unwrap().is_none());
+        // Settings without a URL, a bad URL, a bad share, a window Redis does not offer.
+        assert!(parse(&["--redis-local-share", "0.5"]).is_err());
+        for (args, needle) in [
+            (
+                &["--redis-url", "http://127.0.0.1"][..],
+                "url must be redis://",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--redis-local-share",
+                    "3",
+                ],
+                "local_share must be within (0, 1]",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--algorithm",
+                    "fixed-window",
+                ],
+                "token-bucket or sliding-window with Redis",
+            ),
         ] {
             let Err(err) = parse(args).unwrap().plan() else {
                 panic!("{args:?} was accepted")

@@ -197,6 +197,8 @@ pub mod key;
 pub mod keyed;
 mod layer;
 pub mod metric_names;
+#[cfg(feature = "redis")]
+pub mod redis;
 mod sync;
 
 // NOTE: not inlined: the module is `overload-signal`'s, documented there.

@@ -7,6 +7,8 @@
 //! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//! | `ratelimit_layer_redis_fallbacks_total` | counter | `policy`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
+//! | `ratelimit_layer_redis_up` | gauge | `policy` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
 //! | `ratelimit_layer_adaptive_admitted_total` | counter | `policy` | requests the adaptive limit passed on |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | `policy` | requests the adaptive limit rejected |
 //! | `ratelimit_layer_adaptive_limit` | gauge | `policy` | the adaptive limit in force |
@@ -28,6 +30,16 @@ pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
 
 /// Gauge, label `policy`: keys tracked by a keyed layer.
 pub const KEYS: &str = "ratelimit_layer_keys";
+
+/// Counter, labels `policy` and `reason`: requests a limit kept in Redis (feature `redis`)
+/// decided locally, with its local share, instead of in Redis. `reason` is `timeout` (Redis
+/// did not answer within the time budget), `error` (Redis answered with an error, or the
+/// connection failed) or `unavailable` (Redis was known to be away, so it was not asked).
+pub const REDIS_FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
+
+/// Gauge, label `policy`: 1 while a limit kept in Redis (feature `redis`) is decided in
+/// Redis, 0 while it falls back to its local share. Set on each change.
+pub const REDIS_UP: &str = "ratelimit_layer_redis_up";
 
 /// Counter, label `policy`: requests the [adaptive limit](crate::adaptive) passed to the
 /// inner service.

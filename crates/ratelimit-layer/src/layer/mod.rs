@@ -1,7 +1,10 @@
 //! The Tower layer: [`RateLimitLayer`], its builder, and what its services share.
 
+#[cfg(feature = "redis")]
+mod redis;
+pub(crate) mod remote;
 mod service;
-mod shared;
+pub(crate) mod shared;
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,7 +16,10 @@ use overload_signal::ConfigError;
 use overload_signal::clock::{Clock, TokioClock};
 use tower_layer::Layer;
 
+#[cfg(feature = "redis")]
+pub use redis::RedisLayerBuilder;
 pub use service::RateLimit;
+pub(crate) use service::respond;
 
 use self::shared::{Cost, Decide, Global, Keyed, Shared, policy};
 use crate::algorithm::Limiter;

@@ -12,6 +12,7 @@ use overload_signal::clock::Clock;
 use overload_signal::protocol::RateLimitPolicy;
 use overload_signal::{ConfigError, ConfigErrorKind};
 
+use super::remote::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::KeyExtractor;
 use crate::keyed::{KeyClass, KeyedLimiter};
@@ -168,6 +169,9 @@ pub(crate) struct Shared {
     /// The limiter's window: the `Retry-After` of an over-capacity request.
     pub(crate) window: Duration,
     pub(crate) metrics: Metrics,
+    /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
+    /// its local fallback. `None` for a local limit.
+    pub(crate) remote: Option<Box<dyn RemoteDecide>>,
 }
 
 impl Shared {
@@ -204,7 +208,15 @@ impl Shared {
             admitted_headers,
             window,
             metrics: Metrics::new(policy_name),
+            remote: None,
         }
+    }
+
+    /// Asks `remote` first for every request, with `decide` as its local fallback.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) fn with_remote(mut self, remote: Box<dyn RemoteDecide>) -> Self {
+        self.remote = Some(remote);
+        self
     }
 }
 
@@ -218,6 +230,7 @@ impl fmt::Debug for Shared {
             .field("policy", &self.policy)
             .field("cost", cost)
             .field("admitted_headers", &self.admitted_headers)
+            .field("remote", &self.remote.is_some())
             .finish_non_exhaustive()
     }
 }
