@@ -754,7 +754,12 @@ mod tests {
             (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
             (&["--downstream", "https://example.com/"], "http://"),
             (
-                &["--stack", "adaptive", "--redis-url", "redis://127.0.0.1:6379"],
+                &[
+                    "--stack",
+                    "adaptive",
+                    "--redis-url",
+                    "redis://127.0.0.1:6379",
+                ],
                 "--redis-url keeps the rate limit of --stack full in Redis; --stack adaptive has none",
             ),
             (&["--downstream", "/api"], "http://"),
