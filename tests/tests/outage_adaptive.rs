@@ -35,7 +35,10 @@ fn run(strategy: Strategy) -> RunRecord {
         .unwrap(),
         load,
         timeout: Duration::from_secs(2),
+        max_body: 1 << 20,
+        // The article's server, as `scenario` and `simulate` run it by default.
         abandoned: Abandoned::Serve,
+        backlog: 4096,
     };
     let spec = RunSpec {
         strategy,
