@@ -162,9 +162,10 @@
 //!
 //! # What a request costs
 //!
-//! Admission is one compare-and-swap on the in-flight count, one clock read, and a counter
-//! increment; completion is a clock read and two atomic additions into the window's
-//! histogram. Once per window one thread (never a waiting one: the lock is only tried)
+//! Admission is a compare-and-swap on the in-flight count, an atomic maximum (the window's
+//! peak), a clock read and a counter increment; completion is an atomic subtraction, a clock
+//! read and two atomic additions into the window's histogram. The in-flight count is one
+//! shared word, as in any concurrency limit (tower's and tower-acc's semaphores included). Once per window one thread (never a waiting one: the lock is only tried)
 //! reads the histogram and moves the limit. Nothing on the admitted path allocates.
 
 mod controller;
