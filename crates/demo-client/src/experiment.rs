@@ -12,6 +12,9 @@ use crate::strategy::Strategy;
 pub enum ServerStack {
     /// The rate limiter and the overload signal layer in front of the handler.
     Full,
+    /// The adaptive concurrency limit (no rate configured) and the overload signal layer
+    /// in front of the handler.
+    Adaptive,
     /// The bare handler.
     None,
 }
@@ -21,6 +24,7 @@ impl ServerStack {
     pub const fn name(self) -> &'static str {
         match self {
             ServerStack::Full => "full",
+            ServerStack::Adaptive => "adaptive",
             ServerStack::None => "none",
         }
     }
@@ -80,7 +84,7 @@ impl fmt::Display for InvalidRunSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential or full and a stack of full or none (e.g. fixed:none)",
+            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential or full and a stack of full, adaptive or none (e.g. fixed:none)",
             self.0
         )
     }
@@ -97,6 +101,7 @@ impl FromStr for RunSpec {
         let strategy = strategy.parse::<Strategy>().map_err(|_| invalid())?;
         let stack = match stack {
             "full" => ServerStack::Full,
+            "adaptive" => ServerStack::Adaptive,
             "none" => ServerStack::None,
             _ => return Err(invalid()),
         };
@@ -232,6 +237,13 @@ mod tests {
         for spec in RunSpec::DEFAULT {
             assert_eq!(spec.to_string().parse::<RunSpec>(), Ok(spec));
         }
+        assert_eq!(
+            "fixed:adaptive".parse::<RunSpec>(),
+            Ok(RunSpec {
+                strategy: Strategy::Fixed,
+                stack: ServerStack::Adaptive
+            })
+        );
         for bad in [
             "fixed",
             "fixed:",

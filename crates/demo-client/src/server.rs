@@ -4,6 +4,7 @@
 use demo_server::app::{AppConfig, Stack, app, default_rate_limit};
 use demo_server::model::Model;
 use overload_signal::OverloadSignalLayer;
+use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::RateLimitConfig;
 use tower::BoxError;
 
@@ -11,8 +12,9 @@ use crate::experiment::ServerStack;
 
 /// `demo-server`'s router over `model`, with the middleware of `--stack full` (the overload
 /// signal layer with its defaults, the rate limiter at the binary's default rate and burst
-/// for the model: 250 requests per second with bursts of 5 for the article's) or of
-/// `--stack none` (nothing).
+/// for the model: 250 requests per second with bursts of 5 for the article's), of
+/// `--stack adaptive` (the overload signal layer and the adaptive limit, both with their
+/// defaults) or of `--stack none` (nothing).
 ///
 /// # Errors
 ///
@@ -32,6 +34,10 @@ pub fn router(stack: ServerStack, model: Model) -> Result<axum::Router, BoxError
                 .layer()?,
             }
         }
+        ServerStack::Adaptive => Stack::Adaptive {
+            overload: OverloadSignalLayer::default(),
+            adaptive: AdaptiveLimitLayer::new(),
+        },
     };
     Ok(app(AppConfig::new(model).stack(stack)))
 }
@@ -44,7 +50,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn both_stacks_serve_the_api() {
-        for stack in [ServerStack::None, ServerStack::Full] {
+        for stack in [ServerStack::None, ServerStack::Full, ServerStack::Adaptive] {
             let model = Model::new(LatencyModel::default());
             let router = router(stack, model).unwrap();
             let response = router

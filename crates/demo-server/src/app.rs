@@ -13,7 +13,7 @@ use axum::routing::{MethodRouter, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
 use overload_signal::{OverloadSignalLayer, is_overloaded};
-use ratelimit_layer::RateLimitLayer;
+use ratelimit_layer::{AdaptiveLimitLayer, RateLimitLayer};
 use tower::util::MapResponseLayer;
 
 use crate::downstream::Downstream;
@@ -25,9 +25,10 @@ use crate::model::{LatencyModel, Model};
 /// records them but never installs a recorder; without one (as in an in-process simulation)
 /// recording costs next to nothing.
 pub mod metric_names {
-    /// Counter of `/api` responses, labelled `outcome`: `served` (2xx), `rejected` (429,
-    /// the rate limiter), `stop_signal` (a response carrying the stop-retrying signal),
-    /// `failed` (anything else).
+    /// Counter of `/api` responses, labelled `outcome`: `served` (2xx), `rejected` (429
+    /// from the rate limiter, or 503 with `Retry-After` from the adaptive limit),
+    /// `stop_signal` (a response carrying the stop-retrying signal), `failed` (anything
+    /// else).
     pub const REQUESTS: &str = "demo_server_requests_total";
     /// Gauge: requests inside the model when `/metrics` was scraped.
     pub const CONCURRENCY: &str = "demo_server_concurrency";
@@ -95,6 +96,7 @@ pub struct AppConfig {
     downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
     stats: ServerStats,
+    admin: bool,
 }
 
 /// What stands in front of the model on `/api`.
@@ -113,6 +115,37 @@ pub enum Stack {
         /// The rate limiter.
         rate_limit: RateLimitLayer,
     },
+    /// [`OverloadSignalLayer`] outside [`AdaptiveLimitLayer`], in front of the model: no
+    /// rate configured, the limit finds the model's capacity from its latency.
+    ///
+    /// ```text
+    /// network ──► OverloadSignalLayer ──► AdaptiveLimitLayer ──► model
+    /// ```
+    Adaptive {
+        /// The overload layer; keep a clone to read its histogram.
+        overload: OverloadSignalLayer,
+        /// The adaptive limit; keep a clone to read its [status](AdaptiveLimitLayer::status).
+        adaptive: AdaptiveLimitLayer,
+    },
+}
+
+impl Stack {
+    /// The name `demo-server --stack` takes for this stack.
+    pub const fn name(&self) -> &'static str {
+        match self {
+            Stack::None => "none",
+            Stack::Full { .. } => "full",
+            Stack::Adaptive { .. } => "adaptive",
+        }
+    }
+
+    /// The overload layer of the stack, if it has one.
+    pub fn overload(&self) -> Option<&OverloadSignalLayer> {
+        match self {
+            Stack::None => None,
+            Stack::Full { overload, .. } | Stack::Adaptive { overload, .. } => Some(overload),
+        }
+    }
 }
 
 impl AppConfig {
@@ -125,7 +158,16 @@ impl AppConfig {
             downstream: None,
             metrics: None,
             stats: ServerStats::default(),
+            admin: false,
         }
+    }
+
+    /// Serves `GET` and `PUT /admin/capacity`, which read and change the model's capacity
+    /// at run time ([`Model::set_capacity`]). Default: off, since anyone who can reach the
+    /// server could change it.
+    pub fn admin(mut self, enabled: bool) -> Self {
+        self.admin = enabled;
+        self
     }
 
     /// Puts `stack` in front of the model. Default [`Stack::None`].
@@ -180,7 +222,8 @@ struct Counts {
 pub struct StatsSnapshot {
     /// 2xx responses.
     pub served: u64,
-    /// 429 responses without the stop signal.
+    /// Rejections without the stop signal: 429 (the rate limiter), or 503 with
+    /// `Retry-After` (the adaptive limit).
     pub rejected: u64,
     /// Responses carrying the stop-retrying signal.
     pub stop_signals: u64,
@@ -218,7 +261,10 @@ impl ServerStats {
             (&c.stop_signals, STOP_SIGNAL)
         } else if response.status().is_success() {
             (&c.served, SERVED)
-        } else if response.status() == StatusCode::TOO_MANY_REQUESTS {
+        } else if response.status() == StatusCode::TOO_MANY_REQUESTS
+            || (response.status() == StatusCode::SERVICE_UNAVAILABLE
+                && response.headers().contains_key(header::RETRY_AFTER))
+        {
             (&c.rejected, REJECTED)
         } else {
             (&c.failed, FAILED)
@@ -255,6 +301,10 @@ struct AppState {
 /// - `GET /healthz`: `200 OK` with `ok\n` at once, never limited.
 /// - `GET /metrics`: Prometheus text from the handle given to [`AppConfig::metrics`] (route
 ///   absent without one); see [`metric_names`].
+/// - `GET /admin/capacity` and `PUT /admin/capacity` (only with [`AppConfig::admin`]): the
+///   model's capacity (the article's knee, the M/M/c workers) as a decimal number; `PUT`
+///   a positive decimal body to change it, answered with `before -> after`. `400` for a
+///   body that is not a positive number, `409` for the `instant` model.
 ///
 /// Every `/api` response is counted in [`AppConfig::stats`] and [`metric_names::REQUESTS`].
 pub fn app(config: AppConfig) -> Router {
@@ -264,6 +314,7 @@ pub fn app(config: AppConfig) -> Router {
         downstream,
         metrics,
         stats,
+        admin,
     } = config;
     let has_metrics = metrics.is_some();
     let api: MethodRouter<AppState> = match stack {
@@ -276,6 +327,9 @@ pub fn app(config: AppConfig) -> Router {
         } => get(api)
             .layer::<_, Infallible>(rate_limit)
             .layer::<_, Infallible>(overload),
+        Stack::Adaptive { overload, adaptive } => get(api)
+            .layer::<_, Infallible>(adaptive)
+            .layer::<_, Infallible>(overload),
     };
     let api = api.layer(MapResponseLayer::new(move |response: Response| {
         stats.record(&response);
@@ -286,6 +340,11 @@ pub fn app(config: AppConfig) -> Router {
         .route("/healthz", get(healthz));
     let router = if has_metrics {
         router.route("/metrics", get(render_metrics))
+    } else {
+        router
+    };
+    let router = if admin {
+        router.route("/admin/capacity", get(capacity).put(set_capacity))
     } else {
         router
     };
@@ -337,6 +396,32 @@ async fn api(State(state): State<AppState>) -> Response {
 #[allow(clippy::unused_async)]
 async fn healthz() -> &'static str {
     "ok\n"
+}
+
+#[allow(clippy::unused_async)]
+async fn capacity(State(state): State<AppState>) -> Response {
+    match state.model.capacity() {
+        Some(capacity) => format!("{capacity}\n").into_response(),
+        None => (StatusCode::CONFLICT, "the instant model has no capacity\n").into_response(),
+    }
+}
+
+#[allow(clippy::unused_async)]
+async fn set_capacity(State(state): State<AppState>, body: String) -> Response {
+    let Ok(capacity) = body.trim().parse::<std::num::NonZeroUsize>() else {
+        return (
+            StatusCode::BAD_REQUEST,
+            format!("the capacity must be a positive whole number, got {body:?}\n"),
+        )
+            .into_response();
+    };
+    match state.model.set_capacity(capacity) {
+        Ok(before) => {
+            tracing::info!(%before, after = %capacity, "model capacity changed");
+            format!("{before} -> {capacity}\n").into_response()
+        }
+        Err(e) => (StatusCode::CONFLICT, format!("{e}\n")).into_response(),
+    }
 }
 
 #[allow(clippy::unused_async)]

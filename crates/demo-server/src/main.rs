@@ -21,6 +21,7 @@ use demo_server::server::{
 };
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
+use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::ClientIp;
 use ratelimit_layer::redis::RedisStore;
@@ -47,9 +48,13 @@ the model: above --rate-limit requests are rejected at once with 429 Too Many Re
 Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
 were retries (the X-Request-Attempt header), rejections become 503 with
 X-Overloaded: stop-retrying.
---stack none serves the bare model.
+--stack adaptive puts the overload-signal layer in front of an adaptive concurrency limit
+instead: no rate configured, it finds the model's capacity from its latency and rejects above
+it with 503 Service Unavailable and Retry-After. --stack none serves the bare model.
 
-Other routes: GET /healthz (never limited), GET /metrics (Prometheus text).
+Other routes: GET /healthz (never limited), GET /metrics (Prometheus text), and with --admin
+GET and PUT /admin/capacity, the model's capacity (article: the knee; mmc: the workers),
+to change it while the server runs.
 Once a second a status line is printed on standard output. Ctrl-C (SIGINT) or SIGTERM stops
 the server after in-flight requests finish; a second Ctrl-C stops it at once.";
 
@@ -58,6 +63,8 @@ Examples:
   demo-server                                  the article's server behind the full stack
   demo-server --stack none                     the article's server, bare
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
+  demo-server --stack adaptive --admin         no rate: the limit adapts; then halve the capacity:
+      curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
   oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
@@ -76,7 +83,8 @@ struct Cli {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
     listen: SocketAddr,
 
-    /// What stands in front of the model: `full` (overload signal + rate limiter) or `none`.
+    /// What stands in front of the model: `full` (overload signal + rate limiter),
+    /// `adaptive` (overload signal + adaptive limit, no rate) or `none`.
     #[arg(long, value_enum, default_value_t = StackArg::Full)]
     stack: StackArg,
 
@@ -215,6 +223,12 @@ struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
     redis_budget: Option<Duration>,
 
+    /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
+    /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
+    /// reach the server could change it.
+    #[arg(long)]
+    admin: bool,
+
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
@@ -232,6 +246,8 @@ enum AbandonedArg {
 enum StackArg {
     /// Overload signal and rate limiter in front of the model.
     Full,
+    /// Overload signal and an adaptive concurrency limit (no rate) in front of the model.
+    Adaptive,
     /// The bare model.
     None,
 }
@@ -277,6 +293,7 @@ struct Plan {
     latency: LatencyModel,
     stack: Stack,
     downstream: Option<Downstream>,
+    admin: bool,
     redis: Option<RedisStore>,
     quiet: bool,
 }
@@ -307,6 +324,15 @@ impl Cli {
             ModelArg::Instant => LatencyModel::Instant,
         };
         let redis = self.redis_config()?;
+        if redis.is_some() && self.stack != StackArg::Full {
+            return Err(format!(
+                "--redis-url keeps the rate limit of --stack full in Redis; --stack {} has none",
+                self.stack
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default()
+            ));
+        }
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Full => Stack::Full {
@@ -316,6 +342,10 @@ impl Cli {
                     Some(redis) => self.rate_limit_config().redis_layer(redis),
                 }
                 .map_err(|e| e.to_string())?,
+            },
+            StackArg::Adaptive => Stack::Adaptive {
+                overload: OverloadSignalLayer::default(),
+                adaptive: AdaptiveLimitLayer::new(),
             },
         };
         let downstream = self
@@ -340,6 +370,7 @@ impl Cli {
             latency,
             stack,
             downstream,
+            admin: self.admin,
             redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
@@ -438,11 +469,14 @@ async fn serve(plan: Plan) -> Result<(), String> {
         }
     }
     let model = Model::new(plan.latency);
-    let histogram = match &plan.stack {
-        Stack::Full { overload, .. } => Some(overload.histogram().clone()),
-        Stack::None => None,
+    let histogram = plan.stack.overload().map(|o| o.histogram().clone());
+    let adaptive = match &plan.stack {
+        Stack::Adaptive { adaptive, .. } => Some(adaptive.clone()),
+        Stack::None | Stack::Full { .. } => None,
     };
+    let stack_name = plan.stack.name();
     let mut config = AppConfig::new(model.clone())
+        .admin(plan.admin)
         .stack(plan.stack)
         .metrics(metrics.clone());
     if let Some(downstream) = plan.downstream {
@@ -455,7 +489,7 @@ async fn serve(plan: Plan) -> Result<(), String> {
     println!(
         "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}; abandoned requests: {}{}",
         describe(model.latency()),
-        if histogram.is_some() { "full" } else { "none" },
+        stack_name,
         match server_config.abandoned() {
             Abandoned::Serve => "served to the end",
             Abandoned::Cancel => "cancelled",
@@ -470,6 +504,7 @@ async fn serve(plan: Plan) -> Result<(), String> {
         stats,
         server.stats(),
         histogram,
+        adaptive,
         metrics,
         plan.quiet,
     ));
@@ -555,6 +590,7 @@ async fn status_lines(
     stats: ServerStats,
     connections: ConnectionStats,
     histogram: Option<AttemptHistogram>,
+    adaptive: Option<AdaptiveLimitLayer>,
     metrics: PrometheusHandle,
     quiet: bool,
 ) {
@@ -591,6 +627,22 @@ async fn status_lines(
             retry_share,
             connections.open(),
         );
+        if let Some(adaptive) = &adaptive {
+            let a = adaptive.status();
+            println!(
+                "  adaptive limit: {}, in flight: {}, baseline: {:?}, latency: {:?}{}, capacity: {}",
+                a.limit,
+                a.in_flight,
+                a.baseline.unwrap_or_default(),
+                a.latency.unwrap_or_default(),
+                if a.probing {
+                    " (measuring the baseline)"
+                } else {
+                    ""
+                },
+                model.capacity().map_or(0, |c| c.get()),
+            );
+        }
     }
 }
 
@@ -752,6 +804,23 @@ mod tests {
     }
 
     #[test]
+    fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
+        let plan = parse(&[]).unwrap().plan().unwrap();
+        assert!(!plan.admin);
+        let cli = parse(&["--stack", "adaptive", "--admin", "--model", "mmc"]).unwrap();
+        let plan = cli.plan().unwrap();
+        assert!(plan.admin);
+        let Stack::Adaptive { adaptive, .. } = plan.stack else {
+            panic!("not the adaptive stack")
+        };
+        assert!(adaptive.status().probing, "nothing measured yet");
+        assert_eq!(
+            adaptive.status().limit,
+            AdaptiveLimitLayer::DEFAULT_MIN_LIMIT
+        );
+    }
+
+    #[test]
     fn the_rate_limit_flags_take_every_name_of_the_library() {
         for algorithm in Algorithm::ALL {
             let cli = parse(&["--algorithm", algorithm.as_str()]).unwrap();
@@ -792,6 +861,15 @@ mod tests {
             (&["--growth", "0.5"], "growth"),
             (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
             (&["--downstream", "https://example.com/"], "http://"),
+            (
+                &[
+                    "--stack",
+                    "adaptive",
+                    "--redis-url",
+                    "redis://127.0.0.1:6379",
+                ],
+                "--redis-url keeps the rate limit of --stack full in Redis; --stack adaptive has none",
+            ),
             (&["--downstream", "/api"], "http://"),
             (
                 &["--header-read-timeout", "0s"],

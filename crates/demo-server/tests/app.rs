@@ -179,3 +179,77 @@ fn default_rate_limits_follow_the_models() {
     let mmc = LatencyModel::Mmc(MmcModel::builder().seed(1).build().unwrap());
     assert_eq!(default_rate_limit(&mmc), (183, 10));
 }
+
+#[tokio::test]
+async fn admin_capacity_is_off_by_default_and_changes_the_model_when_on() {
+    let model = Model::new(LatencyModel::default());
+    let router = app(AppConfig::new(model.clone()));
+    let response = router.oneshot(get("/admin/capacity")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+
+    let router = app(AppConfig::new(model.clone()).admin(true));
+    let response = router
+        .clone()
+        .oneshot(get("/admin/capacity"))
+        .await
+        .unwrap();
+    assert_eq!(body_text(response).await, "30\n");
+    let put = |body: &'static str| {
+        Request::put("/admin/capacity")
+            .body(Body::from(body))
+            .unwrap()
+    };
+    let response = router.clone().oneshot(put("15\n")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(body_text(response).await, "30 -> 15\n");
+    assert_eq!(model.capacity().unwrap().get(), 15);
+    for junk in ["0", "-3", "half", ""] {
+        let response = router.clone().oneshot(put(junk)).await.unwrap();
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{junk:?}");
+    }
+    assert_eq!(model.capacity().unwrap().get(), 15);
+
+    let instant = app(AppConfig::new(Model::new(LatencyModel::Instant)).admin(true));
+    let response = instant.oneshot(put("5")).await.unwrap();
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_adaptive_stack_rejects_above_its_limit_and_counts_rejections() {
+    let adaptive = ratelimit_layer::AdaptiveLimitLayer::new();
+    let stack = Stack::Adaptive {
+        overload: OverloadSignalLayer::default(),
+        adaptive: adaptive.clone(),
+    };
+    assert_eq!(stack.name(), "adaptive");
+    let model = Model::new(LatencyModel::default());
+    let config = AppConfig::new(model).stack(stack);
+    let stats = config.stats().clone();
+    let router = app(config);
+    // While the baseline is measured the limit is 3: three are served, the rest rejected
+    // with 503 and Retry-After, at once.
+    let handles: Vec<_> = (0..10)
+        .map(|_| tokio::spawn(router.clone().oneshot(get("/api"))))
+        .collect();
+    let mut statuses = Vec::new();
+    for h in handles {
+        let response = h.await.unwrap().unwrap();
+        if response.status() == StatusCode::SERVICE_UNAVAILABLE {
+            assert_eq!(response.headers()[http::header::RETRY_AFTER], "1");
+            assert!(!is_stop_signal(response.headers()));
+        }
+        statuses.push(response.status());
+    }
+    let served = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(served, 3, "{statuses:?}");
+    assert_eq!(
+        stats.snapshot(),
+        StatsSnapshot {
+            served: 3,
+            rejected: 7,
+            stop_signals: 0,
+            failed: 0
+        }
+    );
+    assert_eq!(adaptive.status().in_flight, 0);
+}

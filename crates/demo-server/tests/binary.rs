@@ -129,7 +129,10 @@ fn bad_flags_exit_with_usage_errors() {
         .unwrap();
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.contains("[possible values: full, none]"), "{stderr}");
+    assert!(
+        stderr.contains("[possible values: full, adaptive, none]"),
+        "{stderr}"
+    );
 
     let out = Command::new(BIN)
         .args(["--algorithm", "fixed-window", "--burst", "3"])

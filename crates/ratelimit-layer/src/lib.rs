@@ -38,6 +38,13 @@
 //! [`clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/index.html
 //! [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
 //!
+//! # Without a rate: the adaptive limit
+//!
+//! [`AdaptiveLimitLayer`] needs no figure at all: it measures the latency of the requests
+//! it admits, estimates how many the service can take at once, and rejects the rest with
+//! `503` and `Retry-After` (gRPC: `RESOURCE_EXHAUSTED`). See [`adaptive`] for the
+//! algorithm, its sources and its defaults.
+//!
 //! # Keys
 //!
 //! One global limit by default; or one per client IP ([`key::ClientIp`], forwarding
@@ -182,6 +189,7 @@
 //! - `test-util` (off by default): enables `overload-signal`'s `test-util` feature, so that
 //!   `clock::FakeClock`, a clock that moves only when told to, exists for tests.
 
+pub mod adaptive;
 pub mod algorithm;
 pub mod config;
 pub mod future;
@@ -191,11 +199,13 @@ mod layer;
 pub mod metric_names;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod sync;
 
 // NOTE: not inlined: the module is `overload-signal`'s, documented there.
 #[doc(no_inline)]
 pub use overload_signal::clock;
 
+pub use adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 pub use layer::{RateLimit, RateLimitBuilder, RateLimitLayer};
 pub use overload_signal::{ConfigError, ConfigErrorKind};

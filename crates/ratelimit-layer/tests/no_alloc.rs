@@ -17,7 +17,8 @@ use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::key::{ClientIp, ForwardedHeader, HeaderKey};
 use ratelimit_layer::{
-    FixedWindow, Limiter, RateLimitBuilder, RateLimitLayer, SlidingWindow, TokenBucket,
+    AdaptiveLimitLayer, FixedWindow, Limiter, RateLimitBuilder, RateLimitLayer, SlidingWindow,
+    TokenBucket,
 };
 use tower::{Layer, Service};
 
@@ -133,6 +134,43 @@ fn layers<L: Limiter + Clone>(limiter: &L) -> Vec<(&'static str, RateLimitLayer)
     ]
 }
 
+/// The allocations the adaptive limit makes while it admits `REQUESTS` requests, each
+/// lasting 1 ms on a fake clock, so that sampling windows close (and the limit moves) during
+/// the measured run too.
+fn adaptive_allocations() -> (u64, u64) {
+    let clock = FakeClock::new();
+    let layer = AdaptiveLimitLayer::builder()
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut service = layer.layer(Ok200);
+    let mut run = |requests: Vec<Request<()>>| {
+        let mut cx = Context::from_waker(Waker::noop());
+        for request in requests {
+            assert!(service.poll_ready(&mut cx).is_ready());
+            let mut future = pin!(service.call(request));
+            clock.advance(std::time::Duration::from_millis(1));
+            match future.as_mut().poll(&mut cx) {
+                Poll::Ready(Ok(response)) => assert_eq!(response.status(), StatusCode::OK),
+                _ => panic!("the response was not ready"),
+            }
+        }
+    };
+    // Warm-up: registers the metric handles; ends the first baseline measurement.
+    run(requests(60));
+    assert!(!layer.status().probing);
+    let batch = requests(REQUESTS);
+    let before = dhat::HeapStats::get();
+    run(batch);
+    let after = dhat::HeapStats::get();
+    let counted = (
+        after.total_blocks - before.total_blocks,
+        after.total_bytes - before.total_bytes,
+    );
+    println!("adaptive: {counted:?} (blocks, bytes) for {REQUESTS} admitted requests");
+    counted
+}
+
 fn main() {
     let _profiler = dhat::Profiler::builder().testing().build();
     let recorder = DebuggingRecorder::new();
@@ -149,6 +187,11 @@ fn main() {
         if blocks != 0 {
             failed.push(format!("{name}: {blocks} allocations ({bytes} bytes)"));
         }
+    }
+
+    let (blocks, bytes) = adaptive_allocations();
+    if blocks != 0 {
+        failed.push(format!("adaptive: {blocks} allocations ({bytes} bytes)"));
     }
 
     // The recorder did see every request, so the handles were live, not no-ops.
@@ -173,5 +216,5 @@ fn main() {
         "the admitted path allocated:\n{}",
         failed.join("\n")
     );
-    println!("no_alloc: {} passed, 0 failed", cases.len());
+    println!("no_alloc: {} passed, 0 failed", cases.len() + 1);
 }

@@ -59,10 +59,16 @@ impl ArticleModel {
 
     /// The delay at `concurrency` requests inside (counting the one asking).
     pub fn delay(&self, concurrency: usize) -> Duration {
-        if concurrency <= self.knee {
+        self.delay_with_knee(concurrency, self.knee)
+    }
+
+    /// The delay at `concurrency` requests inside, with `knee` in place of this model's
+    /// (the model's capacity changed at run time).
+    pub(crate) fn delay_with_knee(&self, concurrency: usize, knee: usize) -> Duration {
+        if concurrency <= knee {
             return self.base;
         }
-        let exponent = (concurrency - self.knee) as f64 / self.step as f64;
+        let exponent = (concurrency - knee) as f64 / self.step as f64;
         let secs = self.base.as_secs_f64() * self.growth.powf(exponent);
         // NOTE: `secs` is never negative (base >= 0, growth >= 1); infinity and values past
         // what a `Duration` holds fail the conversion and become the cap, so no concurrency can

@@ -15,6 +15,13 @@
 //! [concurrency](Model::concurrency), the [peak](Model::take_peak_concurrency), the
 //! [last delay](Model::last_delay), and the [`PauseSwitch`] that freezes it like `SIGSTOP`.
 //!
+//! # Capacity at run time
+//!
+//! [`Model::set_capacity`] changes what the model can take while it runs, so that a limit
+//! that adapts (or one that does not) can be watched: the article's knee (the concurrency
+//! up to which a request takes the base delay) or the M/M/c model's number of workers. A
+//! worker removed while busy leaves when it finishes its request.
+//!
 //! # Concurrency and clients that go away
 //!
 //! A request counts toward the concurrency from the moment it enters the model (after the
@@ -55,6 +62,7 @@ pub use pause::{DEFAULT_BACKLOG, PauseSwitch, Refused};
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroUsize;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -133,12 +141,17 @@ struct Shared {
     latency: LatencyModel,
     pause: PauseSwitch,
     /// The `mmc` model's workers, handed out in FIFO order.
-    workers: Option<Semaphore>,
+    workers: Option<Arc<Semaphore>>,
     concurrency: AtomicUsize,
     peak: AtomicUsize,
     last_delay_nanos: AtomicU64,
     /// Numbers requests as they enter, for the `mmc` model's per-request randomness.
     sequence: AtomicU64,
+    /// The capacity in force: the article's knee or the mmc model's workers (0 for
+    /// `instant`, which has none).
+    capacity: AtomicUsize,
+    /// Serialises capacity changes, so that workers are added and removed in order.
+    resizing: std::sync::Mutex<()>,
 }
 
 impl Model {
@@ -151,7 +164,12 @@ impl Model {
     pub fn with_pause_switch(latency: LatencyModel, pause: PauseSwitch) -> Self {
         let workers = match latency {
             LatencyModel::Article(_) | LatencyModel::Instant => None,
-            LatencyModel::Mmc(m) => Some(Semaphore::new(m.workers().get())),
+            LatencyModel::Mmc(m) => Some(Arc::new(Semaphore::new(m.workers().get()))),
+        };
+        let capacity = match latency {
+            LatencyModel::Article(m) => m.knee(),
+            LatencyModel::Mmc(m) => m.workers().get(),
+            LatencyModel::Instant => 0,
         };
         Self {
             shared: Arc::new(Shared {
@@ -162,6 +180,8 @@ impl Model {
                 peak: AtomicUsize::new(0),
                 last_delay_nanos: AtomicU64::new(0),
                 sequence: AtomicU64::new(0),
+                capacity: AtomicUsize::new(capacity),
+                resizing: std::sync::Mutex::new(()),
             }),
         }
     }
@@ -194,6 +214,56 @@ impl Model {
     /// plus service) of the most recently completed request. Zero before the first.
     pub fn last_delay(&self) -> Duration {
         Duration::from_nanos(self.shared.last_delay_nanos.load(Ordering::Relaxed))
+    }
+
+    /// The capacity in force: the `article` model's knee, or the `mmc` model's workers;
+    /// `None` for `instant`, which has no capacity to speak of.
+    pub fn capacity(&self) -> Option<NonZeroUsize> {
+        NonZeroUsize::new(self.shared.capacity.load(Ordering::Relaxed))
+    }
+
+    /// Changes the capacity while the model runs: the `article` model's knee (requests
+    /// already inside take the new delay at their next re-evaluation), or the `mmc` model's
+    /// workers (added at once; removed ones leave as soon as they finish their current
+    /// request, ahead of the queue). Returns the capacity before.
+    ///
+    /// Removing busy `mmc` workers spawns a task that waits for them, so it must be called
+    /// inside a tokio runtime.
+    ///
+    /// # Errors
+    ///
+    /// [`NoCapacity`] for the `instant` model.
+    pub fn set_capacity(&self, capacity: NonZeroUsize) -> Result<NonZeroUsize, NoCapacity> {
+        let shared = &*self.shared;
+        if matches!(shared.latency, LatencyModel::Instant) {
+            return Err(NoCapacity);
+        }
+        let _resizing = shared
+            .resizing
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner);
+        let before = shared.capacity.swap(capacity.get(), Ordering::AcqRel);
+        if let Some(workers) = &shared.workers {
+            let after = capacity.get();
+            if after > before {
+                workers.add_permits(after - before);
+            } else if after < before {
+                let remove = before - after;
+                let idle = workers.forget_permits(remove);
+                if idle < remove {
+                    // NOTE: busy workers are taken as they come free, before any queued
+                    // request (the semaphore is fair), and never given back.
+                    let busy = u32::try_from(remove - idle).unwrap_or(u32::MAX);
+                    let workers = Arc::clone(workers);
+                    tokio::spawn(async move {
+                        if let Ok(permits) = workers.acquire_many(busy).await {
+                            permits.forget();
+                        }
+                    });
+                }
+            }
+        }
+        Ok(NonZeroUsize::new(before).unwrap_or(capacity))
     }
 
     /// Runs one request through the model: waits in the backlog if paused, then for the
@@ -229,7 +299,8 @@ async fn article_work(shared: &Shared, model: &ArticleModel, watcher: &mut Pause
     let mut left = 1.0_f64;
     loop {
         watcher.wait_running().await;
-        let delay = model.delay(shared.concurrency.load(Ordering::Relaxed));
+        let knee = shared.capacity.load(Ordering::Relaxed);
+        let delay = model.delay_with_knee(shared.concurrency.load(Ordering::Relaxed), knee);
         shared.set_last_delay(delay);
         let remaining = delay.mul_f64(left);
         let step = remaining.min(model.tick());
@@ -250,6 +321,18 @@ impl Shared {
         self.last_delay_nanos.store(nanos, Ordering::Relaxed);
     }
 }
+
+/// The `instant` model has no capacity to change.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct NoCapacity;
+
+impl fmt::Display for NoCapacity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("the instant model has no capacity to change")
+    }
+}
+
+impl std::error::Error for NoCapacity {}
 
 /// Counts a request toward the concurrency while it lives.
 struct Inside<'a> {

@@ -282,3 +282,70 @@ async fn mmc_matches_erlang_c_at_150_per_second() {
 async fn mmc_matches_erlang_c_at_183_per_second() {
     mmc_matches_erlang_c(183.0, 60_000).await;
 }
+
+#[tokio::test(start_paused = true)]
+async fn article_capacity_moves_the_knee_at_run_time() {
+    let model = Model::new(LatencyModel::default());
+    assert_eq!(model.capacity().map(NonZeroUsize::get), Some(30));
+    let before = model.set_capacity(NonZeroUsize::new(15).unwrap()).unwrap();
+    assert_eq!(before.get(), 30);
+    // 30 inside is now 15 above the knee: 100 ms * 1.05.
+    let handles: Vec<_> = (0..30).map(|_| spawn_request(&model)).collect();
+    sleep(ms(60)).await;
+    assert!(close_to(
+        model.last_delay(),
+        ms(105),
+        Duration::from_micros(1)
+    ));
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    // Back to 30: flat again.
+    model.set_capacity(NonZeroUsize::new(30).unwrap()).unwrap();
+    let handles: Vec<_> = (0..30).map(|_| spawn_request(&model)).collect();
+    for h in handles {
+        assert_eq!(h.await.unwrap().unwrap(), ms(100));
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn mmc_workers_change_at_run_time_busy_ones_leave_when_done() {
+    let mmc = MmcModel::builder()
+        .workers(NonZeroUsize::new(4).unwrap())
+        .mean_service(ms(50))
+        .seed(3)
+        .build()
+        .unwrap();
+    let model = Model::new(mmc.into());
+    // Four busy workers, four more requests queued.
+    let handles: Vec<_> = (0..8).map(|_| spawn_request(&model)).collect();
+    tokio::task::yield_now().await;
+    // Remove three while all are busy: they leave as they finish.
+    assert_eq!(
+        model
+            .set_capacity(NonZeroUsize::new(1).unwrap())
+            .unwrap()
+            .get(),
+        4
+    );
+    assert_eq!(model.capacity().map(NonZeroUsize::get), Some(1));
+    let workers = model.shared.workers.as_ref().unwrap();
+    for h in handles {
+        h.await.unwrap().unwrap();
+    }
+    sleep(ms(1)).await;
+    assert_eq!(workers.available_permits(), 1, "one worker left");
+    // Grow to three: added at once.
+    model.set_capacity(NonZeroUsize::new(3).unwrap()).unwrap();
+    assert_eq!(workers.available_permits(), 3);
+}
+
+#[test]
+fn instant_has_no_capacity() {
+    let model = Model::new(LatencyModel::Instant);
+    assert_eq!(model.capacity(), None);
+    assert_eq!(
+        model.set_capacity(NonZeroUsize::new(5).unwrap()),
+        Err(NoCapacity)
+    );
+}

@@ -1,0 +1,114 @@
+//! Model tests of the adaptive limit's admission under loom: every interleaving of a few
+//! threads.
+//!
+//! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p ratelimit-layer --lib --release loom`
+//!
+//! The in-flight count and the window's counters are loom's atomics under `cfg(loom)`. The
+//! models check that admission never overdraws the limit (more requests held at once than
+//! it allows), that every admitted request gives its slot back exactly once, whether it
+//! completes or is dropped, and that no outcome recorded into the window is lost.
+
+use std::time::Duration;
+
+use loom::sync::Arc;
+use loom::sync::atomic::{AtomicUsize, Ordering};
+use loom::thread;
+use overload_signal::clock::Clock;
+
+use super::controller::Settings;
+use super::shared::{Complete, Shared};
+
+/// A clock that stands still: windows never close, so the model is admission alone.
+struct Still;
+
+impl Clock for Still {
+    fn now(&self) -> u64 {
+        0
+    }
+}
+
+fn shared(limit: usize) -> Shared<Still> {
+    let settings = Settings {
+        initial_limit: limit,
+        // NOTE: the limit starts at the minimum (the first baseline measurement).
+        min_limit: limit,
+        max_limit: limit,
+        window: Duration::from_millis(100),
+        min_samples: 1_000,
+        quantile: 0.5,
+        tolerance: 1.25,
+        probe_interval: Duration::from_secs(60),
+        probe_jitter: 0.0,
+        probe_samples: 1_000,
+        failure_threshold: 0.1,
+        backoff: 0.9,
+        seed: 0,
+    };
+    Shared::new(settings, Still, Duration::from_secs(1), "loom")
+}
+
+/// Every interleaving: two threads keep the models to a few thousand schedules (a third
+/// multiplies them past what a CI run can wait for).
+fn model(f: impl Fn() + Sync + Send + 'static) {
+    let mut builder = loom::model::Builder::new();
+    builder.preemption_bound = None;
+    builder.check(f);
+}
+
+/// Two requests race for the one slot of a limit of 1: never both held at once, at least
+/// one admitted, and the slot back in the end, whether its request completed or was
+/// dropped.
+#[test]
+fn loom_admission_never_overdraws_and_every_slot_comes_back() {
+    for dropped in [false, true] {
+        model(move || {
+            let shared = Arc::new(shared(1));
+            let held = Arc::new(AtomicUsize::new(0));
+            let admitted = Arc::new(AtomicUsize::new(0));
+            let request = {
+                let shared = Arc::clone(&shared);
+                let held = Arc::clone(&held);
+                let admitted = Arc::clone(&admitted);
+                move |outcome: Option<bool>| {
+                    if let Some(slot) = shared.try_admit() {
+                        admitted.fetch_add(1, Ordering::Relaxed);
+                        let now = held.fetch_add(1, Ordering::AcqRel) + 1;
+                        assert!(now <= 1, "{now} requests held under a limit of 1");
+                        held.fetch_sub(1, Ordering::AcqRel);
+                        shared.complete(&slot, outcome);
+                    }
+                }
+            };
+            let other = request.clone();
+            let t = thread::spawn(move || other(Some(false)));
+            request(if dropped { None } else { Some(true) });
+            t.join().unwrap();
+            assert_eq!(
+                shared.status().in_flight,
+                0,
+                "a slot was lost or given back twice"
+            );
+            assert!(
+                admitted.load(Ordering::Relaxed) >= 1,
+                "a free slot was refused"
+            );
+        });
+    }
+}
+
+/// Two requests complete at once, a success and a failure: the window holds both.
+#[test]
+fn loom_no_recorded_outcome_is_lost() {
+    model(|| {
+        let shared = Arc::new(shared(2));
+        let other = Arc::clone(&shared);
+        let t = thread::spawn(move || {
+            let slot = other.try_admit().expect("under the limit");
+            other.complete(&slot, Some(true));
+        });
+        let slot = shared.try_admit().expect("under the limit");
+        shared.complete(&slot, Some(false));
+        t.join().unwrap();
+        assert_eq!(shared.outcomes(), 2);
+    });
+}

@@ -1,0 +1,182 @@
+//! An adaptive concurrency limit: survive overload with no capacity figure configured.
+//!
+//! A rate limit protects a server only when its rate is right: too high and it protects
+//! nothing, too low and it turns good traffic away, and it is wrong again after every deploy
+//! or when a dependency slows down. [`AdaptiveLimitLayer`] needs no figure: it measures the
+//! latency of the requests it admits, finds how many requests the service can take at once
+//! before they start to queue, and rejects the rest at once:
+//!
+//! | | HTTP | gRPC (`content-type: application/grpc...`) |
+//! |---|---|---|
+//! | rejected | `503 Service Unavailable`, `Retry-After` (whole seconds, at least 1) | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms` |
+//! | admitted | the inner response, untouched | same |
+//!
+//! Put `overload-signal`'s `OverloadSignalLayer` **outside** it, as outside any rate limiter:
+//! when the attempt histogram shows that retries dominate, the overload layer turns these
+//! rejections into the stop signal, so that clients stop retrying instead of multiplying
+//! the load.
+//!
+//! # The algorithm: a gradient on a measured baseline
+//!
+//! The limit `L` bounds the requests in flight. Latencies of admitted requests are sampled
+//! in windows (at least [`window`](AdaptiveLimitBuilder::window) long and at least
+//! [`min_samples`](AdaptiveLimitBuilder::min_samples) outcomes), and at the end of each
+//! window, with `s` the window's latency percentile (the median by default) and `b` the
+//! baseline:
+//!
+//! ```text
+//! gradient = clamp(b * tolerance / s, 0.5, 2)
+//! L        = clamp(gradient * L + sqrt(L), min_limit, max_limit)   while gradient >= 1
+//! L        = clamp(gradient * L,           min_limit, max_limit)   while gradient < 1
+//! ```
+//!
+//! While requests do not queue, `s` stays near `b`, the gradient is `tolerance` (1.25)
+//! and `L` grows, by at least `sqrt(L)` per window, so the limit keeps looking for more
+//! capacity; once they queue, `s` rises past `tolerance * b` and `L` shrinks in proportion.
+//! `L` settles around the concurrency at which the latency is `tolerance * b`. Two guards:
+//!
+//! - the limit grows only when at least half of it was in use during the window: a limit
+//!   that traffic never reached says nothing, and growing it would let a burst in all at
+//!   once;
+//! - a window where at least [`failure_threshold`](AdaptiveLimitBuilder::failure_threshold)
+//!   of the outcomes were [overload failures](#failures) multiplies `L` by
+//!   [`backoff`](AdaptiveLimitBuilder::backoff) (0.9), whatever the latency.
+//!
+//! **The baseline** `b` is the no-load latency, measured, not guessed: at start, every
+//! [`probe_interval`](AdaptiveLimitBuilder::probe_interval) (60 s, with 15 % jitter) while
+//! the limit is rejecting requests, and whenever the limit sat at its floor for 5 windows in
+//! a row (the service may have become slower for good), the limit drops to
+//! [`min_limit`](AdaptiveLimitBuilder::min_limit) (3) until
+//! [`probe_samples`](AdaptiveLimitBuilder::probe_samples) (50) requests admitted under it
+//! have completed; their percentile is the new baseline and the previous limit is restored.
+//! Requests admitted before the measurement started are not counted in it. A periodic
+//! measurement that falls due while the limit rejects nobody is put off by one interval:
+//! the baseline then decides nothing, and measuring would turn away traffic that a healthy
+//! service can take. (Envoy measures on schedule whatever the load.)
+//!
+//! **Why this one.** A baseline taken from a slowly moving average (Netflix's Gradient2)
+//! drifts upward under sustained overload, since every sample is already queued; a
+//! minimum of single samples (Vegas) is meaningless when service times vary (the minimum
+//! of exponential service times is near zero). Measuring a percentile at a low
+//! concurrency, as Envoy's adaptive concurrency filter does, gives a baseline that does
+//! not drift, at the price of a short period at the minimum limit per minute; comparing
+//! percentiles of whole windows keeps the noise of single requests out of the limit.
+//!
+//! Sources: Envoy's adaptive concurrency filter (the gradient controller: the baseline
+//! measured at low concurrency, the gradient clamped to `0.5..=2`, the `sqrt` headroom, the
+//! p50 aggregate, the 25 % buffer, `min_concurrency` 3, 50 requests per measurement, 15 %
+//! jitter, at most 1000); Netflix's concurrency-limits (the gradient idea, the initial limit
+//! of 20, the AIMD backoff of 0.9 on drops); TCP Vegas (queueing is visible in latency before
+//! it is visible in losses). The implementation and its combination are this crate's.
+//!
+//! # Failures
+//!
+//! An admitted request ends in one of three ways:
+//!
+//! - a response that is not an overload failure (any 2xx, 3xx, 4xx other than 429, any 5xx
+//!   other than 503 and 504): its latency is sampled;
+//! - an **overload failure**: HTTP 429, 503 or 504, gRPC `DEADLINE_EXCEEDED`,
+//!   `RESOURCE_EXHAUSTED` or `UNAVAILABLE` in the response head, or an error from the inner
+//!   service. Counted toward the failure share; its latency is not sampled (a fast failure
+//!   says nothing about queueing);
+//! - its future is dropped before it completes (the client went away, a timeout above
+//!   fired): its slot is freed and nothing is recorded.
+//!
+//! # Examples
+//!
+//! With the defaults, in a `tower::ServiceBuilder`, under the overload layer:
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use http::{Request, Response};
+//! use overload_signal::OverloadSignalLayer;
+//! use ratelimit_layer::AdaptiveLimitLayer;
+//! use tower::{ServiceBuilder, ServiceExt, service_fn};
+//!
+//! # #[tokio::main(flavor = "current_thread")]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let service = ServiceBuilder::new()
+//!     // Outermost: sees the limit's rejections.
+//!     .layer(OverloadSignalLayer::default())
+//!     .layer(AdaptiveLimitLayer::new())
+//!     .service(service_fn(|_: Request<String>| async {
+//!         Ok::<_, Infallible>(Response::new(String::from("hello")))
+//!     }));
+//! let response = service.oneshot(Request::new(String::new())).await?;
+//! assert_eq!(response.status(), 200);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Customised, in axum, whose `Router::layer` wraps in the opposite order of
+//! `ServiceBuilder` (the last layer added is the outermost):
+//!
+//! ```no_run
+//! use std::time::Duration;
+//! use axum::{Router, routing::get};
+//! use overload_signal::OverloadSignalLayer;
+//! use ratelimit_layer::AdaptiveLimitLayer;
+//!
+//! # #[tokio::main]
+//! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let adaptive = AdaptiveLimitLayer::builder()
+//!     // Settle nearer the no-load latency, and never admit more than 200 at once.
+//!     .tolerance(1.1)
+//!     .max_limit(200)
+//!     .policy_name("api")
+//!     .build()?;
+//! let status = adaptive.clone();
+//! let app = Router::new()
+//!     .route("/api", get(|| async { "hello" }))
+//!     .layer(adaptive)
+//!     .layer(OverloadSignalLayer::default());
+//! tokio::spawn(async move {
+//!     loop {
+//!         tokio::time::sleep(Duration::from_secs(1)).await;
+//!         println!("limit: {}", status.status().limit);
+//!     }
+//! });
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8070").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! In tonic, whose `Server::builder().layer(..)` wraps in `ServiceBuilder`'s order: add the
+//! overload layer first. Rejections are then `RESOURCE_EXHAUSTED` with
+//! `grpc-retry-pushback-ms`.
+//!
+//! # Metrics
+//!
+//! Through the `metrics` facade, labelled `policy` ([`policy_name`](AdaptiveLimitBuilder::policy_name));
+//! the names are in [`metric_names`](crate::metric_names). Registered on the first request
+//! and kept; the gauges change once per window.
+//!
+//! | name | kind | meaning |
+//! |---|---|---|
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service |
+//! | `ratelimit_layer_adaptive_rejected_total` | counter | requests rejected at the limit |
+//! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force |
+//! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency |
+//! | `ratelimit_layer_adaptive_latency_seconds` | gauge | the last window's latency percentile |
+//!
+//! # What a request costs
+//!
+//! Admission is a compare-and-swap on the in-flight count, an atomic maximum (the window's
+//! peak), a clock read and a counter increment; completion is an atomic subtraction, a clock
+//! read and two atomic additions into the window's histogram. The in-flight count is one
+//! shared word, as in any concurrency limit (tower's and tower-acc's semaphores included). Once per window one thread (never a waiting one: the lock is only tried)
+//! reads the histogram and moves the limit. Nothing on the admitted path allocates.
+
+mod controller;
+pub mod future;
+mod layer;
+#[cfg(all(test, loom))]
+mod loom_tests;
+mod sampler;
+mod service;
+mod shared;
+
+pub use layer::{AdaptiveLimitBuilder, AdaptiveLimitLayer};
+pub use service::AdaptiveLimit;
+pub use shared::Status;

@@ -1,0 +1,102 @@
+//! The middleware: [`AdaptiveLimit`].
+
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use http::header::RETRY_AFTER;
+use http::{Request, Response, StatusCode};
+use overload_signal::clock::{Clock, TokioClock};
+use overload_signal::protocol::{Protocol, format_retry_after, too_many_requests_response};
+use tower_service::Service;
+
+use super::future::{Guard, ResponseFuture};
+use super::shared::{Complete, Shared};
+
+/// Admits requests up to an adaptive concurrency limit and rejects the rest at once; see
+/// the [module docs](super).
+///
+/// Built by [`AdaptiveLimitLayer`](super::AdaptiveLimitLayer); clones share the same
+/// limit. The wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
+pub struct AdaptiveLimit<S, C = TokioClock> {
+    inner: S,
+    shared: Arc<Shared<C>>,
+}
+
+impl<S, C> AdaptiveLimit<S, C> {
+    pub(super) const fn new(inner: S, shared: Arc<Shared<C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    overload_signal::define_inner_service_accessors!();
+}
+
+impl<S: Clone, C> Clone for AdaptiveLimit<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C> fmt::Debug for AdaptiveLimit<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("AdaptiveLimit")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveLimit<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+    C: Clock,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    /// Delegates to the inner service.
+    ///
+    /// Admission is decided in `call`: the limit counts requests in flight, which only
+    /// `call` starts, and a rejection needs no capacity of the inner service. As with
+    /// [`RateLimit`](crate::RateLimit), a rejected request leaves the readiness the inner
+    /// service reserved for the next `call` on this instance.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        match self.shared.try_admit() {
+            Some(admitted) => ResponseFuture::admitted(
+                self.inner.call(request),
+                Guard::new(Arc::clone(&self.shared) as Arc<dyn Complete>, admitted),
+            ),
+            None => {
+                tracing::trace!("adaptive limit reached");
+                let protocol = Protocol::of_request(&request);
+                ResponseFuture::rejected(rejection(protocol, self.shared.retry_after))
+            }
+        }
+    }
+}
+
+/// The rejection: HTTP `503 Service Unavailable` with `Retry-After`; gRPC
+/// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`.
+pub(super) fn rejection<B: Default>(protocol: Protocol, retry_after: Duration) -> Response<B> {
+    match protocol {
+        Protocol::Http => {
+            let mut response = Response::new(B::default());
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            response
+                .headers_mut()
+                .insert(RETRY_AFTER, format_retry_after(retry_after));
+            response
+        }
+        Protocol::Grpc => too_many_requests_response(protocol, retry_after),
+    }
+}

@@ -1,0 +1,372 @@
+//! The adaptive limit's behaviour: the wire protocol of its rejections, its slots, and that
+//! it finds a service's capacity, under paused tokio time.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use overload_signal::OverloadSignalLayer;
+use overload_signal::protocol::{self, Attempt};
+use ratelimit_layer::AdaptiveLimitLayer;
+use ratelimit_layer::clock::FakeClock;
+use tokio::sync::{Notify, Semaphore};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+
+/// A service that answers only when `release` is notified, counting calls.
+fn held(
+    release: Arc<Notify>,
+    calls: Arc<AtomicUsize>,
+) -> impl Service<Request<()>, Response = Response<()>, Error = Infallible, Future: Send>
++ Clone
++ Send
++ 'static {
+    service_fn(move |_req: Request<()>| {
+        let release = Arc::clone(&release);
+        calls.fetch_add(1, Ordering::SeqCst);
+        async move {
+            release.notified().await;
+            Ok::<_, Infallible>(Response::new(()))
+        }
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn rejects_above_the_limit_with_503_and_retry_after() {
+    let release = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AdaptiveLimitLayer::builder()
+        .retry_after(Duration::from_millis(1500))
+        .build()
+        .unwrap();
+    let service = layer.layer(held(Arc::clone(&release), Arc::clone(&calls)));
+    // The limit starts at the minimum, 3, while the baseline is measured.
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        pending.push(tokio::spawn(service.clone().oneshot(Request::new(()))));
+    }
+    tokio::task::yield_now().await;
+    assert_eq!(layer.status().in_flight, 3);
+
+    let rejected = service.clone().oneshot(Request::new(())).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert_eq!(rejected.headers()[http::header::RETRY_AFTER], "2");
+    assert!(!protocol::is_stop_signal(rejected.headers()));
+
+    let grpc = Request::builder()
+        .header(http::header::CONTENT_TYPE, "application/grpc")
+        .body(())
+        .unwrap();
+    let rejected = service.clone().oneshot(grpc).await.unwrap();
+    assert_eq!(rejected.status(), StatusCode::OK);
+    assert_eq!(rejected.headers()[protocol::GRPC_STATUS], "8");
+    assert_eq!(rejected.headers()[protocol::GRPC_RETRY_PUSHBACK_MS], "1500");
+
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        3,
+        "rejections never reach the service"
+    );
+
+    release.notify_waiters();
+    for p in pending {
+        assert_eq!(p.await.unwrap().unwrap().status(), StatusCode::OK);
+    }
+    assert_eq!(layer.status().in_flight, 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_dropped_request_frees_its_slot() {
+    let release = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AdaptiveLimitLayer::new();
+    let mut service = layer.layer(held(release, calls));
+    let futures: Vec<_> = (0..3).map(|_| service.call(Request::new(()))).collect();
+    assert_eq!(layer.status().in_flight, 3);
+    drop(futures);
+    assert_eq!(layer.status().in_flight, 0);
+    let response = service
+        .ready()
+        .await
+        .unwrap()
+        .call(Request::new(()))
+        .now_or_never_admitted();
+    assert!(response, "a slot is free again");
+}
+
+/// Whether a response future is for an admitted request (it is still pending on the held
+/// inner service) rather than a ready rejection.
+trait NowOrNever {
+    fn now_or_never_admitted(self) -> bool;
+}
+
+impl<F: Future> NowOrNever for F {
+    fn now_or_never_admitted(self) -> bool {
+        let waker = std::task::Waker::noop();
+        let mut cx = std::task::Context::from_waker(waker);
+        let mut future = std::pin::pin!(self);
+        future.as_mut().poll(&mut cx).is_pending()
+    }
+}
+
+#[test]
+fn clones_share_one_limit_and_the_fake_clock_measures_latency() {
+    let clock = FakeClock::new();
+    let layer = AdaptiveLimitLayer::builder()
+        .clock(clock.clone())
+        .probe_samples(5)
+        .initial_limit(7)
+        .build()
+        .unwrap();
+    let other = layer.clone();
+    let ok = service_fn(|_: Request<()>| async { Ok::<_, Infallible>(Response::new(())) });
+    let mut a = layer.layer(ok);
+    let mut b = other.layer(ok);
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    // Five requests of 40 ms each, started and finished by hand on the fake clock.
+    for i in 0..5 {
+        let service = if i % 2 == 0 { &mut a } else { &mut b };
+        let mut future = Box::pin(service.call(Request::new(())));
+        clock.advance(Duration::from_millis(40));
+        assert!(future.as_mut().poll(&mut cx).is_ready());
+    }
+    let status = other.status();
+    assert!(!status.probing, "five samples end the probe");
+    let baseline = status.baseline.unwrap();
+    assert!(
+        baseline.abs_diff(Duration::from_millis(40)) <= Duration::from_millis(3),
+        "{baseline:?}"
+    );
+    assert_eq!(status.limit, 7, "back at the initial limit");
+}
+
+#[tokio::test(start_paused = true)]
+async fn overload_failures_lower_the_limit() {
+    let layer = AdaptiveLimitLayer::builder()
+        .probe_samples(10)
+        .min_samples(10)
+        .initial_limit(50)
+        .build()
+        .unwrap();
+    let failing = AtomicUsize::new(0);
+    let failing = Arc::new(failing);
+    let f = Arc::clone(&failing);
+    let service = layer.layer(service_fn(move |_: Request<()>| {
+        let fail = f.load(Ordering::SeqCst) == 1;
+        async move {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            let mut r = Response::new(());
+            if fail {
+                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            }
+            Ok::<_, Infallible>(r)
+        }
+    }));
+    // End the probe: ten successes.
+    for _ in 0..10 {
+        service.clone().oneshot(Request::new(())).await.unwrap();
+    }
+    assert_eq!(layer.status().limit, 50);
+    failing.store(1, Ordering::SeqCst);
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        service.clone().oneshot(Request::new(())).await.unwrap();
+    }
+    let limit = layer.status().limit;
+    assert!(limit < 50, "{limit}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_the_overload_layer_rejections_become_the_stop_signal_when_retries_dominate() {
+    let release = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let service = ServiceBuilder::new()
+        .layer(OverloadSignalLayer::default())
+        .layer(AdaptiveLimitLayer::new())
+        .service(held(Arc::clone(&release), calls));
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        pending.push(tokio::spawn(service.clone().oneshot(Request::new(()))));
+    }
+    tokio::task::yield_now().await;
+    // A storm of retries: every one is rejected; once the window holds enough of them,
+    // the rejections carry the stop signal.
+    let mut last = None;
+    for n in 0..300u32 {
+        let mut req = Request::new(());
+        Attempt::set(req.headers_mut(), 1 + n % 3);
+        last = Some(service.clone().oneshot(req).await.unwrap());
+    }
+    let last = last.unwrap();
+    assert_eq!(last.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(last.headers()));
+    assert!(last.headers().get(http::header::RETRY_AFTER).is_none());
+    release.notify_waiters();
+    for p in pending {
+        p.await.unwrap().unwrap();
+    }
+}
+
+/// A server with `workers` threads serving each request for `service` (a fixed time),
+/// FIFO, and a handle that removes workers while it runs (as `demo-server`'s run-time
+/// capacity control does).
+#[derive(Clone)]
+struct Workers {
+    permits: Arc<Semaphore>,
+    service: Duration,
+}
+
+impl Workers {
+    fn new(workers: usize, service: Duration) -> Self {
+        Self {
+            permits: Arc::new(Semaphore::new(workers)),
+            service,
+        }
+    }
+
+    /// Takes `n` workers away for good, once they finish what they are doing.
+    fn remove(&self, n: u32) {
+        let permits = Arc::clone(&self.permits);
+        tokio::spawn(async move {
+            permits.acquire_many(n).await.unwrap().forget();
+        });
+    }
+}
+
+impl Service<Request<()>> for Workers {
+    type Response = Response<()>;
+    type Error = Infallible;
+    type Future = std::pin::Pin<Box<dyn Future<Output = Result<Response<()>, Infallible>> + Send>>;
+
+    fn poll_ready(
+        &mut self,
+        _: &mut std::task::Context<'_>,
+    ) -> std::task::Poll<Result<(), Infallible>> {
+        std::task::Poll::Ready(Ok(()))
+    }
+
+    fn call(&mut self, _: Request<()>) -> Self::Future {
+        let permits = Arc::clone(&self.permits);
+        let service = self.service;
+        Box::pin(async move {
+            let _worker = permits.acquire().await.unwrap();
+            tokio::time::sleep(service).await;
+            Ok(Response::new(()))
+        })
+    }
+}
+
+/// What one second of load saw.
+#[derive(Default, Debug, Clone)]
+struct Second {
+    served: u64,
+    latencies: Vec<Duration>,
+}
+
+impl Second {
+    fn p99(&self) -> Duration {
+        let mut l = self.latencies.clone();
+        l.sort_unstable();
+        l.get((l.len() * 99).div_ceil(100).saturating_sub(1))
+            .copied()
+            .unwrap_or_default()
+    }
+}
+
+/// Offers `rate` requests per second, evenly spaced, for `seconds`, through `layer` to
+/// `workers`; calls `at_second` at the start of each second. Returns each second's served
+/// requests and latencies.
+async fn offer(
+    layer: &AdaptiveLimitLayer,
+    workers: &Workers,
+    rate: u64,
+    seconds: u64,
+    at_second: impl Fn(u64),
+) -> Vec<Second> {
+    let service = layer.layer(workers.clone());
+    let seconds_seen = Arc::new(std::sync::Mutex::new(vec![
+        Second::default();
+        seconds as usize + 5
+    ]));
+    let start = Instant::now();
+    let mut tick = tokio::time::interval(Duration::from_secs(1) / rate as u32);
+    let mut tasks = tokio::task::JoinSet::new();
+    for n in 0..rate * seconds {
+        tick.tick().await;
+        if n % rate == 0 {
+            at_second(n / rate);
+        }
+        let service = service.clone();
+        let seen = Arc::clone(&seconds_seen);
+        tasks.spawn(async move {
+            let sent = Instant::now();
+            let response = service.oneshot(Request::new(())).await.unwrap();
+            if response.status() == StatusCode::OK {
+                let second = (sent - start).as_secs() as usize;
+                let mut seen = seen.lock().unwrap();
+                seen[second].served += 1;
+                seen[second].latencies.push(sent.elapsed());
+            }
+        });
+    }
+    while let Some(r) = tasks.join_next().await {
+        r.unwrap();
+    }
+    let mut seen = seconds_seen.lock().unwrap().clone();
+    seen.truncate(seconds as usize);
+    seen
+}
+
+/// The test, on a service of 20 workers of 50 ms (capacity 400 req/s, unloaded
+/// latency 50 ms) offered three times its capacity: goodput at least 90 % of capacity,
+/// admitted p99 at most twice the unloaded latency; then half the workers are removed, and
+/// the limit settles within 10 seconds with the same p99 bound.
+#[tokio::test(start_paused = true)]
+async fn finds_the_capacity_and_follows_it_when_halved() {
+    let service_time = Duration::from_millis(50);
+    let workers = Workers::new(20, service_time);
+    let layer = AdaptiveLimitLayer::builder().seed(1).build().unwrap();
+    let remover = workers.clone();
+    let limits = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let l = Arc::clone(&limits);
+    let status = layer.clone();
+    let seconds = offer(&layer, &workers, 1200, 40, move |s| {
+        l.lock().unwrap().push(status.status().limit);
+        if s == 20 {
+            remover.remove(10);
+        }
+    })
+    .await;
+    let limits = limits.lock().unwrap().clone();
+
+    // Full capacity, after a second of start-up: 400 req/s.
+    for (s, second) in seconds.iter().enumerate().take(20).skip(2) {
+        assert!(
+            second.served >= 360,
+            "second {s}: {second:?} limits {limits:?}"
+        );
+        assert!(
+            second.p99() <= 2 * service_time,
+            "second {s}: p99 {:?}",
+            second.p99()
+        );
+    }
+    // Half the capacity from second 20: settled within 10 s (by second 30), then at least
+    // 90 % of 200 req/s with the same latency bound.
+    for (s, second) in seconds.iter().enumerate().skip(30) {
+        assert!(
+            second.served >= 180,
+            "second {s}: {} served, limits {limits:?}",
+            second.served
+        );
+        assert!(
+            second.p99() <= 2 * service_time,
+            "second {s}: p99 {:?} limits {limits:?}",
+            second.p99()
+        );
+    }
+    assert!(limits[35] < limits[15], "{limits:?}");
+}
