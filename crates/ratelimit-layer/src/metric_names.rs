@@ -7,6 +7,7 @@
 //! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//! | `ratelimit_layer_missing_key_total` | counter | `policy`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //!
 //! They are registered with the recorder on the first request (the keys gauge: on the first
 //! change of the key count), not when the layer is built, and the handles are kept, so a
@@ -23,3 +24,7 @@ pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
 
 /// Gauge, label `policy`: keys tracked by a keyed layer.
 pub const KEYS: &str = "ratelimit_layer_keys";
+
+/// Counter, labels `policy` and `action` (`reject`, `shared` or `bypass`, see
+/// [`MissingKey`](crate::key::MissingKey)): requests a keyed layer found no key in.
+pub const MISSING_KEY: &str = "ratelimit_layer_missing_key_total";
