@@ -142,8 +142,11 @@
 //! - **Many colluding callers**, spread over more than about `5 % × n` classes (a botnet,
 //!   or one caller who can choose its key, such as a header it sets, or addresses when IPv6
 //!   is keyed by more than `/64`), can make a storm out of nothing, indistinguishable from a
-//!   real one: the other callers' rejected requests then fail without a retry until the
-//!   window passes. Against them, key by something they cannot multiply, and
+//!   real one: the other callers' rejected requests then fail without a retry, for as long
+//!   as the server keeps rejecting more than the threshold of its traffic (the rule is
+//!   [sustained](StopRuleBuilder::sustain)), or for a window once the forgery stops if it
+//!   rejects less. Admitted requests are never touched. Against them, key by something they
+//!   cannot multiply, and
 //!   [trust](OverloadSignalLayerBuilder::trust) only the callers whose counters you
 //!   control.
 //! - **When every request comes from one key** (behind a load balancer that is the peer,
