@@ -6,9 +6,11 @@
 //!   observation;
 //! - `full` against the full server stack: it recovers within a few seconds of resume, and the
 //!   clients sent at most 1.1 times their normal load during the pause;
-//! - `exponential` against a bare server: it recovers, but more slowly than `full`: about two
-//!   minutes after resume here, once its clients' doubling waits have thinned their retries
-//!   enough for the abandoned requests to drain, so its run observes for four minutes.
+//! - `exponential` against a bare server: it recovers, but more slowly than `full`: minutes
+//!   after resume here, once its clients' doubling waits have thinned their retries enough
+//!   for the abandoned requests to drain, so its run observes for four minutes;
+//! - `fixed` against the full server stack: the server side alone brings it back within a
+//!   few seconds.
 
 use std::num::NonZeroUsize;
 use std::sync::OnceLock;
@@ -48,7 +50,10 @@ fn run_observing(
         timing: Timing::new(Duration::from_secs(6), Duration::from_secs(10), observe).unwrap(),
         load,
         timeout: Duration::from_secs(2),
+        max_body: 1 << 20,
+        // The article's server, as `scenario` and `simulate` run it by default.
         abandoned: Abandoned::Serve,
+        backlog: 4096,
     };
     simulate_run(RunSpec { strategy, stack }, &run, &mut Progress::new(false)).unwrap()
 }
@@ -77,10 +82,15 @@ fn full() -> &'static RunRecord {
     RUN.get_or_init(|| run(Strategy::Full, ServerStack::Full, SEED))
 }
 
+fn fixed_against_full() -> &'static RunRecord {
+    static RUN: OnceLock<RunRecord> = OnceLock::new();
+    RUN.get_or_init(|| run(Strategy::Fixed, ServerStack::Full, SEED))
+}
+
 #[test]
 fn every_run_reaches_the_articles_baseline() {
     // 1000 clients with a 10 s mean think time offer about 100 requests per second.
-    for r in [fixed(), exponential(), full()] {
+    for r in [fixed(), exponential(), full(), fixed_against_full()] {
         let b = r.report.baseline;
         assert!(
             (80.0..=120.0).contains(&b),
@@ -112,6 +122,46 @@ fn the_full_stack_recovers_within_seconds_without_amplification() {
     assert!(recovery <= 3, "recovered after {recovery} s");
     let amplification = r.amplification.unwrap();
     assert!(amplification <= 1.1, "amplification {amplification}");
+}
+
+#[test]
+fn the_server_side_alone_brings_the_server_back_from_fixed_clients() {
+    // Naive clients against the protected server: the limiter turns the burst into cheap
+    // 429s, so the model never collapses, though the clients keep retrying.
+    let r = &fixed_against_full().report;
+    let recovery = r
+        .recovery
+        .expect("the full stack recovers from fixed clients");
+    assert!(recovery <= 3, "recovered after {recovery} s");
+    let peak = r.peak_concurrency.unwrap();
+    assert!(peak < 100, "peak concurrency {peak}");
+}
+
+#[test]
+fn failures_are_counted_not_hidden() {
+    // The full stack gives up on requests (3 attempts, a budget, the stop signal): they are
+    // failures, and its table says so...
+    let f = &full().report;
+    assert!(
+        f.failed > 10 * f.unfinished,
+        "full: {} failed, {} of them still waiting at the end",
+        f.failed,
+        f.unfinished
+    );
+    // ...while fixed clients never give up: their failures are requests still waiting.
+    let x = &fixed().report;
+    assert!(
+        x.unfinished > 100 && x.failed == x.unfinished,
+        "fixed: {} failed, {} of them still waiting at the end",
+        x.failed,
+        x.unfinished
+    );
+    // Every request the clients started is a success or a failure.
+    for record in [full(), fixed()] {
+        let r = &record.report;
+        let ok: u64 = record.seconds.iter().map(|s| s.ok).sum();
+        assert_eq!(ok + r.failed, r.requests, "{}", r.label);
+    }
 }
 
 #[test]

@@ -15,6 +15,18 @@ use crate::duration::parse_duration;
 use crate::experiment::{InvalidTiming, RunSpec, Timing};
 use crate::load::{InvalidLoad, LoadConfig};
 use crate::strategy::Strategy;
+use demo_server::size::parse_size;
+
+const RUN_ABOUT: &str = "\
+Send load to a server until Ctrl-C (or --duration), printing one line per second: a
+timestamp, then per second the requests that succeeded, the attempts rejected with 429, the
+stop signals, the attempts that timed out, the requests that failed (given up for any reason,
+budget refusals included) and the attempts sent.
+
+To measure a recovery, let the scenario pause and resume the server for you:
+  demo-client scenario --url http://HOST:PORT/api --pause-pid PID
+drives a server you started (any server, in any language), and plain `demo-client scenario`
+starts demo-server processes itself.";
 
 /// The demo load generator and the pause-and-resume outage experiment.
 #[derive(Debug, Parser)]
@@ -28,7 +40,8 @@ pub struct Cli {
 /// The subcommands.
 #[derive(Debug, Subcommand)]
 pub enum Command {
-    /// Send load to a server until Ctrl-C, printing a status line every 5 seconds.
+    /// Send load to a server until Ctrl-C, printing a status line every second.
+    #[command(long_about = RUN_ABOUT)]
     Run(RunArgs),
     /// The outage experiment against real `demo-server` processes: steady state, SIGSTOP,
     /// SIGCONT, observation; one run per strategy; a table, a CSV and an SVG plot.
@@ -56,6 +69,10 @@ pub struct LoadArgs {
     /// Seed of the clients' think times and of the retry jitter.
     #[arg(long, default_value = "1")]
     pub seed: u64,
+    /// Longest response body read, in bytes (65536, 64KiB, 1MiB); a longer one fails the
+    /// attempt. The default is Envoy's default buffer limit.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub max_body: usize,
 }
 
 impl LoadArgs {
@@ -89,6 +106,23 @@ pub struct RunArgs {
     /// Stop after this long instead of at Ctrl-C.
     #[arg(long, value_parser = parse_duration)]
     pub duration: Option<Duration>,
+    /// How often a status line is printed, in whole seconds.
+    #[arg(long, value_name = "DURATION", default_value = "1s", value_parser = parse_duration)]
+    pub report_every: Duration,
+}
+
+impl RunArgs {
+    /// `--report-every` in whole seconds, checked: at least 1 s, whole seconds (the
+    /// recorder counts per second).
+    pub fn report_every(&self) -> Result<u64, InvalidLoad> {
+        if self.report_every.subsec_nanos() != 0 || self.report_every.as_secs() == 0 {
+            Err(InvalidLoad::new(
+                "--report-every must be a whole number of seconds, at least 1s",
+            ))
+        } else {
+            Ok(self.report_every.as_secs())
+        }
+    }
 }
 
 /// The experiment's shape, shared by `scenario` and `simulate`.
@@ -106,19 +140,31 @@ pub struct ExperimentArgs {
     /// Observation after resume, in whole seconds.
     #[arg(long, default_value = "60s", value_parser = parse_duration, conflicts_with = "quick")]
     pub observe: Duration,
-    /// A short run of the same comparison: 3 s steady, 5 s paused, 10 s observed.
+    /// A short run of the same comparison: 3 s steady, 8 s paused, 10 s observed; its
+    /// files go to a `quick` directory under the default output directory.
     #[arg(long)]
     pub quick: bool,
     /// The runs, as STRATEGY:STACK, comma separated.
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fixed:none,exponential:none,full:full"
+        default_value = "fixed:none,exponential:none,full:full,fixed:full"
     )]
     pub runs: Vec<RunSpec>,
-    /// Directory for the CSV and the SVG plot.
-    #[arg(long, default_value = "target/scenario")]
-    pub out: PathBuf,
+    /// What the server does with a request whose client gave up: serve it to the end (the
+    /// article's server) or cancel it (hyper's behaviour). Passed to every demo-server child
+    /// as --abandoned; the simulation's server follows it too.
+    #[arg(long, value_enum, default_value = "serve")]
+    pub abandoned: AbandonedArg,
+    /// The server's listen queue: connections held while it is stopped (Go's, the article's
+    /// server: 4096, the Linux maximum). Passed to every demo-server child as --backlog; the
+    /// simulation's server holds as many.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    pub backlog: u32,
+    /// Directory for the CSV, the SVG plot, the table and the servers' logs
+    /// [default: target/scenario, or target/scenario/quick with --quick].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
 }
 
 impl ExperimentArgs {
@@ -129,6 +175,29 @@ impl ExperimentArgs {
         } else {
             Timing::new(self.steady, self.pause, self.observe)
         }
+    }
+
+    /// Where the outputs go: `--out`, or the default for a full or a `--quick` run (so a
+    /// quick run never overwrites a full one's files).
+    pub fn out_dir(&self) -> PathBuf {
+        match (&self.out, self.quick) {
+            (Some(out), _) => out.clone(),
+            (None, false) => PathBuf::from("target/scenario"),
+            (None, true) => PathBuf::from("target/scenario/quick"),
+        }
+    }
+
+    /// Checks every setting of the experiment (the phases, the load, the timeout), so that
+    /// a mistake is reported before any server starts or any file is written; returns the
+    /// phases and the load sent to `url`.
+    pub fn validate(
+        &self,
+        url: Uri,
+    ) -> Result<(Timing, LoadConfig), Box<dyn std::error::Error + Send + Sync>> {
+        let timing = self.timing()?;
+        self.load.attempt_timeout()?;
+        let load = self.load.load_config(url)?;
+        Ok((timing, load))
     }
 }
 
@@ -153,13 +222,23 @@ pub struct ScenarioArgs {
     pub server_args: Vec<String>,
 }
 
-/// What the simulated server does with a request whose client gave up.
+/// What the server does with a request whose client gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AbandonedArg {
     /// Serve it to the end, as the article's server does.
     Serve,
-    /// Drop it as soon as the server runs, as a hyper server does.
+    /// Drop it as soon as the server sees its connection close, as hyper does.
     Cancel,
+}
+
+impl AbandonedArg {
+    /// The value `demo-server --abandoned` takes.
+    pub const fn name(self) -> &'static str {
+        match self {
+            AbandonedArg::Serve => "serve",
+            AbandonedArg::Cancel => "cancel",
+        }
+    }
 }
 
 impl From<AbandonedArg> for Abandoned {
@@ -177,11 +256,6 @@ pub struct SimulateArgs {
     /// The experiment.
     #[command(flatten)]
     pub experiment: ExperimentArgs,
-    /// What the server does with a request whose client gave up: `serve` it to the end (the
-    /// article's server) or `cancel` it once the server runs (hyper, so the real
-    /// `demo-server`).
-    #[arg(long, value_enum, default_value = "serve")]
-    pub abandoned: AbandonedArg,
 }
 
 /// `demo-client plot-delays`.
@@ -201,6 +275,7 @@ pub struct PlotDelaysArgs {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::client::CollectLayer;
 
     fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
         Cli::try_parse_from(std::iter::once("demo-client").chain(args.iter().copied()))
@@ -217,6 +292,8 @@ mod tests {
         assert_eq!(run.url, Uri::from_static("http://127.0.0.1:8070/api"));
         assert_eq!(run.strategy, Strategy::Full);
         assert_eq!(run.duration, None);
+        assert_eq!(run.report_every(), Ok(1));
+        assert_eq!(run.load.max_body, CollectLayer::DEFAULT_MAX_BODY);
     }
 
     #[test]
@@ -256,6 +333,14 @@ mod tests {
         assert!(err.contains("expected fixed, exponential or full"), "{err}");
         let err = parse(&["run", "--clients", "0"]).unwrap_err().to_string();
         assert!(err.contains("--clients"), "{err}");
+        let err = parse(&["run", "--max-body", "1MB"])
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("invalid size"), "{err}");
+        let Command::Run(run) = parse(&["run", "--report-every", "1500ms"]).unwrap().command else {
+            panic!("not run");
+        };
+        assert!(run.report_every().is_err());
         let err = parse(&["scenario", "--runs", "fixed"])
             .unwrap_err()
             .to_string();
@@ -272,13 +357,26 @@ mod tests {
         };
         assert_eq!(s.experiment.timing(), Ok(Timing::DEFAULT));
         assert_eq!(s.experiment.runs, RunSpec::DEFAULT.to_vec());
-        assert_eq!(s.experiment.out, PathBuf::from("target/scenario"));
+        assert_eq!(s.experiment.out_dir(), PathBuf::from("target/scenario"));
+        // The article's server: abandoned work served, Go's listen queue.
+        assert_eq!(Abandoned::from(s.experiment.abandoned), Abandoned::Serve);
+        assert_eq!(s.experiment.backlog, 4096);
         let Command::Simulate(q) = parse(&["simulate", "--quick"]).unwrap().command else {
             panic!("not simulate");
         };
-        assert_eq!(Abandoned::from(q.abandoned), Abandoned::Serve);
         let q = q.experiment;
+        assert_eq!(Abandoned::from(q.abandoned), Abandoned::Serve);
         assert_eq!(q.timing(), Ok(Timing::QUICK));
+        // A quick run never overwrites a full run's files...
+        assert_eq!(q.out_dir(), PathBuf::from("target/scenario/quick"));
+        // ...unless told to.
+        let Command::Scenario(s) = parse(&["scenario", "--quick", "--out", "x"])
+            .unwrap()
+            .command
+        else {
+            panic!("not scenario");
+        };
+        assert_eq!(s.experiment.out_dir(), PathBuf::from("x"));
         let Command::Scenario(s) = parse(&[
             "scenario",
             "--url",
@@ -296,6 +394,28 @@ mod tests {
         };
         assert_eq!(s.pause_pid, Some(42));
         assert_eq!(s.server_args, ["--rate-limit", "50"]);
+    }
+
+    #[test]
+    fn every_experiment_setting_is_checked_before_anything_starts() {
+        let url = Uri::from_static("http://127.0.0.1:8070/api");
+        for (args, needle) in [
+            (
+                &["scenario", "--quick", "--think-time", "0s"][..],
+                "think time",
+            ),
+            (&["scenario", "--timeout", "0s"], "timeout"),
+            (&["scenario", "--pause", "1500ms"], "whole number"),
+            (&["simulate", "--observe", "5s"], "observation"),
+        ] {
+            let experiment = match parse(args).unwrap().command {
+                Command::Scenario(s) => s.experiment,
+                Command::Simulate(s) => s.experiment,
+                _ => unreachable!(),
+            };
+            let err = experiment.validate(url.clone()).unwrap_err().to_string();
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
     }
 
     #[test]

@@ -111,11 +111,16 @@ impl Progress {
                 err,
                 "\r\x1b[2K{}: {phase}, {:>3} s left | OK {ok}/s, timed out {timeouts}/s",
                 self.prefix,
-                left.as_secs()
+                whole_seconds(left)
             );
             let _ = err.flush();
         } else if phase != self.last_phase {
-            let _ = writeln!(err, "{}: {phase} for {} s", self.prefix, left.as_secs());
+            let _ = writeln!(
+                err,
+                "{}: {phase} for {} s",
+                self.prefix,
+                whole_seconds(left)
+            );
         }
         self.last_phase = phase;
     }
@@ -126,6 +131,12 @@ impl Progress {
             let _ = writeln!(io::stderr());
         }
     }
+}
+
+/// `d` in whole seconds, rounded to the nearest: a phase of 15 s that starts a few
+/// milliseconds late still reads "15 s", not "14 s".
+fn whole_seconds(d: Duration) -> u64 {
+    (d + Duration::from_millis(500)).as_secs()
 }
 
 /// Runs the phases of `timing` from `start` (the recorder's second 0): waits out the steady
@@ -277,6 +288,13 @@ mod tests {
         let events = events.lock().unwrap();
         assert_eq!(events.len(), 2);
         assert_eq!(events[1], ("resume", Duration::from_secs(20)));
+    }
+
+    #[test]
+    fn seconds_left_are_not_one_short() {
+        assert_eq!(whole_seconds(Duration::from_millis(14_996)), 15);
+        assert_eq!(whole_seconds(Duration::from_secs(15)), 15);
+        assert_eq!(whole_seconds(Duration::from_millis(400)), 0);
     }
 
     #[test]

@@ -12,6 +12,8 @@
 
 use std::fmt;
 use std::num::NonZeroUsize;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, Uri};
@@ -122,11 +124,40 @@ impl LoadConfig {
     }
 }
 
-/// Starts the clients on the current runtime; they run until the returned set is aborted
-/// or dropped.
+/// The running clients of [`spawn_clients`]. Dropping it stops them at once; [`stop`](Self::stop)
+/// also says which requests were still waiting for an outcome.
+#[derive(Debug)]
+pub struct Clients {
+    set: JoinSet<()>,
+    /// Per client: when its request in progress started (nanoseconds since `origin`, plus
+    /// one), or 0 while it is thinking.
+    started: Arc<[AtomicU64]>,
+    origin: Instant,
+}
+
+impl Clients {
+    /// Stops every client and returns, for each request still in progress at `at` (started
+    /// before it, no outcome yet), how long it had been waiting at `at`.
+    pub async fn stop(mut self, at: Instant) -> Vec<Duration> {
+        self.set.shutdown().await;
+        self.started
+            .iter()
+            .filter_map(|slot| {
+                let nanos = slot.load(Ordering::Acquire).checked_sub(1)?;
+                let start = self.origin + Duration::from_nanos(nanos);
+                (start < at).then(|| at - start)
+            })
+            .collect()
+    }
+}
+
+/// Starts the clients on the current runtime; they run until the returned [`Clients`] are
+/// stopped or dropped.
 ///
-/// `service` is the whole client stack; every client sends through its own clone.
-pub fn spawn_clients<S>(service: &S, config: &LoadConfig, recorder: &Recorder) -> JoinSet<()>
+/// `service` is the whole client stack; every client sends through its own clone. Every
+/// request is recorded as [`Event::Request`] when it starts and as [`Event::Ok`] or
+/// [`Event::Failed`] when it ends.
+pub fn spawn_clients<S>(service: &S, config: &LoadConfig, recorder: &Recorder) -> Clients
 where
     S: Service<Request<DemoBody>, Response = Response<DemoBody>, Error = BoxError>
         + Clone
@@ -138,16 +169,22 @@ where
     let rate = 1.0 / config.think_time.as_secs_f64();
     // NOTE: `new` rejected a zero or huge think time, so the rate is finite and positive.
     let think = Exp::new(rate).unwrap_or_else(|_| unreachable!("rate checked in LoadConfig"));
+    let origin = recorder.start();
+    let started: Arc<[AtomicU64]> = (0..config.clients.get())
+        .map(|_| AtomicU64::new(0))
+        .collect();
     for index in 0..config.clients.get() {
         let service = service.clone();
         let recorder = recorder.clone();
         let url = config.url.clone();
+        let started = Arc::clone(&started);
         // SplitMix-style spreading so that neighbouring indices get unrelated streams.
         let seed = config
             .seed
             .wrapping_add((index as u64 + 1).wrapping_mul(0x9E37_79B9_7F4A_7C15));
         let mut rng = SmallRng::seed_from_u64(seed);
         set.spawn(async move {
+            let slot = &started[index];
             loop {
                 let pause: f64 = think.sample(&mut rng);
                 tokio::time::sleep(Duration::from_secs_f64(pause.min(86_400.0))).await;
@@ -157,33 +194,41 @@ where
                     .unwrap_or_else(|_| unreachable!("a GET of a valid Uri is a valid request"));
                 request.extensions_mut().insert(AttemptCounter::new());
                 let start = Instant::now();
+                let since_origin = u64::try_from((start - origin).as_nanos()).unwrap_or(u64::MAX);
+                slot.store(since_origin.saturating_add(1), Ordering::Release);
                 let result = service.clone().oneshot(request).await;
-                match Outcome::of(&result) {
-                    Outcome::Ok => recorder.record(Event::Ok {
-                        latency: start.elapsed(),
-                    }),
-                    // NOTE: the stack's `Record` layer counted the timed-out attempt already.
-                    Outcome::Timeout => {}
-                    Outcome::Error => recorder.record(Event::Error),
-                }
+                let latency = start.elapsed();
+                recorder.record(match Outcome::of(&result) {
+                    Outcome::Ok => Event::Ok { latency },
+                    outcome => Event::Failed {
+                        latency,
+                        timed_out: outcome == Outcome::Timeout,
+                    },
+                });
+                slot.store(0, Ordering::Release);
             }
         });
     }
-    set
+    Clients {
+        set,
+        started,
+        origin,
+    }
 }
 
-/// The article-style status line for `seconds` seconds summed in `totals`: OK, errors and
-/// timed-out attempts per second, then retries, budget refusals and stop signals per second.
+/// The status line of `demo-client run` for `seconds` seconds summed in `totals`, per
+/// second: successful requests, attempts rejected with `429`, stop signals, attempts timed
+/// out, requests failed (given up for any reason, budget refusals included), attempts sent.
 pub fn status_line(totals: &Second, seconds: usize) -> String {
     let per = |n: u64| n as f64 / seconds.max(1) as f64;
     format!(
-        "OK {:7.1}/s  errors {:7.1}/s  timed out {:7.1}/s  retries {:7.1}/s  budget refusals {:6.1}/s  stop signals {:6.1}/s",
+        "OK {:6.1}/s  rejected {:6.1}/s  stop signals {:6.1}/s  timed out {:6.1}/s  failed {:6.1}/s  attempts {:6.1}/s",
         per(totals.ok),
-        per(totals.errors),
-        per(totals.timeouts),
-        per(totals.retries),
-        per(totals.budget_refusals),
+        per(totals.rejected),
         per(totals.stop_signals),
+        per(totals.timeouts),
+        per(totals.failed),
+        per(totals.attempts),
     )
 }
 
@@ -231,7 +276,7 @@ mod tests {
         let total = recorder.totals(0, 50);
         // 200 clients / 2 s = 100 req/s; over 50 s about 5000 (Poisson, sd about 70).
         assert!((4600..=5400).contains(&total.ok), "{total:?}");
-        assert_eq!(total.errors + total.timeouts, 0);
+        assert_eq!(total.failed + total.timeouts, 0);
         assert!(total.requests >= total.ok);
         let latency = recorder.snapshot()[10].latencies[0];
         assert_eq!(latency, Duration::from_millis(10));
@@ -253,8 +298,33 @@ mod tests {
         tokio::time::sleep(Duration::from_secs(10)).await;
         drop(set);
         let total = recorder.totals(0, 10);
-        assert!(total.errors > 50, "{total:?}");
+        assert!(total.failed > 50, "{total:?}");
+        assert_eq!(total.errors, total.failed, "none timed out");
+        assert_eq!(total.failure_latencies.len() as u64, total.failed);
         assert_eq!(total.ok, 0);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn stop_reports_the_requests_still_waiting() {
+        let recorder = Recorder::new();
+        // Requests that never end.
+        let service = tower::service_fn(|_req: Request<DemoBody>| async {
+            std::future::pending::<Result<Response<DemoBody>, BoxError>>().await
+        });
+        let clients = spawn_clients(&service, &config(20, Duration::from_secs(1)), &recorder);
+        tokio::time::sleep(Duration::from_secs(30)).await;
+        let waiting = clients.stop(Instant::now()).await;
+        // After 30 thinking-time means, every client has a request in progress.
+        assert_eq!(waiting.len(), 20);
+        assert_eq!(recorder.totals(0, 31).requests, 20);
+        assert!(
+            waiting.iter().all(|w| *w <= Duration::from_secs(30)),
+            "{waiting:?}"
+        );
+        assert!(
+            waiting.iter().any(|w| *w >= Duration::from_secs(25)),
+            "{waiting:?}"
+        );
     }
 
     #[tokio::test(start_paused = true)]
@@ -279,18 +349,17 @@ mod tests {
     fn status_line_is_per_second() {
         let totals = Second {
             ok: 500,
-            errors: 5,
-            timeouts: 10,
-            retries: 20,
-            budget_refusals: 1,
+            rejected: 25,
             stop_signals: 2,
+            timeouts: 10,
+            failed: 5,
+            attempts: 540,
             ..Second::default()
         };
         let line = status_line(&totals, 5);
-        assert!(
-            line.starts_with("OK   100.0/s  errors     1.0/s  timed out     2.0/s"),
-            "{line}"
+        assert_eq!(
+            line,
+            "OK  100.0/s  rejected    5.0/s  stop signals    0.4/s  timed out    2.0/s  failed    1.0/s  attempts  108.0/s"
         );
-        assert!(line.contains("retries     4.0/s"));
     }
 }

@@ -4,13 +4,12 @@
 
 use std::ffi::OsString;
 use std::io::Write;
+use std::path::Path;
 use std::process::ExitCode;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use clap::Parser;
-use demo_client::cli::{
-    Cli, Command, ExperimentArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
-};
+use demo_client::cli::{Cli, Command, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs};
 use demo_client::client::http_transport;
 use demo_client::drive::Progress;
 use demo_client::load::{spawn_clients, status_line};
@@ -63,11 +62,13 @@ async fn shutdown_signal() {
 async fn run(args: RunArgs) -> Result<(), BoxError> {
     let load = args.load.load_config(args.url.clone())?;
     let timeout = args.load.attempt_timeout()?;
+    let every = args.report_every()?;
     let recorder = Recorder::new();
     let stack = client_stack(
         http_transport(load.clients()),
         args.strategy,
         timeout,
+        args.load.max_body,
         load.seed(),
         &recorder,
     );
@@ -82,57 +83,97 @@ async fn run(args: RunArgs) -> Result<(), BoxError> {
     let clients = spawn_clients(&stack, &load, &recorder);
     let start = recorder.start();
     let deadline = args.duration.map(|d| start + d);
+    let step = Duration::from_secs(every);
     let report = async {
-        let mut next = start + Duration::from_secs(5);
+        let mut next = start + step;
+        let mut hinted = false;
         loop {
-            if deadline.is_some_and(|d| d <= next) {
+            if deadline.is_some_and(|d| d < next) {
                 tokio::time::sleep_until(deadline.unwrap_or(next)).await;
                 return;
             }
             tokio::time::sleep_until(next).await;
-            let secs = usize::try_from((next - start).as_secs()).unwrap_or(usize::MAX);
-            println!("{}", status_line(&recorder.totals(secs - 5, secs), 5));
-            next += Duration::from_secs(5);
+            let to = usize::try_from((next - start).as_secs()).unwrap_or(usize::MAX);
+            let every = usize::try_from(every).unwrap_or(usize::MAX);
+            let totals = recorder.totals(to.saturating_sub(every), to);
+            println!(
+                "{} +{to}s  {}",
+                utc_time_of_day(SystemTime::now()),
+                status_line(&totals, every)
+            );
+            if totals.refused > 0 && totals.ok == 0 {
+                if !hinted {
+                    eprintln!("{}", refused_hint(load.url()));
+                    hinted = true;
+                }
+            } else if totals.ok > 0 {
+                hinted = false;
+            }
+            next += step;
         }
     };
     tokio::select! {
         () = report => {}
         () = shutdown_signal() => eprintln!("stopping"),
     }
-    drop(clients);
-    let elapsed = start.elapsed();
+    let stopped = tokio::time::Instant::now();
+    let unfinished = clients.stop(stopped).await;
     let total = recorder.totals(0, usize::MAX);
-    print_summary(&total, elapsed);
+    print_summary(&total, &unfinished, stopped - start);
     Ok(())
 }
 
-fn print_summary(total: &Second, elapsed: Duration) {
+/// What to say when nothing answers at `url`.
+fn refused_hint(url: &http::Uri) -> String {
+    format!(
+        "hint: nothing answers at {url} (connection refused). Is a server running there? \
+         Start one with `target/release/demo-server` (or `cargo run --release -p demo-server`), \
+         or point --url at yours."
+    )
+}
+
+/// The time of day of `now` in UTC, `HH:MM:SSZ`.
+fn utc_time_of_day(now: SystemTime) -> String {
+    let secs = now
+        .duration_since(SystemTime::UNIX_EPOCH)
+        .map_or(0, |d| d.as_secs())
+        % 86_400;
+    format!("{:02}:{:02}:{:02}Z", secs / 3600, secs / 60 % 60, secs % 60)
+}
+
+fn print_summary(total: &Second, unfinished: &[Duration], elapsed: Duration) {
     let mut latencies = total.latencies.clone();
     latencies.sort_unstable();
-    let ms = |q| {
-        percentile(&latencies, q)
-            .map_or_else(|| "-".to_owned(), |d| format!("{} ms", d.as_millis()))
+    let mut outcomes = latencies.clone();
+    outcomes.extend_from_slice(&total.failure_latencies);
+    outcomes.extend_from_slice(unfinished);
+    outcomes.sort_unstable();
+    let ms = |values: &[Duration], q| {
+        percentile(values, q).map_or_else(|| "-".to_owned(), |d| format!("{} ms", d.as_millis()))
     };
     println!(
-        "summary after {:.1} s: {} requests, {} OK, {} errors, {} timed out; {} attempts, {} retries, {} budget refusals, {} stop signals; p50 {}, p99 {}",
+        "summary after {:.1} s: {} requests, {} OK, {} failed, {} still waiting; {} attempts ({} retries), {} rejected (429), {} timed out, {} budget refusals, {} stop signals; OK p50 {}, p99 {}; every outcome p99 {}",
         elapsed.as_secs_f64(),
         total.requests,
         total.ok,
-        total.errors,
-        total.timeouts,
+        total.failed,
+        unfinished.len(),
         total.attempts,
         total.retries,
+        total.rejected,
+        total.timeouts,
         total.budget_refusals,
         total.stop_signals,
-        ms(0.5),
-        ms(0.99),
+        ms(&latencies, 0.5),
+        ms(&latencies, 0.99),
+        ms(&outcomes, 0.99),
     );
 }
 
-fn print_and_write(args: &ExperimentArgs, name: &str, runs: &[RunRecord]) -> Result<(), BoxError> {
+fn print_and_write(out: &Path, name: &str, runs: &[RunRecord]) -> Result<(), BoxError> {
     let reports: Vec<_> = runs.iter().map(|r| r.report.clone()).collect();
     println!("{}", Table(&reports));
-    let paths = write_outputs(&args.out, name, runs)?;
+    let paths = write_outputs(out, name, runs)?;
     for p in paths {
         println!("wrote {}", p.display());
     }
@@ -140,10 +181,18 @@ fn print_and_write(args: &ExperimentArgs, name: &str, runs: &[RunRecord]) -> Res
     Ok(())
 }
 
+/// `1 run`, `4 runs`.
+fn runs(n: usize) -> String {
+    if n == 1 {
+        "1 run".to_owned()
+    } else {
+        format!("{n} runs")
+    }
+}
+
 async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
     let experiment = &args.experiment;
-    let timing = experiment.timing()?;
-    let timeout = experiment.load.attempt_timeout()?;
+    // NOTE: every flag is checked before any server starts or any file is written.
     let target = match (&args.url, args.pause_pid) {
         (Some(url), Some(pid)) => Target::External {
             url: url.clone(),
@@ -151,29 +200,46 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
         },
         _ => {
             let program = find_server(args.server_bin.as_deref()).ok_or(
-                "cannot find the demo-server executable next to this one: build it with \
-                 `cargo build --release -p demo-server` or pass --server-bin",
+                "cannot find the demo-server executable next to this one: build both with \
+                 `cargo build --release -p demo-server -p demo-client` or pass --server-bin",
             )?;
+            // NOTE: the user's --server-arg values come last: demo-server lets a later flag
+            // override an earlier one.
+            let mut server_args: Vec<OsString> = vec![
+                "--abandoned".into(),
+                experiment.abandoned.name().into(),
+                "--backlog".into(),
+                experiment.backlog.to_string().into(),
+            ];
+            server_args.extend(args.server_args.iter().map(OsString::from));
             Target::Spawn {
                 program,
-                args: args.server_args.iter().map(OsString::from).collect(),
+                args: server_args,
             }
         }
     };
-    std::fs::create_dir_all(&experiment.out)?;
+    let url = match &target {
+        Target::External { url, .. } => url.clone(),
+        Target::Spawn { .. } => demo_client::load::DEFAULT_URL.parse()?,
+    };
+    let (timing, load) = experiment.validate(url)?;
+    let timeout = experiment.load.attempt_timeout()?;
+    let out = experiment.out_dir();
+    std::fs::create_dir_all(&out)?;
     let run = RealRun {
         timing,
         clients: experiment.load.clients,
-        think_time: experiment.load.think_time,
+        think_time: load.think_time(),
         timeout,
-        seed: experiment.load.seed,
+        max_body: experiment.load.max_body,
+        seed: load.seed(),
         target: &target,
-        log_dir: Some(&experiment.out),
+        log_dir: Some(&out),
     };
     let total = timing.total() * u32::try_from(experiment.runs.len()).unwrap_or(u32::MAX);
     eprintln!(
-        "{} runs of {} s each ({} s steady, {} s paused, {} s observed): about {} s",
-        experiment.runs.len(),
+        "{} of {} s each ({} s steady, {} s paused, {} s observed): about {} s",
+        runs(experiment.runs.len()),
         timing.total().as_secs(),
         timing.steady().as_secs(),
         timing.pause().as_secs(),
@@ -182,7 +248,7 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
     );
     let mut progress = Progress::new(true);
     let mut done = Vec::new();
-    let runs = async {
+    let all = async {
         for (i, spec) in experiment.runs.iter().enumerate() {
             progress.start_run(i + 1, experiment.runs.len(), &spec.label());
             done.push(real_run(*spec, &run, &mut progress).await?);
@@ -190,22 +256,19 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
         Ok::<(), BoxError>(())
     };
     let outcome = tokio::select! {
-        r = runs => r,
+        r = all => r,
         () = shutdown_signal() => Err("interrupted: the demo-server children were killed".into()),
     };
     if !done.is_empty() {
-        print_and_write(experiment, "scenario", &done)?;
+        print_and_write(&out, "scenario", &done)?;
     }
     outcome
 }
 
 fn simulate(args: &SimulateArgs) -> Result<(), BoxError> {
     let experiment = &args.experiment;
-    let timing = experiment.timing()?;
+    let (timing, load) = experiment.validate(demo_client::load::DEFAULT_URL.parse()?)?;
     let timeout = experiment.load.attempt_timeout()?;
-    let load = experiment
-        .load
-        .load_config(demo_client::load::DEFAULT_URL.parse()?)?;
     let mut progress = Progress::new(true);
     let mut done = Vec::new();
     for (i, spec) in experiment.runs.iter().enumerate() {
@@ -214,12 +277,14 @@ fn simulate(args: &SimulateArgs) -> Result<(), BoxError> {
             timing,
             load: load.clone(),
             timeout,
-            abandoned: args.abandoned.into(),
+            max_body: experiment.load.max_body,
+            abandoned: experiment.abandoned.into(),
+            backlog: usize::try_from(experiment.backlog).unwrap_or(usize::MAX),
         };
         done.push(simulate_run(*spec, &run, &mut progress)?);
         progress.finish_run();
     }
-    print_and_write(&args.experiment, "simulate", &done)
+    print_and_write(&experiment.out_dir(), "simulate", &done)
 }
 
 fn plot_delays(args: &PlotDelaysArgs) -> Result<(), BoxError> {
@@ -228,4 +293,29 @@ fn plot_delays(args: &PlotDelaysArgs) -> Result<(), BoxError> {
     std::fs::write(&path, delays_svg(args.retries, args.seed))?;
     println!("wrote {}", path.display());
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn runs_are_counted_in_english() {
+        assert_eq!(runs(1), "1 run");
+        assert_eq!(runs(4), "4 runs");
+    }
+
+    #[test]
+    fn timestamps_are_utc_times_of_day() {
+        let t =
+            SystemTime::UNIX_EPOCH + Duration::from_secs(19_000 * 86_400 + 13 * 3600 + 5 * 60 + 9);
+        assert_eq!(utc_time_of_day(t), "13:05:09Z");
+    }
+
+    #[test]
+    fn the_refused_hint_says_what_to_start() {
+        let hint = refused_hint(&"http://127.0.0.1:8070/api".parse().unwrap());
+        assert!(hint.contains("http://127.0.0.1:8070/api"), "{hint}");
+        assert!(hint.contains("demo-server"), "{hint}");
+    }
 }

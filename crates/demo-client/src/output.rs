@@ -1,6 +1,7 @@
 //! What a scenario writes: the CSV of every second and the SVG plot of every run.
 
 use std::io::{self, Write};
+use std::time::Duration;
 
 use crate::plot::{self, Line, Panel, Scale};
 use crate::record::Second;
@@ -13,30 +14,42 @@ pub struct RunRecord {
     pub phases: Phases,
     /// One row per second, `phases.end()` rows.
     pub seconds: Vec<Second>,
+    /// How long each request still waiting at the end of the run had waited.
+    pub unfinished: Vec<Duration>,
     /// The figures computed from the rows.
     pub report: RunReport,
 }
 
 impl RunRecord {
-    /// Computes the report of `seconds` (padded or cut to `phases.end()` rows).
-    pub fn new(label: impl Into<String>, mut seconds: Vec<Second>, phases: Phases) -> Self {
+    /// Computes the report of `seconds` (padded or cut to `phases.end()` rows) and
+    /// `unfinished` (see [`RunReport::compute`]).
+    pub fn new(
+        label: impl Into<String>,
+        mut seconds: Vec<Second>,
+        unfinished: Vec<Duration>,
+        phases: Phases,
+    ) -> Self {
         seconds.resize_with(phases.end(), Second::default);
-        let report = RunReport::compute(label, &seconds, phases);
+        let report = RunReport::compute(label, &seconds, &unfinished, phases);
         Self {
             phases,
             seconds,
+            unfinished,
             report,
         }
     }
 }
 
 /// The CSV header written by [`write_csv`].
-pub const CSV_HEADER: &str = "run,second,phase,requests,ok,errors,timeouts,attempts,retries,\
-budget_refusals,stop_signals,p50_ms,p99_ms,server_concurrency";
+pub const CSV_HEADER: &str = "run,second,phase,requests,ok,failed,errors,timeouts,attempts,\
+retries,rejected,budget_refusals,stop_signals,refused,p50_ms,p99_ms,p99_outcome_ms,\
+server_concurrency";
 
 /// Writes every second of every run as CSV, one row per (run, second), seconds counted from
-/// the start of each run. Empty cells mean "no value" (no success to take a percentile of,
-/// concurrency not sampled).
+/// the start of each run. `p50_ms` and `p99_ms` are of the requests that succeeded in the
+/// second, `p99_outcome_ms` of every request that ended in it (successes and failures).
+/// Empty cells mean "no value" (no request to take a percentile of, concurrency not
+/// sampled).
 pub fn write_csv<W: Write>(mut out: W, runs: &[RunRecord]) -> io::Result<()> {
     writeln!(out, "{CSV_HEADER}")?;
     for run in runs {
@@ -44,25 +57,32 @@ pub fn write_csv<W: Write>(mut out: W, runs: &[RunRecord]) -> io::Result<()> {
         for (s, row) in run.seconds.iter().enumerate() {
             let mut latencies = row.latencies.clone();
             latencies.sort_unstable();
-            let ms = |q| {
-                percentile(&latencies, q)
+            let mut outcomes = latencies.clone();
+            outcomes.extend_from_slice(&row.failure_latencies);
+            outcomes.sort_unstable();
+            let ms = |values: &[Duration], q| {
+                percentile(values, q)
                     .map(|d| format!("{:.1}", d.as_secs_f64() * 1000.0))
                     .unwrap_or_default()
             };
             writeln!(
                 out,
-                "{label},{s},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{label},{s},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 run.phases.phase_of(s),
                 row.requests,
                 row.ok,
+                row.failed,
                 row.errors,
                 row.timeouts,
                 row.attempts,
                 row.retries,
+                row.rejected,
                 row.budget_refusals,
                 row.stop_signals,
-                ms(0.5),
-                ms(0.99),
+                row.refused,
+                ms(&latencies, 0.5),
+                ms(&latencies, 0.99),
+                ms(&outcomes, 0.99),
                 row.server_concurrency
                     .map(|c| c.to_string())
                     .unwrap_or_default(),
@@ -80,9 +100,16 @@ fn csv_field(text: &str) -> String {
     }
 }
 
-/// The plot of a scenario: one panel per run, successes (green), errors (orange) and
-/// timeouts (red) per second over time, the pause shaded in grey.
+/// The plot of a scenario: one panel per run, successful requests (green), failed requests
+/// (orange) and timed-out attempts (red) per second over time, the pause shaded in grey.
+/// Every panel has the same y scale, so the runs compare at a glance.
 pub fn outage_svg(runs: &[RunRecord]) -> String {
+    let top = runs
+        .iter()
+        .flat_map(|run| &run.seconds)
+        .map(|row| row.ok.max(row.failed).max(row.timeouts))
+        .max()
+        .unwrap_or(0);
     let panels: Vec<Panel> = runs
         .iter()
         .map(|run| {
@@ -112,9 +139,9 @@ pub fn outage_svg(runs: &[RunRecord]) -> String {
                         points: series(|r| r.ok),
                     },
                     Line {
-                        label: "errors".to_owned(),
+                        label: "failed".to_owned(),
                         color: "#ff7f0e".to_owned(),
-                        points: series(|r| r.errors),
+                        points: series(|r| r.failed),
                     },
                     Line {
                         label: "timed out".to_owned(),
@@ -128,6 +155,7 @@ pub fn outage_svg(runs: &[RunRecord]) -> String {
                     "paused".to_owned(),
                 )),
                 scale: Scale::Linear,
+                y_max: Some(top as f64),
             }
         })
         .collect();
@@ -173,6 +201,7 @@ pub fn delays_svg(retries: u32, seed: u64) -> String {
         lines: lines.clone(),
         shade: None,
         scale,
+        y_max: None,
     };
     plot::render(&[panel(Scale::Linear, "linear"), panel(Scale::Log, "log")])
 }
@@ -193,13 +222,19 @@ mod tests {
             .map(|s| Second {
                 ok: 10,
                 timeouts: u64::from(s == 4),
+                failed: u64::from(s == 4),
+                failure_latencies: if s == 4 {
+                    vec![Duration::from_secs(4)]
+                } else {
+                    Vec::new()
+                },
                 attempts: 11,
                 latencies: vec![Duration::from_millis(100), Duration::from_millis(300)],
                 server_concurrency: (s == 6).then_some(12),
                 ..Second::default()
             })
             .collect();
-        RunRecord::new(label, seconds, PHASES)
+        RunRecord::new(label, seconds, Vec::new(), PHASES)
     }
 
     #[test]
@@ -210,8 +245,14 @@ mod tests {
         let lines: Vec<&str> = text.lines().collect();
         assert_eq!(lines.len(), 1 + 2 * PHASES.end());
         assert_eq!(lines[0], CSV_HEADER);
-        assert_eq!(lines[1], "a,0,steady,0,10,0,0,11,0,0,0,100.0,300.0,");
-        assert_eq!(lines[5], "a,4,paused,0,10,0,1,11,0,0,0,100.0,300.0,");
+        assert_eq!(
+            lines[1],
+            "a,0,steady,0,10,0,0,0,11,0,0,0,0,0,100.0,300.0,300.0,"
+        );
+        assert_eq!(
+            lines[5],
+            "a,4,paused,0,10,1,0,1,11,0,0,0,0,0,100.0,300.0,4000.0,"
+        );
         assert!(lines[7].ends_with(",12"), "{}", lines[7]);
         assert!(lines[11].starts_with("\"b, \"\"quoted\"\"\",0,steady"));
         let columns = CSV_HEADER.split(',').count();
@@ -222,7 +263,7 @@ mod tests {
 
     #[test]
     fn record_pads_to_the_run_length() {
-        let r = RunRecord::new("short", vec![Second::default()], PHASES);
+        let r = RunRecord::new("short", vec![Second::default()], Vec::new(), PHASES);
         assert_eq!(r.seconds.len(), PHASES.end());
     }
 
@@ -243,5 +284,15 @@ mod tests {
         assert!(svg.contains("fixed: "));
         assert!(svg.contains("full: "));
         assert_eq!(svg.matches("<path").count(), 6);
+    }
+
+    #[test]
+    fn every_panel_has_the_same_y_scale() {
+        let mut busy = run("busy");
+        busy.seconds[2].ok = 1000;
+        let svg = outage_svg(&[run("quiet"), busy]);
+        // The quiet run peaks at 10 but is drawn on the busy run's 0..1000 axis: both
+        // panels label the same top tick.
+        assert_eq!(svg.matches(">1000<").count(), 2, "{svg}");
     }
 }

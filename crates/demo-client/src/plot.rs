@@ -43,6 +43,9 @@ pub struct Panel {
     pub shade: Option<(f64, f64, String)>,
     /// The y scale.
     pub scale: Scale,
+    /// The top of a linear y axis, to give several panels one scale; `None` fits the
+    /// panel's own data. A value below the data's maximum is raised to it.
+    pub y_max: Option<f64>,
 }
 
 const WIDTH: f64 = 960.0;
@@ -100,6 +103,10 @@ fn draw_panel(svg: &mut String, panel: &Panel, y0: f64) {
     }
     let (y_lo, y_hi, y_ticks) = match panel.scale {
         Scale::Linear => {
+            let y_max = panel
+                .y_max
+                .filter(|m| m.is_finite())
+                .map_or(y_max, |m| m.max(y_max));
             let top = if y_max.is_finite() && y_max > 0.0 {
                 y_max
             } else {
@@ -314,7 +321,23 @@ mod tests {
             ],
             shade: Some((1.0, 2.0, "paused".to_owned())),
             scale,
+            y_max: None,
         }
+    }
+
+    #[test]
+    fn a_given_y_max_sets_the_top_but_never_cuts_the_data() {
+        let svg = |y_max| {
+            render(&[Panel {
+                y_max,
+                ..panel(Scale::Linear)
+            }])
+        };
+        // The data reach 100; a common top of 500 is kept...
+        assert!(svg(Some(500.0)).contains(">500<"));
+        assert!(!svg(None).contains(">500<"));
+        // ...and one below the data is raised to them.
+        assert!(svg(Some(10.0)).contains(">100<"));
     }
 
     #[test]

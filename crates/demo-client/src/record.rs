@@ -15,8 +15,11 @@ pub struct Second {
     pub requests: u64,
     /// Requests that ended in a successful (2xx) response.
     pub ok: u64,
-    /// Requests that ended in an error other than a timeout: an error status, a refused
-    /// connection, a stop signal, a retry the budget refused.
+    /// Requests that ended without a success, for any reason: an error status, a stop
+    /// signal, a retry the budget refused, a refused connection, a last attempt that timed
+    /// out (the client gave up).
+    pub failed: u64,
+    /// The part of [`failed`](Self::failed) that did not end in a timeout.
     pub errors: u64,
     /// Attempts that timed out, each one, whether it was retried or not (a client that
     /// retries without end never ends its request, but every one of its attempts counts).
@@ -29,9 +32,16 @@ pub struct Second {
     pub budget_refusals: u64,
     /// Responses that carried the "stop retrying" signal.
     pub stop_signals: u64,
+    /// Attempts answered `429 Too Many Requests` without the stop signal.
+    pub rejected: u64,
+    /// Attempts whose connection was refused (nothing listening).
+    pub refused: u64,
     /// End-to-end latencies (from the start of the request, retries included) of the
     /// requests that succeeded in this second.
     pub latencies: Vec<Duration>,
+    /// Times to outcome (from the start of the request, retries included) of the requests
+    /// that failed in this second.
+    pub failure_latencies: Vec<Duration>,
     /// The highest number of concurrent requests the server reported during this second,
     /// when it was sampled.
     pub server_concurrency: Option<u64>,
@@ -42,13 +52,18 @@ impl Second {
     pub fn merge(&mut self, other: &Second) {
         self.requests += other.requests;
         self.ok += other.ok;
+        self.failed += other.failed;
         self.errors += other.errors;
         self.timeouts += other.timeouts;
         self.attempts += other.attempts;
         self.retries += other.retries;
         self.budget_refusals += other.budget_refusals;
         self.stop_signals += other.stop_signals;
+        self.rejected += other.rejected;
+        self.refused += other.refused;
         self.latencies.extend_from_slice(&other.latencies);
+        self.failure_latencies
+            .extend_from_slice(&other.failure_latencies);
         self.server_concurrency = match (self.server_concurrency, other.server_concurrency) {
             (Some(a), Some(b)) => Some(a.max(b)),
             (a, b) => a.or(b),
@@ -71,10 +86,19 @@ pub enum Event {
         /// End-to-end latency of the request.
         latency: Duration,
     },
-    /// A request failed with something other than a timeout.
-    Error,
+    /// A request ended without a success after `latency`, retries included.
+    Failed {
+        /// Time from the start of the request to its failure.
+        latency: Duration,
+        /// Whether its last attempt timed out.
+        timed_out: bool,
+    },
     /// An attempt timed out.
     Timeout,
+    /// An attempt was answered `429` without the stop signal.
+    Rejected,
+    /// An attempt's connection was refused.
+    Refused,
     /// The retry budget refused a retry.
     BudgetRefusal,
     /// A response carried the stop signal.
@@ -140,8 +164,16 @@ impl Recorder {
                 row.ok += 1;
                 row.latencies.push(latency);
             }
-            Event::Error => row.errors += 1,
+            Event::Failed { latency, timed_out } => {
+                row.failed += 1;
+                if !timed_out {
+                    row.errors += 1;
+                }
+                row.failure_latencies.push(latency);
+            }
             Event::Timeout => row.timeouts += 1,
+            Event::Rejected => row.rejected += 1,
+            Event::Refused => row.refused += 1,
             Event::BudgetRefusal => row.budget_refusals += 1,
             Event::StopSignal => row.stop_signals += 1,
             Event::ServerConcurrency(c) => {
@@ -202,9 +234,18 @@ mod tests {
         recorder.record(Event::ServerConcurrency(3));
         tokio::time::advance(Duration::from_secs(2)).await;
         recorder.record(Event::Timeout);
-        recorder.record(Event::Error);
+        recorder.record(Event::Failed {
+            latency: Duration::from_secs(3),
+            timed_out: false,
+        });
+        recorder.record(Event::Failed {
+            latency: Duration::from_secs(6),
+            timed_out: true,
+        });
         recorder.record(Event::BudgetRefusal);
         recorder.record(Event::StopSignal);
+        recorder.record(Event::Rejected);
+        recorder.record(Event::Refused);
 
         let rows = recorder.snapshot();
         assert_eq!(rows.len(), 4);
@@ -219,11 +260,18 @@ mod tests {
         assert_eq!(
             (
                 rows[3].timeouts,
+                rows[3].failed,
                 rows[3].errors,
                 rows[3].budget_refusals,
-                rows[3].stop_signals
+                rows[3].stop_signals,
+                rows[3].rejected,
+                rows[3].refused,
             ),
-            (1, 1, 1, 1)
+            (1, 2, 1, 1, 1, 1, 1)
+        );
+        assert_eq!(
+            rows[3].failure_latencies,
+            vec![Duration::from_secs(3), Duration::from_secs(6)]
         );
 
         let total = recorder.totals(0, 10);

@@ -20,7 +20,14 @@
 //! - **amplification**: attempts sent during the pause divided by (baseline x pause length):
 //!   1.0 means the clients sent what they would have sent anyway, 3.0 means they tripled it;
 //! - **peak server concurrency** after resume, when the server's concurrency was sampled;
-//! - **p50 / p99 latency** of the requests that succeeded after resume.
+//! - **failed**: the requests of the whole run that did not succeed: those that ended in a
+//!   failure (an error status, a stop signal, a retry the budget refused, a refused
+//!   connection, a last attempt that timed out) and those still waiting for an outcome when
+//!   the run ended; with their share of all the requests the clients started;
+//! - **p50 / p99 latency** of the requests that succeeded after resume;
+//! - **p99 time to outcome** of every request that ended after resume, failures included,
+//!   and of those still waiting at the end (counted until the end, a lower bound): what a
+//!   caller waited, whatever it got.
 
 use std::fmt;
 use std::time::Duration;
@@ -120,21 +127,44 @@ pub struct RunReport {
     pub p50: Option<Duration>,
     /// 99th percentile latency of the requests that succeeded after resume.
     pub p99: Option<Duration>,
+    /// Requests the clients started during the whole run.
+    pub requests: u64,
+    /// Requests of the whole run that did not succeed: ended in a failure, or still waiting
+    /// at the end ([`unfinished`](Self::unfinished)).
+    pub failed: u64,
+    /// Requests still waiting for an outcome when the run ended.
+    pub unfinished: u64,
+    /// 99th percentile time to outcome of the requests that ended after resume (successes
+    /// and failures) and of those still waiting at the end.
+    pub p99_outcome: Option<Duration>,
     /// Totals over the observation after resume.
     pub after_resume: Second,
 }
 
 impl RunReport {
     /// Computes the figures of `series` (one row per second from the start of the run;
-    /// missing seconds count as empty) with [`RecoveryCriteria::for_phases`].
-    pub fn compute(label: impl Into<String>, series: &[Second], phases: Phases) -> Self {
-        Self::compute_with(label, series, phases, RecoveryCriteria::for_phases(phases))
+    /// missing seconds count as empty) and `unfinished` (how long each request still waiting
+    /// at the end had waited) with [`RecoveryCriteria::for_phases`].
+    pub fn compute(
+        label: impl Into<String>,
+        series: &[Second],
+        unfinished: &[Duration],
+        phases: Phases,
+    ) -> Self {
+        Self::compute_with(
+            label,
+            series,
+            unfinished,
+            phases,
+            RecoveryCriteria::for_phases(phases),
+        )
     }
 
-    /// Computes the figures of `series` with the given criteria.
+    /// Computes the figures of `series` and `unfinished` with the given criteria.
     pub fn compute_with(
         label: impl Into<String>,
         series: &[Second],
+        unfinished: &[Duration],
         phases: Phases,
         criteria: RecoveryCriteria,
     ) -> Self {
@@ -158,7 +188,20 @@ impl RunReport {
         latencies.sort_unstable();
         let p50 = percentile(&latencies, 0.50);
         let p99 = percentile(&latencies, 0.99);
+        let mut outcomes: Vec<Duration> = latencies
+            .iter()
+            .chain(&after_resume.failure_latencies)
+            .chain(unfinished)
+            .copied()
+            .collect();
+        outcomes.sort_unstable();
+        let p99_outcome = percentile(&outcomes, 0.99);
         after_resume.latencies = latencies;
+
+        let (requests, ended_failed) = (0..phases.end())
+            .map(row)
+            .fold((0, 0), |(r, f), s| (r + s.requests, f + s.failed));
+        let unfinished_count = unfinished.len() as u64;
 
         Self {
             label: label.into(),
@@ -169,8 +212,18 @@ impl RunReport {
             peak_concurrency: after_resume.server_concurrency,
             p50,
             p99,
+            requests,
+            failed: ended_failed + unfinished_count,
+            unfinished: unfinished_count,
+            p99_outcome,
             after_resume,
         }
+    }
+
+    /// [`failed`](Self::failed) as a share of [`requests`](Self::requests); `None` without
+    /// requests.
+    pub fn failed_share(&self) -> Option<f64> {
+        (self.requests > 0).then(|| self.failed as f64 / self.requests as f64)
     }
 
     /// Whether the server recovered within the observation.
@@ -267,8 +320,16 @@ impl fmt::Display for Table<'_> {
             .max(3);
         writeln!(
             f,
-            "{:<width$}  {:>10}  {:>10}  {:>13}  {:>9}  {:>9}  {:>9}",
-            "run", "baseline/s", "recovery", "amplification", "peak conc", "p50", "p99",
+            "{:<width$}  {:>10}  {:>8}  {:>13}  {:>9}  {:>14}  {:>8}  {:>9}  {:>9}",
+            "run",
+            "baseline/s",
+            "recovery",
+            "amplification",
+            "peak conc",
+            "failed",
+            "p50 ok",
+            "p99 ok",
+            "p99 all",
         )?;
         for r in self.0 {
             let recovery = r
@@ -280,19 +341,25 @@ impl fmt::Display for Table<'_> {
             let peak = r
                 .peak_concurrency
                 .map_or_else(|| "-".to_owned(), |c| c.to_string());
+            let failed = r.failed_share().map_or_else(
+                || r.failed.to_string(),
+                |share| format!("{} ({:.1}%)", r.failed, share * 100.0),
+            );
             let ms = |d: Option<Duration>| {
                 d.map_or_else(|| "-".to_owned(), |d| format!("{} ms", d.as_millis()))
             };
             writeln!(
                 f,
-                "{:<width$}  {:>10.1}  {:>10}  {:>13}  {:>9}  {:>9}  {:>9}",
+                "{:<width$}  {:>10.1}  {:>8}  {:>13}  {:>9}  {:>14}  {:>8}  {:>9}  {:>9}",
                 r.label,
                 r.baseline,
                 recovery,
                 amplification,
                 peak,
+                failed,
                 ms(r.p50),
                 ms(r.p99),
+                ms(r.p99_outcome),
             )?;
         }
         Ok(())
@@ -353,7 +420,7 @@ mod tests {
             },
             |s| u64::from((PHASES.pause_at..resume + 3).contains(&s)) * 50,
         );
-        let r = RunReport::compute("ok", &s, PHASES);
+        let r = RunReport::compute("ok", &s, &[], PHASES);
         assert_eq!(r.recovery, Some(3));
         assert!(r.recovered());
         // 100 attempts per second in a 5-second pause at baseline 100: no amplification.
@@ -370,7 +437,7 @@ mod tests {
                 if s >= resume { 70 } else { 0 }
             },
         );
-        let r = RunReport::compute("down", &s, PHASES);
+        let r = RunReport::compute("down", &s, &[], PHASES);
         assert_eq!(r.recovery, None);
         assert!(!r.recovered());
     }
@@ -382,11 +449,11 @@ mod tests {
         let resume = PHASES.resume_at();
         let relapse = resume + 3;
         let s = series(|_| 100, |s| u64::from(s == relapse) * 20);
-        let r = RunReport::compute("relapse", &s, PHASES);
+        let r = RunReport::compute("relapse", &s, &[], PHASES);
         assert_eq!(r.recovery, Some(4));
         // A relapse in the last window makes it "never".
         let s = series(|_| 100, |s| u64::from(s == PHASES.end() - 1) * 20);
-        assert_eq!(RunReport::compute("late", &s, PHASES).recovery, None);
+        assert_eq!(RunReport::compute("late", &s, &[], PHASES).recovery, None);
     }
 
     #[test]
@@ -394,7 +461,10 @@ mod tests {
         // A single second at 70% between seconds at 100%: the 10-second mean stays >= 90%.
         let resume = PHASES.resume_at();
         let s = series(|s| if s == resume + 6 { 70 } else { 100 }, |_| 0);
-        assert_eq!(RunReport::compute("noisy", &s, PHASES).recovery, Some(0));
+        assert_eq!(
+            RunReport::compute("noisy", &s, &[], PHASES).recovery,
+            Some(0)
+        );
     }
 
     #[test]
@@ -402,27 +472,31 @@ mod tests {
         // The window from resume is healthy on average, but resume's own second is not.
         let resume = PHASES.resume_at();
         let s = series(|s| if s == resume { 80 } else { 100 }, |_| 0);
-        assert_eq!(RunReport::compute("dip", &s, PHASES).recovery, Some(1));
+        assert_eq!(RunReport::compute("dip", &s, &[], PHASES).recovery, Some(1));
     }
 
     #[test]
     fn thresholds_are_inclusive_for_ok_and_strict_for_timeouts() {
         // Exactly 90% successes counts; timeouts exactly at 1% do not.
         let s = series(|s| if s < PHASES.pause_at { 100 } else { 90 }, |_| 0);
-        assert_eq!(RunReport::compute("edge", &s, PHASES).recovery, Some(0));
+        assert_eq!(
+            RunReport::compute("edge", &s, &[], PHASES).recovery,
+            Some(0)
+        );
         let s = series(|_| 100, |s| u64::from(s >= PHASES.resume_at()));
-        assert_eq!(RunReport::compute("edge", &s, PHASES).recovery, None);
+        assert_eq!(RunReport::compute("edge", &s, &[], PHASES).recovery, None);
     }
 
     #[test]
     fn edge_cases_give_no_recovery_and_no_amplification() {
         // No traffic at all: baseline 0.
         let s = series(|_| 0, |_| 0);
-        let r = RunReport::compute("idle", &s, PHASES);
+        let r = RunReport::compute("idle", &s, &[], PHASES);
         assert_eq!((r.recovery, r.amplification), (None, None));
         // An empty series is all zeros, not a panic.
-        let r = RunReport::compute("empty", &[], PHASES);
+        let r = RunReport::compute("empty", &[], &[], PHASES);
         assert_eq!((r.recovery, r.p50, r.peak_concurrency), (None, None, None));
+        assert_eq!((r.requests, r.failed, r.failed_share()), (0, 0, None));
         // An observation shorter than the window cannot show recovery.
         let short = Phases {
             observe_for: 9,
@@ -434,7 +508,7 @@ mod tests {
                 ..Second::default()
             })
             .collect();
-        let r = RunReport::compute_with("short", &s, short, RecoveryCriteria::default());
+        let r = RunReport::compute_with("short", &s, &[], short, RecoveryCriteria::default());
         assert_eq!(r.recovery, None);
         // With the window fitted to it, the same observation shows it.
         let s: Vec<Second> = (0..short.end())
@@ -443,7 +517,10 @@ mod tests {
                 ..Second::default()
             })
             .collect();
-        assert_eq!(RunReport::compute("short", &s, short).recovery, Some(0));
+        assert_eq!(
+            RunReport::compute("short", &s, &[], short).recovery,
+            Some(0)
+        );
         assert_eq!(RecoveryCriteria::for_phases(short).window, 4);
         assert_eq!(RecoveryCriteria::for_phases(PHASES).window, 10);
         let exact = Phases {
@@ -456,7 +533,10 @@ mod tests {
                 ..Second::default()
             })
             .collect();
-        assert_eq!(RunReport::compute("exact", &s, exact).recovery, Some(0));
+        assert_eq!(
+            RunReport::compute("exact", &s, &[], exact).recovery,
+            Some(0)
+        );
     }
 
     #[test]
@@ -468,10 +548,37 @@ mod tests {
         s[resume].latencies = (1..=100).map(Duration::from_millis).collect();
         s[resume + 1].server_concurrency = Some(42);
         s[resume + 2].server_concurrency = Some(7);
-        let r = RunReport::compute("lat", &s, PHASES);
+        let r = RunReport::compute("lat", &s, &[], PHASES);
         assert_eq!(r.p50, Some(Duration::from_millis(50)));
         assert_eq!(r.p99, Some(Duration::from_millis(99)));
         assert_eq!(r.peak_concurrency, Some(42));
+    }
+
+    #[test]
+    fn failures_and_time_to_outcome_tell_the_whole_truth() {
+        let mut s = series(|_| 100, |_| 0);
+        for row in &mut s {
+            row.requests = 110;
+        }
+        let resume = PHASES.resume_at();
+        // Before resume: a failure that neither p99 counts.
+        s[2].failed = 3;
+        s[2].failure_latencies = vec![Duration::from_secs(100); 3];
+        // After resume: 100 successes of 10 ms, one failure after 7 s.
+        s[resume].latencies = vec![Duration::from_millis(10); 100];
+        s[resume + 1].failed = 1;
+        s[resume + 1].failure_latencies = vec![Duration::from_secs(7)];
+        let unfinished = [Duration::from_secs(20)];
+        let r = RunReport::compute("truth", &s, &unfinished, PHASES);
+        assert_eq!(r.requests, 110 * PHASES.end() as u64);
+        assert_eq!((r.failed, r.unfinished), (5, 1));
+        assert!((r.failed_share().unwrap() - 5.0 / r.requests as f64).abs() < 1e-12);
+        // Successes alone look fast; every outcome does not.
+        assert_eq!(r.p99, Some(Duration::from_millis(10)));
+        assert_eq!(r.p99_outcome, Some(Duration::from_secs(7)));
+        let text = Table(&[r]).to_string();
+        assert!(text.contains("5 (0.1%)"), "{text}");
+        assert!(text.contains("7000 ms"), "{text}");
     }
 
     #[test]
@@ -487,8 +594,8 @@ mod tests {
     #[test]
     fn table_prints_every_run() {
         let s = series(|_| 100, |_| 0);
-        let a = RunReport::compute("full vs --stack full", &s, PHASES);
-        let b = RunReport::compute("fixed vs --stack none", &[], PHASES);
+        let a = RunReport::compute("full vs --stack full", &s, &[], PHASES);
+        let b = RunReport::compute("fixed vs --stack none", &[], &[], PHASES);
         let text = Table(&[a, b]).to_string();
         assert_eq!(text.lines().count(), 3);
         assert!(text.contains("full vs --stack full"));

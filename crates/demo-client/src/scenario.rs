@@ -21,7 +21,7 @@ use crate::drive::{PauseGuard, Progress, drive_phases, parse_gauge};
 use crate::experiment::{RunSpec, Timing};
 use crate::load::{LoadConfig, spawn_clients};
 use crate::output::{RunRecord, outage_svg, write_csv};
-use crate::process::{Pausable, ServerProcess};
+use crate::process::{Pausable, ServerProcess, SpawnError};
 use crate::record::{Event, Recorder};
 use crate::report::{RunReport, Table};
 use crate::stack::client_stack;
@@ -63,6 +63,8 @@ pub struct RealRun<'a> {
     pub think_time: Duration,
     /// The per-attempt timeout.
     pub timeout: Duration,
+    /// The cap on a response body, in bytes.
+    pub max_body: usize,
     /// The seed of think times and jitter.
     pub seed: u64,
     /// The server.
@@ -85,14 +87,29 @@ pub async fn real_run(
         Target::Spawn { program, args } => {
             let mut all: Vec<OsString> = vec!["--stack".into(), spec.stack.name().into()];
             all.extend(args.iter().cloned());
-            let log = match run.log_dir {
-                Some(dir) => {
-                    let name = format!("server-{}-{}.log", spec.strategy, spec.stack.name());
-                    Some(File::create(dir.join(name))?)
+            let log_path = run.log_dir.map(|dir| {
+                dir.join(format!(
+                    "server-{}-{}.log",
+                    spec.strategy,
+                    spec.stack.name()
+                ))
+            });
+            let log = log_path.as_deref().map(File::create).transpose()?;
+            let server = match ServerProcess::start(program, &all, log).await {
+                Ok(server) => server,
+                // A server that refuses its flags says why in its log: show it.
+                Err(e @ SpawnError::Exited(_)) => {
+                    let said = log_path
+                        .and_then(|p| fs::read_to_string(p).ok())
+                        .map(|text| text.trim().to_owned())
+                        .filter(|text| !text.is_empty());
+                    return Err(match said {
+                        Some(said) => format!("{e}:\n{said}").into(),
+                        None => e.into(),
+                    });
                 }
-                None => None,
+                Err(e) => return Err(e.into()),
             };
-            let server = ServerProcess::start(program, &all, log).await?;
             let url: Uri = format!("http://{}/api", server.addr()).parse()?;
             let pausable = server.pausable();
             (Some(server), url, pausable)
@@ -104,14 +121,22 @@ pub async fn real_run(
 
     let recorder = Recorder::new();
     let transport = http_transport(run.clients.get());
-    let stack = client_stack(transport, spec.strategy, run.timeout, run.seed, &recorder);
+    let stack = client_stack(
+        transport,
+        spec.strategy,
+        run.timeout,
+        run.max_body,
+        run.seed,
+        &recorder,
+    );
     let clients = spawn_clients(&stack, &load, &recorder);
     let sampler = spawn_sampler(metrics_url, recorder.clone());
 
     let mut target = PauseGuard::new(pausable);
     let driven = drive_phases(&recorder, run.timing, &mut target, progress).await;
     progress.finish_run();
-    drop(clients);
+    let end = recorder.start() + run.timing.total();
+    let unfinished = clients.stop(end).await;
     sampler.abort();
     drop(target);
     if let Some(server) = server {
@@ -122,6 +147,7 @@ pub async fn real_run(
     Ok(RunRecord::new(
         spec.label(),
         recorder.seconds_until(phases.end()),
+        unfinished,
         phases,
     ))
 }
@@ -188,6 +214,49 @@ mod tests {
         );
     }
 
+    #[tokio::test]
+    async fn a_server_that_refuses_its_flags_is_quoted() {
+        // `sh -c` stands in for a demo-server that rejects a flag: it says why and exits.
+        let dir = std::env::temp_dir().join(format!("demo-client-refused-{}", std::process::id()));
+        fs::create_dir_all(&dir).unwrap();
+        let script = dir.join("server");
+        fs::write(
+            &script,
+            "#!/bin/sh\necho \"error: invalid value 'x' for '--backlog <N>'\" >&2\nexit 2\n",
+        )
+        .unwrap();
+        std::process::Command::new("chmod")
+            .arg("+x")
+            .arg(&script)
+            .status()
+            .unwrap();
+        let target = Target::Spawn {
+            program: script,
+            args: Vec::new(),
+        };
+        let run = RealRun {
+            timing: Timing::QUICK,
+            clients: std::num::NonZeroUsize::new(1).unwrap(),
+            think_time: Duration::from_secs(1),
+            timeout: Duration::from_secs(1),
+            max_body: 1024,
+            seed: 1,
+            target: &target,
+            log_dir: Some(&dir),
+        };
+        let spec = "fixed:none".parse().unwrap();
+        let err = real_run(spec, &run, &mut Progress::new(false))
+            .await
+            .unwrap_err()
+            .to_string();
+        assert!(err.contains("exited before accepting connections"), "{err}");
+        assert!(
+            err.contains("invalid value 'x' for '--backlog <N>'"),
+            "{err}"
+        );
+        fs::remove_dir_all(&dir).unwrap();
+    }
+
     #[test]
     fn outputs_are_written() {
         let dir = std::env::temp_dir().join(format!("demo-client-test-{}", std::process::id()));
@@ -196,7 +265,7 @@ mod tests {
             pause_for: 1,
             observe_for: 5,
         };
-        let run = RunRecord::new("a", vec![Second::default(); 8], phases);
+        let run = RunRecord::new("a", vec![Second::default(); 8], Vec::new(), phases);
         let paths = write_outputs(&dir, "scenario", &[run]).unwrap();
         for p in &paths {
             assert!(fs::metadata(p).unwrap().len() > 0, "{}", p.display());

@@ -6,9 +6,15 @@
 //! new requests in a bounded listen queue (drained on resume; arrivals to a full queue are
 //! never seen, as the kernel drops their SYNs), and the model's pause switch freezes the
 //! requests inside. [`Abandoned`] chooses what the server does with a request whose client
-//! gave up: serve it to the end (the article's server, the default) or drop it once the
-//! server runs (hyper, hence the real `demo-server`). The clients are the same load
-//! generator and client stack as `scenario`.
+//! gave up: serve it to the end (the article's server, and `demo-server`'s default) or drop
+//! it once the server runs (hyper's own behaviour, `demo-server --abandoned cancel`). The
+//! clients are the same load generator and client stack as `scenario`.
+//!
+//! Where it differs from the real run: time is virtual, so nothing competes for the CPU
+//! (on a busy machine the real server wakes requests late and a real client's timers fire
+//! late); connections are not modelled (no connection setup, no descriptor limits, no
+//! keep-alive); and the listen queue counts requests, where the kernel's counts connections
+//! (a queued connection may carry several pipelined requests; the demo's clients send one).
 //!
 //! Each run gets a fresh single-threaded runtime with tokio's clock paused: time only moves
 //! when every task waits, so a 95-second run takes as long as its work. With the same seed
@@ -18,7 +24,7 @@
 
 use std::time::Duration;
 
-use demo_server::model::{DEFAULT_BACKLOG, LatencyModel, Model, PauseSwitch};
+use demo_server::model::{LatencyModel, Model, PauseSwitch};
 use tower::BoxError;
 
 use crate::client::{Abandoned, Gate, Loopback};
@@ -41,9 +47,15 @@ pub struct SimulatedRun {
     pub load: LoadConfig,
     /// The per-attempt timeout.
     pub timeout: Duration,
+    /// The cap on a response body, in bytes.
+    pub max_body: usize,
     /// What the server does with requests whose clients gave up: [`Abandoned::Serve`] is
-    /// the article's server; [`Abandoned::Cancel`] is hyper's (the real `demo-server`).
+    /// the article's server (and `demo-server`'s default); [`Abandoned::Cancel`] is hyper's
+    /// own behaviour (`demo-server --abandoned cancel`).
     pub abandoned: Abandoned,
+    /// The listen queue: requests held while the server is stopped (`demo-server
+    /// --backlog`).
+    pub backlog: usize,
 }
 
 /// The whole simulated process as a [`Pause`] target: the gate in front of the middleware
@@ -83,8 +95,8 @@ pub fn simulate_run(
         .start_paused(true)
         .build()?;
     let record = runtime.block_on(async {
-        let switch = PauseSwitch::new(DEFAULT_BACKLOG);
-        let gate = Gate::new(DEFAULT_BACKLOG);
+        let switch = PauseSwitch::new(run.backlog);
+        let gate = Gate::new(run.backlog);
         let model = Model::with_pause_switch(LatencyModel::default(), switch.clone());
         let server = crate::server::router(spec.stack, model.clone())?;
 
@@ -93,6 +105,7 @@ pub fn simulate_run(
             Loopback::new(server, gate.clone(), run.abandoned),
             spec.strategy,
             run.timeout,
+            run.max_body,
             run.load.seed(),
             &recorder,
         );
@@ -114,13 +127,15 @@ pub fn simulate_run(
             model: switch,
         });
         let driven = drive_phases(&recorder, run.timing, &mut target, progress).await;
-        drop(clients);
+        let end = recorder.start() + run.timing.total();
+        let unfinished = clients.stop(end).await;
         sampler.abort();
         driven?;
         let phases = run.timing.phases();
         Ok::<_, BoxError>(RunRecord::new(
             spec.label(),
             recorder.seconds_until(phases.end()),
+            unfinished,
             phases,
         ))
     })?;

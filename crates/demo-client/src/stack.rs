@@ -7,15 +7,15 @@
 //! | strategy | backoff | attempts | budget | source |
 //! |---|---|---|---|---|
 //! | `fixed` | 100 ms between attempts | no limit | none | the article's simulation client |
-//! | `exponential` | 100 ms, x2, no jitter, at most 15 min | no limit | none | the article's exponential client |
+//! | `exponential` | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
 //! | `full` | 100 ms, x2, jitter 0.1, at most 15 min | 3 | 10% of requests in 10 s | the article, the paper, the SRE book |
 //!
 //! Every strategy sends `X-Request-Attempt` and never retries a response that carries the
 //! stop signal: that is how `backoff-layer`'s retry works. Against a server without the
 //! overload layer (`--stack none`) neither changes anything, which is the point of the
 //! comparison: `fixed` and `exponential` differ from `full` by what they do on their own
-//! (jitter, the attempt limit, the budget), and `full` is meant to meet a server that speaks
-//! the protocol.
+//! (the attempt limit, the budget; `exponential` has the article's jitter too), and `full` is
+//! meant to meet a server that speaks the protocol.
 
 use std::time::Duration;
 
@@ -52,7 +52,7 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryL
             .max_attempts(u32::MAX)
             .build(),
         Strategy::Exponential => builder
-            .backoff(exponential_without_jitter())
+            .backoff(Exponential::new())
             .budget(Unlimited)
             .max_attempts(u32::MAX)
             .build(),
@@ -69,19 +69,13 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryL
     built.unwrap_or_else(|e| unreachable!("the demo's retry configurations are valid: {e}"))
 }
 
-/// The article's exponential backoff without jitter: 100 ms, x2, at most 15 minutes.
-fn exponential_without_jitter() -> Exponential {
-    Exponential::builder()
-        .jitter(0.0)
-        .build()
-        .unwrap_or_else(|e| unreachable!("the article's parameters are valid: {e}"))
-}
-
-/// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`.
+/// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`,
+/// response bodies read up to `max_body` bytes (see [`CollectLayer`]).
 pub fn client_stack<T, B>(
     transport: T,
     strategy: Strategy,
     timeout: Duration,
+    max_body: usize,
     seed: u64,
     recorder: &Recorder,
 ) -> DemoService
@@ -97,7 +91,7 @@ where
         .layer(retry_layer(strategy, seed, recorder))
         .layer(RecordLayer::new(recorder.clone()))
         .timeout(timeout)
-        .layer(CollectLayer)
+        .layer(CollectLayer::new(max_body))
         .service(transport);
     BoxCloneSyncService::new(service)
 }
@@ -111,6 +105,8 @@ mod tests {
     use tower::ServiceExt;
 
     use crate::client::{AttemptCounter, Outcome};
+
+    const MAX_BODY: usize = CollectLayer::DEFAULT_MAX_BODY;
 
     /// A server that fails the first `failures` attempts with 503, then answers 200.
     fn flaky(
@@ -165,7 +161,14 @@ mod tests {
         for strategy in [Strategy::Fixed, Strategy::Exponential] {
             let recorder = Recorder::new();
             let (server, seen) = flaky(5);
-            let stack = client_stack(server, strategy, Duration::from_secs(2), 1, &recorder);
+            let stack = client_stack(
+                server,
+                strategy,
+                Duration::from_secs(2),
+                MAX_BODY,
+                1,
+                &recorder,
+            );
             let result = stack.oneshot(request()).await;
             assert_eq!(Outcome::of(&result), Outcome::Ok, "{strategy}");
             assert_eq!(seen.load(Ordering::SeqCst), 6, "{strategy}");
@@ -188,6 +191,7 @@ mod tests {
             Loopback::new(server, gate.clone(), Abandoned::Serve),
             Strategy::Fixed,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
@@ -202,7 +206,14 @@ mod tests {
     async fn full_gives_up_after_three_attempts() {
         let recorder = Recorder::new();
         let (server, seen) = flaky(5);
-        let stack = client_stack(server, Strategy::Full, Duration::from_secs(2), 1, &recorder);
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Error);
         assert_eq!(seen.load(Ordering::SeqCst), 3);
@@ -215,7 +226,14 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, Infallible>(Response::new(DemoBody::default()))
         });
-        let stack = client_stack(server, Strategy::Full, Duration::from_secs(2), 1, &recorder);
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Timeout);
@@ -236,6 +254,7 @@ mod tests {
             server,
             Strategy::Fixed,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
@@ -244,20 +263,28 @@ mod tests {
         assert_eq!(start.elapsed(), Duration::from_millis(300));
     }
 
+    /// Regression: `exponential` ran without the article's jitter.
     #[tokio::test(start_paused = true)]
-    async fn exponential_doubles_without_jitter() {
+    async fn exponential_doubles_with_the_articles_jitter() {
         let recorder = Recorder::new();
         let (server, _seen) = flaky(3);
         let stack = client_stack(
             server,
             Strategy::Exponential,
             Duration::from_secs(2),
+            MAX_BODY,
             1,
             &recorder,
         );
         let start = tokio::time::Instant::now();
         stack.oneshot(request()).await.unwrap();
-        // 100 + 200 + 400 ms.
-        assert_eq!(start.elapsed(), Duration::from_millis(700));
+        // 100 + 200 + 400 ms, each moved by a normal jitter of 10% of itself: the sum has a
+        // standard deviation of 46 ms; the seed fixes the draw.
+        let elapsed = start.elapsed();
+        assert_ne!(elapsed, Duration::from_millis(700), "no jitter");
+        assert!(
+            (Duration::from_millis(560)..=Duration::from_millis(840)).contains(&elapsed),
+            "{elapsed:?}"
+        );
     }
 }

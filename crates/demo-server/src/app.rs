@@ -91,31 +91,10 @@ const FAILED: &str = "failed";
 #[derive(Clone, Debug)]
 pub struct AppConfig {
     model: Model,
-    abandoned: Abandoned,
     stack: Stack,
     downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
     stats: ServerStats,
-}
-
-/// What the server does with a request whose client went away (closed its connection)
-/// while the model was working on it.
-///
-/// hyper notices a closed connection and drops the handler's future; with
-/// [`Abandoned::Cancel`] that ends the model's work for the request. Many real servers do not
-/// work that way: a thread-per-request server, a Go handler that ignores its context, a
-/// database query already sent, all finish work nobody will read. The article's simulated
-/// server is one of them, and it is why fixed-interval retries keep it down after a pause:
-/// every timed-out attempt stays inside and adds to the load. [`Abandoned::Serve`] models
-/// such a server.
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub enum Abandoned {
-    /// Stop working on the request (hyper drops the handler). The default.
-    #[default]
-    Cancel,
-    /// Finish the request's work in the model anyway; it counts toward the concurrency until
-    /// the model is done with it.
-    Serve,
 }
 
 /// What stands in front of the model on `/api`.
@@ -142,18 +121,11 @@ impl AppConfig {
     pub fn new(model: Model) -> Self {
         Self {
             model,
-            abandoned: Abandoned::Cancel,
             stack: Stack::None,
             downstream: None,
             metrics: None,
             stats: ServerStats::default(),
         }
-    }
-
-    /// What to do with requests whose client went away. Default [`Abandoned::Cancel`].
-    pub fn abandoned(mut self, abandoned: Abandoned) -> Self {
-        self.abandoned = abandoned;
-        self
     }
 
     /// Puts `stack` in front of the model. Default [`Stack::None`].
@@ -269,7 +241,6 @@ impl fmt::Display for StatsSnapshot {
 #[derive(Clone)]
 struct AppState {
     model: Model,
-    abandoned: Abandoned,
     downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
 }
@@ -289,7 +260,6 @@ struct AppState {
 pub fn app(config: AppConfig) -> Router {
     let AppConfig {
         model,
-        abandoned,
         stack,
         downstream,
         metrics,
@@ -321,29 +291,16 @@ pub fn app(config: AppConfig) -> Router {
     };
     router.with_state(AppState {
         model,
-        abandoned,
         downstream,
         metrics,
     })
 }
 
 async fn api(State(state): State<AppState>) -> Response {
-    let served = match state.abandoned {
-        Abandoned::Cancel => state.model.serve().await,
-        // NOTE: a spawned task is not dropped with the handler, so the model keeps working
-        // on (and counting) the request after its client has gone.
-        Abandoned::Serve => {
-            let model = state.model.clone();
-            match tokio::spawn(async move { model.serve().await }).await {
-                Ok(served) => served,
-                Err(e) => {
-                    tracing::warn!(error = %e, "the model's task failed");
-                    return (StatusCode::INTERNAL_SERVER_ERROR, "model task failed\n")
-                        .into_response();
-                }
-            }
-        }
-    };
+    // NOTE: whether the work outlives a client that goes away is decided by the connection
+    // handling (`server::Abandoned`), not here: a request dropped before this handler first
+    // runs never reaches any code in it.
+    let served = state.model.serve().await;
     let took = match served {
         Ok(took) => took,
         Err(refused) => {

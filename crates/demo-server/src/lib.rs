@@ -7,6 +7,10 @@
 //! - [`app()`]: the axum router of the `demo-server` binary (`GET /api`, `/healthz`,
 //!   `/metrics`), with the overload layers in front of the model ([`app::Stack`]) and an
 //!   optional [`downstream`] tier.
+//! - [`server`]: the binary's connection handling around the router: what happens to the
+//!   work of a client that went away ([`server::Abandoned`]), a header read timeout, a cap on
+//!   open connections, graceful shutdown.
+//! - [`duration`] and [`size`]: command-line durations (`500ms`) and sizes (`1MiB`).
 //!
 //! The binary's flags and a load-testing walk-through are in the crate's README.
 //!
@@ -46,5 +50,7 @@ pub mod app;
 pub mod downstream;
 pub mod duration;
 pub mod model;
+pub mod server;
+pub mod size;
 
 pub use app::app;

@@ -10,18 +10,23 @@ use axum::extract::ConnectInfo;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{CommandFactory, Parser, ValueEnum, error::ErrorKind};
 use demo_server::app::{
-    ARTICLE_BURST, ARTICLE_RATE_LIMIT, Abandoned, AppConfig, MMC_BURST, MMC_RATE_LIMIT,
-    ServerStats, Stack, app,
+    ARTICLE_BURST, ARTICLE_RATE_LIMIT, AppConfig, MMC_BURST, MMC_RATE_LIMIT, ServerStats, Stack,
+    app,
 };
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel, Model};
+use demo_server::server::{
+    Abandoned, ConnectionStats, Server, ServerConfig, connections_within, listen,
+    raise_open_files_limit,
+};
 use metrics_exporter_prometheus::{PrometheusBuilder, PrometheusHandle};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
-use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig};
+use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::ClientIp;
-use tokio::net::{TcpListener, TcpSocket};
+use ratelimit_layer::redis::RedisStore;
 
 use demo_server::duration::parse_duration;
+use demo_server::size::parse_size;
 
 const ABOUT: &str = "A demo backend that behaves like an overloaded server.";
 
@@ -55,11 +60,17 @@ Examples:
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
-  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject";
+  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
+  demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
+      --redis-local-share 0.33 --listen 127.0.0.1:8071
+                                               one of three servers sharing 300 req/s";
 
 /// The command line. Flag names are stable: people script against them.
 #[derive(Debug, Parser)]
-#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP)]
+// NOTE: a flag given twice takes its last value, so a script (or `demo-client scenario`,
+// which passes --abandoned and --backlog before the user's own --server-arg values) can
+// override an earlier one.
+#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP, args_override_self = true)]
 struct Cli {
     /// Address to listen on.
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
@@ -153,17 +164,56 @@ struct Cli {
     seed: Option<u64>,
 
     /// Length of the listen queue: connections the kernel accepts and holds while the server
-    /// does not take them (for instance while it is stopped with SIGSTOP). The kernel caps it
-    /// at net.core.somaxconn. 1024 is tokio's default; Go's net/http (the article's server)
-    /// uses somaxconn, 4096 on current Linux.
-    #[arg(long, value_name = "N", default_value_t = 1024, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    /// does not take them (for instance while it is stopped with SIGSTOP). The default is Go's
+    /// (the article's server): net.core.somaxconn, 4096 on current Linux, which also caps
+    /// larger values. tokio's own default is 1024.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65535))]
     backlog: u32,
 
-    /// What to do with a request whose client went away: cancel its work (what hyper
-    /// allows), or serve it to the end anyway, as the article's server (and many real ones)
-    /// do.
-    #[arg(long, value_enum, default_value_t = AbandonedArg::Cancel)]
+    /// What to do with a request whose client went away. serve (the default): every request
+    /// that reached the server does its work to the end, as in the article's server and any
+    /// thread-pool server. cancel: the work stops when hyper sees the connection close
+    /// (hyper's behaviour), which makes the server much harder to collapse.
+    #[arg(long, value_enum, default_value_t = AbandonedArg::Serve)]
     abandoned: AbandonedArg,
+
+    /// A connection without a request in progress must send a complete request head within
+    /// this time (from its accept, or from its previous response), or it is closed. Guards
+    /// against clients that hold connections with unfinished headers.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, help_heading = "Limits")]
+    header_read_timeout: Duration,
+
+    /// Most connections open at once. At the cap, a new connection makes the server close
+    /// the one idle the longest (idle keep-alive, unfinished headers), so /healthz still
+    /// answers under a flood of slow connections. Lowered at startup, with a warning, to fit
+    /// the open-files limit with a tenth of it (at least 64 descriptors) kept for the rest;
+    /// the soft limit is first raised to the hard one, as Go's runtime does.
+    #[arg(long, value_name = "N", default_value_t = ServerConfig::DEFAULT_MAX_CONNECTIONS, help_heading = "Limits")]
+    max_connections: NonZeroUsize,
+
+    /// Longest --downstream response body read, in bytes (65536, 64KiB, 1MiB); a longer
+    /// one fails the call with 502 Bad Gateway. The default is Envoy's default buffer limit.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
+    max_downstream_body: usize,
+
+    /// Keep the rate limit in this Redis (redis://HOST:PORT[/DB]), shared by every
+    /// demo-server that uses it: one limit for the fleet.
+    #[arg(long, value_name = "URL", help_heading = "Fleet")]
+    redis_url: Option<String>,
+
+    /// The share of the limit this server applies on its own while Redis is away
+    /// (1/N for N servers) [default: 1].
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        requires = "redis_url",
+        help_heading = "Fleet"
+    )]
+    redis_local_share: Option<f64>,
+
+    /// How long a decision may wait for Redis before the local share decides [default: 5ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
+    redis_budget: Option<Duration>,
 
     /// Do not print the status line.
     #[arg(long)]
@@ -172,10 +222,10 @@ struct Cli {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum AbandonedArg {
-    /// Stop working on it.
-    Cancel,
     /// Finish its work; it keeps counting toward the concurrency.
     Serve,
+    /// Stop working on it.
+    Cancel,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -223,10 +273,11 @@ fn key_parser() -> impl TypedValueParser<Value = KeyBy> {
 struct Plan {
     listen: SocketAddr,
     backlog: u32,
-    abandoned: Abandoned,
+    server: ServerConfig,
     latency: LatencyModel,
     stack: Stack,
     downstream: Option<Downstream>,
+    redis: Option<RedisStore>,
     quiet: bool,
 }
 
@@ -255,34 +306,58 @@ impl Cli {
             }
             ModelArg::Instant => LatencyModel::Instant,
         };
+        let redis = self.redis_config()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Full => Stack::Full {
                 overload: OverloadSignalLayer::default(),
-                rate_limit: self
-                    .rate_limit_config()
-                    .layer()
-                    .map_err(|e| e.to_string())?,
+                rate_limit: match &redis {
+                    None => self.rate_limit_config().layer(),
+                    Some(redis) => self.rate_limit_config().redis_layer(redis),
+                }
+                .map_err(|e| e.to_string())?,
             },
         };
         let downstream = self
             .downstream
             .clone()
-            .map(Downstream::new)
+            .map(|uri| Downstream::with_max_body(uri, self.max_downstream_body))
             .transpose()
             .map_err(|e| e.to_string())?;
+        let server = ServerConfig::builder()
+            .abandoned(match self.abandoned {
+                AbandonedArg::Cancel => Abandoned::Cancel,
+                AbandonedArg::Serve => Abandoned::Serve,
+            })
+            .header_read_timeout(self.header_read_timeout)
+            .max_connections(self.max_connections)
+            .build()
+            .map_err(|e| format!("--{}", e.to_string().replace('_', "-")))?;
         Ok(Plan {
             listen: self.listen,
             backlog: self.backlog,
-            abandoned: match self.abandoned {
-                AbandonedArg::Cancel => Abandoned::Cancel,
-                AbandonedArg::Serve => Abandoned::Serve,
-            },
+            server,
             latency,
             stack,
             downstream,
+            redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// `--redis-url` and its settings, validated.
+    fn redis_config(&self) -> Result<Option<RedisConfig>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let mut config = RedisConfig::new(RedisStore::new(url).map_err(|e| e.to_string())?);
+        if let Some(share) = self.redis_local_share {
+            config.local_share = share;
+        }
+        if let Some(budget) = self.redis_budget {
+            config.budget = budget;
+        }
+        Ok(Some(config))
     }
 
     fn rate_limit_config(&self) -> RateLimitConfig {
@@ -342,58 +417,98 @@ fn main() -> ExitCode {
     }
 }
 
-/// Binds `addr` and listens with a queue of `backlog` connections (the kernel caps it at
-/// `net.core.somaxconn`).
-fn listen(addr: SocketAddr, backlog: u32) -> std::io::Result<TcpListener> {
-    let socket = if addr.is_ipv4() {
-        TcpSocket::new_v4()?
-    } else {
-        TcpSocket::new_v6()?
-    };
-    // NOTE: as std's `TcpListener::bind` does on Unix; it does not let two servers listen on
-    // one port, so a busy port is still an error.
-    #[cfg(unix)]
-    socket.set_reuseaddr(true)?;
-    socket.bind(addr)?;
-    socket.listen(backlog)
-}
-
 async fn serve(plan: Plan) -> Result<(), String> {
+    let server_config = fit_to_open_files(plan.server);
     let listener = listen(plan.listen, plan.backlog).map_err(|e| bind_error(plan.listen, &e))?;
-    let addr = listener.local_addr().map_err(|e| e.to_string())?;
     let metrics = PrometheusBuilder::new()
         .install_recorder()
         .map_err(|e| format!("cannot install the metrics recorder: {e}"))?;
 
+    if let Some(store) = &plan.redis {
+        // NOTE: connected before serving, so that the first requests do not spend their
+        // budget on the handshake; a Redis that is away is not fatal (the local share
+        // decides until it answers).
+        match tokio::time::timeout(Duration::from_secs(2), store.ping()).await {
+            Ok(Ok(())) => {}
+            Ok(Err(e)) => eprintln!("warning: {e}; limiting locally until it answers"),
+            Err(_) => eprintln!(
+                "warning: Redis at {} does not answer within 2 s; limiting locally until it does",
+                store.addr()
+            ),
+        }
+    }
     let model = Model::new(plan.latency);
     let histogram = match &plan.stack {
         Stack::Full { overload, .. } => Some(overload.histogram().clone()),
         Stack::None => None,
     };
     let mut config = AppConfig::new(model.clone())
-        .abandoned(plan.abandoned)
         .stack(plan.stack)
         .metrics(metrics.clone());
     if let Some(downstream) = plan.downstream {
         config = config.downstream(downstream);
     }
     let stats = config.stats().clone();
-    let router = app(config);
+    let server = Server::new(listener, app(config), server_config);
+    let addr = server.local_addr().map_err(|e| e.to_string())?;
 
     println!(
-        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}",
+        "demo-server listening on http://{addr} (GET /api, /healthz, /metrics); model: {}; stack: {}; abandoned requests: {}{}",
         describe(model.latency()),
         if histogram.is_some() { "full" } else { "none" },
+        match server_config.abandoned() {
+            Abandoned::Serve => "served to the end",
+            Abandoned::Cancel => "cancelled",
+        },
+        plan.redis
+            .as_ref()
+            .map(|store| format!("; rate limit in Redis at {}", store.addr()))
+            .unwrap_or_default(),
     );
-    let status = tokio::spawn(status_lines(model, stats, histogram, metrics, plan.quiet));
-    let result = axum::serve(
-        listener,
-        router.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(shutdown_signal())
-    .await;
+    let status = tokio::spawn(status_lines(
+        model,
+        stats,
+        server.stats(),
+        histogram,
+        metrics,
+        plan.quiet,
+    ));
+    let result = server.run(shutdown_signal()).await;
     status.abort();
     result.map_err(|e| format!("the server failed: {e}"))
+}
+
+/// Raises the open-files limit as Go's runtime does, and lowers the connection cap, with a
+/// warning, when the limit cannot hold it (see `connections_within`).
+fn fit_to_open_files(config: ServerConfig) -> ServerConfig {
+    let limit = match raise_open_files_limit() {
+        Ok(limit) => limit,
+        Err(e) => {
+            eprintln!("warning: cannot raise the open-files limit: {e}");
+            Some(rustix::process::getrlimit(
+                rustix::process::Resource::Nofile,
+            ))
+            .and_then(|l| l.current)
+        }
+    };
+    let Some(limit) = limit else {
+        return config;
+    };
+    let fits = connections_within(limit);
+    if config.max_connections().get() <= fits {
+        return config;
+    }
+    eprintln!(
+        "warning: --max-connections {} lowered to {fits}: the process may open {limit} files",
+        config.max_connections()
+    );
+    let fits = NonZeroUsize::new(fits).unwrap_or(NonZeroUsize::MIN);
+    ServerConfig::builder()
+        .abandoned(config.abandoned())
+        .header_read_timeout(config.header_read_timeout())
+        .max_connections(fits)
+        .build()
+        .unwrap_or(config)
 }
 
 fn bind_error(addr: SocketAddr, e: &std::io::Error) -> String {
@@ -438,6 +553,7 @@ fn describe(latency: &LatencyModel) -> String {
 async fn status_lines(
     model: Model,
     stats: ServerStats,
+    connections: ConnectionStats,
     histogram: Option<AttemptHistogram>,
     metrics: PrometheusHandle,
     quiet: bool,
@@ -449,6 +565,8 @@ async fn status_lines(
     loop {
         ticker.tick().await;
         metrics.run_upkeep();
+        metrics::gauge!(demo_server::server::metric_names::CONNECTIONS_OPEN)
+            .set(connections.open() as f64);
         let now = stats.snapshot();
         let second = now.since(&before);
         before = now;
@@ -463,7 +581,7 @@ async fn status_lines(
             .and_then(|h| h.snapshot().retry_share())
             .map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0));
         println!(
-            "concurrency: {}, last delay: {:?}, admitted: {}/s, rejected: {}/s, stop signals: {}/s, failed: {}/s, retry share (10 s): {}",
+            "concurrency: {}, last delay: {:?}, admitted: {}/s, rejected: {}/s, stop signals: {}/s, failed: {}/s, retry share (10 s): {}, connections: {}",
             model.concurrency(),
             model.last_delay(),
             second.served,
@@ -471,6 +589,7 @@ async fn status_lines(
             second.stop_signals,
             second.failed,
             retry_share,
+            connections.open(),
         );
     }
 }
@@ -533,6 +652,53 @@ mod tests {
         let rl = cli.rate_limit_config();
         assert_eq!((rl.rate, rl.burst), (250, Some(5)));
         assert_eq!(rl.algorithm, Algorithm::TokenBucket);
+        // The article's server: abandoned work served, Go's listen queue.
+        assert_eq!(plan.backlog, 4096);
+        assert_eq!(plan.server, ServerConfig::new());
+        assert_eq!(plan.server.abandoned(), Abandoned::Serve);
+        // Under hostile peers: headers within 10 s, 10 000 connections, 1 MiB bodies.
+        assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(10));
+        assert_eq!(plan.server.max_connections().get(), 10_000);
+        assert_eq!(cli.max_downstream_body, 1 << 20);
+    }
+
+    #[test]
+    fn limits_reach_the_plan() {
+        let cli = parse(&[
+            "--abandoned",
+            "cancel",
+            "--header-read-timeout",
+            "2s",
+            "--max-connections",
+            "50",
+            "--max-downstream-body",
+            "64KiB",
+            "--downstream",
+            "http://127.0.0.1:9/api",
+        ])
+        .unwrap();
+        let plan = cli.plan().unwrap();
+        assert_eq!(plan.server.abandoned(), Abandoned::Cancel);
+        assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(2));
+        assert_eq!(plan.server.max_connections().get(), 50);
+        assert_eq!(plan.downstream.unwrap().max_body(), 64 * 1024);
+    }
+
+    #[test]
+    fn a_later_flag_overrides_an_earlier_one() {
+        let cli = parse(&[
+            "--backlog",
+            "16",
+            "--abandoned",
+            "serve",
+            "--backlog",
+            "1024",
+            "--abandoned",
+            "cancel",
+        ])
+        .unwrap();
+        assert_eq!(cli.backlog, 1024);
+        assert_eq!(cli.abandoned, AbandonedArg::Cancel);
     }
 
     #[test]
@@ -606,6 +772,8 @@ mod tests {
             (&["--algorithm", "leaky-bucket"], "token-bucket"),
             (&["--base-delay", "soon"], "invalid duration \"soon\""),
             (&["--workers", "0"], "zero"),
+            (&["--max-connections", "0"], "--max-connections"),
+            (&["--max-downstream-body", "1MB"], "invalid size \"1MB\""),
             (&["--bogus"], "unexpected argument '--bogus'"),
         ] {
             let err = parse(args).unwrap_err().to_string();
@@ -625,6 +793,67 @@ mod tests {
             (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
             (&["--downstream", "https://example.com/"], "http://"),
             (&["--downstream", "/api"], "http://"),
+            (
+                &["--header-read-timeout", "0s"],
+                "--header-read-timeout must be greater than zero",
+            ),
+        ] {
+            let Err(err) = parse(args).unwrap().plan() else {
+                panic!("{args:?} was accepted")
+            };
+            assert!(err.contains(needle), "{args:?}: {err}");
+        }
+    }
+
+    #[test]
+    fn redis_flags_reach_the_plan_and_are_checked() {
+        let cli = parse(&[
+            "--redis-url",
+            "redis://127.0.0.1:6390",
+            "--redis-local-share",
+            "0.25",
+            "--redis-budget",
+            "20ms",
+        ])
+        .unwrap();
+        let redis = cli.redis_config().unwrap().unwrap();
+        assert!((redis.local_share - 0.25).abs() < 1e-12);
+        assert_eq!(redis.budget, Duration::from_millis(20));
+        let plan = cli.plan().unwrap();
+        assert_eq!(plan.redis.unwrap().addr(), "127.0.0.1:6390");
+        // The defaults.
+        let redis = parse(&["--redis-url", "redis://127.0.0.1"])
+            .unwrap()
+            .redis_config()
+            .unwrap()
+            .unwrap();
+        assert_eq!(redis.budget, Duration::from_millis(5));
+        assert!(parse(&[]).unwrap().redis_config().unwrap().is_none());
+        // Settings without a URL, a bad URL, a bad share, a window Redis does not offer.
+        assert!(parse(&["--redis-local-share", "0.5"]).is_err());
+        for (args, needle) in [
+            (
+                &["--redis-url", "http://127.0.0.1"][..],
+                "url must be redis://",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--redis-local-share",
+                    "3",
+                ],
+                "local_share must be within (0, 1]",
+            ),
+            (
+                &[
+                    "--redis-url",
+                    "redis://127.0.0.1",
+                    "--algorithm",
+                    "fixed-window",
+                ],
+                "token-bucket or sliding-window with Redis",
+            ),
         ] {
             let Err(err) = parse(args).unwrap().plan() else {
                 panic!("{args:?} was accepted")

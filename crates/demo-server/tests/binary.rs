@@ -141,7 +141,13 @@ fn bad_flags_exit_with_usage_errors() {
         "{out:?}"
     );
 
-    for bad in [["--backlog", "0"], ["--abandoned", "sometimes"]] {
+    for bad in [
+        ["--backlog", "0"],
+        ["--abandoned", "sometimes"],
+        ["--header-read-timeout", "0s"],
+        ["--max-connections", "0"],
+        ["--max-downstream-body", "lots"],
+    ] {
         let out = Command::new(BIN).args(bad).output().unwrap();
         assert_eq!(out.status.code(), Some(2), "{bad:?}");
         assert!(
@@ -164,9 +170,60 @@ fn bad_flags_exit_with_usage_errors() {
         "--model",
         "--backlog",
         "--abandoned",
+        "--header-read-timeout",
+        "--max-connections",
+        "--max-downstream-body",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }
+}
+
+/// The limits for hostile peers, through the binary's flags: unfinished headers are closed
+/// after `--header-read-timeout`, and a flood of them past `--max-connections` does not lock
+/// out `/healthz`.
+#[tokio::test]
+async fn slow_clients_are_closed_and_cannot_lock_out_healthz() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let server = start(&[
+        "--model",
+        "instant",
+        "--header-read-timeout",
+        "1s",
+        "--max-connections",
+        "16",
+    ]);
+    let mut slow = Vec::new();
+    for _ in 0..48 {
+        let mut s = tokio::net::TcpStream::connect(server.addr).await.unwrap();
+        s.write_all(b"GET /api HTTP/1.1\r\nhost: slo")
+            .await
+            .unwrap();
+        slow.push(s);
+    }
+    let started = tokio::time::Instant::now();
+    let health = tokio::task::spawn_blocking(move || get(server.addr, "/healthz"))
+        .await
+        .unwrap();
+    assert!(health.starts_with("HTTP/1.1 200 OK"), "{health}");
+    assert!(
+        started.elapsed() < Duration::from_millis(900),
+        "{:?}",
+        started.elapsed()
+    );
+    // Every slow connection is closed by the server: by the cap, or after the timeout.
+    for mut s in slow {
+        let mut buf = [0u8; 64];
+        let read = tokio::time::timeout(Duration::from_secs(5), s.read(&mut buf)).await;
+        assert!(
+            matches!(read, Ok(Ok(0) | Err(_))),
+            "a slow connection is still open: {read:?}"
+        );
+    }
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "{:?}",
+        started.elapsed()
+    );
 }
 
 #[cfg(target_os = "linux")]

@@ -7,9 +7,10 @@ use std::time::{Duration, SystemTime};
 
 use axum::Router;
 use bytes::Bytes;
-use demo_server::app::{Abandoned, AppConfig, Stack, app};
+use demo_server::app::{AppConfig, Stack, app};
 use demo_server::downstream::Downstream;
 use demo_server::model::{ArticleModel, LatencyModel, Model};
+use demo_server::server::{Abandoned, Server, ServerConfig};
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Full};
 use hyper_util::client::legacy::Client;
@@ -23,19 +24,25 @@ use ratelimit_layer::config::RateLimitConfig;
 use tokio::io::AsyncWriteExt;
 use tokio::net::{TcpListener, TcpStream};
 
-/// Serves `router` on 127.0.0.1, port 0, on the test's runtime.
+/// Serves `router` on 127.0.0.1, port 0, on the test's runtime, with the server's defaults.
 async fn serve(router: Router) -> SocketAddr {
+    serve_with(router, ServerConfig::new()).await
+}
+
+/// Serves `router` under `config` on 127.0.0.1, port 0.
+async fn serve_with(router: Router, config: ServerConfig) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
-    tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
-    });
+    let server = Server::new(listener, router, config);
+    tokio::spawn(server.run(std::future::pending()));
     addr
+}
+
+fn abandoned(abandoned: Abandoned) -> ServerConfig {
+    ServerConfig::builder()
+        .abandoned(abandoned)
+        .build()
+        .unwrap()
 }
 
 /// Waits (at most 10 s, so a broken server fails the test instead of hanging it) until
@@ -161,7 +168,7 @@ where
 }
 
 #[tokio::test]
-async fn a_client_that_goes_away_stops_counting_toward_concurrency() {
+async fn with_abandoned_cancel_a_client_that_goes_away_stops_counting() {
     // A request would take a minute: only the closed connection can end it early.
     let slow = ArticleModel::builder()
         .base(Duration::from_secs(60))
@@ -169,7 +176,11 @@ async fn a_client_that_goes_away_stops_counting_toward_concurrency() {
         .build()
         .unwrap();
     let model = Model::new(slow.into());
-    let addr = serve(app(AppConfig::new(model.clone()))).await;
+    let addr = serve_with(
+        app(AppConfig::new(model.clone())),
+        abandoned(Abandoned::Cancel),
+    )
+    .await;
 
     let mut stream = TcpStream::connect(addr).await.unwrap();
     stream
@@ -193,9 +204,10 @@ async fn with_abandoned_serve_a_client_that_goes_away_still_counts() {
         .build()
         .unwrap();
     let model = Model::new(slow.into());
-    let addr = serve(app(
-        AppConfig::new(model.clone()).abandoned(Abandoned::Serve)
-    ))
+    let addr = serve_with(
+        app(AppConfig::new(model.clone())),
+        abandoned(Abandoned::Serve),
+    )
     .await;
 
     let mut stream = TcpStream::connect(addr).await.unwrap();

@@ -245,6 +245,95 @@ impl RateLimitConfig {
     }
 }
 
+/// Where a [`RateLimitConfig`] keeps its limit for a fleet, as plain data, mapping onto
+/// flags such as `--redis-url redis://host:6379 --redis-local-share 0.33 --redis-budget 5ms`.
+/// Only with the feature `redis`; see [`crate::redis`].
+#[cfg(feature = "redis")]
+#[derive(Clone, Debug)]
+pub struct RedisConfig {
+    /// The Redis that holds the limit.
+    pub store: crate::redis::RedisStore,
+    /// The share of the limit a process applies while Redis is away. Default: 1
+    /// ([`RedisLayerBuilder::DEFAULT_LOCAL_SHARE`](crate::redis::RedisLayerBuilder::DEFAULT_LOCAL_SHARE)).
+    pub local_share: f64,
+    /// The time budget of a decision. Default: 5 ms
+    /// ([`RedisLayerBuilder::DEFAULT_BUDGET`](crate::redis::RedisLayerBuilder::DEFAULT_BUDGET)).
+    pub budget: Duration,
+}
+
+#[cfg(feature = "redis")]
+impl RedisConfig {
+    /// The limit kept in `store`, with the defaults.
+    pub fn new(store: crate::redis::RedisStore) -> Self {
+        use crate::redis::RedisLayerBuilder;
+        Self {
+            store,
+            local_share: RedisLayerBuilder::DEFAULT_LOCAL_SHARE,
+            budget: RedisLayerBuilder::DEFAULT_BUDGET,
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+impl RateLimitConfig {
+    /// Builds the layer with its limit kept in Redis, shared by every process that uses the
+    /// same Redis and policy name.
+    ///
+    /// # Errors
+    ///
+    /// As [`layer`](Self::layer); and with [`Algorithm::FixedWindow`], which is not offered
+    /// in Redis (kind `Invalid` on `algorithm`), or any rule of
+    /// [`RedisLayerBuilder::build`](crate::redis::RedisLayerBuilder::build).
+    pub fn redis_layer(&self, redis: &RedisConfig) -> Result<RateLimitLayer, ConfigError> {
+        // NOTE: the local checks first, so that errors name this struct's fields.
+        self.layer()?;
+        match self.algorithm {
+            Algorithm::TokenBucket => {
+                let mut bucket = TokenBucket::builder(self.rate).period(self.period);
+                if let Some(burst) = self.burst {
+                    bucket = bucket.burst(burst);
+                }
+                self.finish_redis(bucket.build()?, redis)
+            }
+            Algorithm::SlidingWindow => self.finish_redis(
+                SlidingWindow::builder(self.rate)
+                    .window(self.period)
+                    .build()?,
+                redis,
+            ),
+            Algorithm::FixedWindow => Err(ConfigError::invalid(
+                "algorithm",
+                self.algorithm.as_str(),
+                "token-bucket or sliding-window with Redis",
+            )),
+        }
+    }
+
+    fn finish_redis<L: crate::redis::RedisAlgorithm>(
+        &self,
+        limiter: L,
+        redis: &RedisConfig,
+    ) -> Result<RateLimitLayer, ConfigError> {
+        let builder = RateLimitLayer::builder(limiter)
+            .max_keys(self.max_keys)
+            .policy_name(&self.policy_name)
+            .admitted_headers(self.admitted_headers);
+        match self.key {
+            KeyBy::Global => builder
+                .redis(redis.store.clone())
+                .local_share(redis.local_share)
+                .budget(redis.budget)
+                .build(),
+            KeyBy::Ip => builder
+                .key_by_client_ip(self.client_ip.clone())
+                .redis(redis.store.clone())
+                .local_share(redis.local_share)
+                .budget(redis.budget)
+                .build(),
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -345,5 +434,40 @@ mod tests {
         .unwrap_err();
         assert_eq!(err.field(), "policy_name");
         assert_eq!(err.kind(), overload_signal::ConfigErrorKind::Invalid);
+    }
+
+    #[cfg(feature = "redis")]
+    #[test]
+    fn redis_layers_build_for_the_algorithms_redis_offers() {
+        let redis =
+            RedisConfig::new(crate::redis::RedisStore::new("redis://127.0.0.1:6379").unwrap());
+        assert_eq!(redis.budget, Duration::from_millis(5));
+        for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
+            for key in KeyBy::ALL {
+                let config = RateLimitConfig {
+                    algorithm,
+                    key,
+                    ..RateLimitConfig::default()
+                };
+                assert!(config.redis_layer(&redis).is_ok(), "{algorithm} {key}");
+            }
+        }
+        let err = RateLimitConfig {
+            algorithm: Algorithm::FixedWindow,
+            ..RateLimitConfig::default()
+        }
+        .redis_layer(&redis)
+        .unwrap_err();
+        assert_eq!(
+            err.to_string(),
+            "algorithm must be token-bucket or sliding-window with Redis, got \"fixed-window\""
+        );
+        let err = RateLimitConfig::default()
+            .redis_layer(&RedisConfig {
+                local_share: 2.0,
+                ..redis
+            })
+            .unwrap_err();
+        assert_eq!(err.field(), "local_share");
     }
 }

@@ -210,6 +210,8 @@ pub mod keyed;
 mod layer;
 pub mod metric_names;
 pub mod protect;
+#[cfg(feature = "redis")]
+pub mod redis;
 
 // NOTE: not inlined: the module is `overload-signal`'s, documented there.
 #[doc(no_inline)]

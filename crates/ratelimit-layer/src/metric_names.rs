@@ -8,6 +8,8 @@
 //! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
 //! | `ratelimit_layer_missing_key_total` | counter | `policy`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
+//! | `ratelimit_layer_redis_fallbacks_total` | counter | `policy`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
+//! | `ratelimit_layer_redis_up` | gauge | `policy` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
 //!
 //! They are registered with the recorder on the first request (the keys gauge: on the first
 //! change of the key count), not when the layer is built, and the handles are kept, so a
@@ -28,3 +30,13 @@ pub const KEYS: &str = "ratelimit_layer_keys";
 /// Counter, labels `policy` and `action` (`reject`, `shared` or `bypass`, see
 /// [`MissingKey`](crate::key::MissingKey)): requests a keyed layer found no key in.
 pub const MISSING_KEY: &str = "ratelimit_layer_missing_key_total";
+
+/// Counter, labels `policy` and `reason`: requests a limit kept in Redis (feature `redis`)
+/// decided locally, with its local share, instead of in Redis. `reason` is `timeout` (Redis
+/// did not answer within the time budget), `error` (Redis answered with an error, or the
+/// connection failed) or `unavailable` (Redis was known to be away, so it was not asked).
+pub const REDIS_FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
+
+/// Gauge, label `policy`: 1 while a limit kept in Redis (feature `redis`) is decided in
+/// Redis, 0 while it falls back to its local share. Set on each change.
+pub const REDIS_UP: &str = "ratelimit_layer_redis_up";

@@ -19,11 +19,13 @@
 //!
 //! A request counts toward the concurrency from the moment it enters the model (after the
 //! backlog of a paused model) until its response future completes **or is dropped**: a guard
-//! decrements the count on drop. hyper drops the handler's future when it sees that the
-//! connection closed (for HTTP/1, once it reads the end of the stream while the request is
-//! being handled; for HTTP/2, when the stream is reset), so behind `demo-server` a request
-//! whose client went away stops counting toward the concurrency, and stops slowing the others
-//! down. A client that merely stops reading, without closing, is not seen.
+//! decrements the count on drop. Whether the future of a request whose client went away is
+//! dropped is the server's choice, made where connections are handled
+//! ([`server::Abandoned`](crate::server::Abandoned)): the `demo-server` binary serves such
+//! requests to the end by default, as the article's server does, so abandoned work keeps
+//! counting and slowing the others down; with `--abandoned cancel` hyper drops the future
+//! when it sees the connection close, and the request stops counting at once. A client that
+//! merely stops reading, without closing, is not seen either way.
 //!
 //! # Example
 //!
@@ -140,7 +142,7 @@ struct Shared {
 }
 
 impl Model {
-    /// A model with a [default](PauseSwitch::default) pause switch (running, backlog 1024).
+    /// A model with a [default](PauseSwitch::default) pause switch (running, backlog 4096).
     pub fn new(latency: LatencyModel) -> Self {
         Self::with_pause_switch(latency, PauseSwitch::default())
     }

@@ -7,12 +7,13 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use tokio::sync::watch;
 use tokio::time::{Duration, Instant, sleep};
 
-/// The backlog bound a [`PauseSwitch::default`] uses: 1024 requests.
+/// The backlog bound a [`PauseSwitch::default`] uses: 4096 requests.
 ///
-/// It is the listen backlog tokio's `TcpListener::bind` asks the kernel for, so a paused
-/// in-process model refuses new requests at the same point as the real `demo-server` process
-/// stopped with `SIGSTOP` (on Linux the kernel may cap it lower with `net.core.somaxconn`).
-pub const DEFAULT_BACKLOG: usize = 1024;
+/// It is the `demo-server` binary's default listen queue (`--backlog`, Go's: the Linux
+/// maximum), so a paused in-process model refuses new requests at about the same point as
+/// the real process stopped with `SIGSTOP` (the kernel counts connections, this counts
+/// requests; the demo's clients send one request per connection at a time).
+pub const DEFAULT_BACKLOG: usize = 4096;
 
 /// A cloneable pause/resume control for a [`Model`](super::Model), behaving like `SIGSTOP` and
 /// `SIGCONT` sent to the server process.

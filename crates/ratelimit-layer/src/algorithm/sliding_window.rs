@@ -179,6 +179,46 @@ impl SlidingWindow {
     }
 }
 
+#[cfg(feature = "redis")]
+impl SlidingWindow {
+    /// The window in whole nanoseconds.
+    pub(crate) const fn window_nanos(&self) -> u64 {
+        self.window_nanos
+    }
+
+    /// The decision and the quota status for counts kept elsewhere (Redis), which decided
+    /// `admitted` with this limiter's rule: `current` is the current window's count (with
+    /// this request's cost if it was admitted), `previous` the previous window's, and
+    /// `left` the nanoseconds left of the current window. The same arithmetic as
+    /// [`check`](Limiter::check) and [`status`](Limiter::status).
+    pub(crate) fn outcome_of_counts(
+        &self,
+        admitted: bool,
+        current: u64,
+        previous: u64,
+        left: u64,
+        cost: u32,
+    ) -> (Decision, QuotaStatus) {
+        let v = View {
+            current,
+            previous,
+            left: left.min(self.window_nanos),
+        };
+        let decision = if admitted {
+            Decision::Allow
+        } else {
+            Decision::Reject {
+                retry_after: Duration::from_nanos(self.retry_after(&v, u64::from(cost).max(1))),
+            }
+        };
+        let status = QuotaStatus {
+            remaining: self.remaining(&v),
+            reset: Duration::from_nanos(v.left),
+        };
+        (decision, status)
+    }
+}
+
 fn to_u64(n: u128) -> u64 {
     u64::try_from(n).unwrap_or(u64::MAX)
 }

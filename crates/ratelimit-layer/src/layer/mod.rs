@@ -1,7 +1,10 @@
 //! The Tower layer: [`RateLimitLayer`], its builder, and what its services share.
 
+#[cfg(feature = "redis")]
+mod redis;
+pub(crate) mod remote;
 mod service;
-mod shared;
+pub(crate) mod shared;
 
 use std::fmt;
 use std::sync::Arc;
@@ -13,7 +16,10 @@ use overload_signal::ConfigError;
 use overload_signal::clock::{Clock, TokioClock};
 use tower_layer::Layer;
 
+#[cfg(feature = "redis")]
+pub use redis::RedisLayerBuilder;
 pub use service::RateLimit;
+pub(crate) use service::respond;
 
 use self::shared::{Cost, Decide, Global, Keyed, MissingKeyPolicy, Shared, policy};
 use crate::algorithm::Limiter;
@@ -314,10 +320,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                     .sweep_interval(self.sweep_interval)
                     .report_keys(&self.policy_name)
                     .build()?,
-                missing: MissingKeyPolicy::new(
+                missing: Arc::new(MissingKeyPolicy::new(
                     self.missing_key.unwrap_or_else(|| extract.missing_key()),
                     &self.policy_name,
-                ),
+                )),
                 extract,
                 unkeyed: L::State::default(),
             }),

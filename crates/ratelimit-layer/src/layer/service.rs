@@ -1,10 +1,12 @@
 //! The [`RateLimit`] service.
 
+use std::mem;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
+use http::request::Parts;
 use http::{HeaderValue, Request, Response, StatusCode};
 use overload_signal::protocol::{
     GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
@@ -14,7 +16,7 @@ use tower_service::Service;
 
 use super::shared::Shared;
 use crate::algorithm::{Decision, QuotaStatus};
-use crate::future::ResponseFuture;
+use crate::future::{Deciding, ResponseFuture};
 use crate::keyed::KeyClass;
 
 /// Rejects requests above a rate before they reach the inner service; see the
@@ -22,6 +24,11 @@ use crate::keyed::KeyClass;
 ///
 /// Built by [`RateLimitLayer`](crate::RateLimitLayer); clones share the same limits. The
 /// wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
+///
+/// The wrapped service must be `Clone` (axum's routes and tonic's services are): a limit
+/// kept elsewhere (`RateLimitBuilder::redis`, with the feature `redis`) decides after a
+/// round trip, so the response future takes the service that was
+/// made ready and leaves a clone in its place. A local limit never clones it.
 #[derive(Clone, Debug)]
 pub struct RateLimit<S> {
     inner: S,
@@ -38,12 +45,12 @@ impl<S> RateLimit<S> {
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>
 where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
     ResBody: Default,
 {
     type Response = Response<ResBody>;
     type Error = S::Error;
-    type Future = ResponseFuture<S::Future, ResBody>;
+    type Future = ResponseFuture<S::Future, ResBody, S, ReqBody>;
 
     /// Delegates to the inner service.
     ///
@@ -58,41 +65,74 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let (parts, body) = request.into_parts();
-        let shared = &*self.shared;
+        let shared = &self.shared;
         let cost = shared.cost(&parts);
-        let Some((decision, status, class)) = shared.decide(&parts, cost) else {
-            let protocol = Protocol::of_headers(&parts.headers);
-            return ResponseFuture::rejected(missing_key(protocol));
-        };
-        let retry_after = match decision {
-            Decision::Allow => {
-                shared.metrics.admitted().increment(1);
-                // NOTE: `decide` reads the status for admissions when the fields are wanted;
-                // a request admitted without a limit (no key, `MissingKey::Bypass`) has none,
-                // and no field describes it.
-                let fields = status.filter(|_| shared.admitted_headers).map(|status| {
-                    (
-                        shared.policy_header.clone(),
-                        shared.policy.status(status.remaining, status.reset),
-                    )
-                });
-                let future = self.inner.call(Request::from_parts(parts, body));
-                return ResponseFuture::admitted(future, fields);
-            }
-            Decision::Reject { retry_after } => retry_after,
-            Decision::OverCapacity { .. } => shared.window,
-        };
-        // NOTE: `decide` reads the status for every rejection; a missing one (never expected)
-        // is reported as a full window.
-        let status = status.unwrap_or(QuotaStatus {
-            remaining: 0,
-            reset: shared.window,
-        });
-        shared.metrics.rejected(class).increment(1);
-        tracing::trace!(key_class = class.as_str(), ?retry_after, "rate limited");
-        let protocol = Protocol::of_headers(&parts.headers);
-        ResponseFuture::rejected(rejection(shared, protocol, retry_after, status, class))
+        if let Some(decision) = shared.remote.as_ref().and_then(|r| r.start(&parts, cost)) {
+            // NOTE: the decision comes later, so the future takes the service that was made
+            // ready and leaves an unpolled clone here (tower's `mem::replace` pattern): the
+            // next `call` on this instance comes after its own `poll_ready`.
+            let clone = self.inner.clone();
+            let service = mem::replace(&mut self.inner, clone);
+            return ResponseFuture::deciding(Deciding {
+                decision,
+                service,
+                parts,
+                body,
+                cost,
+                shared: Arc::clone(shared),
+            });
+        }
+        let decided = shared.decide(&parts, cost);
+        respond(shared, &mut self.inner, parts, body, decided)
     }
+}
+
+/// What a request gets once its limit is decided: the inner service's future (admitted) or
+/// the rejection, with the metrics counted; `None` is a request without a key that the
+/// missing-key policy rejects.
+pub(crate) fn respond<S, ReqBody, ResBody>(
+    shared: &Shared,
+    inner: &mut S,
+    parts: Parts,
+    body: ReqBody,
+    decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
+) -> ResponseFuture<S::Future, ResBody, S, ReqBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    let Some((decision, status, class)) = decided else {
+        let protocol = Protocol::of_headers(&parts.headers);
+        return ResponseFuture::rejected(missing_key(protocol));
+    };
+    let retry_after = match decision {
+        Decision::Allow => {
+            shared.metrics.admitted().increment(1);
+            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
+            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
+            // no field describes it.
+            let fields = status.filter(|_| shared.admitted_headers).map(|status| {
+                (
+                    shared.policy_header.clone(),
+                    shared.policy.status(status.remaining, status.reset),
+                )
+            });
+            let future = inner.call(Request::from_parts(parts, body));
+            return ResponseFuture::admitted(future, fields);
+        }
+        Decision::Reject { retry_after } => retry_after,
+        Decision::OverCapacity { .. } => shared.window,
+    };
+    // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
+    // reported as a full window.
+    let status = status.unwrap_or(QuotaStatus {
+        remaining: 0,
+        reset: shared.window,
+    });
+    shared.metrics.rejected(class).increment(1);
+    tracing::trace!(key_class = class.as_str(), ?retry_after, "rate limited");
+    let protocol = Protocol::of_headers(&parts.headers);
+    ResponseFuture::rejected(rejection(shared, protocol, retry_after, status, class))
 }
 
 fn rejection<B: Default>(

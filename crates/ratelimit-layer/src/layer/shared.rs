@@ -2,8 +2,8 @@
 //! `RateLimit-Policy` value and the metric handles.
 
 use std::fmt;
-use std::sync::OnceLock;
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -13,6 +13,7 @@ use overload_signal::clock::Clock;
 use overload_signal::protocol::RateLimitPolicy;
 use overload_signal::{ConfigError, ConfigErrorKind};
 
+use super::remote::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, KeyedLimiter};
@@ -29,6 +30,12 @@ pub(super) trait Decide: Send + Sync + 'static {
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)>;
+
+    /// The missing-key policy of a keyed limit, shared with a remote decider so that both
+    /// apply (and log, and count) the same one.
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        None
+    }
 }
 
 /// `limiter.check`, plus its status when the response will report it.
@@ -70,11 +77,11 @@ pub(super) struct Keyed<L: Limiter, C, E: KeyExtractor> {
     pub(super) map: KeyedLimiter<L, E::Key, C>,
     pub(super) extract: E,
     pub(super) unkeyed: L::State,
-    pub(super) missing: MissingKeyPolicy,
+    pub(super) missing: Arc<MissingKeyPolicy>,
 }
 
 /// The [`MissingKey`] policy of a keyed layer, with its one-time log and its counter.
-pub(super) struct MissingKeyPolicy {
+pub(crate) struct MissingKeyPolicy {
     policy: MissingKey,
     name: String,
     warned: AtomicBool,
@@ -91,8 +98,14 @@ impl MissingKeyPolicy {
         }
     }
 
+    /// The policy, without applying it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn policy(&self) -> MissingKey {
+        self.policy
+    }
+
     /// Counts a request without a key, logs the first one, and says what to do with it.
-    fn apply(&self) -> MissingKey {
+    pub(crate) fn apply(&self) -> MissingKey {
         self.counter
             .get_or_init(|| {
                 metrics::counter!(
@@ -156,6 +169,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> Decide for Keyed<L, C, E> {
                 }
             },
         }
+    }
+
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        Some(Arc::clone(&self.missing))
     }
 }
 
@@ -230,6 +247,9 @@ pub(crate) struct Shared {
     /// The limiter's window: the `Retry-After` of an over-capacity request.
     pub(crate) window: Duration,
     pub(crate) metrics: Metrics,
+    /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
+    /// its local fallback. `None` for a local limit.
+    pub(crate) remote: Option<Box<dyn RemoteDecide>>,
 }
 
 impl Shared {
@@ -266,7 +286,21 @@ impl Shared {
             admitted_headers,
             window,
             metrics: Metrics::new(policy_name),
+            remote: None,
         }
+    }
+
+    /// The missing-key policy of a keyed limit, for a remote decider to share.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        self.decide.missing_key_policy()
+    }
+
+    /// Asks `remote` first for every request, with `decide` as its local fallback.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) fn with_remote(mut self, remote: Box<dyn RemoteDecide>) -> Self {
+        self.remote = Some(remote);
+        self
     }
 }
 
@@ -280,6 +314,7 @@ impl fmt::Debug for Shared {
             .field("policy", &self.policy)
             .field("cost", cost)
             .field("admitted_headers", &self.admitted_headers)
+            .field("remote", &self.remote.is_some())
             .finish_non_exhaustive()
     }
 }

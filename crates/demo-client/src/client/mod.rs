@@ -1,0 +1,33 @@
+//! The pieces of the demo client stack that do not depend on the retry strategy, one
+//! concern per module.
+//!
+//! From the application down, one attempt goes through:
+//!
+//! ```text
+//! retry (strategy) ─► Record ─► tower Timeout (per attempt) ─► Collect ─► transport
+//! ```
+//!
+//! - [`attempts`]: [`Record`] counts every attempt, retry, rejection, stop signal, timeout
+//!   and refused connection into a [`Recorder`](crate::record::Recorder); [`Outcome`]
+//!   classifies how a whole request ended;
+//! - [`transport`]: the timeout bounds one attempt, body included, because [`Collect`] sits
+//!   under it and reads the whole body (up to a cap) before the attempt counts as answered;
+//!   the transport is a hyper-util legacy client ([`http_transport`]);
+//! - [`loopback`]: in the simulation, the transport is [`Loopback`] instead, an in-process
+//!   hop to a server that can be stopped like a process ([`Gate`]) and that keeps working on a
+//!   request after its client gave up, or not ([`Abandoned`]);
+//! - [`budget`]: [`CountingBudget`] wraps a retry budget to count its refusals.
+
+pub mod attempts;
+pub mod budget;
+pub mod loopback;
+pub mod transport;
+
+pub use attempts::{
+    AttemptCounter, Outcome, Record, RecordFuture, RecordLayer, is_refused, is_timeout,
+};
+pub use budget::CountingBudget;
+pub use loopback::{Abandoned, Gate, Loopback, LoopbackFuture};
+pub use transport::{
+    BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, http_transport,
+};

@@ -1,0 +1,216 @@
+//! The scripts against a real `redis-server`, on times the tests choose: they must decide as
+//! the local limiters do.
+
+use std::time::Duration;
+
+use redis::aio::ConnectionManager;
+
+use super::remote::{KeyName, RemoteSettings, command, evalsha};
+use super::script::Sealed;
+use super::store::RedisStore;
+use super::testing::RedisServer;
+use crate::algorithm::{Decision, Limiter, QuotaStatus, SlidingWindow, TokenBucket};
+
+fn settings<L: Limiter + Sealed>(limiter: &L, store: &RedisStore) -> RemoteSettings {
+    let scripted = limiter.scripted().unwrap();
+    RemoteSettings {
+        store: store.clone(),
+        namespace: format!("test:default:{}:", scripted.tag).into_bytes(),
+        scripted,
+        budget: Duration::from_secs(5),
+        recheck: 1,
+        capacity: limiter.capacity(),
+        policy: "default".to_owned(),
+    }
+}
+
+/// One decision in Redis for `key` at `now_micros`.
+async fn remote(
+    settings: &RemoteSettings,
+    connection: &mut ConnectionManager,
+    key: &str,
+    cost: u32,
+    now_micros: u64,
+) -> (Decision, QuotaStatus) {
+    let cmd = command(settings, KeyName::Keyed(key), cost, Some(now_micros));
+    let reply = evalsha(connection, &cmd, settings.scripted.code)
+        .await
+        .unwrap();
+    settings.scripted.read_reply(&reply, cost).unwrap()
+}
+
+/// A small deterministic generator (xorshift), so a failing sequence can be replayed.
+struct Steps(u64);
+
+impl Steps {
+    fn next(&mut self, below: u64) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0 % below
+    }
+}
+
+/// Runs the same random sequence of (time step, cost) through `limiter` locally and in
+/// Redis, and requires the same decision and quota status at every step.
+async fn agree<L: Limiter + Sealed>(limiter: L, seed: u64, max_step_micros: u64, max_cost: u64) {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    let settings = settings(&limiter, &store);
+    let mut connection = store.connection().unwrap();
+    let state = L::State::default();
+    let mut steps = Steps(seed);
+    // An arbitrary origin in the server's range of times (microseconds since 1970).
+    let mut now = 1_700_000_000_000_000_u64;
+    let origin = now;
+    let mut admitted = 0;
+    for i in 0..400 {
+        now += steps.next(max_step_micros);
+        let cost = u32::try_from(1 + steps.next(max_cost)).unwrap();
+        let local_now = (now - origin) * 1_000;
+        let local = limiter.check(&state, local_now, cost);
+        let local_status = limiter.status(&state, local_now);
+        let (decision, status) = remote(&settings, &mut connection, "k", cost, now).await;
+        assert_eq!(decision, local, "step {i}, seed {seed}, cost {cost}");
+        assert_eq!(status, local_status, "step {i}, seed {seed}");
+        admitted += u32::from(decision.is_allowed());
+    }
+    // The sequence exercised both answers.
+    assert!(
+        admitted > 20 && admitted < 380,
+        "admitted {admitted} of 400"
+    );
+}
+
+/// The origin is a multiple of every window, so the local and the remote windows align.
+#[tokio::test]
+async fn gcra_decides_as_the_local_token_bucket() {
+    let bucket = TokenBucket::builder(10).burst(5).build().unwrap();
+    agree(bucket, 0x9e37_79b9, 150_000, 2).await;
+    let bucket = TokenBucket::builder(4)
+        .period(Duration::from_millis(10))
+        .burst(3)
+        .build()
+        .unwrap();
+    agree(bucket, 7, 4_000, 3).await;
+}
+
+#[tokio::test]
+async fn sliding_window_decides_as_the_local_one() {
+    let window = SlidingWindow::new(10).unwrap();
+    agree(window, 0x1234_5678, 150_000, 2).await;
+    let window = SlidingWindow::builder(7)
+        .window(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    agree(window, 99, 30_000, 3).await;
+}
+
+/// A rate whose emission interval has a fraction of a microsecond (300 per second): over a
+/// second of steady requests Redis admits what the local bucket admits, within one.
+#[tokio::test]
+async fn fractional_emission_intervals_keep_the_rate() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    let bucket = TokenBucket::builder(300).burst(30).build().unwrap();
+    let settings = settings(&bucket, &store);
+    let mut connection = store.connection().unwrap();
+    let state = Default::default();
+    let origin = 1_700_000_000_000_000_u64;
+    let (mut remote_admitted, mut local_admitted) = (0, 0);
+    // 3000 requests evenly over 3 s: 10x the rate.
+    for i in 0..3_000 {
+        let now = origin + i * 1_000;
+        local_admitted += u32::from(bucket.check(&state, (now - origin) * 1_000, 1).is_allowed());
+        let (decision, _) = remote(&settings, &mut connection, "k", 1, now).await;
+        remote_admitted += u32::from(decision.is_allowed());
+    }
+    // The burst, then one unit per 3.33 ms over the 2.999 s after the first request.
+    assert_eq!(local_admitted, 30 + 899);
+    assert!(
+        remote_admitted.abs_diff(local_admitted) <= 1,
+        "redis {remote_admitted}, local {local_admitted}"
+    );
+}
+
+#[tokio::test]
+async fn keys_are_namespaced_and_expire_on_their_own() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    let mut connection = store.connection().unwrap();
+
+    // On the server's clock. 10 per second, burst 5: five units put the TAT 500 ms ahead.
+    let bucket = settings(&TokenBucket::builder(10).burst(5).build().unwrap(), &store);
+    let cmd = command(&bucket, KeyName::Keyed("192.0.2.1"), 5, None);
+    evalsha(&mut connection, &cmd, bucket.scripted.code)
+        .await
+        .unwrap();
+    let pttl = |key: &str| -> i64 {
+        server
+            .command(&format!("PTTL {key}"))
+            .trim_start_matches(':')
+            .parse()
+            .unwrap()
+    };
+    let ttl = pttl("test:default:tb:k:192.0.2.1");
+    assert!((1..=501).contains(&ttl), "PTTL {ttl}");
+
+    // A sliding window of one second: two windows.
+    let window = settings(&SlidingWindow::new(10).unwrap(), &store);
+    let cmd = command::<()>(&window, KeyName::Global, 1, None);
+    evalsha(&mut connection, &cmd, window.scripted.code)
+        .await
+        .unwrap();
+    let ttl = pttl("test:default:sw:g");
+    assert!((1_000..=2_001).contains(&ttl), "PTTL {ttl}");
+
+    // One per hour, burst 2: a rejection writes nothing, so the key's TTL stays what the
+    // last admission set (an hour for each unit ahead).
+    let slow = settings(
+        &TokenBucket::builder(1)
+            .period(Duration::from_secs(3_600))
+            .burst(2)
+            .build()
+            .unwrap(),
+        &store,
+    );
+    let cmd = command::<()>(&slow, KeyName::Unkeyed, 2, None);
+    evalsha(&mut connection, &cmd, slow.scripted.code)
+        .await
+        .unwrap();
+    let before = pttl("test:default:tb:u");
+    let cmd = command::<()>(&slow, KeyName::Unkeyed, 1, None);
+    let reply = evalsha(&mut connection, &cmd, slow.scripted.code)
+        .await
+        .unwrap();
+    assert!(
+        !slow.scripted.read_reply(&reply, 1).unwrap().0.is_allowed(),
+        "the burst is spent"
+    );
+    let after = pttl("test:default:tb:u");
+    assert!(
+        after <= before && before <= 7_200_001,
+        "{before} then {after}"
+    );
+    assert_eq!(server.command("DBSIZE"), ":3");
+
+    // Time passes on the server's clock: the short-lived keys are gone within two windows.
+    tokio::time::sleep(Duration::from_millis(2_100)).await;
+    assert_eq!(server.command("DBSIZE"), ":1");
+    assert_eq!(server.command("EXISTS test:default:tb:u"), ":1");
+}
+
+/// After `SCRIPT FLUSH` (or a restart) `EVALSHA` answers `NOSCRIPT`; the script is loaded
+/// again and the call repeated, invisibly.
+#[tokio::test]
+async fn scripts_are_loaded_again_after_a_flush() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    let mut connection = store.connection().unwrap();
+    let bucket = settings(&TokenBucket::new(10).unwrap(), &store);
+    let (decision, _) = remote(&bucket, &mut connection, "a", 1, 1).await;
+    assert!(decision.is_allowed());
+    assert_eq!(server.command("SCRIPT FLUSH"), "+OK");
+    let (decision, _) = remote(&bucket, &mut connection, "a", 1, 2).await;
+    assert!(decision.is_allowed());
+}

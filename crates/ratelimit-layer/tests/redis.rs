@@ -1,0 +1,444 @@
+//! A limit kept in Redis, through the layer, against a real `redis-server` on 127.0.0.1:
+//! shared by separate layers (as by separate processes), per key, and what happens when
+//! Redis is stopped, frozen, or never there.
+//!
+//! Each test starts its own `redis-server` (`RedisServer`), and fails, never skips, when it
+//! cannot.
+
+use std::convert::Infallible;
+use std::net::{Ipv4Addr, TcpListener};
+use std::process::Command;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use http::{Request, Response, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
+use ratelimit_layer::redis::RedisStore;
+use ratelimit_layer::redis::testing::RedisServer;
+use ratelimit_layer::{RateLimitLayer, TokenBucket, metric_names};
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt, service_fn};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
+
+fn ok() -> Svc {
+    Svc::new(service_fn(|_: Request<()>| async {
+        Ok::<_, Infallible>(Response::new("ok".to_owned()))
+    }))
+}
+
+/// One per hour, bursts of `burst`: nothing comes back during a test.
+fn hourly(burst: u32) -> TokenBucket {
+    TokenBucket::builder(1)
+        .period(Duration::from_secs(3_600))
+        .burst(burst)
+        .build()
+        .unwrap()
+}
+
+/// A store as a separate process would have it, reconnecting quickly, connected.
+async fn store(server: &RedisServer) -> RedisStore {
+    let store = RedisStore::builder(&server.url())
+        .reconnect_max_delay(Duration::from_millis(50))
+        .build()
+        .unwrap();
+    store.ping().await.unwrap();
+    store
+}
+
+/// A budget for the tests that are not about it: long enough for a loaded machine, so that
+/// they see Redis's decisions, never the fallback's.
+const GENEROUS: Duration = Duration::from_secs(2);
+
+async fn send(svc: &Svc) -> Response<String> {
+    svc.clone().oneshot(Request::new(())).await.unwrap()
+}
+
+fn header<'a>(response: &'a Response<String>, name: &http::HeaderName) -> &'a str {
+    response.headers()[name].to_str().unwrap()
+}
+
+/// Two layers built apart, each with its own store (as two processes): one limit.
+#[tokio::test]
+async fn separate_layers_share_one_limit() {
+    let server = RedisServer::start();
+    let a = RateLimitLayer::builder(hourly(10))
+        .admitted_headers(true)
+        .redis(store(&server).await)
+        .budget(GENEROUS)
+        .build()
+        .unwrap()
+        .layer(ok());
+    let b = RateLimitLayer::builder(hourly(10))
+        .admitted_headers(true)
+        .redis(store(&server).await)
+        .budget(GENEROUS)
+        .build()
+        .unwrap()
+        .layer(ok());
+    let (a, b) = (Svc::new(a), Svc::new(b));
+    for n in 1..=10 {
+        let response = send(if n % 2 == 0 { &a } else { &b }).await;
+        assert_eq!(response.status(), StatusCode::OK, "request {n}");
+        // What is left is the fleet's, whichever process answers.
+        assert_eq!(
+            header(&response, &RATELIMIT),
+            format!("\"default\";r={};t={}", 10 - n, n * 3_600)
+        );
+    }
+    for svc in [&a, &b] {
+        let response = send(svc).await;
+        assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            header(&response, &RATELIMIT_POLICY),
+            "\"default\";q=1;w=3600"
+        );
+        let retry_after: u64 = header(&response, &http::header::RETRY_AFTER)
+            .parse()
+            .unwrap();
+        assert!((3_590..=3_600).contains(&retry_after), "{retry_after}");
+    }
+    assert_eq!(server.command("EXISTS ratelimit:default:tb:g"), ":1");
+}
+
+#[tokio::test]
+async fn keys_are_limited_apart_across_processes() {
+    let server = RedisServer::start();
+    let layer = |store: RedisStore| {
+        Svc::new(
+            RateLimitLayer::builder(hourly(2))
+                .key_by_header(http::HeaderName::from_static("x-api-key"))
+                .policy_name("api")
+                .redis(store)
+                .key_prefix("edge")
+                .budget(GENEROUS)
+                .build()
+                .unwrap()
+                .layer(ok()),
+        )
+    };
+    let (a, b) = (layer(store(&server).await), layer(store(&server).await));
+    let with_key = |key: &'static str| {
+        Request::builder()
+            .header("x-api-key", key)
+            .body(())
+            .unwrap()
+    };
+    let status = |svc: &Svc, key| {
+        let svc = svc.clone();
+        async move { svc.oneshot(with_key(key)).await.unwrap().status() }
+    };
+    assert_eq!(status(&a, "alice").await, StatusCode::OK);
+    assert_eq!(status(&b, "alice").await, StatusCode::OK);
+    assert_eq!(status(&a, "alice").await, StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(status(&b, "bob").await, StatusCode::OK);
+    // Requests without the header share one limit of their own.
+    assert_eq!(send(&a).await.status(), StatusCode::OK);
+    assert_eq!(server.command("EXISTS edge:api:tb:k:alice"), ":1");
+    assert_eq!(server.command("EXISTS edge:api:tb:k:bob"), ":1");
+    assert_eq!(server.command("EXISTS edge:api:tb:u"), ":1");
+}
+
+/// What the Redis metrics said since the previous reading (the debugging recorder's
+/// snapshot drains what it reads, gauges included, so each reading takes one).
+#[derive(Debug, Default, PartialEq)]
+struct Reading {
+    /// Fallbacks by reason: timeout, error, unavailable.
+    fallbacks: [u64; 3],
+    /// The `up` gauge, when it was set since the previous reading.
+    up: Option<f64>,
+}
+
+fn read(snapshotter: &Snapshotter) -> Reading {
+    let mut reading = Reading::default();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        match value {
+            DebugValue::Counter(n) if key.name() == metric_names::REDIS_FALLBACKS => {
+                let reason = key.labels().find(|l| l.key() == "reason").unwrap();
+                let slot = ["timeout", "error", "unavailable"]
+                    .iter()
+                    .position(|r| *r == reason.value())
+                    .unwrap();
+                reading.fallbacks[slot] += n;
+            }
+            DebugValue::Gauge(g) if key.name() == metric_names::REDIS_UP => {
+                reading.up = Some(g.into_inner());
+            }
+            _ => {}
+        }
+    }
+    reading
+}
+
+/// Counts the `WARN` events this crate logs.
+#[derive(Clone, Default)]
+struct Warnings(Arc<AtomicUsize>);
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for Warnings {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        if *event.metadata().level() == Level::WARN {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+}
+
+/// Redis stopped: every request is answered, by the local share (half of the burst of 10),
+/// never with a server error; the failure is logged once and counted. Redis back: the limit
+/// is decided in Redis again within the 2 s.
+#[tokio::test(flavor = "current_thread")]
+async fn falls_back_to_the_local_share_and_returns_when_redis_answers() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let warnings = Warnings::default();
+    let _logs =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+
+    let mut server = RedisServer::start();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(10))
+            .admitted_headers(true)
+            .redis(store(&server).await)
+            .local_share(0.5)
+            .recheck_interval(Duration::from_millis(50))
+            .budget(Duration::from_millis(500))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    for n in 1..=3 {
+        let response = send(&svc).await;
+        assert_eq!(response.status(), StatusCode::OK);
+        assert!(header(&response, &RATELIMIT).contains(&format!("r={}", 10 - n)));
+    }
+    assert_eq!(read(&snapshotter).up, Some(1.0));
+
+    server.stop();
+    let mut statuses = Vec::new();
+    for _ in 0..8 {
+        statuses.push(send(&svc).await.status());
+    }
+    // The local share: a burst of 5 (half of 10), fresh, then 429; no 5xx.
+    let admitted = statuses.iter().filter(|s| **s == StatusCode::OK).count();
+    assert_eq!(admitted, 5, "{statuses:?}");
+    assert!(
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::OK || *s == StatusCode::TOO_MANY_REQUESTS),
+        "{statuses:?}"
+    );
+    assert_eq!(warnings.0.load(Ordering::SeqCst), 1, "logged once");
+    let reading = read(&snapshotter);
+    assert_eq!(reading.up, Some(0.0));
+    assert_eq!(reading.fallbacks.iter().sum::<u64>(), 8, "{reading:?}");
+
+    server.restart();
+    let restarted = Instant::now();
+    // The restarted Redis is empty (no persistence): its fresh bucket of 10 admits where the
+    // spent local share rejects, so a 200 says the limit is in Redis again.
+    let response = loop {
+        let response = send(&svc).await;
+        if response.status() == StatusCode::OK {
+            break response;
+        }
+        assert!(
+            restarted.elapsed() < Duration::from_secs(2),
+            "still falling back 2 s after Redis came back"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert!(
+        header(&response, &RATELIMIT).contains("r=9"),
+        "{response:?}"
+    );
+    assert_eq!(read(&snapshotter).up, Some(1.0));
+    assert_eq!(
+        warnings.0.load(Ordering::SeqCst),
+        1,
+        "no new warning on the way back"
+    );
+    assert_eq!(server.command("EXISTS ratelimit:default:tb:g"), ":1");
+}
+
+fn signal(server: &RedisServer, name: &str) {
+    let pid = server.pid().expect("the server runs").to_string();
+    let status = Command::new("kill").args([name, &pid]).status().unwrap();
+    assert!(status.success(), "kill {name} {pid}");
+}
+
+/// A frozen Redis (SIGSTOP: connected, silent) costs the first request its budget; the
+/// next ones are decided locally at once until a recheck finds Redis again.
+#[tokio::test(flavor = "current_thread")]
+async fn a_frozen_redis_costs_one_budget_then_nothing() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let server = RedisServer::start();
+    let budget = Duration::from_millis(100);
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(10))
+            .redis(store(&server).await)
+            .budget(budget)
+            // NOTE: longer than the test, so that no recheck waits out a budget in it.
+            .recheck_interval(Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    assert_eq!(send(&svc).await.status(), StatusCode::OK);
+
+    signal(&server, "-STOP");
+    let started = Instant::now();
+    assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    let first = started.elapsed();
+    let started = Instant::now();
+    for _ in 0..5 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    }
+    let next_five = started.elapsed();
+    signal(&server, "-CONT");
+
+    // The first waited out the budget (and not much more: the margin is for a loaded
+    // machine); the next five waited for nothing.
+    assert!(first >= budget && first < budget * 5, "{first:?}");
+    assert!(next_five < budget, "{next_five:?}");
+    assert_eq!(read(&snapshotter).fallbacks, [1, 0, 5]);
+}
+
+/// A server whose Redis is not there at all starts and serves with its local share.
+#[tokio::test]
+async fn redis_never_there_is_a_local_limit() {
+    let port = TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let store = RedisStore::new(&format!("redis://127.0.0.1:{port}")).unwrap();
+    let mut svc = RateLimitLayer::builder(hourly(4))
+        .redis(store)
+        .local_share(0.5)
+        .build()
+        .unwrap()
+        .layer(ok());
+    let mut statuses = Vec::new();
+    for _ in 0..4 {
+        let ready = svc.ready().await.unwrap();
+        statuses.push(ready.call(Request::new(())).await.unwrap().status());
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+}
+
+type Builder = ratelimit_layer::redis::RedisLayerBuilder<
+    TokenBucket,
+    ratelimit_layer::clock::TokioClock,
+    ratelimit_layer::key::NoKey,
+>;
+
+#[test]
+fn redis_settings_are_checked_by_name() {
+    let store = RedisStore::new("redis://127.0.0.1:6379").unwrap();
+    let err = |f: fn(Builder) -> Builder| {
+        f(RateLimitLayer::builder(hourly(10)).redis(store.clone()))
+            .build()
+            .unwrap_err()
+            .to_string()
+    };
+    assert_eq!(
+        err(|b| b.local_share(1.5)),
+        "local_share must be within (0, 1], got 1.5"
+    );
+    assert_eq!(
+        err(|b| b.local_share(0.0)),
+        "local_share must be within (0, 1], got 0.0"
+    );
+    assert_eq!(
+        err(|b| b.local_share(f64::NAN)),
+        "local_share must be a finite number, got NaN"
+    );
+    assert_eq!(
+        err(|b| b.budget(Duration::ZERO)),
+        "budget must be greater than zero, got 0ns"
+    );
+    assert_eq!(
+        err(|b| b.recheck_interval(Duration::ZERO)),
+        "recheck_interval must be greater than zero, got 0ns"
+    );
+    assert_eq!(
+        err(|b| b.key_prefix("")),
+        "key_prefix must be non-empty, got \"\""
+    );
+    let err = RateLimitLayer::builder(hourly(10))
+        .cost(4)
+        .redis(store)
+        .local_share(0.25)
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "local_share");
+    assert!(
+        err.to_string()
+            .contains("below the cost of every request (4)"),
+        "{err}"
+    );
+}
+
+/// A request without a key follows the layer's missing-key policy with Redis too: `Reject`
+/// answers 500 and `Bypass` admits without asking Redis, `Shared` keeps one bucket in Redis
+/// for every such request, shared by separate layers (as by separate processes).
+#[tokio::test]
+async fn requests_without_a_key_follow_the_missing_key_policy() {
+    use ratelimit_layer::key::{ClientIp, MissingKey};
+    let server = RedisServer::start();
+    let server = &server;
+    let keyed = |policy| async move {
+        Svc::new(
+            RateLimitLayer::builder(hourly(2))
+                .key_by_client_ip(ClientIp::new())
+                .missing_key(policy)
+                .redis(store(server).await)
+                .budget(GENEROUS)
+                .build()
+                .unwrap()
+                .layer(ok()),
+        )
+    };
+    let codes = |responses: Vec<Response<String>>| -> Vec<u16> {
+        responses.iter().map(|r| r.status().as_u16()).collect()
+    };
+    let reject = keyed(MissingKey::Reject).await;
+    let bypass = keyed(MissingKey::Bypass).await;
+    let (a, b) = (
+        keyed(MissingKey::Shared).await,
+        keyed(MissingKey::Shared).await,
+    );
+    let mut responses = Vec::new();
+    for _ in 0..2 {
+        responses.push(send(&reject).await);
+    }
+    assert_eq!(codes(responses), [500, 500]);
+    let mut responses = Vec::new();
+    for _ in 0..4 {
+        responses.push(send(&bypass).await);
+    }
+    assert_eq!(codes(responses), [200; 4]);
+    // One bucket of 2 in Redis for both layers.
+    let responses = vec![
+        send(&a).await,
+        send(&b).await,
+        send(&a).await,
+        send(&b).await,
+    ];
+    assert_eq!(codes(responses), [200, 200, 429, 429]);
+}
