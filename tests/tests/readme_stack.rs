@@ -1,7 +1,9 @@
 //! The stack the README shows, exactly as it is written there, on 127.0.0.1: an axum server
-//! with the overload layer outside the rate limiter, and a hyper-util client behind the retry
-//! layer with every default. If this test has to change, so does the README.
+//! with the overload layer outside the rate limiter (one `OverloadProtectionLayer`), served
+//! with the peer address, and a hyper-util client behind the retry layer with every default.
+//! If this test has to change, so does the README.
 
+use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -14,9 +16,9 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use overload_signal::Overloaded;
 use overload_signal::protocol::Attempt;
-use overload_signal::{OverloadSignalLayer, Overloaded};
-use ratelimit_layer::{RateLimitLayer, TokenBucket};
+use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tower::{ServiceBuilder, ServiceExt};
 
 #[tokio::test]
@@ -31,17 +33,22 @@ async fn readme_stack_rejects_then_the_client_retries_after_retry_after() {
         "hello"
     };
 
-    // Server (README): the overload layer outside the rate limiter. One request per second,
-    // bursts of 2, so the third request in a row is rejected.
-    let app = Router::new()
-        .route("/api", get(handler))
-        .layer(RateLimitLayer::new(
-            TokenBucket::builder(1).burst(2).build().unwrap(),
-        ))
-        .layer(OverloadSignalLayer::new());
+    // Server (README): the overload layer outside the rate limiter, as one layer. One request
+    // per second, bursts of 2, so the third request in a row is rejected.
+    let limit = RateLimitLayer::new(TokenBucket::builder(1).burst(2).build().unwrap());
+    let protection = OverloadProtectionLayer::new(limit);
+    let histogram = protection.signal().histogram().clone();
+    let app = Router::new().route("/api", get(handler)).layer(protection);
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
-    let server = tokio::spawn(async move { axum::serve(listener, app).await });
+    // With the peer address, so that the overload layer tells callers apart.
+    let server = tokio::spawn(async move {
+        axum::serve(
+            listener,
+            app.into_make_service_with_connect_info::<SocketAddr>(),
+        )
+        .await
+    });
 
     // Client (README): hyper-util behind the retry layer, every default.
     let client = ServiceBuilder::new()
@@ -66,5 +73,8 @@ async fn readme_stack_rejects_then_the_client_retries_after_retry_after() {
     // waits at least that long before its retry, which the bucket then admits.
     assert_eq!(attempts, [1, 1, 2]);
     assert_eq!(max_attempt.load(Ordering::Relaxed), 1);
+    // The overload layer, outside, saw all four requests, the rejected one too.
+    assert_eq!(histogram.snapshot().total(), 4);
+    assert_eq!(histogram.snapshot().retries(), 1);
     server.abort();
 }

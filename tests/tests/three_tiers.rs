@@ -1,12 +1,19 @@
 //! Three real tiers on 127.0.0.1, each an axum server whose handler calls the next tier
 //! through `backoff-layer`'s client stack (retries, a 10 % retry budget); the bottom tier is
-//! overloaded (a low rate limit). With `OverloadSignalLayer` on every tier:
+//! overloaded (a low rate limit). With the overload layer on every tier, with its default
+//! rule (`OverloadProtectionLayer::new` around the bottom tier's limit,
+//! `OverloadSignalLayer::new()` on the others):
 //!
 //! - the bottom tier's rejections become the stop signal once its attempt histogram shows
 //!   its callers retrying, and the signal reaches the top caller through both tiers above,
 //!   with no handler code (the propagation marker);
 //! - no tier retries a request after the stop signal came back for it;
-//! - the bottom tier receives at most 1.1 times the offered load.
+//! - the bottom tier receives at most 1.1 times the offered load (the paper's bound).
+//!
+//! Regression for finding 2 of the trust issue: with the default rule the bottom tier
+//! received 1.11 to 1.14 times the offered load, and only a stricter, non-default rule
+//! (2 % over 100 requests) met the bound. The default rule is now sustained (see
+//! `StopRule::sustain`).
 //!
 //! The same tiers with budgets only (no overload layer) run at the same time, as the anchor.
 //! Offered load: 100 requests per second for 12 seconds; the bottom tier admits 40 per
@@ -33,8 +40,8 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::protocol::{self, Attempt};
-use overload_signal::{OverloadSignalLayer, StopRule, is_overloaded};
-use ratelimit_layer::{RateLimitLayer, TokenBucket};
+use overload_signal::{OverloadSignalLayer, is_overloaded};
+use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
 use tokio::task::{JoinHandle, JoinSet};
 use tower::{Layer, ServiceExt};
@@ -85,21 +92,6 @@ fn get_request(url: &str, id: u64) -> http::Request<Empty<Bytes>> {
     http::Request::get(url)
         .header(TEST_ID, HeaderValue::from(id))
         .body(Empty::new())
-        .unwrap()
-}
-
-/// The rule every tier uses: retry share above 2 % over at least 100 requests.
-///
-/// NOTE: stricter than the default (5 % over 200) on purpose. The bottom tier's histogram
-/// sees only its own callers' retries; the retries of the tiers above reach it as first
-/// tries. At the default threshold this chain settles at about 1.14 times the offered load
-/// (each tier's budget retries during the moments the rule is not firing); 2 % keeps it
-/// under 1.1. See `StopRule`'s docs on deep call chains.
-fn rule() -> StopRule {
-    StopRule::builder()
-        .retry_share(0.02)
-        .min_requests(100)
-        .build()
         .unwrap()
 }
 
@@ -160,15 +152,10 @@ impl Drop for Tier {
     }
 }
 
-/// Serves `router` on 127.0.0.1 behind the request log and, if `signal`, the overload layer
-/// (outside whatever `router` already has, such as the rate limiter).
-async fn serve(router: Router, signal: bool) -> Tier {
+/// Serves `router` on 127.0.0.1 behind the request log (outermost, so it sees what the
+/// caller gets).
+async fn serve(router: Router) -> Tier {
     let log = Log::default();
-    let router = if signal {
-        router.layer(OverloadSignalLayer::builder().rule(rule()).build())
-    } else {
-        router
-    };
     let router = router.layer(middleware::from_fn_with_state(
         Arc::clone(&log),
         log_requests,
@@ -181,15 +168,16 @@ async fn serve(router: Router, signal: bool) -> Tier {
     Tier { addr, log, task }
 }
 
+/// The bottom tier: its rate limit, and with `signal` the default overload layer outside it.
 async fn bottom(signal: bool) -> Tier {
     let bucket = TokenBucket::builder(BOTTOM_RATE).burst(BOTTOM_BURST);
     let limit = RateLimitLayer::new(bucket.build().unwrap());
-    serve(
-        Router::new()
-            .route("/api", get(|| async { "ok" }))
-            .layer(limit),
-        signal,
-    )
+    let api = Router::new().route("/api", get(|| async { "ok" }));
+    serve(if signal {
+        api.layer(OverloadProtectionLayer::new(limit))
+    } else {
+        api.layer(limit)
+    })
     .await
 }
 
@@ -199,10 +187,12 @@ async fn middle(below: &Tier, signal: bool) -> Tier {
         url: below.url(),
         next_id: Arc::default(),
     };
-    serve(
-        Router::new().route("/api", get(proxy)).with_state(down),
-        signal,
-    )
+    let router = Router::new().route("/api", get(proxy)).with_state(down);
+    serve(if signal {
+        router.layer(OverloadSignalLayer::new())
+    } else {
+        router
+    })
     .await
 }
 

@@ -5,7 +5,10 @@
 //!   (which every record makes): tokio's clock (the default) and the coarse clock (the
 //!   opt-in `clock::CoarseClock`), each with the histogram on that clock;
 //! - `layer/*`: a request through `OverloadSignal` on the admitted path (the inner service
-//!   answers 200), against the same inner service without the layer.
+//!   answers 200), against the same inner service without the layer; the same with a peer
+//!   address to hash into a caller class (`_keyed`); and a rejection decided in a retry
+//!   storm (`rejected_in_a_storm`: the inner service answers 429, the window is all retries
+//!   from 64 callers, so the plain rule fires and the per-caller verdict is consulted).
 //!
 //! Run with `cargo bench -p overload-signal --bench overload_signal -- --warm-up-time 1
 //! --measurement-time 3`.
@@ -13,12 +16,13 @@
 use std::convert::Infallible;
 use std::future::Future;
 use std::hint::black_box;
+use std::net::SocketAddr;
 use std::pin::pin;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
-use http::{Request, Response};
+use http::{Request, Response, StatusCode};
 use overload_signal::clock::{Clock, CoarseClock};
 use overload_signal::protocol::{Attempt, X_REQUEST_ATTEMPT};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
@@ -42,6 +46,14 @@ fn request() -> Request<()> {
         .header(X_REQUEST_ATTEMPT, "1")
         .body(())
         .unwrap()
+}
+
+/// A request from peer 10.0.0.`n`.
+fn from_peer(n: u8) -> Request<()> {
+    let mut req = request();
+    req.extensions_mut()
+        .insert(SocketAddr::from(([10, 0, 0, n], 40_000)));
+    req
 }
 
 fn record(c: &mut Criterion) {
@@ -91,6 +103,38 @@ fn layer(c: &mut Criterion) {
         b.iter_batched(
             request,
             |req| ready_now(layered.call(req)).unwrap(),
+            criterion::BatchSize::SmallInput,
+        );
+    });
+    group.bench_function("overload_signal_admitted_keyed", |b| {
+        b.iter_batched(
+            || from_peer(7),
+            |req| ready_now(layered.call(req)).unwrap(),
+            criterion::BatchSize::SmallInput,
+        );
+    });
+    let rejecting = service_fn(|_req: Request<()>| async {
+        let mut r = Response::new(());
+        *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+        Ok::<_, Infallible>(r)
+    });
+    let mut storm = OverloadSignalLayer::new().layer(rejecting);
+    for n in 0..1_000u32 {
+        ready_now(storm.call(from_peer((n % 64) as u8))).unwrap();
+    }
+    let answer = ready_now(storm.call(from_peer(0))).unwrap();
+    assert!(
+        overload_signal::protocol::is_stop_signal(answer.headers()),
+        "the bench measures the stop-signal path"
+    );
+    let mut n = 0u8;
+    group.bench_function("overload_signal_rejected_in_a_storm", |b| {
+        b.iter_batched(
+            || {
+                n = n.wrapping_add(1) % 64;
+                from_peer(n)
+            },
+            |req| ready_now(storm.call(req)).unwrap(),
             criterion::BatchSize::SmallInput,
         );
     });

@@ -132,8 +132,15 @@ impl From<Attempt> for AttemptClass {
     }
 }
 
-/// The number of classes, and of counters per bucket.
+/// The number of classes.
 const CLASSES: usize = AttemptClass::ALL.len();
+
+/// The counter, after the classes', of the requests that were not retries and were answered
+/// with the stop signal by the decision rule.
+const STOPPED: usize = CLASSES;
+
+/// The counters per bucket: one per class, and the stopped requests.
+const COUNTERS: usize = CLASSES + 1;
 
 /// A sliding-window histogram of the `X-Request-Attempt` values a server sees.
 ///
@@ -158,7 +165,7 @@ const CLASSES: usize = AttemptClass::ALL.len();
 /// - A request recorded by a thread that read the clock, then stalled while the window moved
 ///   on past its bucket, is not counted: its bucket has left the window.
 pub struct AttemptHistogram<C: Clock = TokioClock> {
-    window: Arc<Window<CLASSES, C>>,
+    window: Arc<Window<COUNTERS, C>>,
 }
 
 impl<C: Clock> Clone for AttemptHistogram<C> {
@@ -260,10 +267,21 @@ impl<C: Clock> AttemptHistogram<C> {
         self.window.add(bucket, class.index(), 1);
     }
 
+    /// Records, in bucket `bucket`, that a request already recorded, which was not a known
+    /// retry, was answered with the stop signal by the decision rule (see
+    /// [`AttemptSnapshot::stopped`]).
+    #[inline]
+    pub(crate) fn record_stopped_in(&self, bucket: u64) {
+        self.window.add(bucket, STOPPED, 1);
+    }
+
     /// The counts of the window ending with bucket `bucket`.
     pub(crate) fn snapshot_of(&self, bucket: u64) -> AttemptSnapshot {
+        let counts = self.window.counts(bucket);
+        let all = counts.added_all();
         AttemptSnapshot {
-            counts: *self.window.counts(bucket).added_all(),
+            counts: std::array::from_fn(|i| all[i]),
+            stopped: all[STOPPED],
         }
     }
 }
@@ -363,7 +381,7 @@ impl<C: Clock> AttemptHistogramBuilder<C> {
                 ),
             ));
         }
-        let window = Window::<CLASSES>::builder()
+        let window = Window::<COUNTERS>::builder()
             .window(self.window)
             .slots(self.buckets)
             .clock(self.clock)
@@ -390,17 +408,28 @@ impl<C: Clock> AttemptHistogramBuilder<C> {
 /// assert_eq!(s.total(), 4);
 /// assert_eq!(s.retries(), 1);
 /// assert_eq!(s.retry_share(), Some(0.25));
+/// // Nothing was answered with the stop signal: the pressure is the retry share.
+/// assert_eq!(s.stopped(), 0);
+/// assert_eq!(s.retry_pressure(), Some(0.25));
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct AttemptSnapshot {
     counts: [u64; 6],
+    stopped: u64,
 }
 
 impl AttemptSnapshot {
-    /// A snapshot with these counts, indexed as [`AttemptClass::ALL`]; for tests and for
-    /// evaluating a [`StopRule`](crate::StopRule) on figures from elsewhere.
+    /// A snapshot with these counts, indexed as [`AttemptClass::ALL`], and nothing
+    /// [stopped](Self::stopped); for tests and for evaluating a [`StopRule`](crate::StopRule)
+    /// on figures from elsewhere.
     pub const fn from_counts(counts: [u64; 6]) -> Self {
-        Self { counts }
+        Self { counts, stopped: 0 }
+    }
+
+    /// This snapshot with [`stopped`](Self::stopped) set to `stopped`.
+    pub const fn with_stopped(mut self, stopped: u64) -> Self {
+        self.stopped = stopped;
+        self
     }
 
     /// The requests of one class.
@@ -434,9 +463,32 @@ impl AttemptSnapshot {
         (total > 0).then(|| self.retries() as f64 / total as f64)
     }
 
+    /// The requests of the window that were not known retries and that the
+    /// [`OverloadSignalLayer`](crate::OverloadSignalLayer) answered with the stop signal
+    /// because its rule fired: each stands for a retry the signal held back.
+    ///
+    /// Counted in the bucket of the answer, which is almost always the request's own.
+    pub const fn stopped(&self) -> u64 {
+        self.stopped
+    }
+
+    /// The share of the window's requests that were known retries **or** were told to stop
+    /// retrying ([`stopped`](Self::stopped)), in `[0, 1]`; `None` when the window is empty.
+    ///
+    /// This is what a sustained [`StopRule`](crate::StopRule) judges: callers who obey the
+    /// stop signal stop retrying, so their retries leave the window, but the answers that
+    /// held those retries back take their place, and the share stays up for as long as the
+    /// server keeps answering a large share of its traffic with the stop signal.
+    pub fn retry_pressure(&self) -> Option<f64> {
+        let total = self.total();
+        let pressed = (self.retries() + self.stopped).min(total);
+        // u64 -> f64 loses precision only above 2^53 requests, far beyond saturation.
+        (total > 0).then(|| pressed as f64 / total as f64)
+    }
+
     /// Sets the `metrics` gauges that describe this window (see the
     /// [crate docs](crate#metrics)): `overload_signal_window_requests` per `attempt` label,
-    /// and `overload_signal_window_retry_share`.
+    /// `overload_signal_window_retry_share` and `overload_signal_window_retry_pressure`.
     pub fn export_metrics(&self) {
         for class in AttemptClass::ALL {
             metrics::gauge!(crate::metric_names::WINDOW_REQUESTS, "attempt" => class.label())
@@ -444,6 +496,8 @@ impl AttemptSnapshot {
         }
         metrics::gauge!(crate::metric_names::WINDOW_RETRY_SHARE)
             .set(self.retry_share().unwrap_or(0.0));
+        metrics::gauge!(crate::metric_names::WINDOW_RETRY_PRESSURE)
+            .set(self.retry_pressure().unwrap_or(0.0));
     }
 }
 
@@ -599,6 +653,27 @@ mod tests {
             AttemptSnapshot::from_counts([60, 10, 5, 5, 15, 5]),
             "from_counts is indexed as AttemptClass::ALL"
         );
+    }
+
+    #[test]
+    fn stopped_requests_count_as_pressure_in_their_bucket() {
+        let (h, clock) = h(10, 10);
+        record_n(&h, Attempt::Number(0), 8);
+        record_n(&h, Attempt::Number(1), 2);
+        h.record_stopped_in(h.bucket_now());
+        h.record_stopped_in(h.bucket_now());
+        let s = h.snapshot();
+        assert_eq!((s.total(), s.retries(), s.stopped()), (10, 2, 2));
+        assert_eq!(s.retry_share(), Some(0.2));
+        assert_eq!(s.retry_pressure(), Some(0.4));
+        assert_eq!(
+            s,
+            AttemptSnapshot::from_counts([8, 2, 0, 0, 0, 0]).with_stopped(2)
+        );
+        // They leave the window with their bucket.
+        clock.advance(secs(10));
+        assert_eq!(h.snapshot().stopped(), 0);
+        assert_eq!(h.snapshot().retry_pressure(), None);
     }
 
     #[test]

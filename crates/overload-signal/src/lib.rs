@@ -90,20 +90,26 @@
 //!
 //! | name | kind |
 //! |---|---|
-//! | `overload_signal_stop_signals_total` | counter |
-//! | `overload_signal_rejections_passed_total` | counter |
+//! | `overload_signal_stop_signals_total{scope}` | counter |
+//! | `overload_signal_rejections_passed_total{scope}` | counter |
 //! | `overload_signal_propagated_total{via}` | counter |
 //! | `overload_signal_window_requests{attempt}` | gauge |
 //! | `overload_signal_window_retry_share` | gauge |
+//! | `overload_signal_window_retry_pressure` | gauge |
+//! | `overload_signal_window_per_caller_pressure` | gauge |
 //!
 //! # Feature flags
 //!
 //! - `axum` (off by default): implements `axum::response::IntoResponse` for [`Overloaded`],
-//!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal.
+//!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal;
+//!   and lets the default caller key ([`signal::PeerIp`]) read axum's
+//!   `ConnectInfo<SocketAddr>`.
 //!   Off by default because the crate is plain Tower over `http`, usable with tonic, hyper
 //!   or any other server; only axum users should pay for axum.
 //! - `test-util` (off by default): `clock::FakeClock`, a clock that moves only when told
-//!   to, for tests of code that takes a [`clock::Clock`].
+//!   to, for tests of code that takes a [`clock::Clock`]; and
+//!   `OverloadSignalLayerBuilder::caller_seed`, which hashes caller keys with a fixed key so
+//!   that a test puts the same callers in the same classes on every run.
 //!
 //! Model tests of the lock-free code run under [loom](https://docs.rs/loom) with
 //! `RUSTFLAGS="--cfg loom"`; that `cfg` is not a feature and changes nothing in a normal

@@ -124,7 +124,7 @@ where
                         ..
                     } = *state.take().expect("checked above");
                     let decided = match outcome {
-                        Ok((decision, status, class)) => (decision, Some(status), class),
+                        Ok((decision, status, class)) => Some((decision, Some(status), class)),
                         // The remote could not answer in time: the local share decides.
                         Err(_) => shared.decide(&parts, cost),
                     };

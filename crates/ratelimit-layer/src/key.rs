@@ -2,7 +2,14 @@
 //! value ([`HeaderKey`]), or anything a closure or a [`KeyExtractor`] of your own extracts.
 //!
 //! Extractors see the request head ([`Parts`]) and return `None` when the request has no
-//! key; such requests share one limit ([`KeyClass::Unkeyed`](crate::keyed::KeyClass)).
+//! key; what happens to such a request is the layer's [`MissingKey`] policy: a `500`, one
+//! shared limit ([`KeyClass::Unkeyed`](crate::keyed::KeyClass)), or no limit. The first such
+//! request is logged at `WARN`, whatever the policy.
+//!
+//! The built-in extractors also implement `overload-signal`'s [`CallerKey`], so the overload
+//! layer can tell callers apart by the same key as the limit.
+//!
+//! [`CallerKey`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/trait.CallerKey.html
 //!
 //! The built-in extractors allocate nothing per request: an IP address is a value, and a
 //! header value is looked up borrowed from the request; only a key seen for the first time
@@ -12,7 +19,7 @@
 
 use std::borrow::{Borrow, Cow};
 use std::fmt;
-use std::hash::Hash;
+use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::str::FromStr;
 use std::sync::Arc;
@@ -20,6 +27,46 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName};
 use overload_signal::ConfigError;
+use overload_signal::signal::CallerKey;
+
+/// What a keyed limit does with a request from which its extractor gets no key, chosen when
+/// the layer is built ([`RateLimitBuilder::missing_key`](crate::RateLimitBuilder::missing_key)).
+///
+/// Whichever it is, the first such request is logged at `WARN` (once per layer), and the
+/// counter `ratelimit_layer_missing_key_total` counts them all, so a key that is missing by
+/// mistake is never silent.
+///
+/// Default: the extractor's ([`KeyExtractor::missing_key`]): [`Reject`](Self::Reject) for
+/// [`ClientIp`] and closures, [`Shared`](Self::Shared) for [`HeaderKey`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum MissingKey {
+    /// Answer `500 Internal Server Error` (for gRPC, `grpc-status: 13`, `INTERNAL`) without
+    /// calling the inner service: the key is missing because the server is not set up to
+    /// provide it (axum served without `into_make_service_with_connect_info`, an
+    /// authentication layer placed after the limit). Fails loudly, as `tower_governor` does,
+    /// rather than limit every client as one.
+    Reject,
+    /// Limit every request without a key together, as one more key
+    /// ([`KeyClass::Unkeyed`](crate::keyed::KeyClass::Unkeyed)): for keys a client may
+    /// legitimately lack, such as an optional API key, where anonymous clients share one
+    /// quota.
+    Shared,
+    /// Admit every request without a key, unlimited: for keys only some traffic has, where
+    /// the rest is limited elsewhere.
+    Bypass,
+}
+
+impl MissingKey {
+    /// The `action` label of `ratelimit_layer_missing_key_total`: `reject`, `shared` or
+    /// `bypass`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Reject => "reject",
+            Self::Shared => "shared",
+            Self::Bypass => "bypass",
+        }
+    }
+}
 
 /// Extracts the key a request is limited under.
 ///
@@ -68,6 +115,14 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// The request's key, borrowed from `parts` where it can be, or `None` when the request
     /// has none.
     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, Self::Lookup>>;
+
+    /// What a layer does with a request [`extract`](Self::extract) finds no key in, unless
+    /// [`RateLimitBuilder::missing_key`](crate::RateLimitBuilder::missing_key) says
+    /// otherwise. Default: [`MissingKey::Reject`], because a key that is missing is most
+    /// often a server that does not provide it; override it for keys a client may lack.
+    fn missing_key(&self) -> MissingKey {
+        MissingKey::Reject
+    }
 }
 
 impl<F, K> KeyExtractor for F
@@ -418,6 +473,26 @@ impl KeyExtractor for ClientIp {
     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, IpAddr>> {
         self.client_ip(parts).map(Cow::Owned)
     }
+
+    /// [`MissingKey::Reject`]: every connection has a peer, so a request without one comes
+    /// from a server that does not put it in the request's extensions.
+    fn missing_key(&self) -> MissingKey {
+        MissingKey::Reject
+    }
+}
+
+/// The overload layer tells callers apart by the same address as the limit (with the same
+/// trusted proxies and IPv6 prefix).
+impl CallerKey for ClientIp {
+    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
+        match self.client_ip(parts) {
+            Some(ip) => {
+                ip.hash(&mut state);
+                true
+            }
+            None => false,
+        }
+    }
 }
 
 /// Builds a [`ClientIp`]; from [`ClientIp::builder`].
@@ -534,7 +609,8 @@ fn is_port(s: &str) -> bool {
 /// API key or a tenant id.
 ///
 /// A request without the header, or with a value longer than [`MAX_LEN`](Self::MAX_LEN),
-/// has no key (and shares the unkeyed limit), so a long value cannot grow memory.
+/// has no key, so a long value cannot grow memory; by default such requests share one limit
+/// ([`MissingKey::Shared`]: a client may send no key).
 ///
 /// A request is looked up by the header's bytes in place, without allocating; the value is
 /// copied into the map only the first time it is seen, and not kept as a
@@ -583,6 +659,27 @@ impl KeyExtractor for HeaderKey {
     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, [u8]>> {
         let value = parts.headers.get(&self.name)?.as_bytes();
         (value.len() <= Self::MAX_LEN).then_some(Cow::Borrowed(value))
+    }
+
+    /// [`MissingKey::Shared`]: a request without the header is an anonymous client, which
+    /// the client decides; a `500` would let any client make the server report an error.
+    fn missing_key(&self) -> MissingKey {
+        MissingKey::Shared
+    }
+}
+
+/// The overload layer tells callers apart by the header's value. A client chooses it, so
+/// unless it is authenticated before this layer, one client can appear as many: see
+/// [`CallerKey`](https://docs.rs/overload-signal/0.1/overload_signal/signal/trait.CallerKey.html).
+impl CallerKey for HeaderKey {
+    fn hash_key(&self, parts: &Parts, state: &mut dyn Hasher) -> bool {
+        match self.extract(parts) {
+            Some(value) => {
+                state.write(&value);
+                true
+            }
+            None => false,
+        }
     }
 }
 
@@ -781,6 +878,35 @@ mod tests {
                 .extract(&parts("192.0.2.1:1", &[("x-api-key", &longest)]))
                 .is_some()
         );
+    }
+
+    #[test]
+    fn missing_key_defaults_and_caller_keys() {
+        let header = HeaderKey::new(HeaderName::from_static("x-api-key"));
+        assert_eq!(ClientIp::new().missing_key(), MissingKey::Reject);
+        assert_eq!(header.missing_key(), MissingKey::Shared);
+        let closure = |parts: &Parts| Some(parts.uri.path().to_owned());
+        assert_eq!(closure.missing_key(), MissingKey::Reject);
+        assert_eq!(
+            [MissingKey::Reject, MissingKey::Shared, MissingKey::Bypass].map(MissingKey::as_str),
+            ["reject", "shared", "bypass"]
+        );
+        // As caller keys for the overload layer: the same key, or none, as for the limit.
+        let hash = |key: &dyn CallerKey, parts: &Parts| {
+            let mut h = std::hash::DefaultHasher::new();
+            key.hash_key(parts, &mut h).then(|| h.finish())
+        };
+        let a = parts("192.0.2.1:1", &[("x-api-key", "k1")]);
+        let b = parts("192.0.2.1:2", &[("x-api-key", "k2")]);
+        let c = parts("192.0.2.2:1", &[]);
+        assert_eq!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &b));
+        assert_ne!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &c));
+        assert_eq!(
+            hash(&ClientIp::new(), &Request::new(()).into_parts().0),
+            None
+        );
+        assert_ne!(hash(&header, &a), hash(&header, &b));
+        assert_eq!(hash(&header, &c), None);
     }
 
     #[test]

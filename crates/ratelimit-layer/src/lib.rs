@@ -49,11 +49,25 @@
 //!
 //! One global limit by default; or one per client IP ([`key::ClientIp`], forwarding
 //! headers ignored unless proxies are named), per header value ([`key::HeaderKey`]), or per
-//! whatever a closure or a [`key::KeyExtractor`] extracts. Keys live in a
+//! whatever a closure or a [`key::KeyExtractor`] extracts. A request without a key follows
+//! an explicit [`key::MissingKey`] policy, chosen at build time (`500`, one shared limit, or
+//! no limit; by default `500` for client IPs, whose absence means the server does not
+//! provide them, and one shared limit for header keys), and the first one is logged at
+//! `WARN`. A keyed rejection tells an overload layer outside that it concerns one caller
+//! (see [`protect`]). Keys live in a
 //! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
 //! losslessly, and a hard cap beyond which new keys share one overflow limit, so memory is
 //! bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
 //! allocating, whichever built-in extractor found it.
+//!
+//! # With the overload signal
+//!
+//! `overload-signal`'s overload layer goes outside the limiter, so that it sees the
+//! rejections and can turn them into "stop retrying" when the fleet is drowning in retries.
+//! [`OverloadProtectionLayer`] holds both in that order, so it is right in axum (whose
+//! `Router::layer` makes the last call the outermost) and in tonic (whose `Server::layer`
+//! makes the first call the outermost) alike; it wraps any limiting layer that answers
+//! rejections with `429`/`503` or gRPC `8`/`14`. See [`protect`].
 //!
 //! # Configuration
 //!
@@ -116,22 +130,27 @@
 //! # }
 //! ```
 //!
-//! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`:
+//! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`,
+//! behind the overload layer (one [`OverloadProtectionLayer`], so the order cannot be
+//! wrong), which tells callers apart by the same address:
 //!
 //! ```no_run
-//! use ratelimit_layer::{RateLimitLayer, TokenBucket};
+//! use overload_signal::OverloadSignalLayer;
+//! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //! use ratelimit_layer::key::ClientIp;
 //! use tonic::transport::Server;
 //! use tonic::transport::server::TcpConnectInfo;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let layer = RateLimitLayer::builder(TokenBucket::builder(1_000).burst(100).build()?)
-//!     .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| ci.remote_addr()))
+//! let client_ip = ClientIp::from_extension(|ci: &TcpConnectInfo| ci.remote_addr());
+//! let limit = RateLimitLayer::builder(TokenBucket::builder(1_000).burst(100).build()?)
+//!     .key_by_client_ip(client_ip.clone())
 //!     .build()?;
+//! let signal = OverloadSignalLayer::builder().key_by(client_ip).build();
 //! let (_reporter, health) = tonic_health::server::health_reporter();
 //! Server::builder()
-//!     .layer(layer)
+//!     .layer(OverloadProtectionLayer::builder(limit).signal(signal).build())
 //!     .add_service(health)
 //!     .serve("127.0.0.1:50051".parse()?)
 //!     .await?;
@@ -168,6 +187,7 @@
 //! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//! | `ratelimit_layer_missing_key_total` | counter | `policy`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in |
 //!
 //! Rejections are also logged through [`tracing`] at `TRACE` level.
 //!
@@ -197,6 +217,7 @@ pub mod key;
 pub mod keyed;
 mod layer;
 pub mod metric_names;
+pub mod protect;
 #[cfg(feature = "redis")]
 pub mod redis;
 mod sync;
@@ -209,3 +230,4 @@ pub use adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 pub use layer::{RateLimit, RateLimitBuilder, RateLimitLayer};
 pub use overload_signal::{ConfigError, ConfigErrorKind};
+pub use protect::{OverloadProtectionLayer, OverloadProtectionLayerBuilder};

@@ -7,6 +7,7 @@
 //! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
+//! | `ratelimit_layer_missing_key_total` | counter | `policy`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //! | `ratelimit_layer_redis_fallbacks_total` | counter | `policy`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
 //! | `ratelimit_layer_redis_up` | gauge | `policy` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
 //! | `ratelimit_layer_adaptive_admitted_total` | counter | `policy` | requests the adaptive limit passed on |
@@ -30,6 +31,10 @@ pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
 
 /// Gauge, label `policy`: keys tracked by a keyed layer.
 pub const KEYS: &str = "ratelimit_layer_keys";
+
+/// Counter, labels `policy` and `action` (`reject`, `shared` or `bypass`, see
+/// [`MissingKey`](crate::key::MissingKey)): requests a keyed layer found no key in.
+pub const MISSING_KEY: &str = "ratelimit_layer_missing_key_total";
 
 /// Counter, labels `policy` and `reason`: requests a limit kept in Redis (feature `redis`)
 /// decided locally, with its local share, instead of in Redis. `reason` is `timeout` (Redis

@@ -10,7 +10,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use overload_signal::protocol::{GRPC_RETRY_PUSHBACK_MS, RATELIMIT, RATELIMIT_POLICY, grpc_status};
 use ratelimit_layer::clock::FakeClock;
-use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::key::{ClientIp, MissingKey};
 use ratelimit_layer::{
     ConfigErrorKind, FixedWindow, RateLimit, RateLimitLayer, SlidingWindow, TokenBucket,
 };
@@ -172,11 +172,10 @@ async fn keyed_by_client_ip() {
         .headers_mut()
         .insert("x-forwarded-for", HeaderValue::from_static("198.51.100.9"));
     assert_eq!(status(spoofed).await, StatusCode::TOO_MANY_REQUESTS);
-    // Requests without a peer address share one limit.
-    assert_eq!(status(request()).await, StatusCode::OK);
-    assert_eq!(status(request()).await, StatusCode::OK);
-    assert_eq!(status(request()).await, StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    // A request without a peer address: the server does not provide it, which the default
+    // missing-key policy for client IPs answers with 500, without calling the service.
+    assert_eq!(status(request()).await, StatusCode::INTERNAL_SERVER_ERROR);
+    assert_eq!(calls.load(Ordering::SeqCst), 3);
 }
 
 #[tokio::test]
@@ -447,6 +446,7 @@ async fn metrics_count_admitted_rejected_and_keys() {
     let layer = RateLimitLayer::builder(bucket(1, 1))
         .clock(FakeClock::new())
         .key_by_client_ip(ClientIp::new())
+        .missing_key(MissingKey::Shared)
         .policy_name("edge")
         .build()
         .unwrap();
@@ -464,6 +464,7 @@ async fn metrics_count_admitted_rejected_and_keys() {
     let mut admitted = 0;
     let mut rejected = Vec::new();
     let mut keys = 0.0;
+    let mut missing = Vec::new();
     for (key, _, _, value) in snapshotter.snapshot().into_vec() {
         let key = key.key();
         assert!(
@@ -477,6 +478,10 @@ async fn metrics_count_admitted_rejected_and_keys() {
                 rejected.push((class.value().to_owned(), n));
             }
             ("ratelimit_layer_keys", DebugValue::Gauge(g)) => keys = g.into_inner(),
+            ("ratelimit_layer_missing_key_total", DebugValue::Counter(n)) => {
+                let action = key.labels().find(|l| l.key() == "action").unwrap();
+                missing.push((action.value().to_owned(), n));
+            }
             _ => {}
         }
     }
@@ -487,4 +492,185 @@ async fn metrics_count_admitted_rejected_and_keys() {
         vec![("keyed".to_owned(), 1), ("unkeyed".to_owned(), 1)]
     );
     assert!((keys - 2.0).abs() < f64::EPSILON);
+    assert_eq!(missing, vec![("shared".to_owned(), 2)]);
+}
+
+/// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (axum
+/// served without `into_make_service_with_connect_info`) put every client in one shared
+/// bucket, silently. Each policy, with the client-IP key whose key is missing here.
+#[tokio::test]
+async fn each_missing_key_policy_does_what_it_says() {
+    let keyed = |policy: Option<MissingKey>| {
+        let builder = RateLimitLayer::builder(bucket(1, 2))
+            .clock(FakeClock::new())
+            .key_by_client_ip(ClientIp::new())
+            .admitted_headers(true);
+        match policy {
+            Some(policy) => builder.missing_key(policy),
+            None => builder,
+        }
+        .build()
+        .unwrap()
+    };
+    let run = |layer: RateLimitLayer, n: usize| async move {
+        let calls = Calls::default();
+        let svc = layer.layer(counting_service(&calls));
+        let mut responses = Vec::new();
+        for _ in 0..n {
+            responses.push(svc.clone().oneshot(request()).await.unwrap());
+        }
+        (responses, calls.load(Ordering::SeqCst))
+    };
+    let codes = |responses: &[Response<String>]| -> Vec<u16> {
+        responses.iter().map(|r| r.status().as_u16()).collect()
+    };
+
+    // Reject, the default for client IPs: 500, the service never called, no rate-limit
+    // fields (nothing limited it).
+    for layer in [keyed(None), keyed(Some(MissingKey::Reject))] {
+        let (responses, calls) = run(layer, 3).await;
+        assert_eq!(codes(&responses), [500, 500, 500]);
+        assert_eq!(calls, 0);
+        assert!(responses[0].headers().get(RATELIMIT).is_none());
+    }
+    // Shared: one bucket for all of them.
+    let (responses, calls) = run(keyed(Some(MissingKey::Shared)), 3).await;
+    assert_eq!(codes(&responses), [200, 200, 429]);
+    assert_eq!(calls, 2);
+    // Bypass: no limit, and no field that would describe one.
+    let (responses, calls) = run(keyed(Some(MissingKey::Bypass)), 5).await;
+    assert_eq!(codes(&responses), [200; 5]);
+    assert_eq!(calls, 5);
+    assert!(responses[4].headers().get(RATELIMIT).is_none());
+    assert!(responses[4].headers().get(RATELIMIT_POLICY).is_none());
+
+    // gRPC requests are refused in gRPC form: INTERNAL, trailers-only.
+    let svc = keyed(None).layer(counting_service(&Calls::default()));
+    let mut grpc = request();
+    grpc.headers_mut().insert(
+        http::header::CONTENT_TYPE,
+        HeaderValue::from_static("application/grpc"),
+    );
+    let r = svc.oneshot(grpc).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(grpc_status(r.headers()), Some(13));
+    assert_eq!(r.body(), "");
+
+    // A header key's default is Shared: a client may send no API key, and must not be able to
+    // make the server answer 500.
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by_header(http::HeaderName::from_static("x-api-key"))
+        .build()
+        .unwrap();
+    assert_eq!(codes(&run(layer, 2).await.0), [200, 429]);
+    // A closure's default is Reject.
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by(|parts: &http::request::Parts| parts.headers.get("x-tenant").cloned())
+        .build()
+        .unwrap();
+    assert_eq!(codes(&run(layer, 1).await.0), [500]);
+}
+
+#[test]
+fn a_missing_key_policy_without_a_key_is_refused() {
+    let err = RateLimitLayer::builder(bucket(1, 1))
+        .missing_key(MissingKey::Bypass)
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        (err.field(), err.kind()),
+        ("missing_key", ConfigErrorKind::Conflict)
+    );
+    assert_eq!(
+        err.to_string(),
+        "missing_key (Bypass) applies to a keyed limit only; set key_by too, or leave \
+         missing_key out"
+    );
+}
+
+/// Counts the events logged at `WARN`.
+#[derive(Default)]
+struct WarnCounter(AtomicUsize);
+
+impl tracing::Subscriber for WarnCounter {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn a_missing_key_is_logged_once_at_warn_whatever_the_policy() {
+    for policy in [MissingKey::Reject, MissingKey::Shared, MissingKey::Bypass] {
+        let warnings = Arc::new(WarnCounter::default());
+        let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
+        tracing::dispatcher::with_default(&dispatch, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let layer = RateLimitLayer::builder(bucket(1, 1))
+                    .clock(FakeClock::new())
+                    .key_by_client_ip(ClientIp::new())
+                    .missing_key(policy)
+                    .build()
+                    .unwrap();
+                let svc = layer.layer(counting_service(&Calls::default()));
+                // Keyed requests log nothing.
+                svc.clone().oneshot(from("192.0.2.1:1")).await.unwrap();
+                assert_eq!(warnings.0.load(Ordering::SeqCst), 0, "{policy:?}");
+                for _ in 0..3 {
+                    svc.clone().oneshot(request()).await.unwrap();
+                }
+            });
+        });
+        assert_eq!(warnings.0.load(Ordering::SeqCst), 1, "{policy:?}");
+    }
+}
+
+#[tokio::test]
+async fn keyed_rejections_say_they_concern_one_caller() {
+    use overload_signal::signal::RejectionScope;
+    let scope = |r: &Response<String>| r.extensions().get::<RejectionScope>().copied();
+    // A client over its own quota.
+    let layer = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::new())
+        .missing_key(MissingKey::Shared)
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let ok = svc.clone().oneshot(from("192.0.2.1:1")).await.unwrap();
+    assert_eq!(scope(&ok), None);
+    let r = svc.clone().oneshot(from("192.0.2.1:1")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(scope(&r), Some(RejectionScope::Caller));
+    // The shared limit of requests without a key concerns every client behind it.
+    svc.clone().oneshot(request()).await.unwrap();
+    let r = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(scope(&r), None);
+    // So does a global limit.
+    let svc = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap()
+        .layer(counting_service(&Calls::default()));
+    svc.clone().oneshot(request()).await.unwrap();
+    let r = svc.clone().oneshot(request()).await.unwrap();
+    assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert_eq!(scope(&r), None);
 }

@@ -393,3 +393,52 @@ fn redis_settings_are_checked_by_name() {
         "{err}"
     );
 }
+
+/// A request without a key follows the layer's missing-key policy with Redis too: `Reject`
+/// answers 500 and `Bypass` admits without asking Redis, `Shared` keeps one bucket in Redis
+/// for every such request, shared by separate layers (as by separate processes).
+#[tokio::test]
+async fn requests_without_a_key_follow_the_missing_key_policy() {
+    use ratelimit_layer::key::{ClientIp, MissingKey};
+    let server = RedisServer::start();
+    let server = &server;
+    let keyed = |policy| async move {
+        Svc::new(
+            RateLimitLayer::builder(hourly(2))
+                .key_by_client_ip(ClientIp::new())
+                .missing_key(policy)
+                .redis(store(server).await)
+                .budget(GENEROUS)
+                .build()
+                .unwrap()
+                .layer(ok()),
+        )
+    };
+    let codes = |responses: Vec<Response<String>>| -> Vec<u16> {
+        responses.iter().map(|r| r.status().as_u16()).collect()
+    };
+    let reject = keyed(MissingKey::Reject).await;
+    let bypass = keyed(MissingKey::Bypass).await;
+    let (a, b) = (
+        keyed(MissingKey::Shared).await,
+        keyed(MissingKey::Shared).await,
+    );
+    let mut responses = Vec::new();
+    for _ in 0..2 {
+        responses.push(send(&reject).await);
+    }
+    assert_eq!(codes(responses), [500, 500]);
+    let mut responses = Vec::new();
+    for _ in 0..4 {
+        responses.push(send(&bypass).await);
+    }
+    assert_eq!(codes(responses), [200; 4]);
+    // One bucket of 2 in Redis for both layers.
+    let responses = vec![
+        send(&a).await,
+        send(&b).await,
+        send(&a).await,
+        send(&b).await,
+    ];
+    assert_eq!(codes(responses), [200, 200, 429, 429]);
+}

@@ -9,6 +9,7 @@ use std::task::{Context, Poll, ready};
 use http::Response;
 use pin_project_lite::pin_project;
 
+use super::callers::Caller;
 use super::shared::Shared;
 use crate::clock::{Clock, TokioClock};
 use crate::propagation::{self, Scoped};
@@ -22,15 +23,22 @@ pin_project! {
         #[pin]
         inner: Scoped<F>,
         protocol: Protocol,
+        caller: Caller,
         shared: Arc<Shared<C>>,
     }
 }
 
 impl<F, C: Clock> ResponseFuture<F, C> {
-    pub(super) fn new(inner: Scoped<F>, protocol: Protocol, shared: Arc<Shared<C>>) -> Self {
+    pub(super) fn new(
+        inner: Scoped<F>,
+        protocol: Protocol,
+        caller: Caller,
+        shared: Arc<Shared<C>>,
+    ) -> Self {
         Self {
             inner,
             protocol,
+            caller,
             shared,
         }
     }
@@ -56,6 +64,9 @@ where
         let mut this = self.project();
         let result = ready!(this.inner.as_mut().poll(cx));
         let downstream_stop = propagation::stop_received(this.inner);
-        Poll::Ready(result.map(|r| this.shared.respond(r, *this.protocol, downstream_stop)))
+        Poll::Ready(result.map(|r| {
+            this.shared
+                .respond(r, *this.protocol, downstream_stop, *this.caller)
+        }))
     }
 }

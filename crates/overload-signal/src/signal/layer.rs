@@ -1,9 +1,11 @@
 use std::fmt;
 use std::sync::Arc;
 
+use http::request::Parts;
 use tower_layer::Layer;
 
 use super::StopRule;
+use super::callers::{self, CallerKey, KeyHashing, PeerIp, TrustFn};
 use super::service::OverloadSignal;
 use super::shared::Shared;
 use crate::clock::{Clock, TokioClock};
@@ -17,16 +19,35 @@ use crate::histogram::AttemptHistogram;
 /// wraps each route) still judges the whole server's traffic. Cheap to clone; clones share
 /// the histogram too. `C` is the histogram's clock.
 ///
-/// Defaults ([`OverloadSignalLayer::new`], [`OverloadSignalLayer::builder`]): the default
-/// [`AttemptHistogram`] (10 seconds in 10 buckets of 1 second, the paper's and the SRE
-/// book's retry-budget window) and the default [`StopRule`] (retry share above 5 %, half the
-/// usual 10 % client budget, with at least 200 requests in the window).
+/// Defaults ([`OverloadSignalLayer::new`], [`OverloadSignalLayer::builder`]):
+///
+/// - the default [`AttemptHistogram`]: 10 seconds in 10 buckets of 1 second, the paper's and
+///   the SRE book's retry-budget window;
+/// - the default [`StopRule`]: retry pressure above 5 % (half the usual 10 % client budget)
+///   with at least 200 requests in the window, sustained while the server keeps rejecting;
+/// - callers keyed by their peer's IP address ([`PeerIp`]), each caller class weighing at
+///   most as much as the median class in the decision (see the
+///   [module docs](crate::signal#trust-what-callers-can-and-cannot-do));
+/// - every caller's attempt counter counts (no trust predicate).
 pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     shared: Arc<Shared<C>>,
 }
 
 impl OverloadSignalLayer {
-    /// A layer with the defaults: the default [`AttemptHistogram`] and [`StopRule`].
+    /// How many classes the layer hashes caller keys into: 128; requests without a key make
+    /// one class more.
+    ///
+    /// The decision weighs each class at most as much as the median class, so the more
+    /// classes are in use, the less any one caller can do: with callers spread over every
+    /// class, one class moves the per-caller pressure by about 0.8 % (1.6 % at worst), and
+    /// up to six forging callers cannot reach the default 5 % threshold alone. Each class
+    /// costs two counters per bucket and stripe (about 33 KiB per stripe in all, with the
+    /// default window), and the per-caller figure reads them all, at most once per bucket
+    /// and per sixteenth of growth of the window. This crate's choice.
+    pub const CALLER_CLASSES: usize = callers::CLASSES;
+
+    /// A layer with the defaults: the default [`AttemptHistogram`] and [`StopRule`], callers
+    /// keyed by [`PeerIp`], no trust predicate.
     pub fn new() -> Self {
         Self::builder().build()
     }
@@ -36,6 +57,9 @@ impl OverloadSignalLayer {
         OverloadSignalLayerBuilder {
             histogram: AttemptHistogram::new(),
             rule: StopRule::new(),
+            key: Arc::new(PeerIp),
+            trust: None,
+            hashing: KeyHashing::random(),
         }
     }
 }
@@ -72,7 +96,8 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
         f.debug_struct("OverloadSignalLayer")
             .field("histogram", &self.shared.histogram)
             .field("rule", &self.shared.rule)
-            .finish()
+            .field("trust", &self.shared.callers.has_trust())
+            .finish_non_exhaustive()
     }
 }
 
@@ -84,11 +109,15 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
     }
 }
 
-/// Builds an [`OverloadSignalLayer`] from a histogram and a rule, both already validated;
-/// each starts at its default. [`build`](Self::build) cannot fail.
+/// Builds an [`OverloadSignalLayer`] from a histogram and a rule, both already validated, a
+/// caller key and a trust predicate; each starts at its default. [`build`](Self::build)
+/// cannot fail.
 pub struct OverloadSignalLayerBuilder<C: Clock = TokioClock> {
     histogram: AttemptHistogram<C>,
     rule: StopRule,
+    key: Arc<dyn CallerKey>,
+    trust: Option<Arc<TrustFn>>,
+    hashing: KeyHashing,
 }
 
 impl<C: Clock> OverloadSignalLayerBuilder<C> {
@@ -104,20 +133,84 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         OverloadSignalLayerBuilder {
             histogram,
             rule: self.rule,
+            key: self.key,
+            trust: self.trust,
+            hashing: self.hashing,
         }
     }
 
     /// The rule that decides when a rejection becomes the stop signal. Default:
-    /// [`StopRule::new`] (retry share above 5 % with at least 200 requests).
+    /// [`StopRule::new`] (retry pressure above 5 % with at least 200 requests, sustained).
     pub fn rule(mut self, rule: StopRule) -> Self {
         self.rule = rule;
+        self
+    }
+
+    /// What identifies a request's caller: a [`CallerKey`], such as a closure
+    /// `|parts: &Parts| -> Option<K>`. Default: [`PeerIp`], the peer's IP address from a
+    /// `SocketAddr` request extension (or, with the `axum` feature, axum's `ConnectInfo`).
+    ///
+    /// The layer hashes keys into [`OverloadSignalLayer::CALLER_CLASSES`] classes and
+    /// bounds what one class weighs in the decision, so that no small set of callers can make
+    /// it (see the [module docs](crate::signal#trust-what-callers-can-and-cannot-do)).
+    /// Requests without a key form one class of their own; the first one is logged at `WARN`.
+    pub fn key_by<K: CallerKey>(mut self, key: K) -> Self {
+        self.key = Arc::new(key);
+        self
+    }
+
+    /// Whose attempt counters count: a request for which `trust` returns `false` is recorded
+    /// as if it carried no counter (it counts towards the window's requests and dilutes the
+    /// pressure, never as a retry). Default: every caller's counter counts, each caller class
+    /// bounded as [`key_by`](Self::key_by) says.
+    ///
+    /// For example: trusted peers only (an address range of your own services), callers with
+    /// an mTLS identity (an extension your TLS acceptor inserts), or requests that passed a
+    /// load balancer that sets a header of its own (and strips it from what clients send).
+    ///
+    /// ```
+    /// use std::net::SocketAddr;
+    /// use http::request::Parts;
+    /// use overload_signal::OverloadSignalLayer;
+    ///
+    /// // Only callers on the private network 10.0.0.0/8 can make the server say "stop".
+    /// let layer = OverloadSignalLayer::builder()
+    ///     .trust(|parts: &Parts| {
+    ///         parts.extensions.get::<SocketAddr>().is_some_and(|peer| match peer.ip() {
+    ///             std::net::IpAddr::V4(v4) => v4.octets()[0] == 10,
+    ///             std::net::IpAddr::V6(_) => false,
+    ///         })
+    ///     })
+    ///     .build();
+    /// # drop(layer);
+    /// ```
+    pub fn trust<F>(mut self, trust: F) -> Self
+    where
+        F: Fn(&Parts) -> bool + Send + Sync + 'static,
+    {
+        self.trust = Some(Arc::new(trust));
+        self
+    }
+
+    /// Hashes caller keys into classes with a fixed key and `seed`, rather than a random key
+    /// drawn for each layer, so that a test puts the same callers in the same classes on
+    /// every run. Never in production: a caller who knows the key can aim at a class.
+    #[cfg(any(test, feature = "test-util"))]
+    pub fn caller_seed(mut self, seed: u64) -> Self {
+        self.hashing = KeyHashing::Seeded(seed);
         self
     }
 
     /// Builds the layer.
     pub fn build(self) -> OverloadSignalLayer<C> {
         OverloadSignalLayer {
-            shared: Arc::new(Shared::new(self.histogram, self.rule)),
+            shared: Arc::new(Shared::new(
+                self.histogram,
+                self.rule,
+                self.key,
+                self.trust,
+                self.hashing,
+            )),
         }
     }
 }
@@ -127,6 +220,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayerBuilder<C> {
         f.debug_struct("OverloadSignalLayerBuilder")
             .field("histogram", &self.histogram)
             .field("rule", &self.rule)
-            .finish()
+            .field("trust", &self.trust.is_some())
+            .finish_non_exhaustive()
     }
 }

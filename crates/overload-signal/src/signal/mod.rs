@@ -7,10 +7,17 @@
 //! network ──► OverloadSignalLayer ──► RateLimitLayer ──► handler
 //! ```
 //!
+//! Under it, it never fires: the limiter answers before it sees the request. Mind the order
+//! of your server's `.layer` calls (axum's `Router::layer` wraps what is already there, so
+//! the last call is the outermost; tonic's `Server::layer` and tower's `ServiceBuilder` the
+//! other way round), or use `ratelimit-layer`'s `OverloadProtectionLayer`, which puts the two
+//! in the right order whichever way the server nests.
+//!
 //! # Examples
 //!
 //! With the defaults (a 10-second window in 10 buckets; the stop signal when more than 5 % of
-//! at least 200 requests in the window are retries):
+//! at least 200 requests in the window are retries, or were told to stop retrying; callers
+//! keyed by their peer address):
 //!
 //! ```
 //! use std::convert::Infallible;
@@ -28,12 +35,18 @@
 //! ```
 //!
 //! Customised: a 30-second window in 30 buckets, read with the coarse clock; the stop signal
-//! above 10 % of at least 500 requests:
+//! above 10 % of at least 500 requests; callers keyed by an identity an authentication layer
+//! put in the request, and only the counters of callers inside the private network trusted:
 //!
 //! ```
+//! use std::net::{IpAddr, SocketAddr};
 //! use std::time::Duration;
+//! use http::request::Parts;
 //! use overload_signal::clock::CoarseClock;
 //! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+//!
+//! #[derive(Clone)]
+//! struct Tenant(u64);
 //!
 //! let histogram = AttemptHistogram::builder()
 //!     .window(Duration::from_secs(30))
@@ -43,6 +56,13 @@
 //! let layer = OverloadSignalLayer::builder()
 //!     .histogram(histogram.clone()) // keep a clone to read `histogram.snapshot()`
 //!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
+//!     .key_by(|parts: &Parts| parts.extensions.get::<Tenant>().map(|t| t.0))
+//!     .trust(|parts: &Parts| {
+//!         parts.extensions.get::<SocketAddr>().is_some_and(|peer| match peer.ip() {
+//!             IpAddr::V4(v4) => v4.is_private(),
+//!             IpAddr::V6(_) => false,
+//!         })
+//!     })
 //!     .build();
 //! # drop(layer);
 //! # Ok::<(), overload_signal::ConfigError>(())
@@ -51,8 +71,10 @@
 //! # What it does to each request
 //!
 //! 1. **Records** the request's attempt counter ([`Attempt`](crate::protocol::Attempt):
-//!    `X-Request-Attempt`, or `grpc-previous-rpc-attempts` on gRPC) in its
-//!    [`AttemptHistogram`](crate::AttemptHistogram), before the inner stack runs.
+//!    `X-Request-Attempt`, or `grpc-previous-rpc-attempts` on gRPC; unknown if the
+//!    [trust predicate](OverloadSignalLayerBuilder::trust) refuses its caller) in its
+//!    [`AttemptHistogram`](crate::AttemptHistogram) and in its caller's class (see
+//!    [Trust](#trust-what-callers-can-and-cannot-do)), before the inner stack runs.
 //! 2. Runs the inner stack inside a [propagation scope](crate::propagation), so a client
 //!    layer used by the handler can report that a downstream call received the stop signal.
 //! 3. Looks at the response. A success, or any answer that is not a failure a client would
@@ -66,14 +88,73 @@
 //!      4xx is never rewritten, marker or not: the handler recovered, with a fallback or a
 //!      cached answer, or chose its answer, and neither is retried anyway);
 //!    - it is a **rejection** (HTTP 429 or 503; gRPC `grpc-status` 8 or 14): the
-//!      [`StopRule`] looks at the histogram's window. Retry share above the threshold with
-//!      enough requests: **answered with the stop signal**; otherwise passed through;
+//!      [`StopRule`] judges the window. **Answered with the stop signal** when it fires,
+//!      passed through otherwise. A rejection that concerns the whole server (the default)
+//!      is judged on the whole server's window, and the rule must fire both on the plain
+//!      figures and with each caller class's weight capped; a rejection the limiter marked
+//!      [`RejectionScope::Caller`] (the caller is over its own quota) is judged on that
+//!      caller's class alone;
 //!    - anything else, and every `Err` of the inner service, passes through untouched.
 //!
 //! Answering with the stop signal rewrites the response in place with
 //! [`set_stop_signal`](crate::protocol::set_stop_signal): HTTP `503` with `X-Overloaded`, and
 //! the retry invitations (`Retry-After`, `RateLimit`) removed; for gRPC, `grpc-status: 14`,
 //! `grpc-retry-pushback-ms: -1`, and an empty body (trailers-only).
+//!
+//! # Trust: what callers can and cannot do
+//!
+//! The attempt counter comes from the caller and is not authenticated. A caller may send
+//! any value; the stop signal it could provoke replaces other callers' *rejections* (never
+//! an admitted request) with "do not retry". The layer bounds what a lying caller can do:
+//!
+//! - **Caller classes.** Each request's [caller key](CallerKey) (by default its peer's IP
+//!   address, [`PeerIp`]) is hashed, with a secret per-process seed, into one of
+//!   [`OverloadSignalLayer::CALLER_CLASSES`] (128) classes; requests without a key form one
+//!   more class. Each class's requests and retry pressure are counted over the same window
+//!   as the histogram.
+//! - **Each class's weight is bounded.** For a rejection that concerns the whole server,
+//!   the rule must fire twice: on the window's plain retry pressure, and on the
+//!   **per-caller pressure**, the mean of the classes' own pressures, each class weighing its
+//!   requests but **at most as much as the median class**. A caller that sends more does
+//!   not weigh more. Per-caller accounting can only prevent the stop signal, never cause it.
+//! - **Whose counters count.** [`trust`](OverloadSignalLayerBuilder::trust) restricts the
+//!   counters read to callers you trust (your own services' addresses, an mTLS identity, a
+//!   header your load balancer sets and strips from clients); other callers' requests count
+//!   as requests without a counter.
+//! - **Caller-scoped rejections.** A keyed limit's rejection ([`RejectionScope::Caller`]) is
+//!   judged on the rejected caller's own class: a caller that forges retries is told to stop
+//!   when its own limit rejects it, and honest callers over their own limits keep their plain
+//!   `429`, whatever others send.
+//!
+//! What that means, with the default rule (5 %) and `n` classes in use:
+//!
+//! - **One caller** cannot make the server answer anyone else with the stop signal: all of
+//!   its requests being retries moves the per-caller pressure by about `1/n` (at most
+//!   `2/(n + 1)` however uneven the others' traffic): 0.8 % (1.6 %) with every class in use,
+//!   which leaves the 5 % threshold to the honest callers' own retries; with 20 callers,
+//!   5 % (10 %): the fewer the callers, the more each one weighs. It gets the stop signal
+//!   itself on a rejection of its own key. It can hide its own retries (send `0`), which
+//!   lowers both figures by no more than its weight: it can delay the signal slightly,
+//!   never suppress a real storm.
+//! - **A few callers** (`m` of them, in `m` classes) move the per-caller pressure by about
+//!   `m/n`: with every class in use, up to six of them (4.7 %) cannot fire it alone; seven
+//!   can, or fewer when the honest callers' own retries make up the difference.
+//! - **Many colluding callers**, spread over more than about `5 % × n` classes (a botnet,
+//!   or one caller who can choose its key, such as a header it sets, or addresses when IPv6
+//!   is keyed by more than `/64`), can make a storm out of nothing, indistinguishable from a
+//!   real one: the other callers' rejected requests then fail without a retry, for as long
+//!   as the server keeps rejecting more than the threshold of its traffic (the rule is
+//!   [sustained](StopRuleBuilder::sustain)), or for a window once the forgery stops if it
+//!   rejects less. Admitted requests are never touched. Against them, key by something they
+//!   cannot multiply, and
+//!   [trust](OverloadSignalLayerBuilder::trust) only the callers whose counters you
+//!   control.
+//! - **When every request comes from one key** (behind a load balancer that is the peer,
+//!   or a server that does not put the peer address in the request), there is one class,
+//!   and the decision is the plain one: any caller can forge a storm. The layer logs the
+//!   first request without a key at `WARN`. Key by the client address the balancer
+//!   forwards, or trust only what it vouches for.
+//! - Whatever they send, callers cannot grow the layer's memory: the classes are fixed.
 //!
 //! # Limits
 //!
@@ -180,6 +261,7 @@
 //! when the layer is built: applications often build their router before they install the
 //! recorder, and a handle registered then would stay a no-op.)
 
+mod callers;
 pub mod future;
 mod layer;
 mod rule;
@@ -189,6 +271,51 @@ mod shared;
 #[cfg(test)]
 mod tests;
 
+pub use callers::{CallerKey, PeerIp};
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;
+
+/// Whom a rejection concerns: the limiter that rejects says so in the response's extensions,
+/// and the [`OverloadSignalLayer`] judges the rejection accordingly.
+///
+/// - [`Server`](Self::Server) (also what a rejection without this extension is): the server
+///   as a whole is over its limit (a global rate limit, a load shedder, an adaptive
+///   concurrency limit). The layer judges the whole server's window, with each caller
+///   class's weight bounded, and answers with the stop signal when the fleet is drowning in
+///   retries.
+/// - [`Caller`](Self::Caller): the rejected caller is over its own limit (a keyed rate limit
+///   rejecting one client IP, API key or tenant). The server is not overloaded, and other
+///   callers' retries say nothing about this one, so the layer judges only the rejected
+///   caller's own class: the stop signal when that caller is the one drowning the server in
+///   retries, the plain rejection otherwise.
+///
+/// `ratelimit-layer` marks its keyed rejections `Caller`; a limiter of your own inserts the
+/// extension in the rejection it returns:
+///
+/// ```
+/// use http::{Response, StatusCode};
+/// use overload_signal::signal::RejectionScope;
+///
+/// let mut rejection = Response::new(());
+/// *rejection.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+/// rejection.extensions_mut().insert(RejectionScope::Caller);
+/// ```
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
+pub enum RejectionScope {
+    /// The server as a whole is over its limit. The default.
+    #[default]
+    Server = 0,
+    /// The rejected caller is over its own limit.
+    Caller = 1,
+}
+
+impl RejectionScope {
+    /// The `scope` label of the layer's metrics: `server` or `caller`.
+    pub const fn as_str(self) -> &'static str {
+        match self {
+            Self::Server => "server",
+            Self::Caller => "caller",
+        }
+    }
+}

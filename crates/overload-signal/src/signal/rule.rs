@@ -5,14 +5,20 @@ use crate::histogram::AttemptSnapshot;
 
 /// When a rejected request is answered with the stop signal instead of the plain rejection.
 ///
-/// The rule fires when the attempt histogram's window holds **at least
-/// [`min_requests`](StopRule::min_requests)** requests **and** the
-/// [retry share](AttemptSnapshot::retry_share) is **strictly above
-/// [`retry_share`](StopRule::retry_share)**.
+/// The rule fires when the window holds **at least [`min_requests`](StopRule::min_requests)**
+/// requests **and** its [retry pressure](AttemptSnapshot::retry_pressure) is **strictly
+/// above [`retry_share`](StopRule::retry_share)**. The retry pressure is the share of the
+/// window's requests that were retries, or that the layer answered with the stop signal
+/// (each of those stands for the retry it held back); with
+/// [`sustain(false)`](StopRuleBuilder::sustain) it is the plain
+/// [retry share](AttemptSnapshot::retry_share). The
+/// [`OverloadSignalLayer`](crate::OverloadSignalLayer) applies the rule to the whole
+/// server's window, plain and with each caller class's weight bounded, or to one caller's
+/// class (see [`signal`](crate::signal#trust-what-callers-can-and-cannot-do)).
 ///
 /// # Defaults and why
 ///
-/// - **Retry share above 5 %** ([`StopRule::DEFAULT_RETRY_SHARE`]). Steady traffic with a
+/// - **Retry pressure above 5 %** ([`StopRule::DEFAULT_RETRY_SHARE`]). Steady traffic with a
 ///   failure rate `p` whose failures are retried has a retry share of about `p` (each
 ///   failure adds one retry, a second retry only `p²`): about 1 % for 1 % transient failures,
 ///   five times below the threshold. At the other end, clients that keep to the usual 10 %
@@ -27,21 +33,29 @@ use crate::histogram::AttemptSnapshot;
 ///   the chance of more than 10 (over 5 %) is below 1 in 100,000; with 100 requests it would
 ///   be 1 in 1,700. A server with less traffic than that is not the victim of a retry storm
 ///   that this rule could help with, and still has its rate limiter and its clients' budgets.
+/// - **Sustained** ([`StopRule::DEFAULT_SUSTAIN`]). Callers obey the stop signal: they stop
+///   retrying, so with retries alone the share falls back under the threshold as their
+///   retries leave the window, the signal lapses while the server is as overloaded as before,
+///   their retries come back until the share passes the threshold again, and so on; in a
+///   sustained overload the retries settle at about the threshold, and every tier above
+///   retries during the lapses too. Counting each stop signal sent to a first try as the retry
+///   it held back keeps the pressure where the storm put it for as long as the server keeps
+///   rejecting more than the threshold of its traffic; once rejections fall below it (or stop
+///   for a whole window), so does the pressure, and the signal lapses. It never starts the
+///   signal: only retries do, and transient failures at 1 % keep the pressure at 1 %.
 ///
 /// # Deep call chains
 ///
-/// The rule bounds the retries of a server's *own* callers: while it fires they stop, and
-/// once the window's share falls back to the threshold they may retry again, so in a
-/// sustained overload their retries settle at about the threshold. A tier further up
-/// retries the middle tier, and its retries reach the bottom tier as *first* tries, which
-/// the bottom tier's histogram cannot tell apart. Each tier's retries add up: in the
-/// workspace's three-tier test (10 % client budgets, the bottom tier admitting 40 % of the
-/// offered load) the bottom tier receives about 1.14 times the offered load with the
-/// defaults, and about 1.07 times with a retry share of 0.02 over at least 100 requests,
-/// against 1.38 times with budgets alone. For a chain of `n` tiers, a threshold near
-/// `target extra load / n` keeps the bottom under its target; keep it well above the failure
-/// rate the service sees on a normal day, and raise the minimum with the traffic so the share
-/// is not noise.
+/// The rule bounds the retries of a server's *own* callers. A tier further up retries the
+/// middle tier, and its retries reach the bottom tier as *first* tries, which the bottom
+/// tier cannot tell apart; each tier's retries add up. They are only sent while the signal is
+/// not flowing, which a sustained rule keeps short: in the workspace's three-tier test (10 %
+/// client budgets at every tier, the bottom tier admitting 40 % of the offered load) the
+/// bottom tier receives at most 1.10 times the offered load with the defaults (see
+/// `BENCHMARKS.md` for the runs), against about 1.38 times with budgets alone. Without
+/// `sustain`, the same chain measured 1.11 to 1.14 times with the default threshold, and
+/// needed a threshold of 2 % over 100 requests, too close to ordinary failure rates, to
+/// reach 1.07 times.
 ///
 /// ```
 /// use overload_signal::{AttemptSnapshot, StopRule};
@@ -57,6 +71,13 @@ use crate::histogram::AttemptSnapshot;
 /// assert!(!rule.should_stop(&transient));
 /// let too_few = AttemptSnapshot::from_counts([50, 50, 0, 0, 0, 0]);
 /// assert!(!rule.should_stop(&too_few));
+///
+/// // Sustained: callers obeyed and stopped retrying, but 600 of the window's 1000 first
+/// // tries were answered with the stop signal, so it keeps flowing.
+/// let obeyed = AttemptSnapshot::from_counts([1000, 0, 0, 0, 0, 0]).with_stopped(600);
+/// assert!(rule.should_stop(&obeyed));
+/// let paper = StopRule::builder().sustain(false).build()?;
+/// assert!(!paper.should_stop(&obeyed));
 ///
 /// // Stricter: a quarter of the traffic must be retries, over at least 1000 requests.
 /// let strict = StopRule::builder()
@@ -75,6 +96,7 @@ use crate::histogram::AttemptSnapshot;
 pub struct StopRule {
     retry_share: f64,
     min_requests: u64,
+    sustain: bool,
 }
 
 impl StopRule {
@@ -86,12 +108,16 @@ impl StopRule {
     /// default 10-second window). See [`StopRule`] for the reasoning.
     pub const DEFAULT_MIN_REQUESTS: u64 = 200;
 
+    /// Whether the rule is sustained by default: `true`. See [`StopRule`] for the reasoning.
+    pub const DEFAULT_SUSTAIN: bool = true;
+
     /// The default rule: retry share above [5 %](StopRule::DEFAULT_RETRY_SHARE) with at
     /// least [200 requests](StopRule::DEFAULT_MIN_REQUESTS) in the window.
     pub const fn new() -> Self {
         Self {
             retry_share: Self::DEFAULT_RETRY_SHARE,
             min_requests: Self::DEFAULT_MIN_REQUESTS,
+            sustain: Self::DEFAULT_SUSTAIN,
         }
     }
 
@@ -110,12 +136,31 @@ impl StopRule {
         self.min_requests
     }
 
-    /// Whether a rejection seen with this window should become the stop signal.
+    /// Whether requests the layer answered with the stop signal count as retries
+    /// ([`AttemptSnapshot::retry_pressure`]) rather than not at all
+    /// ([`AttemptSnapshot::retry_share`]).
+    pub const fn sustain(&self) -> bool {
+        self.sustain
+    }
+
+    /// Whether a rejection seen with this window should become the stop signal: at least
+    /// [`min_requests`](Self::min_requests) requests, and a
+    /// [retry pressure](AttemptSnapshot::retry_pressure) (a
+    /// [retry share](AttemptSnapshot::retry_share) if the rule is not
+    /// [sustained](Self::sustain)) strictly above [`retry_share`](Self::retry_share).
     pub fn should_stop(&self, window: &AttemptSnapshot) -> bool {
-        window.total() >= self.min_requests
-            && window
-                .retry_share()
-                .is_some_and(|share| share > self.retry_share)
+        let share = if self.sustain {
+            window.retry_pressure()
+        } else {
+            window.retry_share()
+        };
+        self.fires(window.total(), share)
+    }
+
+    /// The rule on bare figures: `requests` in the window, and the share of them that count
+    /// (`None` for an empty window).
+    pub(crate) fn fires(&self, requests: u64, share: Option<f64>) -> bool {
+        requests >= self.min_requests && share.is_some_and(|share| share > self.retry_share)
     }
 }
 
@@ -149,6 +194,20 @@ impl StopRuleBuilder {
     /// Must be at least 1.
     pub const fn min_requests(mut self, min_requests: u64) -> Self {
         self.rule.min_requests = min_requests;
+        self
+    }
+
+    /// Whether a request that was not a retry, and that the layer answered with the stop
+    /// signal, counts as a retry: the retry the signal held back
+    /// ([`AttemptSnapshot::retry_pressure`]). Default: `true`, so that once a retry storm is
+    /// detected the signal lasts while the server keeps rejecting more than the threshold of
+    /// its traffic, instead of lapsing as soon as its callers obey it (see [`StopRule`]).
+    ///
+    /// With `false`, only retries count ([`AttemptSnapshot::retry_share`]), as in the paper:
+    /// the signal lapses once obeying callers have let their retries leave the window, and
+    /// comes back when their retries have filled it again.
+    pub const fn sustain(mut self, sustain: bool) -> Self {
+        self.rule.sustain = sustain;
         self
     }
 
@@ -261,8 +320,37 @@ mod tests {
     }
 
     #[test]
+    fn sustained_rules_count_what_the_signal_held_back() {
+        let sustained = rule(0.05, 100);
+        let paper = StopRule::builder()
+            .retry_share(0.05)
+            .min_requests(100)
+            .sustain(false)
+            .build()
+            .unwrap();
+        assert!(sustained.sustain() && !paper.sustain());
+        // Retries alone: the same verdicts.
+        for retries in [0, 5, 6, 50] {
+            let window = snap(100 - retries, retries, 0);
+            assert_eq!(sustained.should_stop(&window), paper.should_stop(&window));
+        }
+        // Retries that obeyed: stop signals sent to first tries keep the pressure up.
+        let window = snap(100, 2, 0).with_stopped(4);
+        assert!(sustained.should_stop(&window));
+        assert!(!paper.should_stop(&window));
+        // Never above the requests: 10 retries and 100 stopped first tries of 100.
+        assert_eq!(
+            snap(90, 10, 0).with_stopped(100).retry_pressure(),
+            Some(1.0)
+        );
+        // Without any request, nothing.
+        assert!(!sustained.should_stop(&AttemptSnapshot::default().with_stopped(500)));
+    }
+
+    #[test]
     fn defaults() {
         let rule = StopRule::new();
+        assert!(rule.sustain());
         assert_eq!(rule, StopRule::default());
         assert_eq!(rule, StopRule::builder().build().unwrap());
         assert_eq!(rule, self::rule(0.05, 200));

@@ -6,12 +6,13 @@ use http::{Request, Response};
 use tower_service::Service;
 
 use super::StopRule;
+use super::callers::{KeyHashing, PeerIp};
 use super::future::ResponseFuture;
 use super::shared::Shared;
 use crate::clock::{Clock, TokioClock};
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
-use crate::protocol::{Attempt, Protocol};
+use crate::protocol::Protocol;
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.
@@ -25,15 +26,23 @@ pub struct OverloadSignal<S, C: Clock = TokioClock> {
 }
 
 impl<S> OverloadSignal<S> {
-    /// Wraps `inner` with a histogram and a rule of its own, both with their defaults (10
-    /// seconds in 10 buckets; retry share above 5 % with at least 200 requests).
+    /// Wraps `inner` with a histogram and a rule of its own, with every default of
+    /// [`OverloadSignalLayer::new`](super::OverloadSignalLayer::new) (10 seconds in 10
+    /// buckets; retry pressure above 5 % with at least 200 requests, sustained; callers keyed
+    /// by their peer address; every caller's counter counts).
     ///
     /// Prefer [`OverloadSignalLayer`](super::OverloadSignalLayer): the services one layer
     /// makes share one histogram, so they judge the whole server's traffic.
     pub fn new(inner: S) -> Self {
         Self::from_shared(
             inner,
-            Arc::new(Shared::new(AttemptHistogram::new(), StopRule::new())),
+            Arc::new(Shared::new(
+                AttemptHistogram::new(),
+                StopRule::new(),
+                Arc::new(PeerIp),
+                None,
+                KeyHashing::random(),
+            )),
         )
     }
 }
@@ -91,11 +100,13 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let protocol = Protocol::of_request(&request);
+        let (parts, body) = request.into_parts();
+        let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.
-        self.shared.record(Attempt::from_request(&request));
+        let caller = self.shared.record(&parts);
+        let request = Request::from_parts(parts, body);
         let inner = propagation::scope(self.inner.call(request));
-        ResponseFuture::new(inner, protocol, Arc::clone(&self.shared))
+        ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.shared))
     }
 }

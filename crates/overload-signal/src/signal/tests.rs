@@ -1,4 +1,6 @@
 use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -514,35 +516,89 @@ fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'
     &found[0].2
 }
 
+/// A `Shared` with the default histogram, `rule`, the default key and no trust predicate.
+fn shared_with(rule: StopRule) -> Shared {
+    Shared::new(
+        AttemptHistogram::new(),
+        rule,
+        Arc::new(PeerIp),
+        None,
+        callers::KeyHashing::Seeded(1),
+    )
+}
+
+/// A request head with attempt counter `attempt`, from peer `peer` if given.
+fn head(attempt: Option<u32>, peer: Option<&str>) -> http::request::Parts {
+    let mut req = request(attempt);
+    if let Some(peer) = peer {
+        req.extensions_mut()
+            .insert(peer.parse::<SocketAddr>().unwrap());
+    }
+    req.into_parts().0
+}
+
+fn caller_scoped(mut response: Response<Body>) -> Response<Body> {
+    response.extensions_mut().insert(RejectionScope::Caller);
+    response
+}
+
 #[test]
 fn decisions_are_counted() {
     let recorder = DebuggingRecorder::new();
-    let shared = Shared::new(AttemptHistogram::new(), rule(0.1, 2));
     metrics::with_local_recorder(&recorder, || {
-        // Empty window: the rejection passes.
-        shared.respond(http_429(), Protocol::Http, false);
-        for _ in 0..3 {
-            shared.histogram.record(Attempt::Number(1));
-        }
-        shared.respond(http_429(), Protocol::Http, false);
-        shared.respond(http_429(), Protocol::Http, false);
-        shared.respond(status(StatusCode::BAD_GATEWAY), Protocol::Http, true);
-        shared.respond(
-            protocol::stop_signal_response::<Body>(Protocol::Http),
-            Protocol::Http,
-            false,
-        );
-        // Neither a rejection nor a failure: not counted at all.
-        shared.respond(status(StatusCode::OK), Protocol::Http, true);
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let shared = shared_with(rule(0.1, 2));
+            // One request in the window: the rejection passes.
+            let first = shared.record(&head(Some(0), None));
+            shared.respond(http_429(), Protocol::Http, false, first);
+            let mut retry = first;
+            for _ in 0..3 {
+                retry = shared.record(&head(Some(1), None));
+            }
+            shared.respond(http_429(), Protocol::Http, false, retry);
+            shared.respond(http_429(), Protocol::Http, false, retry);
+            // On the caller's own class: the same requests, so the same verdict.
+            shared.respond(caller_scoped(http_429()), Protocol::Http, false, retry);
+            shared.respond(status(StatusCode::BAD_GATEWAY), Protocol::Http, true, retry);
+            shared.respond(
+                protocol::stop_signal_response::<Body>(Protocol::Http),
+                Protocol::Http,
+                false,
+                retry,
+            );
+            // Neither a rejection nor a failure: not counted at all.
+            shared.respond(status(StatusCode::OK), Protocol::Http, true, retry);
+        });
     });
     let values = metric_values(&recorder);
     assert_eq!(
-        find(&values, metric_names::REJECTIONS_PASSED, None),
+        find(
+            &values,
+            metric_names::REJECTIONS_PASSED,
+            Some(("scope", "server"))
+        ),
         &DebugValue::Counter(1)
     );
     assert_eq!(
-        find(&values, metric_names::STOP_SIGNALS, None),
+        find(
+            &values,
+            metric_names::STOP_SIGNALS,
+            Some(("scope", "server"))
+        ),
         &DebugValue::Counter(2)
+    );
+    assert_eq!(
+        find(
+            &values,
+            metric_names::STOP_SIGNALS,
+            Some(("scope", "caller"))
+        ),
+        &DebugValue::Counter(1)
     );
     assert_eq!(
         find(&values, metric_names::PROPAGATED, Some(("via", "marker"))),
@@ -564,33 +620,345 @@ fn window_gauges_are_exported_once_per_bucket() {
             .build()
             .unwrap();
         rt.block_on(async {
-            let shared = Shared::new(AttemptHistogram::new(), StopRule::new());
-            shared.record(Attempt::Number(0));
-            shared.record(Attempt::Number(2));
-            shared.record(Attempt::Number(0));
-            shared.record(Attempt::Number(1));
+            let shared = shared_with(rule(0.1, 2));
+            shared.record(&head(Some(0), Some("192.0.2.1:1")));
+            shared.record(&head(Some(2), Some("192.0.2.1:1")));
+            shared.record(&head(Some(0), Some("192.0.2.1:1")));
+            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")));
+            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            // Seven requests, three retries: the first try is answered with the stop signal
+            // and counts as pressure too.
+            let r = shared.respond(http_429(), Protocol::Http, false, first);
+            assert!(protocol::is_stop_signal(r.headers()));
+            assert!(retry.retry);
             tokio::time::advance(Duration::from_secs(1)).await;
             // The first request of the next bucket exports the window up to the last one.
-            shared.record(Attempt::Unknown);
+            shared.record(&head(None, None));
         });
     });
     let values = metric_values(&recorder);
-    let gauge = |label| match find(
-        &values,
-        metric_names::WINDOW_REQUESTS,
-        Some(("attempt", label)),
-    ) {
+    let gauge = |name, label| match find(&values, name, label) {
         DebugValue::Gauge(v) => v.into_inner(),
         other => panic!("{other:?}"),
     };
-    assert_eq!(gauge("0").to_bits(), 2.0f64.to_bits());
-    assert_eq!(gauge("1").to_bits(), 1.0f64.to_bits());
-    assert_eq!(gauge("2").to_bits(), 1.0f64.to_bits());
-    assert_eq!(gauge("3+").to_bits(), 0.0f64.to_bits());
-    assert_eq!(gauge("unknown").to_bits(), 0.0f64.to_bits());
-    assert_eq!(gauge("malformed").to_bits(), 0.0f64.to_bits());
-    match find(&values, metric_names::WINDOW_RETRY_SHARE, None) {
-        DebugValue::Gauge(v) => assert_eq!(v.into_inner().to_bits(), 0.5f64.to_bits()),
-        other => panic!("{other:?}"),
+    let requests = |label| gauge(metric_names::WINDOW_REQUESTS, Some(("attempt", label)));
+    assert_eq!(requests("0").to_bits(), 6.0f64.to_bits());
+    assert_eq!(requests("1").to_bits(), 1.0f64.to_bits());
+    assert_eq!(requests("2").to_bits(), 1.0f64.to_bits());
+    assert_eq!(requests("3+").to_bits(), 0.0f64.to_bits());
+    assert_eq!(requests("unknown").to_bits(), 0.0f64.to_bits());
+    assert_eq!(requests("malformed").to_bits(), 0.0f64.to_bits());
+    assert_eq!(
+        gauge(metric_names::WINDOW_RETRY_SHARE, None).to_bits(),
+        0.25f64.to_bits()
+    );
+    assert_eq!(
+        gauge(metric_names::WINDOW_RETRY_PRESSURE, None).to_bits(),
+        0.375f64.to_bits()
+    );
+    // Two callers of four requests each: 2 of 4, and 1 of 4.
+    assert_eq!(
+        gauge(metric_names::WINDOW_PER_CALLER_PRESSURE, None).to_bits(),
+        0.375f64.to_bits()
+    );
+}
+
+/// A request with attempt counter `attempt` from peer `peer` (a `SocketAddr` extension, the
+/// default caller key).
+fn from_peer(attempt: Option<u32>, peer: SocketAddr) -> Request<Body> {
+    let mut req = request(attempt);
+    req.extensions_mut().insert(peer);
+    req
+}
+
+/// Honest caller `i` of many: 10.0.x.y.
+fn honest_peer(i: u32) -> SocketAddr {
+    SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 40_000))
+}
+
+const FORGER: SocketAddr = SocketAddr::new(
+    std::net::IpAddr::V4(std::net::Ipv4Addr::new(198, 51, 100, 66)),
+    6666,
+);
+
+/// What callers got back: (plain rejections, stop signals).
+#[derive(Debug, Default, Clone, Copy, PartialEq, Eq)]
+struct Answers {
+    rejected: u64,
+    stopped: u64,
+}
+
+impl Answers {
+    fn count(&mut self, r: &Response<Body>) {
+        if protocol::is_stop_signal(r.headers()) {
+            self.stopped += 1;
+        } else {
+            assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+            self.rejected += 1;
+        }
     }
+}
+
+/// Finding 1 of the trust issue, per second for 15 s: 70 honest callers send 10 first tries
+/// each (700 in all), one forger sends 60 requests claiming `X-Request-Attempt: 3`; the
+/// server rejects everything (a global limit under overload). Returns what the honest
+/// callers and the forger got.
+async fn forged_storm<S>(svc: &mut S) -> (Answers, Answers)
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    let (mut honest_answers, mut forger_answers) = (Answers::default(), Answers::default());
+    for _ in 0..15 {
+        for i in 0..760u32 {
+            // One forged request in every 12 or 13, spread through the second.
+            if i % 38 < 3 {
+                let r = one(svc, from_peer(Some(3), FORGER)).await;
+                forger_answers.count(&r);
+            } else {
+                let r = one(svc, from_peer(Some(0), honest_peer(i % 70))).await;
+                honest_answers.count(&r);
+            }
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    (honest_answers, forger_answers)
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
+    // Regression for finding 1: with every request in one class (no caller key), the forger
+    // alone turned the honest callers' rejections into the stop signal.
+    let unkeyed = OverloadSignalLayer::builder()
+        .key_by(|_: &http::request::Parts| None::<()>)
+        .build();
+    let mut svc = tower::Layer::layer(&unkeyed, answering(http_429));
+    let (honest, _) = forged_storm(&mut svc).await;
+    assert!(
+        honest.stopped > honest.rejected,
+        "one class: the forger decides for everyone: {honest:?}"
+    );
+
+    // Keyed by peer address (the default): the forger weighs as one caller of 71.
+    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    let (honest, forger) = forged_storm(&mut svc).await;
+    assert_eq!(honest.stopped, 0, "{honest:?}");
+    assert_eq!(honest.rejected, 15 * 700);
+    assert_eq!(
+        forger.stopped, 0,
+        "server-wide rejections are judged server-wide"
+    );
+    // The plain figure is what the forger wanted: 60 of 760.
+    let window = layer.histogram().snapshot();
+    assert!(window.retry_share().unwrap() > 0.07, "{window:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_storm_from_many_callers_still_makes_the_server_say_stop() {
+    // The same 70 callers, each retrying its rejected requests twice (attempts 0, 1, 2).
+    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    let mut answers = Answers::default();
+    for _ in 0..5 {
+        for i in 0..300u32 {
+            for attempt in 0..3 {
+                let r = one(&mut svc, from_peer(Some(attempt), honest_peer(i % 70))).await;
+                answers.count(&r);
+                if protocol::is_stop_signal(r.headers()) {
+                    break;
+                }
+            }
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    assert!(answers.stopped > 1_000, "{answers:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn caller_scoped_rejections_are_judged_on_the_callers_own_class() {
+    // A keyed limit rejects both the forger and the honest callers (each over its own
+    // quota), and says so: only the forger, whose own traffic is all retries, is told to stop.
+    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let mut svc = tower::Layer::layer(&layer, answering(|| caller_scoped(http_429())));
+    let (honest, forger) = forged_storm(&mut svc).await;
+    assert_eq!(honest.stopped, 0, "{honest:?}");
+    assert!(
+        forger.rejected < 200 && forger.stopped == 15 * 60 - forger.rejected,
+        "the forger is told to stop once its class holds 200 requests: {forger:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn untrusted_callers_counters_do_not_count() {
+    // Only 10.0.0.0/8 is trusted: the forger's counters are read as unknown.
+    let layer = OverloadSignalLayer::builder()
+        .trust(|parts: &http::request::Parts| {
+            parts.extensions.get::<SocketAddr>().is_some_and(
+                |peer| matches!(peer.ip(), std::net::IpAddr::V4(v4) if v4.octets()[0] == 10),
+            )
+        })
+        .key_by(|_: &http::request::Parts| None::<()>)
+        .build();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    let (honest, forger) = forged_storm(&mut svc).await;
+    assert_eq!((honest.stopped, forger.stopped), (0, 0));
+    let window = layer.histogram().snapshot();
+    assert_eq!(window.retries(), 0);
+    // The window ends with the (empty) second after the run: its last 9 seconds.
+    assert_eq!(window.count(AttemptClass::Unknown), 9 * 60);
+    // A trusted caller's retries still count, in a fresh window.
+    tokio::time::advance(Duration::from_secs(10)).await;
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    send_from(&mut svc, 300, Some(2), honest_peer(1)).await;
+    let r = one(&mut svc, from_peer(Some(2), honest_peer(1))).await;
+    assert!(protocol::is_stop_signal(r.headers()));
+}
+
+async fn send_from<S>(svc: &mut S, n: usize, attempt: Option<u32>, peer: SocketAddr)
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    for _ in 0..n {
+        one(svc, from_peer(attempt, peer)).await;
+    }
+}
+
+/// Callers that obey: 100 requests per second, each retried (attempt 1) after a plain
+/// rejection, never after the stop signal; the server rejects a share `reject` of first
+/// tries and every retry. Returns, per second, the retries the server received and the
+/// stop signals it sent.
+async fn obeying_callers<S>(svc: &mut S, seconds: u32, reject: f64) -> (Vec<u64>, Vec<u64>)
+where
+    S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+{
+    let (mut retries, mut stops) = (Vec::new(), Vec::new());
+    for _ in 0..seconds {
+        let (mut retried, mut stopped) = (0, 0);
+        for i in 0..100u32 {
+            let rejected = f64::from(i) < reject * 100.0;
+            let r = one(svc, tagged(Some(0), rejected)).await;
+            if protocol::is_stop_signal(r.headers()) {
+                stopped += 1;
+            } else if rejected {
+                retried += 1;
+                let r = one(svc, tagged(Some(1), true)).await;
+                stopped += u64::from(protocol::is_stop_signal(r.headers()));
+            }
+        }
+        retries.push(retried);
+        stops.push(stopped);
+        tokio::time::advance(Duration::from_secs(1)).await;
+    }
+    (retries, stops)
+}
+
+/// A request the test's inner service will reject (`x-reject`) or admit.
+fn tagged(attempt: Option<u32>, reject: bool) -> Request<Body> {
+    let mut req = request(attempt);
+    if reject {
+        req.headers_mut()
+            .insert("x-reject", HeaderValue::from_static("1"));
+    }
+    req
+}
+
+fn rejecting_tagged()
+-> impl Service<Request<Body>, Response = Response<Body>, Error = Infallible> + Clone {
+    service_fn(|req: Request<Body>| async move {
+        Ok::<_, Infallible>(if req.headers().contains_key("x-reject") {
+            http_429()
+        } else {
+            status(StatusCode::OK)
+        })
+    })
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_sustained_stop_signal_lasts_while_the_server_keeps_rejecting() {
+    let layer = OverloadSignalLayer::new();
+    let mut svc = tower::Layer::layer(&layer, rejecting_tagged());
+    // 60 % of first tries rejected and retried: once the window holds 200 requests (in the
+    // second second) the retries are far above 5 %, and from then on every rejection
+    // carries the stop signal, for 30 s, although the callers obey and no retry reaches the
+    // server any more.
+    let (retries, stops) = obeying_callers(&mut svc, 30, 0.6).await;
+    assert_eq!(stops[0], 0, "{stops:?}");
+    assert!(stops[2..].iter().all(|&s| s == 60), "{stops:?}");
+    assert!(retries[2..].iter().all(|&r| r == 0), "{retries:?}");
+    // Load falls: 3 % of first tries rejected. The window still holds the storm's stop
+    // signals, then slides past them; from then on rejections are plain again, and their
+    // retries (3 %) stay under the threshold.
+    let (retries, stops) = obeying_callers(&mut svc, 20, 0.03).await;
+    assert!(stops[..9].iter().all(|&s| s == 3), "{stops:?}");
+    assert!(stops[10..].iter().all(|&s| s == 0), "{stops:?}");
+    assert!(retries[10..].iter().all(|&r| r == 3), "{retries:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_unsustained_stop_signal_lapses_when_callers_obey() {
+    // The paper's rule: retries alone. The callers obey, their retries leave the window, the
+    // signal lapses, their retries come back, and so on.
+    let layer = OverloadSignalLayer::builder()
+        .rule(StopRule::builder().sustain(false).build().unwrap())
+        .build();
+    let mut svc = tower::Layer::layer(&layer, rejecting_tagged());
+    let (retries, stops) = obeying_callers(&mut svc, 30, 0.6).await;
+    assert!(stops[2..].contains(&60), "{stops:?}");
+    // Once a window has passed, the retries come back each time the signal lapses: more
+    // than the sustained rule's none.
+    assert!(
+        retries[10..].iter().sum::<u64>() > 30,
+        "{retries:?} {stops:?}"
+    );
+}
+
+/// Counts the events logged at `WARN`.
+#[derive(Default)]
+struct WarnCounter(std::sync::atomic::AtomicUsize);
+
+impl tracing::Subscriber for WarnCounter {
+    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+        true
+    }
+    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+        tracing::span::Id::from_u64(1)
+    }
+    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+    fn event(&self, event: &tracing::Event<'_>) {
+        if *event.metadata().level() == tracing::Level::WARN {
+            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
+        }
+    }
+    fn enter(&self, _: &tracing::span::Id) {}
+    fn exit(&self, _: &tracing::span::Id) {}
+}
+
+#[test]
+fn requests_without_a_caller_key_are_logged_once_at_warn() {
+    let warnings = Arc::new(WarnCounter::default());
+    let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
+    tracing::dispatcher::with_default(&dispatch, || {
+        let rt = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap();
+        rt.block_on(async {
+            let layer = OverloadSignalLayer::new();
+            let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
+            send_from(&mut svc, 3, Some(0), honest_peer(1)).await;
+            assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 0);
+            send(&mut svc, 5, &[Some(0)]).await;
+            assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 1);
+            // Another layer logs its own.
+            let other = OverloadSignalLayer::new();
+            let mut svc = tower::Layer::layer(&other, answering(|| status(StatusCode::OK)));
+            send(&mut svc, 2, &[None]).await;
+        });
+    });
+    assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 2);
 }

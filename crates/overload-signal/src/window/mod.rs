@@ -366,6 +366,25 @@ impl<const N: usize, C: Clock> Window<N, C> {
         self.sum(slot, head, cell::head_taken(word))
     }
 
+    /// What was added to counter `counter` over the window ending at slot `slot`: the same
+    /// figure as `counts(slot).added(counter)`, reading that one counter's cells only (a
+    /// window of many counters need not be summed whole to judge one of them). Only reads.
+    ///
+    /// # Panics
+    ///
+    /// If `counter` is not below `N`.
+    pub fn added(&self, slot: u64, counter: usize) -> u64 {
+        assert!(counter < N, "counter {counter} of a window of {N} counters");
+        let first = slot.saturating_sub(self.slots - 1);
+        let mut sum = 0;
+        for stripe in 0..=self.stripe_mask {
+            for s in first..=slot {
+                sum += cell::read(self.cell(stripe, self.position(s), counter), s);
+            }
+        }
+        sum
+    }
+
     /// The counts of slot `slot` alone. Only reads.
     pub fn slot_counts(&self, slot: u64) -> Counts<N> {
         let word = self.head.0.load(Ordering::Acquire);

@@ -397,6 +397,9 @@ proptest::proptest! {
                     w.counts(at),
                     Counts::new([expected[0], expected[1]], expected[2])
                 );
+                // One counter's sum is the same figure, read alone.
+                proptest::prop_assert_eq!(w.added(at, 0), expected[0]);
+                proptest::prop_assert_eq!(w.added(at, 1), expected[1]);
             }
         }
     }

@@ -21,9 +21,9 @@ pub use redis::RedisLayerBuilder;
 pub use service::RateLimit;
 pub(crate) use service::respond;
 
-use self::shared::{Cost, Decide, Global, Keyed, Shared, policy};
+use self::shared::{Cost, Decide, Global, Keyed, MissingKeyPolicy, Shared, policy};
 use crate::algorithm::Limiter;
-use crate::key::{ClientIp, HeaderKey, KeyExtractor, NoKey};
+use crate::key::{ClientIp, HeaderKey, KeyExtractor, MissingKey, NoKey};
 use crate::keyed::{self, KeyedLimiter};
 
 /// Applies [`RateLimit`] to a service; see the [crate docs](crate).
@@ -116,6 +116,7 @@ impl RateLimitLayer {
             cost: None,
             policy_name: Self::DEFAULT_POLICY_NAME.to_owned(),
             admitted_headers: false,
+            missing_key: None,
         }
     }
 }
@@ -143,6 +144,7 @@ pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
     cost: Option<Cost>,
     policy_name: String,
     admitted_headers: bool,
+    missing_key: Option<MissingKey>,
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
@@ -160,13 +162,14 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             cost: self.cost,
             policy_name: self.policy_name,
             admitted_headers: self.admitted_headers,
+            missing_key: self.missing_key,
         }
     }
 
     /// Limits each key that `extract` returns separately: a [`ClientIp`], a
     /// [`HeaderKey`], a closure `|parts: &Parts| -> Option<K>`, or a [`KeyExtractor`] of
-    /// your own. Requests without a key share one limit
-    /// ([`KeyClass::Unkeyed`](crate::keyed::KeyClass::Unkeyed)). Default: one global limit.
+    /// your own. Requests without a key follow the [`missing_key`](Self::missing_key)
+    /// policy. Default: one global limit.
     ///
     /// Keep keys small: the key cap bounds their number, not the heap they own.
     pub fn key_by<E2: KeyExtractor>(self, extract: E2) -> RateLimitBuilder<L, C, E2> {
@@ -179,6 +182,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             cost: self.cost,
             policy_name: self.policy_name,
             admitted_headers: self.admitted_headers,
+            missing_key: self.missing_key,
         }
     }
 
@@ -190,10 +194,28 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     }
 
     /// Limits each value of header `name` (an API key, a tenant id) separately; see
-    /// [`HeaderKey`]. Requests without it share one limit. The same as
+    /// [`HeaderKey`]. Requests without it share one limit, unless
+    /// [`missing_key`](Self::missing_key) says otherwise. The same as
     /// `key_by(HeaderKey::new(name))`. Default: one global limit.
     pub fn key_by_header(self, name: HeaderName) -> RateLimitBuilder<L, C, HeaderKey> {
         self.key_by(HeaderKey::new(name))
+    }
+
+    /// What a keyed limit does with a request its extractor finds no key in: answer `500`
+    /// ([`MissingKey::Reject`]), limit all such requests together ([`MissingKey::Shared`]),
+    /// or admit them unlimited ([`MissingKey::Bypass`]). The first such request is logged at
+    /// `WARN` whatever the policy, and `ratelimit_layer_missing_key_total` counts them.
+    ///
+    /// Default: the extractor's own ([`KeyExtractor::missing_key`]): `Reject` for
+    /// [`ClientIp`] and closures (a missing peer address means the server does not provide
+    /// it, and every client would otherwise share one bucket), `Shared` for [`HeaderKey`] (a
+    /// client may send no API key).
+    ///
+    /// Only for a keyed limit: [`build`](Self::build) refuses it without
+    /// [`key_by`](Self::key_by).
+    pub const fn missing_key(mut self, policy: MissingKey) -> Self {
+        self.missing_key = Some(policy);
+        self
     }
 
     /// The cap on tracked keys of a keyed limit; see [`KeyedLimiter`] for what happens at
@@ -254,6 +276,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     ///
     /// - a fixed `cost` exceeds the limiter's capacity (its burst or quota), so no request
     ///   could ever be admitted (kind `Conflict`);
+    /// - `missing_key` is set on a limit without a key (kind `Conflict`);
     /// - `policy_name` is empty or not printable ASCII (kind `Invalid`);
     /// - `max_keys` or `sweep_interval` is zero (kind `OutOfRange`).
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
@@ -275,6 +298,15 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             None => {
                 // NOTE: checked without a key too, so that a setting is refused whatever the key.
                 keyed::check_settings(self.max_keys, self.sweep_interval)?;
+                if let Some(policy) = self.missing_key {
+                    return Err(ConfigError::conflict(
+                        "missing_key",
+                        format_args!(
+                            "missing_key ({policy:?}) applies to a keyed limit only; set \
+                             key_by too, or leave missing_key out"
+                        ),
+                    ));
+                }
                 Box::new(Global {
                     limiter: self.limiter,
                     clock: self.clock,
@@ -288,6 +320,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                     .sweep_interval(self.sweep_interval)
                     .report_keys(&self.policy_name)
                     .build()?,
+                missing: Arc::new(MissingKeyPolicy::new(
+                    self.missing_key.unwrap_or_else(|| extract.missing_key()),
+                    &self.policy_name,
+                )),
                 extract,
                 unkeyed: L::State::default(),
             }),
@@ -324,6 +360,7 @@ impl<L: Limiter + fmt::Debug, C: fmt::Debug, E> fmt::Debug for RateLimitBuilder<
             .field("cost", cost)
             .field("policy_name", &self.policy_name)
             .field("admitted_headers", &self.admitted_headers)
+            .field("missing_key", &self.missing_key)
             .finish_non_exhaustive()
     }
 }

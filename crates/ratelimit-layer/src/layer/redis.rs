@@ -237,6 +237,7 @@ where
             cost: local.cost,
             policy_name: local.policy_name,
             admitted_headers: local.admitted_headers,
+            missing_key: local.missing_key,
         }
         .build()?;
         // NOTE: the layer was built just above and never cloned, so this is its only
@@ -248,7 +249,9 @@ where
         shared.policy_header = full_policy.to_header_value();
         shared.policy = full_policy;
         shared.window = full.window();
-        let remote = RedisRemote::new(settings, clock, remote_key);
+        // NOTE: one missing-key policy for both, so that a request without a key is logged and
+        // counted once, and decided where the policy says.
+        let remote = RedisRemote::new(settings, clock, remote_key, shared.missing_key_policy());
         Ok(RateLimitLayer {
             shared: Arc::new(shared.with_remote(Box::new(remote))),
         })
@@ -281,5 +284,9 @@ impl<E: KeyExtractor> KeyExtractor for SharedKey<E> {
     #[inline]
     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, E::Lookup>> {
         self.0.extract(parts)
+    }
+
+    fn missing_key(&self) -> crate::key::MissingKey {
+        self.0.missing_key()
     }
 }

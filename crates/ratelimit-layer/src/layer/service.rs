@@ -5,11 +5,13 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
+use http::header::CONTENT_TYPE;
 use http::request::Parts;
-use http::{Request, Response};
+use http::{HeaderValue, Request, Response, StatusCode};
 use overload_signal::protocol::{
-    Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
+    GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
 };
+use overload_signal::signal::RejectionScope;
 use tower_service::Service;
 
 use super::shared::Shared;
@@ -80,40 +82,36 @@ where
                 shared: Arc::clone(shared),
             });
         }
-        let (decision, status, class) = shared.decide(&parts, cost);
-        respond(
-            shared,
-            &mut self.inner,
-            parts,
-            body,
-            (decision, status, class),
-        )
+        let decided = shared.decide(&parts, cost);
+        respond(shared, &mut self.inner, parts, body, decided)
     }
 }
 
 /// What a request gets once its limit is decided: the inner service's future (admitted) or
-/// the rejection, with the metrics counted.
+/// the rejection, with the metrics counted; `None` is a request without a key that the
+/// missing-key policy rejects.
 pub(crate) fn respond<S, ReqBody, ResBody>(
     shared: &Shared,
     inner: &mut S,
     parts: Parts,
     body: ReqBody,
-    (decision, status, class): (Decision, Option<QuotaStatus>, KeyClass),
+    decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
 ) -> ResponseFuture<S::Future, ResBody, S, ReqBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
 {
-    // NOTE: `decide` reads the status for every rejection, and for admissions when the
-    // fields are wanted; a missing one (never expected) is reported as a full window.
-    let status = status.unwrap_or(QuotaStatus {
-        remaining: 0,
-        reset: shared.window,
-    });
+    let Some((decision, status, class)) = decided else {
+        let protocol = Protocol::of_headers(&parts.headers);
+        return ResponseFuture::rejected(missing_key(protocol));
+    };
     let retry_after = match decision {
         Decision::Allow => {
             shared.metrics.admitted().increment(1);
-            let fields = shared.admitted_headers.then(|| {
+            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
+            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
+            // no field describes it.
+            let fields = status.filter(|_| shared.admitted_headers).map(|status| {
                 (
                     shared.policy_header.clone(),
                     shared.policy.status(status.remaining, status.reset),
@@ -125,16 +123,24 @@ where
         Decision::Reject { retry_after } => retry_after,
         Decision::OverCapacity { .. } => shared.window,
     };
+    // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
+    // reported as a full window.
+    let status = status.unwrap_or(QuotaStatus {
+        remaining: 0,
+        reset: shared.window,
+    });
     shared.metrics.rejected(class).increment(1);
     tracing::trace!(key_class = class.as_str(), ?retry_after, "rate limited");
     let protocol = Protocol::of_headers(&parts.headers);
-    ResponseFuture::rejected(rejection(shared, protocol, retry_after, status))
+    ResponseFuture::rejected(rejection(shared, protocol, retry_after, status, class))
 }
+
 fn rejection<B: Default>(
     shared: &Shared,
     protocol: Protocol,
     retry_after: Duration,
     status: QuotaStatus,
+    class: KeyClass,
 ) -> Response<B> {
     let mut response = too_many_requests_response(protocol, retry_after);
     let headers = response.headers_mut();
@@ -143,5 +149,32 @@ fn rejection<B: Default>(
         RATELIMIT,
         shared.policy.status(status.remaining, status.reset),
     );
+    if class == KeyClass::Keyed {
+        // NOTE: this client is over its own quota; an overload layer outside judges the
+        // rejection on this caller's retries, not the whole server's. Shared limits (global,
+        // overflow, unkeyed) concern every client behind them, and say nothing.
+        response.extensions_mut().insert(RejectionScope::Caller);
+    }
+    response
+}
+
+/// The answer to a request without a key under [`MissingKey::Reject`]: `500`, or for gRPC
+/// `grpc-status: 13` (`INTERNAL`) in a trailers-only response.
+///
+/// [`MissingKey::Reject`]: crate::key::MissingKey::Reject
+fn missing_key<B: Default>(protocol: Protocol) -> Response<B> {
+    let mut response = Response::new(B::default());
+    match protocol {
+        Protocol::Http => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        Protocol::Grpc => {
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(GRPC_STATUS, HeaderValue::from_static("13"));
+            headers.insert(
+                GRPC_MESSAGE,
+                HeaderValue::from_static("rate limit key missing"),
+            );
+        }
+    }
     response
 }

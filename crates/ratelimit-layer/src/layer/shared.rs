@@ -2,7 +2,8 @@
 //! `RateLimit-Policy` value and the metric handles.
 
 use std::fmt;
-use std::sync::OnceLock;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
 use http::HeaderValue;
@@ -14,20 +15,27 @@ use overload_signal::{ConfigError, ConfigErrorKind};
 
 use super::remote::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, KeyedLimiter};
 use crate::metric_names;
 
 /// Decides a request: the limiter with its state(s) and key extractor, type-erased.
 pub(super) trait Decide: Send + Sync + 'static {
     /// The decision, the quota status when a rejection (always) or an admission (when
-    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class.
+    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class; `None` when
+    /// the request has no key and the [`MissingKey`] policy is to reject it.
     fn decide(
         &self,
         parts: &Parts,
         cost: u32,
         status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass);
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)>;
+
+    /// The missing-key policy of a keyed limit, shared with a remote decider so that both
+    /// apply (and log, and count) the same one.
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        None
+    }
 }
 
 /// `limiter.check`, plus its status when the response will report it.
@@ -57,11 +65,11 @@ impl<L: Limiter, C: Clock> Decide for Global<L, C> {
         _: &Parts,
         cost: u32,
         status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         let now = self.clock.now();
         let (decision, status) =
             check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
-        (decision, status, KeyClass::Global)
+        Some((decision, status, KeyClass::Global))
     }
 }
 
@@ -69,6 +77,67 @@ pub(super) struct Keyed<L: Limiter, C, E: KeyExtractor> {
     pub(super) map: KeyedLimiter<L, E::Key, C>,
     pub(super) extract: E,
     pub(super) unkeyed: L::State,
+    pub(super) missing: Arc<MissingKeyPolicy>,
+}
+
+/// The [`MissingKey`] policy of a keyed layer, with its one-time log and its counter.
+pub(crate) struct MissingKeyPolicy {
+    policy: MissingKey,
+    name: String,
+    warned: AtomicBool,
+    counter: OnceLock<Counter>,
+}
+
+impl MissingKeyPolicy {
+    pub(super) fn new(policy: MissingKey, name: &str) -> Self {
+        Self {
+            policy,
+            name: name.to_owned(),
+            warned: AtomicBool::new(false),
+            counter: OnceLock::new(),
+        }
+    }
+
+    /// The policy, without applying it.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) const fn policy(&self) -> MissingKey {
+        self.policy
+    }
+
+    /// Counts a request without a key, logs the first one, and says what to do with it.
+    pub(crate) fn apply(&self) -> MissingKey {
+        self.counter
+            .get_or_init(|| {
+                metrics::counter!(
+                    metric_names::MISSING_KEY,
+                    "policy" => self.name.clone(),
+                    "action" => self.policy.as_str()
+                )
+            })
+            .increment(1);
+        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
+            self.warn();
+        }
+        self.policy
+    }
+
+    #[cold]
+    fn warn(&self) {
+        let action = match self.policy {
+            MissingKey::Reject => "answering 500 without calling the service",
+            MissingKey::Shared => "limiting every request without a key together, as one key",
+            MissingKey::Bypass => "admitting every request without a key, unlimited",
+        };
+        tracing::warn!(
+            policy = %self.name,
+            missing_key = self.policy.as_str(),
+            "ratelimit-layer: a request has no rate-limit key; {action} (the layer's missing-key \
+             policy). Logged once; `ratelimit_layer_missing_key_total` counts every such \
+             request. A client-IP key needs the peer address in the request's extensions: in \
+             axum, serve with `into_make_service_with_connect_info::<SocketAddr>()` and read \
+             `ConnectInfo`; in tonic, read `TcpConnectInfo`."
+        );
+    }
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> Decide for Keyed<L, C, E> {
@@ -78,23 +147,32 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> Decide for Keyed<L, C, E> {
         parts: &Parts,
         cost: u32,
         status_on_allow: bool,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         match self.extract.extract(parts) {
             // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen
             // for the first time is copied into the map.
-            Some(key) => self.map.check_with_status(&*key, cost, status_on_allow),
-            None => {
-                let now = self.map.clock().now();
-                let (decision, status) = check_and_status(
-                    self.map.limiter(),
-                    &self.unkeyed,
-                    now,
-                    cost,
-                    status_on_allow,
-                );
-                (decision, status, KeyClass::Unkeyed)
-            }
+            Some(key) => Some(self.map.check_with_status(&*key, cost, status_on_allow)),
+            None => match self.missing.apply() {
+                MissingKey::Reject => None,
+                // NOTE: no status: nothing limits it, so no `RateLimit` field describes it.
+                MissingKey::Bypass => Some((Decision::Allow, None, KeyClass::Unkeyed)),
+                MissingKey::Shared => {
+                    let now = self.map.clock().now();
+                    let (decision, status) = check_and_status(
+                        self.map.limiter(),
+                        &self.unkeyed,
+                        now,
+                        cost,
+                        status_on_allow,
+                    );
+                    Some((decision, status, KeyClass::Unkeyed))
+                }
+            },
         }
+    }
+
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        Some(Arc::clone(&self.missing))
     }
 }
 
@@ -188,7 +266,7 @@ impl Shared {
         &self,
         parts: &Parts,
         cost: u32,
-    ) -> (Decision, Option<QuotaStatus>, KeyClass) {
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         self.decide.decide(parts, cost, self.admitted_headers)
     }
 
@@ -210,6 +288,12 @@ impl Shared {
             metrics: Metrics::new(policy_name),
             remote: None,
         }
+    }
+
+    /// The missing-key policy of a keyed limit, for a remote decider to share.
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(super) fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        self.decide.missing_key_policy()
     }
 
     /// Asks `remote` first for every request, with `decide` as its local fallback.

@@ -15,9 +15,10 @@ use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs
 use super::key::RedisKey;
 use super::script::Scripted;
 use super::store::RedisStore;
-use crate::key::KeyExtractor;
+use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::KeyClass;
 use crate::layer::remote::{Fallback, RemoteDecide, RemoteDecision, RemoteOutcome};
+use crate::layer::shared::MissingKeyPolicy;
 use crate::metric_names;
 
 /// What a layer's Redis limit needs besides its limiter and key extractor.
@@ -38,6 +39,8 @@ pub(crate) struct RedisRemote<E, C> {
     shared: Arc<RemoteShared<C>>,
     /// `None` for one global limit.
     extract: Option<E>,
+    /// What to do with a request without a key (a keyed limit's, shared with the local one).
+    missing: Option<Arc<MissingKeyPolicy>>,
 }
 
 /// What every decision in flight shares.
@@ -53,7 +56,12 @@ struct RemoteShared<C> {
 const UP: u64 = 0;
 
 impl<E, C: Clock> RedisRemote<E, C> {
-    pub(crate) fn new(settings: RemoteSettings, clock: C, extract: Option<E>) -> Self {
+    pub(crate) fn new(
+        settings: RemoteSettings,
+        clock: C,
+        extract: Option<E>,
+        missing: Option<Arc<MissingKeyPolicy>>,
+    ) -> Self {
         let metrics = RemoteMetrics::new(&settings.policy);
         Self {
             shared: Arc::new(RemoteShared {
@@ -63,6 +71,7 @@ impl<E, C: Clock> RedisRemote<E, C> {
                 metrics,
             }),
             extract,
+            missing,
         }
     }
 }
@@ -102,10 +111,20 @@ where
                     command(settings, KeyName::Keyed(&*key), cost, None),
                     KeyClass::Keyed,
                 ),
-                None => (
-                    command::<()>(settings, KeyName::Unkeyed, cost, None),
-                    KeyClass::Unkeyed,
-                ),
+                None => match self.missing.as_deref() {
+                    // Rejected, or admitted without a limit: nothing to ask Redis; the local
+                    // decision applies the policy (and logs and counts it, once).
+                    Some(m) if m.policy() != MissingKey::Shared => return None,
+                    missing => {
+                        // NOTE: counted here; if Redis then fails to answer, the local
+                        // fallback counts the request a second time.
+                        missing.map(MissingKeyPolicy::apply);
+                        (
+                            command::<()>(settings, KeyName::Unkeyed, cost, None),
+                            KeyClass::Unkeyed,
+                        )
+                    }
+                },
             },
         };
         let shared = Arc::clone(&self.shared);

@@ -1,0 +1,562 @@
+//! Who a request comes from, as far as the decision is concerned: the caller key
+//! ([`CallerKey`], [`PeerIp`] by default), whose counters count (the trust predicate), and
+//! the retry pressure of each caller class, whose weight in the decision is bounded.
+//!
+//! See the [module docs](super#trust-what-callers-can-and-cannot-do) for the threat model.
+
+use std::fmt;
+use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+
+use http::request::Parts;
+
+use super::StopRule;
+use crate::clock::Clock;
+use crate::histogram::AttemptHistogram;
+use crate::protocol::Attempt;
+use crate::sync::{AtomicU64, Ordering};
+use crate::window::Window;
+
+/// How many classes caller keys are hashed into: 128. Requests without a key form one class
+/// more.
+pub(crate) const CLASSES: usize = 128;
+
+/// The class of requests without a caller key.
+const UNKEYED: usize = CLASSES;
+
+/// Every class: the hashed ones and the unkeyed one.
+const LANES: usize = CLASSES + 1;
+
+/// Counters per bucket of the ledger: for each class, its requests (`2 * class`) and its
+/// pressure (`2 * class + 1`: known retries, and requests answered with the stop signal).
+const LEDGER_COUNTERS: usize = 2 * LANES;
+
+/// Where a request's caller key comes from: the request head.
+///
+/// The [`OverloadSignalLayer`](crate::OverloadSignalLayer) hashes each request's key (with
+/// a secret, per-process seed, so a caller cannot aim at a class) into one of
+/// [`OverloadSignalLayer::CALLER_CLASSES`](crate::OverloadSignalLayer::CALLER_CLASSES)
+/// classes, and bounds the weight any class carries in the decision. A key should be
+/// something a caller cannot choose freely: the peer address ([`PeerIp`], the default), a
+/// client address a trusted proxy wrote, an authenticated identity. A key the caller picks
+/// (a header it sets) lets one caller spread its requests over every class, which makes it as
+/// strong as many callers.
+///
+/// Implemented by every closure `Fn(&Parts) -> Option<K>` whose key `K` is [`Hash`], by
+/// [`PeerIp`], and by `ratelimit-layer`'s `ClientIp` and `HeaderKey`, so a rate limit and
+/// this layer can key requests alike. A closure needs its argument's type written out
+/// (`|parts: &Parts| ...`).
+///
+/// ```
+/// use http::request::Parts;
+/// use overload_signal::OverloadSignalLayer;
+///
+/// /// Put in the request's extensions by an mTLS or token authentication layer.
+/// #[derive(Clone)]
+/// struct Identity(String);
+///
+/// let layer = OverloadSignalLayer::builder()
+///     .key_by(|parts: &Parts| parts.extensions.get::<Identity>().map(|id| id.0.clone()))
+///     .build();
+/// # drop(layer);
+/// ```
+pub trait CallerKey: Send + Sync + 'static {
+    /// Feeds the request's caller key to `state` and returns `true`, or returns `false`
+    /// when the request has no key.
+    fn hash_key(&self, parts: &Parts, state: &mut dyn Hasher) -> bool;
+}
+
+impl<F, K> CallerKey for F
+where
+    F: Fn(&Parts) -> Option<K> + Send + Sync + 'static,
+    K: Hash,
+{
+    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
+        match self(parts) {
+            Some(key) => {
+                key.hash(&mut state);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The default caller key: the IP address of the connection's peer.
+///
+/// It is read from a [`SocketAddr`] request extension, which a server puts there; with this
+/// crate's `axum` feature, also from axum's `ConnectInfo<SocketAddr>`, which axum inserts
+/// when the router is served with `into_make_service_with_connect_info::<SocketAddr>()`. A
+/// request with neither has no key. For tonic, key by its `TcpConnectInfo`:
+/// `|parts: &Parts| parts.extensions.get::<TcpConnectInfo>()?.remote_addr().map(|a| a.ip())`.
+///
+/// IPv6 peers are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
+/// IPv6 addresses as IPv4. Behind a load balancer every request has the balancer's address:
+/// key by the client address the balancer forwards instead (`ratelimit-layer`'s `ClientIp`
+/// with trusted proxies implements [`CallerKey`]).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerIp;
+
+impl PeerIp {
+    /// The prefix IPv6 peers are keyed by: 64 bits, because one host commonly holds a whole
+    /// `/64` (RFC 6177) and could otherwise rotate addresses to become many callers.
+    pub const IPV6_PREFIX: u8 = 64;
+
+    /// The peer address of a request, IPv6 masked to its `/64`, or `None` without the
+    /// extension.
+    pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+        let peer = parts.extensions.get::<SocketAddr>().copied();
+        #[cfg(feature = "axum")]
+        let peer = peer.or_else(|| {
+            parts
+                .extensions
+                .get::<::axum::extract::ConnectInfo<SocketAddr>>()
+                .map(|info| info.0)
+        });
+        Some(match peer?.ip().to_canonical() {
+            IpAddr::V6(v6) => {
+                let kept = u128::from(v6) >> (128 - u32::from(Self::IPV6_PREFIX));
+                IpAddr::V6(Ipv6Addr::from(kept << (128 - u32::from(Self::IPV6_PREFIX))))
+            }
+            v4 => v4,
+        })
+    }
+}
+
+impl CallerKey for PeerIp {
+    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
+        match Self::peer_ip(parts) {
+            Some(ip) => {
+                ip.hash(&mut state);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+/// The trust predicate: whether a request's attempt counter counts.
+pub(crate) type TrustFn = dyn Fn(&Parts) -> bool + Send + Sync;
+
+/// How caller keys are hashed into classes: with a random key, so a caller cannot aim at a
+/// class, or (in tests) with a fixed one, so every run puts callers in the same classes.
+#[derive(Clone, Debug)]
+pub(crate) enum KeyHashing {
+    /// SipHash with random keys, drawn for each layer.
+    Random(RandomState),
+    /// SipHash with fixed keys, and this seed written first.
+    #[cfg(any(test, feature = "test-util"))]
+    Seeded(u64),
+}
+
+impl KeyHashing {
+    pub(crate) fn random() -> Self {
+        Self::Random(RandomState::new())
+    }
+
+    fn hasher(&self) -> DefaultHasher {
+        match self {
+            Self::Random(state) => state.build_hasher(),
+            #[cfg(any(test, feature = "test-util"))]
+            Self::Seeded(seed) => {
+                let mut hasher = DefaultHasher::new();
+                hasher.write_u64(*seed);
+                hasher
+            }
+        }
+    }
+}
+
+/// What the layer learnt about a request's caller when it recorded it, for the decision on
+/// its response.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct Caller {
+    /// The caller class.
+    lane: u8,
+    /// Whether the request was a known retry from a trusted caller.
+    pub(crate) retry: bool,
+}
+
+/// The clock of the histogram, read through it, so that the ledger and the histogram agree
+/// on every bucket.
+struct HistogramClock<C: Clock>(AttemptHistogram<C>);
+
+impl<C: Clock> Clock for HistogramClock<C> {
+    fn now(&self) -> u64 {
+        self.0.clock().now()
+    }
+}
+
+/// The retry pressure of each caller class over the histogram's window, and what the
+/// decision needs from it.
+pub(crate) struct CallerLedger<C: Clock> {
+    window: Window<LEDGER_COUNTERS, HistogramClock<C>>,
+    hashing: KeyHashing,
+    key: Arc<dyn CallerKey>,
+    trust: Option<Arc<TrustFn>>,
+    /// Whether the first request without a caller key has been logged.
+    warned: AtomicBool,
+    /// The last per-caller verdict of the server-wide rule (see `Verdict`).
+    verdict: AtomicU64,
+}
+
+impl<C: Clock> CallerLedger<C> {
+    pub(crate) fn new(
+        histogram: &AttemptHistogram<C>,
+        key: Arc<dyn CallerKey>,
+        trust: Option<Arc<TrustFn>>,
+        hashing: KeyHashing,
+    ) -> Self {
+        let window = Window::<LEDGER_COUNTERS>::builder()
+            .window(histogram.window())
+            .slots(histogram.buckets())
+            .clock(HistogramClock(histogram.clone()))
+            .build()
+            .expect("the histogram's geometry is valid for a window");
+        Self {
+            window,
+            hashing,
+            key,
+            trust,
+            warned: AtomicBool::new(false),
+            verdict: AtomicU64::new(0),
+        }
+    }
+
+    /// Whether a trust predicate is set.
+    pub(crate) fn has_trust(&self) -> bool {
+        self.trust.is_some()
+    }
+
+    /// The request's attempt counter as far as the decision goes (unknown when its caller
+    /// is not trusted) and its caller class.
+    #[inline]
+    pub(crate) fn identify(&self, parts: &Parts) -> (Attempt, u8) {
+        let trusted = self.trust.as_ref().is_none_or(|trust| trust(parts));
+        let attempt = if trusted {
+            Attempt::from_headers(&parts.headers)
+        } else {
+            Attempt::Unknown
+        };
+        let mut state = self.hashing.hasher();
+        let lane = if self.key.hash_key(parts, &mut state) {
+            // NOTE: CLASSES is a power of two and the hash is keyed and uniform, so the low
+            // bits are as good as any.
+            (state.finish() as usize) & (CLASSES - 1)
+        } else {
+            self.warn_unkeyed_once();
+            UNKEYED
+        };
+        (attempt, lane as u8)
+    }
+
+    #[cold]
+    fn warn_unkeyed_once(&self) {
+        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
+            tracing::warn!(
+                "overload-signal: a request has no caller key; requests without one share one \
+                 caller class, so the stop decision cannot bound their retries per caller, and \
+                 any one of them can forge a retry storm. Give the layer a key \
+                 (`OverloadSignalLayerBuilder::key_by`), or serve with the peer address in the \
+                 request extensions (axum: `into_make_service_with_connect_info`, with the \
+                 `axum` feature). Logged once."
+            );
+        }
+    }
+
+    /// Records a request of caller class `lane` in bucket `bucket`.
+    #[inline]
+    pub(crate) fn record(&self, bucket: u64, lane: u8, retry: bool) -> Caller {
+        let lane_index = usize::from(lane);
+        self.window.add(bucket, 2 * lane_index, 1);
+        if retry {
+            self.window.add(bucket, 2 * lane_index + 1, 1);
+        }
+        Caller { lane, retry }
+    }
+
+    /// Records that a request of `caller`'s class, not a retry, was answered with the stop
+    /// signal: pressure that stands for the retry it held back.
+    pub(crate) fn record_stopped(&self, bucket: u64, caller: Caller) {
+        self.window.add(bucket, 2 * usize::from(caller.lane) + 1, 1);
+    }
+
+    /// The requests of `caller`'s class in the window ending at `bucket`, and their retry
+    /// pressure (`None` when there are none).
+    pub(crate) fn class_pressure(&self, bucket: u64, caller: Caller) -> (u64, Option<f64>) {
+        let lane = usize::from(caller.lane);
+        let requests = self.window.added(bucket, 2 * lane);
+        let pressed = self.window.added(bucket, 2 * lane + 1).min(requests);
+        // u64 -> f64 loses precision only above 2^53 requests.
+        let share = (requests > 0).then(|| pressed as f64 / requests as f64);
+        (requests, share)
+    }
+
+    /// The per-caller retry pressure of the window ending at `bucket`: see
+    /// [`per_caller_pressure`].
+    pub(crate) fn per_caller_pressure(&self, bucket: u64) -> Option<f64> {
+        let counts = self.window.counts(bucket);
+        let all = counts.added_all();
+        let lanes: [(u64, u64); LANES] = std::array::from_fn(|l| (all[2 * l], all[2 * l + 1]));
+        per_caller_pressure(&lanes)
+    }
+
+    /// Whether the per-caller retry pressure of the window ending at `bucket`, which holds
+    /// `requests` requests, is above `rule`'s threshold.
+    ///
+    /// NOTE: summing every class over the window reads `stripes * buckets * 258` words, up
+    /// to tens of microseconds on a many-core server; in a storm every rejection asks. The verdict is kept and reused
+    /// while the window stays in the same bucket and has grown by less than a sixteenth,
+    /// during which no class's weight or pressure can move by more than that.
+    pub(crate) fn per_caller_fires(&self, rule: &StopRule, bucket: u64, requests: u64) -> bool {
+        let kept = Verdict::unpack(self.verdict.load(Ordering::Relaxed));
+        if let Some(fires) = kept.reuse(bucket, requests) {
+            return fires;
+        }
+        let fires = self
+            .per_caller_pressure(bucket)
+            .is_some_and(|share| share > rule.retry_share());
+        let fresh = Verdict::new(bucket, requests, fires);
+        self.verdict.store(fresh.pack(), Ordering::Relaxed);
+        fires
+    }
+}
+
+impl<C: Clock> fmt::Debug for CallerLedger<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CallerLedger")
+            .field("classes", &CLASSES)
+            .field("trust", &self.trust.is_some())
+            .finish_non_exhaustive()
+    }
+}
+
+/// A kept per-caller verdict, packed in one word: the bucket's number modulo 2^32 (high 32
+/// bits), the window's requests when it was computed (31 bits, saturating; 0 means none
+/// kept) and the verdict (lowest bit).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+struct Verdict {
+    bucket: u32,
+    requests: u64,
+    fires: bool,
+}
+
+impl Verdict {
+    const REQUESTS_MAX: u64 = (1 << 31) - 1;
+
+    fn new(bucket: u64, requests: u64, fires: bool) -> Self {
+        Self {
+            bucket: bucket as u32,
+            requests: requests.min(Self::REQUESTS_MAX),
+            fires,
+        }
+    }
+
+    fn pack(self) -> u64 {
+        (u64::from(self.bucket) << 32) | (self.requests << 1) | u64::from(self.fires)
+    }
+
+    fn unpack(word: u64) -> Self {
+        Self {
+            bucket: (word >> 32) as u32,
+            requests: (word >> 1) & Self::REQUESTS_MAX,
+            fires: word & 1 == 1,
+        }
+    }
+
+    /// The kept verdict, if it still holds for a window ending at `bucket` with `requests`.
+    fn reuse(self, bucket: u64, requests: u64) -> Option<bool> {
+        let requests = requests.min(Self::REQUESTS_MAX);
+        let same_bucket = self.bucket == bucket as u32;
+        let grown = requests.checked_sub(self.requests)?;
+        (self.requests > 0 && same_bucket && grown <= self.requests / 16).then_some(self.fires)
+    }
+}
+
+/// The retry pressure of a window over caller classes, each given as `(requests, pressure)`,
+/// with each class's weight capped: `None` when no class has a request.
+///
+/// Each class with requests weighs its requests, capped at the **median** of the classes'
+/// requests (the lower median: of two classes, the smaller), and brings its own pressure
+/// (its pressure count over its requests): the result is the weighted mean of the classes'
+/// pressures. So:
+///
+/// - one class alone (every request from one caller, or none keyed) gives its own pressure,
+///   the plain figure;
+/// - classes of similar traffic weigh alike, and the result is close to the plain figure;
+/// - the result is a mean of the classes' own pressures, so volume alone cannot raise it
+///   above the highest of them;
+/// - a class weighs no more than the median class, however much it sends, and at least half
+///   of the classes weigh that much: of `n` classes in use, one class's pressure moves the
+///   result by at most `2/(n + 1)` (`1/n` when the classes' traffic is even), and `m`
+///   classes' by at most about `m` times that.
+pub(crate) fn per_caller_pressure(lanes: &[(u64, u64)]) -> Option<f64> {
+    let mut volumes = [0u64; LANES];
+    let mut used = 0;
+    for &(requests, _) in lanes.iter().filter(|(requests, _)| *requests > 0) {
+        volumes[used] = requests;
+        used += 1;
+    }
+    if used == 0 {
+        return None;
+    }
+    let volumes = &mut volumes[..used];
+    let (_, &mut median, _) = volumes.select_nth_unstable((used - 1) / 2);
+    let (mut pressed, mut weight) = (0.0, 0.0);
+    for &(requests, pressure) in lanes.iter().filter(|(requests, _)| *requests > 0) {
+        // u64 -> f64 loses precision only above 2^53 requests.
+        let w = requests.min(median) as f64;
+        pressed += w * (pressure.min(requests) as f64 / requests as f64);
+        weight += w;
+    }
+    Some(pressed / weight)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn close(a: Option<f64>, b: f64) -> bool {
+        a.is_some_and(|a| (a - b).abs() < 1e-9)
+    }
+
+    #[test]
+    fn one_class_gives_its_own_pressure() {
+        assert_eq!(per_caller_pressure(&[]), None);
+        assert_eq!(per_caller_pressure(&[(0, 0), (0, 0)]), None);
+        assert!(close(per_caller_pressure(&[(1000, 70)]), 0.07));
+        assert!(close(
+            per_caller_pressure(&[(0, 0), (1000, 70), (0, 0)]),
+            0.07
+        ));
+        // Pressure above the requests (stops counted in a later bucket) is clamped.
+        assert!(close(per_caller_pressure(&[(10, 12)]), 1.0));
+    }
+
+    #[test]
+    fn even_classes_give_the_plain_pressure() {
+        let lanes: Vec<_> = (0..64)
+            .map(|i| (100, if i % 10 == 0 { 50 } else { 0 }))
+            .collect();
+        // 7 classes at 50 %, 57 at 0: 350 of 6400.
+        assert!(close(per_caller_pressure(&lanes), 350.0 / 6400.0));
+    }
+
+    #[test]
+    fn a_loud_class_weighs_as_much_as_the_median_one() {
+        // Finding 1 of the issue, per second: 700 first tries from 63 callers, 60 forged
+        // retries from one. Plain pressure 60 / 760 = 7.9 %; per caller 1/64 = 1.6 %.
+        let mut lanes = vec![(11, 0); 63];
+        lanes.push((60, 60));
+        assert!(close(per_caller_pressure(&lanes), 11.0 / (64.0 * 11.0)));
+        // Sending ten or a thousand times more changes nothing.
+        lanes[63] = (600_000, 600_000);
+        assert!(close(per_caller_pressure(&lanes), 1.0 / 64.0));
+        // Of two callers the smaller sets the cap: one of two is half.
+        assert!(close(per_caller_pressure(&[(1000, 0), (60, 60)]), 0.5));
+    }
+
+    #[test]
+    fn a_storm_from_every_class_is_seen_whatever_their_volumes() {
+        // Budget-keeping clients in a full outage: about 9 % retries everywhere.
+        let lanes: Vec<_> = (1..=64u64).map(|i| (100 * i, 9 * i)).collect();
+        assert!(close(per_caller_pressure(&lanes), 0.09));
+    }
+
+    proptest::proptest! {
+        /// Whatever the other classes and however much one class sends, all of its requests
+        /// being retries rather than none moves the result by at most 2/(n + 1), `n` the
+        /// classes in use.
+        #[test]
+        fn one_class_s_pressure_moves_the_result_by_at_most_2_over_n_plus_1(
+            lanes in proptest::collection::vec((1u64..1000, 0u64..1000), 1..64),
+            volume in 1u64..1_000_000,
+        ) {
+            let mut lanes: Vec<_> = lanes.into_iter().map(|(n, p)| (n, p.min(n))).collect();
+            lanes.push((volume, 0));
+            let honest = per_caller_pressure(&lanes).unwrap();
+            lanes.last_mut().unwrap().1 = volume;
+            let forged = per_caller_pressure(&lanes).unwrap();
+            let n = lanes.len() as f64;
+            proptest::prop_assert!(forged >= honest - 1e-9);
+            proptest::prop_assert!(forged - honest <= 2.0 / (n + 1.0) + 1e-9,
+                "{honest} -> {forged} with {n} classes");
+        }
+
+        /// The result is a mean of the classes' own pressures: within their range.
+        #[test]
+        fn the_result_is_within_the_classes_pressures(
+            lanes in proptest::collection::vec((1u64..10_000, 0u64..10_000), 1..65),
+        ) {
+            let lanes: Vec<_> = lanes.into_iter().map(|(n, p)| (n, p.min(n))).collect();
+            let share = per_caller_pressure(&lanes).unwrap();
+            let shares = lanes.iter().map(|&(n, p)| p as f64 / n as f64);
+            let lo = shares.clone().fold(f64::INFINITY, f64::min);
+            let hi = shares.fold(0.0, f64::max);
+            proptest::prop_assert!(share >= lo - 1e-9 && share <= hi + 1e-9);
+        }
+    }
+
+    #[test]
+    fn a_kept_verdict_holds_within_a_bucket_and_a_sixteenth() {
+        let v = Verdict::new(7, 1600, true);
+        assert_eq!(Verdict::unpack(v.pack()), v);
+        assert_eq!(v.reuse(7, 1600), Some(true));
+        assert_eq!(v.reuse(7, 1700), Some(true));
+        assert_eq!(v.reuse(7, 1701), None, "grown by more than a sixteenth");
+        assert_eq!(v.reuse(8, 1600), None, "another bucket");
+        assert_eq!(
+            v.reuse(7, 1599),
+            None,
+            "fewer requests: not the same window"
+        );
+        // Nothing kept yet.
+        assert_eq!(Verdict::unpack(0).reuse(0, 0), None);
+        assert_eq!(Verdict::unpack(0).reuse(0, 5), None);
+        // Small windows are judged afresh on every new request.
+        assert_eq!(Verdict::new(3, 15, false).reuse(3, 16), None);
+        let big = Verdict::new(u64::MAX, u64::MAX, false);
+        assert_eq!(Verdict::unpack(big.pack()), big);
+    }
+
+    #[test]
+    fn peer_ip_reads_the_socket_address_and_masks_ipv6() {
+        let parts = |addr: Option<&str>| {
+            let mut req = http::Request::new(());
+            if let Some(a) = addr {
+                req.extensions_mut()
+                    .insert(a.parse::<SocketAddr>().unwrap());
+            }
+            req.into_parts().0
+        };
+        assert_eq!(PeerIp::peer_ip(&parts(None)), None);
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("192.0.2.7:443"))),
+            Some("192.0.2.7".parse().unwrap())
+        );
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("[2001:db8:1:2:3:4:5:6]:443"))),
+            Some("2001:db8:1:2::".parse().unwrap())
+        );
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("[::ffff:192.0.2.1]:443"))),
+            Some("192.0.2.1".parse().unwrap())
+        );
+        #[cfg(feature = "axum")]
+        {
+            let mut req = http::Request::new(());
+            req.extensions_mut().insert(::axum::extract::ConnectInfo(
+                "198.51.100.4:9".parse::<SocketAddr>().unwrap(),
+            ));
+            assert_eq!(
+                PeerIp::peer_ip(&req.into_parts().0),
+                Some("198.51.100.4".parse().unwrap())
+            );
+        }
+        let mut h = DefaultHasher::new();
+        assert!(!PeerIp.hash_key(&parts(None), &mut h));
+        assert!(PeerIp.hash_key(&parts(Some("192.0.2.7:1")), &mut h));
+    }
+}

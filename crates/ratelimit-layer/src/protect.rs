@@ -1,0 +1,322 @@
+//! The server's overload protection as one layer: `overload-signal`'s overload layer
+//! **outside** a limiting layer, in that order whatever the server does with layers:
+//! [`OverloadProtectionLayer`].
+//!
+//! # Why one layer
+//!
+//! The overload layer must see every request, the rejected ones included, so it goes
+//! outside the limiter; under it, it never sees a rejection and never fires. But servers
+//! nest `.layer` calls in opposite orders: axum's `Router::layer` wraps what is already there
+//! (the **last** call is the outermost), while tonic's `Server::layer` and tower's
+//! `ServiceBuilder` add layers from the outside in (the **first** call is the outermost).
+//! Copying an axum stack onto tonic puts the overload layer under the limiter, where it
+//! never fires. One layer that holds both, in the right order, cannot be put the wrong way
+//! round:
+//!
+//! ```text
+//! network ──► OverloadSignal ──► limiting layer (RateLimit, ...) ──► service
+//!             └──────────── OverloadProtectionLayer ────────────┘
+//! ```
+//!
+//! # What it wraps
+//!
+//! Any [`Layer`] whose service answers a rejection with a response (not an error): HTTP `429`
+//! or `503`, or gRPC `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) in a trailers-only
+//! response. That is [`RateLimitLayer`](crate::RateLimitLayer), and every other limiter of
+//! this workspace (a Redis-backed limit, an adaptive concurrency limit) as it is: nothing in
+//! them needs to know about this layer. Several limiting layers go in as one: a tuple
+//! `(outer, inner)` (tower's `Layer` for tuples nests the first outermost) or a
+//! `tower::ServiceBuilder`. A limiter whose rejection concerns one caller's own quota (a keyed
+//! limit) says so by inserting `overload-signal`'s [`RejectionScope::Caller`] in the
+//! rejection's extensions, as [`RateLimitLayer`](crate::RateLimitLayer) does for its keyed
+//! rejections; the overload layer then judges that rejection on the caller's own retries.
+//!
+//! [`RejectionScope::Caller`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/enum.RejectionScope.html
+//!
+//! # Examples
+//!
+//! With the defaults (the default overload layer) around a token bucket, in axum:
+//!
+//! ```
+//! use axum::{Router, routing::get};
+//! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
+//!
+//! # fn main() -> Result<(), ratelimit_layer::ConfigError> {
+//! let protection =
+//!     OverloadProtectionLayer::new(RateLimitLayer::new(TokenBucket::new(100)?));
+//! let app: Router = Router::new()
+//!     .route("/api", get(|| async { "hello" }))
+//!     .layer(protection);
+//! # drop(app);
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The same in tonic, `Server::builder().layer(protection)`; see the crate's tests for a
+//! server that runs it. Customised: a per-client-IP limit (axum's `ConnectInfo`), and an
+//! overload layer that tells callers apart by the same address and trusts only callers on
+//! the private network:
+//!
+//! ```
+//! use std::net::SocketAddr;
+//! use axum::extract::ConnectInfo;
+//! use http::request::Parts;
+//! use overload_signal::OverloadSignalLayer;
+//! use ratelimit_layer::key::ClientIp;
+//! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
+//!
+//! # fn main() -> Result<(), ratelimit_layer::ConfigError> {
+//! let client_ip = ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0));
+//! let limit = RateLimitLayer::builder(TokenBucket::builder(20).burst(40).build()?)
+//!     .key_by_client_ip(client_ip.clone())
+//!     .build()?;
+//! let signal = OverloadSignalLayer::builder()
+//!     .key_by(client_ip)
+//!     .trust(|parts: &Parts| {
+//!         parts
+//!             .extensions
+//!             .get::<ConnectInfo<SocketAddr>>()
+//!             .is_some_and(|ci| match ci.0.ip() {
+//!                 std::net::IpAddr::V4(v4) => v4.is_private(),
+//!                 std::net::IpAddr::V6(_) => false,
+//!             })
+//!     })
+//!     .build();
+//! let protection = OverloadProtectionLayer::builder(limit).signal(signal).build();
+//! # drop(protection);
+//! # Ok(())
+//! # }
+//! ```
+
+use std::fmt;
+
+use overload_signal::clock::{Clock, TokioClock};
+use overload_signal::{OverloadSignal, OverloadSignalLayer};
+use tower_layer::Layer;
+
+/// `overload-signal`'s [`OverloadSignalLayer`] outside the limiting layer `L`, as one layer;
+/// see the [module docs](crate::protect) for why, and for what `L` may be.
+///
+/// Its service is the overload layer's service around the limiter's:
+/// `OverloadSignal<L::Service>`. Cheap to clone when `L` is (the overload layer's clones
+/// share its histogram); `Clone + Send + Sync` when `L` is, so it fits axum's
+/// `Router::layer` and tonic's `Server::layer`.
+///
+/// Defaults ([`new`](Self::new), [`builder`](Self::builder)): `OverloadSignalLayer::new()`,
+/// whose defaults its docs state (a 10-second window, the stop signal above 5 % retry
+/// pressure over at least 200 requests, callers keyed by peer address).
+///
+/// [`OverloadSignalLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.OverloadSignalLayer.html
+#[derive(Clone)]
+pub struct OverloadProtectionLayer<L, C: Clock = TokioClock> {
+    signal: OverloadSignalLayer<C>,
+    limit: L,
+}
+
+impl<L> OverloadProtectionLayer<L> {
+    /// The default overload layer outside `limit`.
+    pub fn new(limit: L) -> Self {
+        Self {
+            signal: OverloadSignalLayer::new(),
+            limit,
+        }
+    }
+
+    /// A builder for a protection around `limit`, starting from the defaults of
+    /// [`new`](Self::new).
+    pub fn builder(limit: L) -> OverloadProtectionLayerBuilder<L> {
+        OverloadProtectionLayerBuilder {
+            signal: OverloadSignalLayer::new(),
+            limit,
+        }
+    }
+}
+
+impl<L, C: Clock> OverloadProtectionLayer<L, C> {
+    /// The overload layer, outside; its `histogram()` reads the window.
+    pub const fn signal(&self) -> &OverloadSignalLayer<C> {
+        &self.signal
+    }
+
+    /// The limiting layer, inside.
+    pub const fn limit(&self) -> &L {
+        &self.limit
+    }
+}
+
+impl<S, L, C> Layer<S> for OverloadProtectionLayer<L, C>
+where
+    L: Layer<S>,
+    C: Clock,
+{
+    type Service = OverloadSignal<L::Service, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        // NOTE: the one place the order is decided: the limiter wraps the service, the
+        // overload layer wraps the limiter.
+        self.signal.layer(self.limit.layer(inner))
+    }
+}
+
+impl<L: fmt::Debug, C: Clock> fmt::Debug for OverloadProtectionLayer<L, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadProtectionLayer")
+            .field("signal", &self.signal)
+            .field("limit", &self.limit)
+            .finish()
+    }
+}
+
+/// Builds an [`OverloadProtectionLayer`]; from [`OverloadProtectionLayer::builder`]. Its
+/// parts are layers, already validated, so [`build`](Self::build) cannot fail.
+#[must_use]
+pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock> {
+    signal: OverloadSignalLayer<C>,
+    limit: L,
+}
+
+impl<L, C: Clock> OverloadProtectionLayerBuilder<L, C> {
+    /// The overload layer to put outside the limit. Default: `OverloadSignalLayer::new()`.
+    /// Keep a clone of it (or call [`OverloadProtectionLayer::signal`]) to read its
+    /// histogram.
+    pub fn signal<C2: Clock>(
+        self,
+        signal: OverloadSignalLayer<C2>,
+    ) -> OverloadProtectionLayerBuilder<L, C2> {
+        OverloadProtectionLayerBuilder {
+            signal,
+            limit: self.limit,
+        }
+    }
+
+    /// Builds the layer.
+    pub fn build(self) -> OverloadProtectionLayer<L, C> {
+        OverloadProtectionLayer {
+            signal: self.signal,
+            limit: self.limit,
+        }
+    }
+}
+
+impl<L: fmt::Debug, C: Clock> fmt::Debug for OverloadProtectionLayerBuilder<L, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("OverloadProtectionLayerBuilder")
+            .field("signal", &self.signal)
+            .field("limit", &self.limit)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::convert::Infallible;
+
+    use http::{Request, Response, StatusCode};
+    use overload_signal::protocol::{self, Attempt};
+    use overload_signal::{OverloadSignalLayer, StopRule};
+    use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
+
+    use super::*;
+    use crate::clock::FakeClock;
+    use crate::{RateLimitLayer, TokenBucket};
+
+    fn retry() -> Request<String> {
+        let mut req = Request::new(String::new());
+        Attempt::set(req.headers_mut(), 2);
+        req
+    }
+
+    /// One request admitted, ever; the stop signal from the fifth request in the window.
+    fn protection() -> OverloadProtectionLayer<RateLimitLayer> {
+        let limit = RateLimitLayer::builder(TokenBucket::new(1).unwrap())
+            .clock(FakeClock::new())
+            .build()
+            .unwrap();
+        let rule = StopRule::builder()
+            .retry_share(0.1)
+            .min_requests(5)
+            .build()
+            .unwrap();
+        OverloadProtectionLayer::builder(limit)
+            .signal(OverloadSignalLayer::builder().rule(rule).build())
+            .build()
+    }
+
+    async fn statuses<S>(svc: S) -> Vec<StatusCode>
+    where
+        S: tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
+    {
+        let mut out = Vec::new();
+        for _ in 0..6 {
+            out.push(svc.clone().oneshot(retry()).await.unwrap().status());
+        }
+        out
+    }
+
+    fn hello()
+    -> impl tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone
+    {
+        service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("hi".into())) })
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_overload_layer_is_outside_however_the_stack_nests() {
+        use StatusCode as S;
+        let expected = [
+            S::OK,
+            S::TOO_MANY_REQUESTS,
+            S::TOO_MANY_REQUESTS,
+            S::TOO_MANY_REQUESTS,
+            S::SERVICE_UNAVAILABLE,
+            S::SERVICE_UNAVAILABLE,
+        ];
+        // Directly.
+        assert_eq!(statuses(protection().layer(hello())).await, expected);
+        // In a ServiceBuilder, first or last: it is one layer.
+        let svc = ServiceBuilder::new()
+            .layer(protection())
+            .layer(tower::layer::layer_fn(|s| s))
+            .service(hello());
+        assert_eq!(statuses(svc).await, expected);
+        // The trap it removes: the same two layers, the overload layer inside.
+        let p = protection();
+        let wrong = ServiceBuilder::new()
+            .layer(p.limit().clone())
+            .layer(p.signal().clone())
+            .service(hello());
+        let got = statuses(wrong).await;
+        assert!(!got.contains(&S::SERVICE_UNAVAILABLE), "{got:?}");
+        assert_eq!(
+            p.signal().histogram().snapshot().total(),
+            1,
+            "it saw one request"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn several_limiting_layers_go_in_as_a_tuple() {
+        // An outer limit that rejects nothing, and the token bucket inside it.
+        let p = protection();
+        let both =
+            OverloadProtectionLayer::builder((tower::layer::layer_fn(|s| s), p.limit().clone()))
+                .signal(p.signal().clone())
+                .build();
+        let got = statuses(both.layer(hello())).await;
+        assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
+        let r = both.layer(hello()).oneshot(retry()).await.unwrap();
+        assert!(protocol::is_stop_signal(r.headers()));
+        let _: &OverloadSignalLayer = both.signal();
+    }
+
+    #[test]
+    fn clone_send_sync_and_debug() {
+        fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+        assert_traits::<OverloadProtectionLayer<RateLimitLayer>>();
+        let d = format!("{:?}", protection());
+        assert!(
+            d.starts_with("OverloadProtectionLayer { signal: OverloadSignalLayer"),
+            "{d}"
+        );
+        assert!(format!("{:?}", OverloadProtectionLayer::builder(())).contains("limit: ()"));
+    }
+}
