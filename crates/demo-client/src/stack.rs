@@ -6,8 +6,8 @@
 //!
 //! | strategy | retry layer | wait before a retry | attempts | budget | source |
 //! |---|---|---|---|---|---|
-//! | `fixed` | [`NaiveRetry`] | 100 ms | no limit | none | the article's simulation client |
-//! | `exponential` | [`NaiveRetry`] | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
+//! | `fixed` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms | no limit | none | the article's simulation client |
+//! | `exponential` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
 //! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | the article, the paper, the SRE book |
 //!
 //! `fixed` and `exponential` are the article's clients, and know nothing of the overload
@@ -81,9 +81,11 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> Strate
                 .build();
             // NOTE: every setting above is a constant that satisfies the builder's rules
             // (max attempts >= 1, no zero timeout or deadline); the unit tests build it.
-            StrategyRetry::Full(built.unwrap_or_else(|e| {
-                unreachable!("the demo's retry configuration is valid: {e}")
-            }))
+            StrategyRetry::Full(
+                built.unwrap_or_else(|e| {
+                    unreachable!("the demo's retry configuration is valid: {e}")
+                }),
+            )
         }
     }
 }

@@ -378,7 +378,9 @@ mod tests {
         assert_eq!(seen.len(), 5);
         for s in seen.iter() {
             assert!(
-                !s.request.headers().contains_key(protocol::X_REQUEST_ATTEMPT),
+                !s.request
+                    .headers()
+                    .contains_key(protocol::X_REQUEST_ATTEMPT),
                 "{:?}",
                 s.request.headers()
             );
