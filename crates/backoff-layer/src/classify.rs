@@ -5,20 +5,37 @@
 //! retried is streamed without buffering its body), and for each attempt whether its response
 //! or its error is worth another attempt.
 //!
-//! The stop signal is not the classifier's business: a response carrying it is never retried,
-//! whatever the classifier says.
+//! Three things are not the classifier's business; the layer decides them first, whatever
+//! the classifier would say:
 //!
-//! [`DefaultClassifier`] implements the workspace's defaults (RFC 9110, Envoy, .NET):
+//! - **the stop signal**: a *failure* (HTTP `429` or `5xx`, or a non-OK gRPC status) that
+//!   carries it is never retried and reaches the caller as [`Overloaded`]. Any other response
+//!   (a `200` that happens to carry `X-Overloaded`, say) is classified as usual;
+//! - **what a retry layer below gave up on** ([`is_final`]): an error with a
+//!   [`GaveUp`] or an [`Overloaded`] in its source chain, or a response whose
+//!   [`RetryInfo`](crate::RetryInfo) says an inner layer gave up, is returned as it is, so
+//!   nested retry layers never multiply attempts;
+//! - **the deadline**: a failure that arrives after it ends the request.
+//!
+//! [`DefaultClassifier`] implements the workspace's defaults:
 //!
 //! - requests: idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`), or
-//!   any request carrying an `Idempotency-Key` header;
-//! - responses: `429`, `502`, `503` and `504`; and trailers-only gRPC responses (status in
-//!   the headers) with `grpc-status: 14` (UNAVAILABLE), or `grpc-status: 8`
-//!   (RESOURCE_EXHAUSTED) with a `grpc-retry-pushback-ms` (the protocol's node-local
-//!   rejection). A gRPC status sent in trailers is not seen: the layer does not read
-//!   response bodies;
+//!   any request carrying an `Idempotency-Key` header (RFC 9110, Envoy, .NET); and every
+//!   gRPC request (`content-type: application/grpc...`): gRPC has no idempotent methods,
+//!   and a gRPC client retries when its service config has a retry policy, so wrapping a
+//!   gRPC client in the retry layer is the opt-in, as a service config is in gRPC;
+//! - responses: `429`, `502`, `503` and `504`; and gRPC responses whose status is in their
+//!   headers (trailers-only responses, the form every rejection takes) with a retryable code:
+//!   by default `UNAVAILABLE` (14) and `RESOURCE_EXHAUSTED` (8) (gRPC's retry design, A6,
+//!   whose example policy retries `UNAVAILABLE`, and the protocol's node-local rejection),
+//!   configurable with [`DefaultClassifierBuilder::grpc_retryable_codes`] or
+//!   [`RetryBuilder::grpc_retryable_codes`](crate::RetryBuilder::grpc_retryable_codes). A
+//!   gRPC status sent in trailers, after response headers, is final: the response has
+//!   started, and gRPC calls such a call committed;
 //! - errors: connect errors and timeouts, recognised anywhere in the error's `source()` chain
-//!   (see [`is_connect_error`] and [`is_timeout`]).
+//!   (see [`is_connect_error`] and [`is_timeout`]), unless [`is_final`].
+//!
+//! [`Overloaded`]: crate::Overloaded
 //!
 //! # A classifier of your own
 //!
@@ -32,24 +49,26 @@
 //! use http::{HeaderMap, Method, StatusCode};
 //!
 //! #[derive(Debug)]
-//! struct AlsoRetry500;
+//! struct AlsoRetry500(DefaultClassifier);
 //!
 //! impl Classify for AlsoRetry500 {
 //!     fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
-//!         DefaultClassifier.may_retry(method, headers)
+//!         self.0.may_retry(method, headers)
 //!     }
 //!     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classification {
 //!         if status == StatusCode::INTERNAL_SERVER_ERROR {
 //!             return Classification::Retryable;
 //!         }
-//!         DefaultClassifier.classify_response(status, headers)
+//!         self.0.classify_response(status, headers)
 //!     }
 //!     fn classify_error(&self, error: &(dyn Error + 'static)) -> Classification {
-//!         DefaultClassifier.classify_error(error)
+//!         self.0.classify_error(error)
 //!     }
 //! }
 //!
-//! let layer = RetryLayer::builder().classifier(AlsoRetry500).build()?;
+//! let layer = RetryLayer::builder()
+//!     .classifier(AlsoRetry500(DefaultClassifier::new()))
+//!     .build()?;
 //! # let _ = layer;
 //! # Ok::<(), backoff_layer::ConfigError>(())
 //! ```
@@ -58,11 +77,13 @@ use std::error::Error;
 use std::fmt;
 
 use http::{HeaderMap, Method, StatusCode};
+use overload_signal::Overloaded;
 use overload_signal::protocol::{
-    GRPC_RESOURCE_EXHAUSTED, GRPC_RETRY_PUSHBACK_MS, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, grpc_status,
+    GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, grpc_status, is_grpc,
 };
 
-use crate::outcome::AttemptTimedOut;
+use crate::ConfigError;
+use crate::outcome::{AttemptTimedOut, GaveUp};
 
 /// What an attempt's outcome calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -81,20 +102,81 @@ pub trait Classify: fmt::Debug + Send + Sync + 'static {
     /// Whether a request may be sent more than once. Asked once, before the first attempt.
     fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool;
 
-    /// Whether a response (which does not carry the stop signal) is worth another attempt.
+    /// Whether a response (which is not a failure carrying the stop signal) is worth another
+    /// attempt.
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classification;
 
-    /// Whether an error from the inner service is worth another attempt.
+    /// Whether an error from the inner service is worth another attempt. Not asked for an
+    /// error that [`is_final`].
     fn classify_error(&self, error: &(dyn Error + 'static)) -> Classification;
 }
 
 /// The workspace's default classification; see the [module docs](self).
-#[derive(Clone, Copy, Debug, Default)]
-pub struct DefaultClassifier;
+///
+/// ```
+/// use backoff_layer::classify::DefaultClassifier;
+///
+/// // Every default: gRPC UNAVAILABLE (14) and RESOURCE_EXHAUSTED (8) are retried.
+/// let classifier = DefaultClassifier::new();
+///
+/// // Customised: retry UNAVAILABLE only, as gRPC's example retry policy does.
+/// let classifier = DefaultClassifier::builder().grpc_retryable_codes(&[14]).build()?;
+/// # let _ = classifier;
+/// # Ok::<(), backoff_layer::ConfigError>(())
+/// ```
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub struct DefaultClassifier {
+    grpc_retryable: GrpcCodes,
+}
+
+impl DefaultClassifier {
+    /// The gRPC status codes retried by default: `RESOURCE_EXHAUSTED` (8) and `UNAVAILABLE`
+    /// (14), gRPC's retry design (A6) and the protocol's node-local rejection.
+    pub const DEFAULT_GRPC_RETRYABLE_CODES: [u16; 2] = [GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE];
+
+    /// The default classification; see the [module docs](self).
+    pub const fn new() -> Self {
+        Self {
+            grpc_retryable: GrpcCodes::from_codes(&Self::DEFAULT_GRPC_RETRYABLE_CODES),
+        }
+    }
+
+    /// A builder starting from the defaults.
+    pub const fn builder() -> DefaultClassifierBuilder {
+        DefaultClassifierBuilder {
+            grpc_retryable: GrpcCodes::from_codes(&Self::DEFAULT_GRPC_RETRYABLE_CODES),
+        }
+    }
+
+    /// A default classifier retrying these (checked) gRPC codes.
+    pub(crate) const fn from_grpc_codes(grpc_retryable: GrpcCodes) -> Self {
+        Self { grpc_retryable }
+    }
+
+    /// Whether a gRPC status `code` is retried.
+    pub const fn is_grpc_retryable(&self, code: u16) -> bool {
+        self.grpc_retryable.contains(code)
+    }
+}
+
+impl Default for DefaultClassifier {
+    /// The same as [`DefaultClassifier::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl fmt::Debug for DefaultClassifier {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DefaultClassifier")
+            .field("grpc_retryable_codes", &self.grpc_retryable)
+            .finish()
+    }
+}
 
 impl Classify for DefaultClassifier {
     fn may_retry(&self, method: &Method, headers: &HeaderMap) -> bool {
-        is_idempotent(method) || headers.contains_key(IDEMPOTENCY_KEY)
+        is_idempotent(method) || headers.contains_key(IDEMPOTENCY_KEY) || is_grpc(headers)
     }
 
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classification {
@@ -103,13 +185,15 @@ impl Classify for DefaultClassifier {
             | StatusCode::BAD_GATEWAY
             | StatusCode::SERVICE_UNAVAILABLE
             | StatusCode::GATEWAY_TIMEOUT => Classification::Retryable,
-            StatusCode::OK if is_retryable_grpc(headers) => Classification::Retryable,
+            StatusCode::OK if grpc_status(headers).is_some_and(|c| self.is_grpc_retryable(c)) => {
+                Classification::Retryable
+            }
             _ => Classification::Final,
         }
     }
 
     fn classify_error(&self, error: &(dyn Error + 'static)) -> Classification {
-        if is_connect_error(error) || is_timeout(error) {
+        if !is_final(error) && (is_connect_error(error) || is_timeout(error)) {
             Classification::Retryable
         } else {
             Classification::Final
@@ -117,14 +201,116 @@ impl Classify for DefaultClassifier {
     }
 }
 
-/// A trailers-only gRPC response (status in the headers) saying `UNAVAILABLE`, or
-/// `RESOURCE_EXHAUSTED` with a `grpc-retry-pushback-ms` (the protocol's node-local rejection).
-fn is_retryable_grpc(headers: &HeaderMap) -> bool {
-    match grpc_status(headers) {
-        Some(GRPC_UNAVAILABLE) => true,
-        Some(GRPC_RESOURCE_EXHAUSTED) => headers.contains_key(GRPC_RETRY_PUSHBACK_MS),
-        _ => false,
+/// Configures a [`DefaultClassifier`]; made by [`DefaultClassifier::builder`].
+///
+/// | setting | default | source |
+/// |---|---|---|
+/// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6); the protocol's node-local rejection |
+///
+/// [`build`](Self::build) checks that every code is a gRPC status code other than `OK`:
+/// within 1..=16.
+#[derive(Clone, Copy, Debug)]
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct DefaultClassifierBuilder {
+    grpc_retryable: GrpcCodes,
+}
+
+impl DefaultClassifierBuilder {
+    /// The gRPC status codes worth another attempt, replacing the defaults; an empty list
+    /// retries no gRPC status (HTTP failures and errors are still retried). Each must be
+    /// within 1..=16. Default: `RESOURCE_EXHAUSTED` (8) and `UNAVAILABLE` (14), from gRPC's
+    /// retry design (A6) and the protocol's node-local rejection.
+    pub const fn grpc_retryable_codes(mut self, codes: &[u16]) -> Self {
+        self.grpc_retryable = GrpcCodes::from_codes(codes);
+        self
     }
+
+    /// Checks the settings and builds the classifier.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] on `grpc_retryable_codes` naming the first code outside 1..=16.
+    pub fn build(self) -> Result<DefaultClassifier, ConfigError> {
+        self.grpc_retryable.check()?;
+        Ok(DefaultClassifier {
+            grpc_retryable: self.grpc_retryable,
+        })
+    }
+}
+
+/// A set of gRPC status codes, one bit per code.
+#[derive(Clone, Copy, PartialEq, Eq, Hash)]
+pub(crate) struct GrpcCodes {
+    mask: u32,
+    /// The first code given that is not a non-OK gRPC status, for `build` to report.
+    invalid: Option<u16>,
+}
+
+impl GrpcCodes {
+    /// The largest gRPC status code (`UNAUTHENTICATED`).
+    const MAX: u16 = 16;
+
+    pub(crate) const fn from_codes(codes: &[u16]) -> Self {
+        let mut mask = 0;
+        let mut invalid = None;
+        let mut i = 0;
+        while i < codes.len() {
+            let code = codes[i];
+            if code == 0 || code > Self::MAX {
+                if invalid.is_none() {
+                    invalid = Some(code);
+                }
+            } else {
+                mask |= 1 << code;
+            }
+            i += 1;
+        }
+        Self { mask, invalid }
+    }
+
+    const fn contains(self, code: u16) -> bool {
+        code <= Self::MAX && self.mask & (1 << code) != 0
+    }
+
+    pub(crate) fn check(self) -> Result<(), ConfigError> {
+        match self.invalid {
+            Some(code) => Err(ConfigError::out_of_range(
+                "grpc_retryable_codes",
+                code,
+                "a gRPC status code other than OK, within 1..=16",
+            )),
+            None => Ok(()),
+        }
+    }
+}
+
+impl fmt::Debug for GrpcCodes {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_list()
+            .entries((1..=Self::MAX).filter(|&c| self.contains(c)))
+            .finish()
+    }
+}
+
+/// Whether an outcome with this status and these headers is a failure, the only outcomes on
+/// which the stop signal counts: HTTP `429` or `5xx`, or a non-OK gRPC status in the headers.
+pub(crate) fn is_failure(status: StatusCode, headers: &HeaderMap) -> bool {
+    status == StatusCode::TOO_MANY_REQUESTS
+        || status.is_server_error()
+        || grpc_status(headers).is_some_and(|code| code != 0)
+}
+
+/// Whether `error` is final for any retry layer: a retry layer below gave up on it
+/// ([`GaveUp`]), or a server said to stop retrying
+/// ([`Overloaded`]), anywhere in its `source()` chain.
+///
+/// The retry layer never retries such an error, whatever its classifier says, so retry
+/// layers nested in one process (a library that retries, called by an application that
+/// retries) never multiply attempts. A retry policy of your own (`tower::retry::Policy`)
+/// should ask it too, before [`is_timeout`] or [`is_connect_error`], which look through a
+/// `GaveUp` to the error it holds.
+pub fn is_final(error: &(dyn Error + 'static)) -> bool {
+    chain(error).any(|e| e.is::<GaveUp>() || e.is::<Overloaded>())
 }
 
 /// Whether `method` is idempotent per RFC 9110 section 9.2.2: `GET`, `HEAD`, `OPTIONS`,
@@ -146,32 +332,61 @@ fn chain<'a>(error: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn 
 ///
 /// hyper-util's legacy client reports connect errors with the operating system's
 /// `std::io::Error` as the source, so this recognises them without depending on hyper-util.
-/// A connect error is always safe to retry: the server never saw the request.
+/// With the `tonic` feature, tonic's `ConnectError` (any failure while a `Channel`
+/// connects) counts too. A connect error is always safe to retry: the server never saw the
+/// request.
 pub fn is_connect_error(error: &(dyn Error + 'static)) -> bool {
     use std::io::ErrorKind;
     chain(error).any(|e| {
-        e.downcast_ref::<std::io::Error>().is_some_and(|io| {
-            matches!(
-                io.kind(),
-                ErrorKind::ConnectionRefused
-                    | ErrorKind::AddrNotAvailable
-                    | ErrorKind::HostUnreachable
-                    | ErrorKind::NetworkUnreachable
-            )
-        })
+        is_tonic_connect_error(e)
+            || e.downcast_ref::<std::io::Error>().is_some_and(|io| {
+                matches!(
+                    io.kind(),
+                    ErrorKind::ConnectionRefused
+                        | ErrorKind::AddrNotAvailable
+                        | ErrorKind::HostUnreachable
+                        | ErrorKind::NetworkUnreachable
+                )
+            })
     })
 }
 
 /// Whether `error`, or an error in its `source()` chain, is a timeout: this crate's
-/// [`AttemptTimedOut`], an [`std::io::Error`] of kind `TimedOut`, or (with the `tower`
-/// feature, on by default) `tower::timeout::error::Elapsed`.
+/// [`AttemptTimedOut`], an [`std::io::Error`] of kind `TimedOut`, (with the `tower`
+/// feature, on by default) `tower::timeout::error::Elapsed`, or (with the `tonic` feature)
+/// tonic's `TimeoutExpired`, which a `Channel` returns when a call outlives its
+/// `grpc-timeout` or the endpoint's timeout.
+///
+/// It looks through a [`GaveUp`]: a request a retry layer gave up on after a
+/// timeout is a timeout. Whether it may be retried is another question: see [`is_final`].
 pub fn is_timeout(error: &(dyn Error + 'static)) -> bool {
     chain(error).any(|e| {
         e.is::<AttemptTimedOut>()
             || e.downcast_ref::<std::io::Error>()
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
             || is_tower_elapsed(e)
+            || is_tonic_timeout(e)
     })
+}
+
+#[cfg(feature = "tonic")]
+fn is_tonic_timeout(e: &(dyn Error + 'static)) -> bool {
+    e.is::<::tonic::TimeoutExpired>()
+}
+
+#[cfg(not(feature = "tonic"))]
+fn is_tonic_timeout(_: &(dyn Error + 'static)) -> bool {
+    false
+}
+
+#[cfg(feature = "tonic")]
+fn is_tonic_connect_error(e: &(dyn Error + 'static)) -> bool {
+    e.is::<::tonic::ConnectError>()
+}
+
+#[cfg(not(feature = "tonic"))]
+fn is_tonic_connect_error(_: &(dyn Error + 'static)) -> bool {
+    false
 }
 
 #[cfg(feature = "tower")]
@@ -188,6 +403,7 @@ fn is_tower_elapsed(_: &(dyn Error + 'static)) -> bool {
 mod tests {
     use super::*;
     use http::HeaderValue;
+    use overload_signal::protocol::GRPC_RETRY_PUSHBACK_MS;
     use std::io;
 
     #[derive(Debug)]
@@ -205,7 +421,7 @@ mod tests {
 
     #[test]
     fn idempotent_methods_or_idempotency_key() {
-        let c = DefaultClassifier;
+        let c = DefaultClassifier::new();
         let none = HeaderMap::new();
         for m in ["GET", "HEAD", "OPTIONS", "PUT", "DELETE", "TRACE"] {
             assert!(
@@ -226,7 +442,7 @@ mod tests {
 
     #[test]
     fn retryable_statuses() {
-        let c = DefaultClassifier;
+        let c = DefaultClassifier::new();
         let h = HeaderMap::new();
         for s in [429, 502, 503, 504] {
             assert_eq!(
@@ -246,7 +462,7 @@ mod tests {
 
     #[test]
     fn retryable_grpc_statuses() {
-        let c = DefaultClassifier;
+        let c = DefaultClassifier::new();
         let grpc = |status: &'static str, pushback: Option<&'static str>| {
             let mut h = HeaderMap::new();
             h.insert("content-type", HeaderValue::from_static("application/grpc"));
@@ -258,14 +474,126 @@ mod tests {
         };
         assert_eq!(grpc("14", None), Classification::Retryable);
         assert_eq!(grpc("8", Some("100")), Classification::Retryable);
-        assert_eq!(grpc("8", None), Classification::Final);
+        // gRPC's rules: RESOURCE_EXHAUSTED is retryable with or without a pushback.
+        assert_eq!(grpc("8", None), Classification::Retryable);
         assert_eq!(grpc("0", None), Classification::Final);
         assert_eq!(grpc("13", None), Classification::Final);
+        assert_eq!(grpc("4", None), Classification::Final);
+        assert_eq!(grpc("junk", None), Classification::Final);
+    }
+
+    #[test]
+    fn grpc_retryable_codes_are_configurable_and_checked() {
+        let only_internal = DefaultClassifier::builder()
+            .grpc_retryable_codes(&[13])
+            .build()
+            .unwrap();
+        let mut h = HeaderMap::new();
+        h.insert("grpc-status", HeaderValue::from_static("13"));
+        assert_eq!(
+            only_internal.classify_response(StatusCode::OK, &h),
+            Classification::Retryable
+        );
+        h.insert("grpc-status", HeaderValue::from_static("14"));
+        assert_eq!(
+            only_internal.classify_response(StatusCode::OK, &h),
+            Classification::Final
+        );
+        // HTTP failures are still retried.
+        assert_eq!(
+            only_internal.classify_response(StatusCode::SERVICE_UNAVAILABLE, &HeaderMap::new()),
+            Classification::Retryable
+        );
+        assert_eq!(
+            format!("{only_internal:?}"),
+            "DefaultClassifier { grpc_retryable_codes: [13] }"
+        );
+        assert_eq!(
+            format!("{:?}", DefaultClassifier::new()),
+            "DefaultClassifier { grpc_retryable_codes: [8, 14] }"
+        );
+        let none = DefaultClassifier::builder()
+            .grpc_retryable_codes(&[])
+            .build()
+            .unwrap();
+        assert!(!none.is_grpc_retryable(14));
+
+        for bad in [0u16, 17, 999] {
+            let err = DefaultClassifier::builder()
+                .grpc_retryable_codes(&[14, bad, 18])
+                .build()
+                .unwrap_err();
+            assert_eq!(err.field(), "grpc_retryable_codes");
+            assert_eq!(err.kind(), crate::ConfigErrorKind::OutOfRange);
+            assert_eq!(
+                err.to_string(),
+                format!(
+                    "grpc_retryable_codes must be a gRPC status code other than OK, \
+                     within 1..=16, got {bad}"
+                )
+            );
+        }
+        assert_eq!(DefaultClassifier::default(), DefaultClassifier::new());
+    }
+
+    #[test]
+    fn grpc_requests_may_be_retried_whatever_their_method() {
+        let c = DefaultClassifier::new();
+        for ct in ["application/grpc", "application/grpc+proto"] {
+            let mut h = HeaderMap::new();
+            h.insert("content-type", HeaderValue::from_static(ct));
+            assert!(c.may_retry(&Method::POST, &h), "{ct}");
+        }
+        let mut web = HeaderMap::new();
+        web.insert(
+            "content-type",
+            HeaderValue::from_static("application/grpc-web"),
+        );
+        assert!(!c.may_retry(&Method::POST, &web));
+    }
+
+    #[test]
+    fn failures_are_429_5xx_and_non_ok_grpc() {
+        let none = HeaderMap::new();
+        for s in [429, 500, 502, 503, 599] {
+            assert!(is_failure(StatusCode::from_u16(s).unwrap(), &none), "{s}");
+        }
+        for s in [200, 204, 301, 400, 404, 428] {
+            assert!(!is_failure(StatusCode::from_u16(s).unwrap(), &none), "{s}");
+        }
+        let grpc = |v: &'static str| {
+            let mut h = HeaderMap::new();
+            h.insert("grpc-status", HeaderValue::from_static(v));
+            is_failure(StatusCode::OK, &h)
+        };
+        assert!(grpc("14"));
+        assert!(grpc("1"));
+        assert!(!grpc("0"));
+        assert!(!grpc("x"));
+    }
+
+    #[test]
+    fn what_a_retry_layer_gave_up_on_is_final() {
+        let c = DefaultClassifier::new();
+        let gave_up = Wrap(Box::new(GaveUp::new(
+            crate::GiveUpReason::MaxAttempts,
+            3,
+            Box::new(io::Error::from(io::ErrorKind::ConnectionRefused)),
+        )));
+        assert!(is_final(&gave_up));
+        assert!(is_connect_error(&gave_up), "it is still a connect error");
+        assert_eq!(c.classify_error(&gave_up), Classification::Final);
+        let stopped = Wrap(Box::new(Overloaded::new()));
+        assert!(is_final(&stopped));
+        assert_eq!(c.classify_error(&stopped), Classification::Final);
+        assert!(!is_final(&io::Error::from(
+            io::ErrorKind::ConnectionRefused
+        )));
     }
 
     #[test]
     fn connect_errors_and_timeouts_found_in_the_chain() {
-        let c = DefaultClassifier;
+        let c = DefaultClassifier::new();
         let refused = Wrap(Box::new(Wrap(Box::new(io::Error::from(
             io::ErrorKind::ConnectionRefused,
         )))));
@@ -279,7 +607,7 @@ mod tests {
         let ours = Wrap(Box::new(AttemptTimedOut::new()));
         assert!(is_timeout(&ours));
         // The chain is walked through the layer's own `GaveUp` too.
-        let gave_up = crate::GaveUp::new(
+        let gave_up = GaveUp::new(
             crate::GiveUpReason::MaxAttempts,
             3,
             Box::new(AttemptTimedOut::new()),
@@ -293,6 +621,20 @@ mod tests {
             c.classify_error(&io::Error::other("boom")),
             Classification::Final
         );
+    }
+
+    #[cfg(feature = "tonic")]
+    #[test]
+    fn tonic_timeouts_and_connect_errors_are_recognised() {
+        let c = DefaultClassifier::new();
+        let expired = Wrap(Box::new(::tonic::TimeoutExpired(())));
+        assert!(is_timeout(&expired));
+        assert_eq!(c.classify_error(&expired), Classification::Retryable);
+        let connect = Wrap(Box::new(::tonic::ConnectError(Box::new(io::Error::other(
+            "tls handshake",
+        )))));
+        assert!(is_connect_error(&connect));
+        assert_eq!(c.classify_error(&connect), Classification::Retryable);
     }
 
     #[cfg(feature = "tower")]

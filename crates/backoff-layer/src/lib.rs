@@ -9,18 +9,30 @@
 //! - a **retry budget** ([`budget`]) that caps the extra load retries may add;
 //! - the **attempt counter** `X-Request-Attempt: N` on every attempt (`0` first), so servers
 //!   can see how much of their load is retries;
-//! - **respect for a server that says stop**: a response carrying the stop signal
-//!   (`X-Overloaded`, or a negative `grpc-retry-pushback-ms`) is never retried;
+//! - **respect for a server that says stop**: a failure carrying the stop signal
+//!   (`X-Overloaded`, or a negative `grpc-retry-pushback-ms`) is never retried; a success is
+//!   a success whatever its headers;
+//! - **no multiplication**: what a retry layer gave up on is final for every retry layer
+//!   above it in the process, so nested layers of 3 attempts send 3, not 9;
 //! - `Retry-After` and `grpc-retry-pushback-ms` as a **lower bound** on the next wait (capped
-//!   by the strategy's maximum), and an overall **deadline** that no wait may pass;
+//!   by the strategy's maximum), up to [`max_retry_after`](RetryBuilder::max_retry_after)
+//!   (30 s by default): a longer hint gives up at once rather than park the request;
+//! - an overall **deadline** that holds in every state: no wait passes it and no attempt is
+//!   sent after it, a wait for the inner service's readiness included;
 //! - a **per-attempt timeout** whose expiry is a retryable failure;
+//! - **gRPC by gRPC's rules**: requests with `content-type: application/grpc...` are retried
+//!   on retryable status codes (`UNAVAILABLE` and `RESOURCE_EXHAUSTED` by default), whatever
+//!   their method, with the pushback honoured and the time left sent as `grpc-timeout`;
 //! - **body replay**: request bodies up to 64 KiB are kept while they stream, and sent again
-//!   byte for byte ([`ReplayBody`]); larger bodies are sent once and never retried.
+//!   byte for byte ([`ReplayBody`]); larger bodies are sent once and never retried;
+//! - **tonic as a first-class user** (the `tonic` feature): `RetryLayer::new().for_tonic()`
+//!   wraps a `Channel` for a generated client, with the stop signal as a matchable
+//!   `Status::unavailable`.
 //!
 //! # Examples
 //!
 //! With every default (3 attempts, the article's backoff, a 10% retry budget, the default
-//! classification, 64 KiB replay buffer):
+//! classification, server hints waited for up to 30 s, 64 KiB replay buffer):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -43,7 +55,8 @@
 //! ```
 //!
 //! Customised: five attempts, decorrelated jitter, a 2 s timeout per attempt, a 10 s
-//! deadline, and a budget shared by every client of one downstream:
+//! deadline, server hints waited for up to 5 s, and a budget shared by every client of one
+//! downstream:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -62,6 +75,7 @@
 //!     .backoff(backoff)
 //!     .attempt_timeout(Duration::from_secs(2))
 //!     .deadline(Duration::from_secs(10))
+//!     .max_retry_after(Duration::from_secs(5))
 //!     .shared_budget(budget)
 //!     .build()?;
 //! # let _ = layer;
@@ -93,18 +107,66 @@
 //! # The inner service's body type
 //!
 //! The inner service receives `http::Request<ReplayBody<B>>`, where `B` is the caller's
-//! body type. hyper-util's legacy `Client<C, ReplayBody<B>>` takes it as is. A service that
-//! accepts one body type only (tonic's `Channel` takes `tonic::body::Body`) needs the body
-//! converted under the retry layer, for example with
-//! `ServiceBuilder::new().layer(RetryLayer::new()).map_request(|r: Request<ReplayBody<_>>| r.map(tonic::body::Body::new))`.
+//! body type. hyper-util's legacy `Client<C, ReplayBody<B>>` takes it as is. tonic's
+//! `Channel` takes `tonic::body::Body` only: with the `tonic` feature,
+//! `RetryLayer::for_tonic` gives a layer whose inner service takes that body (see
+//! [`adapter`] and the next section).
+//!
+//! # tonic
+//!
+//! With the `tonic` feature, a generated client takes the retrying `Channel` as it is; the
+//! client's type can be named (`HealthClient<Retry<Channel, Tonic>>`):
+//!
+//! ```no_run
+//! # #[cfg(feature = "tonic")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use backoff_layer::adapter::Tonic;
+//! use backoff_layer::{Retry, RetryLayer, is_overloaded};
+//! use tonic::transport::Channel;
+//! use tonic_health::pb::HealthCheckRequest;
+//! use tonic_health::pb::health_client::HealthClient;
+//! use tower::ServiceBuilder;
+//!
+//! let channel = Channel::from_static("http://127.0.0.1:50051").connect().await?;
+//! let mut client: HealthClient<Retry<Channel, Tonic>> = HealthClient::new(
+//!     ServiceBuilder::new()
+//!         .layer(RetryLayer::new().for_tonic())
+//!         .service(channel),
+//! );
+//! match client.check(HealthCheckRequest::default()).await {
+//!     Ok(response) => { /* backoff_layer::RetryInfo in response.extensions() */ }
+//!     Err(status) if is_overloaded(&status) => {
+//!         // status.code() == tonic::Code::Unavailable, `x-overloaded` in its metadata
+//!     }
+//!     Err(status) => {
+//!         let attempts = Tonic::attempts(&status); // from `grpc-previous-rpc-attempts`
+//!         # let _ = attempts;
+//!     }
+//! }
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! Wrapping a gRPC client in the layer is the opt-in to retries, as a retry policy in a
+//! service config is in gRPC: gRPC requests are retried whatever their method (all are
+//! `POST`). gRPC rules apply to any gRPC request, with or without the feature: retryable
+//! status codes (`UNAVAILABLE` and `RESOURCE_EXHAUSTED` by default, configurable with
+//! [`RetryBuilder::grpc_retryable_codes`]) read from the response headers, where every
+//! rejection puts them (a status in trailers comes after the response has started, and is
+//! final); `grpc-retry-pushback-ms` as a lower bound on the wait, a negative one as the stop
+//! signal; and, with a deadline or a per-attempt timeout, the time the attempt may still
+//! take sent as `grpc-timeout` (or the caller's own, if shorter).
 //!
 //! # What is retried
 //!
 //! The [`classify::DefaultClassifier`]: connect errors and timeouts, and `429`, `502`, `503`
-//! (without the stop signal) and `504` responses; only for idempotent methods (`GET`, `HEAD`,
-//! `OPTIONS`, `PUT`, `DELETE`, `TRACE`) or requests carrying `Idempotency-Key`. Bring your own
-//! with [`RetryBuilder::classifier`]. The stop signal is never retried, whatever the
-//! classifier says.
+//! (without the stop signal) and `504` responses, and gRPC's retryable codes; only for
+//! idempotent methods (`GET`, `HEAD`, `OPTIONS`, `PUT`, `DELETE`, `TRACE`), requests
+//! carrying `Idempotency-Key`, or gRPC requests. Bring your own with
+//! [`RetryBuilder::classifier`]. Whatever the classifier says, the layer never retries a
+//! failure carrying the stop signal, an error a retry layer below gave up on
+//! ([`classify::is_final`]), a response a retry layer below gave up on, or a failure that
+//! comes back after the deadline.
 //!
 //! # Outcomes
 //!
@@ -113,11 +175,16 @@
 //! | outcome | what the caller gets |
 //! |---|---|
 //! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
-//! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable) or [`NotRetryable`](GiveUpReason::NotRetryable) |
-//! | the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the task-local marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
+//! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable), [`NotRetryable`](GiveUpReason::NotRetryable) or [`RetryAfterTooLong`](GiveUpReason::RetryAfterTooLong) |
+//! | a failure (`429`, `5xx`, non-OK gRPC status) carrying the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the task-local marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
+//! | the deadline passed while the inner service was not ready for the next attempt | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
+//! | what a retry layer below returned after giving up (a [`GaveUp`], an [`Overloaded`], a response whose `RetryInfo` has a reason) | returned unchanged |
+//!
+//! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
+//! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
 //!
 //! # Metrics
 //!
@@ -132,8 +199,8 @@
 //! | `backoff_layer_requests_total` | counter | requests (first attempts) |
 //! | `backoff_layer_attempts_total` | counter | attempts sent, first ones included |
 //! | `backoff_layer_retries_total` | counter | attempts after the first |
-//! | `backoff_layer_gave_up_total` | counter | give-ups, label `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable` |
-//! | `backoff_layer_stop_signals_total` | counter | responses carrying the stop signal |
+//! | `backoff_layer_gave_up_total` | counter | give-ups, label `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable`, `retry_after_too_long` |
+//! | `backoff_layer_stop_signals_total` | counter | failures carrying the stop signal |
 //! | `backoff_layer_retry_delay_seconds` | histogram | the wait before each retry |
 //!
 //! # Tracing
@@ -147,11 +214,18 @@
 //!
 //! - `tower` (default): recognise `tower::timeout::error::Elapsed` as a retryable timeout,
 //!   for stacks that put tower's `Timeout` under the retry layer.
+//! - `tonic` (off by default): `RetryLayer::for_tonic` and the `adapter::Tonic` adapter, so
+//!   a generated tonic client wraps a `Channel` without mapping bodies or errors by hand;
+//!   tonic's `TimeoutExpired` counts as a timeout and its `ConnectError` as a connect error.
+//!   Off by default because only tonic users should pay for tonic; it enables no tonic
+//!   feature of its own.
 
+pub mod adapter;
 pub mod backoff;
 pub mod body;
 pub mod budget;
 pub mod classify;
+mod grpc;
 mod outcome;
 mod retry;
 

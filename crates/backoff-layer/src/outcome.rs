@@ -29,11 +29,15 @@ pub enum GiveUpReason {
     /// The request may not be retried: its method is not idempotent and it carries no
     /// `Idempotency-Key` (by the default classifier), or retries are off (max attempts 1).
     NotRetryable,
+    /// The server asked for a wait (`Retry-After` or `grpc-retry-pushback-ms`) longer than
+    /// [`max_retry_after`](crate::RetryBuilder::max_retry_after): the layer gives up at once
+    /// rather than park the request that long.
+    RetryAfterTooLong,
 }
 
 impl GiveUpReason {
     /// The reason as the metric label value: `max_attempts`, `budget`, `deadline`,
-    /// `body_not_replayable` or `not_retryable`.
+    /// `body_not_replayable`, `not_retryable` or `retry_after_too_long`.
     pub const fn as_str(self) -> &'static str {
         match self {
             GiveUpReason::MaxAttempts => "max_attempts",
@@ -41,6 +45,7 @@ impl GiveUpReason {
             GiveUpReason::Deadline => "deadline",
             GiveUpReason::BodyNotReplayable => "body_not_replayable",
             GiveUpReason::NotRetryable => "not_retryable",
+            GiveUpReason::RetryAfterTooLong => "retry_after_too_long",
         }
     }
 }
@@ -53,6 +58,7 @@ impl fmt::Display for GiveUpReason {
             GiveUpReason::Deadline => "deadline would pass",
             GiveUpReason::BodyNotReplayable => "request body cannot be replayed",
             GiveUpReason::NotRetryable => "request may not be retried",
+            GiveUpReason::RetryAfterTooLong => "server asked for a wait over max_retry_after",
         })
     }
 }
@@ -84,7 +90,12 @@ pub struct RetryInfo {
 /// The retry layer gave up while the last attempt's outcome was a retryable error.
 ///
 /// The last attempt's error is the [`source`](std::error::Error::source); it is
-/// [`AttemptTimedOut`] when the last attempt ran out of time.
+/// [`AttemptTimedOut`] when the last attempt ran out of time, or when the deadline passed
+/// while the layer waited for the inner service to be ready for the next attempt.
+///
+/// A `GaveUp` is final for every retry layer above the one that returned it: a retry layer
+/// never retries an error with a `GaveUp` (or an [`Overloaded`](crate::Overloaded)) in its
+/// source chain, so nested retry layers do not multiply attempts.
 ///
 /// ```
 /// use backoff_layer::{GaveUp, GiveUpReason};
@@ -147,25 +158,37 @@ impl std::error::Error for GaveUp {
     }
 }
 
-/// An attempt did not complete within the per-attempt timeout (or before the deadline).
+/// An attempt did not complete within the per-attempt timeout or before the deadline, or
+/// the deadline passed before the next attempt could be sent (the inner service was not
+/// ready for it).
 ///
 /// The default classifier treats it as retryable. When it is the final outcome it is the
 /// source of a [`GaveUp`], or returned as is if a custom classifier calls it final.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttemptTimedOut {
-    _priv: (),
+    /// The deadline passed while the next attempt waited for the inner service to be ready.
+    not_sent: bool,
 }
 
 impl AttemptTimedOut {
     /// A new `AttemptTimedOut`.
     pub const fn new() -> Self {
-        Self { _priv: () }
+        Self { not_sent: false }
+    }
+
+    /// The deadline passed before the next attempt could be sent.
+    pub(crate) const fn not_sent() -> Self {
+        Self { not_sent: true }
     }
 }
 
 impl fmt::Display for AttemptTimedOut {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str("attempt timed out")
+        f.write_str(if self.not_sent {
+            "deadline passed while waiting for the inner service to be ready"
+        } else {
+            "attempt timed out"
+        })
     }
 }
 

@@ -57,6 +57,13 @@ async fn counters_by_name_and_reason() {
     let mock = Mock::new(vec![status(503)]);
     let refusing = builder().budget(Refuse).build().unwrap();
     refusing.layer(mock).oneshot(get()).await.unwrap();
+    // A hostile server's hint: given up on at once, no wait recorded (the 900 s wait of
+    // issue 12 showed as `backoff_layer_retry_delay_seconds_sum 900`).
+    let mock = Mock::new(vec![Reply::Status(
+        503,
+        vec![("retry-after", "99999999999")],
+    )]);
+    layer.layer(mock).oneshot(get()).await.unwrap();
 
     let mut counters: HashMap<String, u64> = HashMap::new();
     let mut delays = Vec::new();
@@ -78,12 +85,16 @@ async fn counters_by_name_and_reason() {
         }
     }
     let expected: HashMap<String, u64> = [
-        ("backoff_layer_requests_total", 3),
-        ("backoff_layer_attempts_total", 5),
+        ("backoff_layer_requests_total", 4),
+        ("backoff_layer_attempts_total", 6),
         ("backoff_layer_retries_total", 2),
         ("backoff_layer_stop_signals_total", 1),
         ("backoff_layer_gave_up_total{reason=max_attempts}", 1),
         ("backoff_layer_gave_up_total{reason=budget}", 1),
+        (
+            "backoff_layer_gave_up_total{reason=retry_after_too_long}",
+            1,
+        ),
         // Every reason's series exists from the first request on, at zero until used.
         ("backoff_layer_gave_up_total{reason=deadline}", 0),
         ("backoff_layer_gave_up_total{reason=body_not_replayable}", 0),

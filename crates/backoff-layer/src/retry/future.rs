@@ -2,15 +2,16 @@
 
 use std::fmt;
 use std::future::Future;
+use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 use std::time::{Duration, SystemTime};
 
 use http::request::Parts;
-use http::{Request, Response};
-use overload_signal::protocol::{self, Attempt, GrpcPushback};
-use overload_signal::{Overloaded, propagation};
+use http::{HeaderMap, Request, Response};
+use overload_signal::propagation;
+use overload_signal::protocol::{self, Attempt, GrpcPushback, is_grpc};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -19,21 +20,25 @@ use tower_service::Service;
 
 use super::Config;
 use crate::BoxError;
+use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
-use crate::classify::Classification;
+use crate::classify::{Classification, is_failure, is_final};
+use crate::grpc;
 use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry): one request, all its attempts and the
     /// waits between them.
-    pub struct ResponseFuture<S, B>
+    pub struct ResponseFuture<S, B, A>
     where
-        S: Service<Request<ReplayBody<B>>>,
+        A: Adapter<B>,
+        S: Service<Request<<A as Adapter<B>>::Body>>,
     {
         #[pin]
         state: State<S::Future>,
-        // Armed during an attempt when a per-attempt timeout or a deadline is set, and during
-        // every backoff wait.
+        // Armed during an attempt when a per-attempt timeout or a deadline is set, during
+        // every backoff wait, and, with a deadline, while waiting for the inner service to be
+        // ready for the next attempt.
         #[pin]
         timer: Option<Sleep>,
         timer_is_deadline: bool,
@@ -41,6 +46,7 @@ pin_project! {
         // retried.
         service: Option<S>,
         retry: RetryState<B>,
+        adapter: PhantomData<fn() -> A>,
     }
 }
 
@@ -72,6 +78,9 @@ struct RetryState<B> {
     /// Attempts sent so far.
     attempts: u32,
     deadline: Option<Instant>,
+    /// Whether each attempt carries its time left in `grpc-timeout` (a gRPC request with a
+    /// deadline or a per-attempt timeout).
+    grpc_timeout: bool,
     /// The previous delay the backoff strategy returned.
     previous_delay: Option<Duration>,
     /// The request's own generator, made at its first retry.
@@ -85,9 +94,25 @@ enum Next<R> {
     Retry(Instant),
 }
 
-impl<S, B> ResponseFuture<S, B>
+/// What the layer makes of an attempt's outcome, before it decides whether a retry is
+/// possible.
+enum Verdict {
+    /// A failure carrying the stop signal.
+    Stop,
+    /// Final by the classifier: returned as it is (with its `RetryInfo`).
+    Final,
+    /// Final because a retry layer below already gave up on it: returned untouched.
+    GivenUpBelow,
+    /// Given up on now, for this reason.
+    GiveUp(GiveUpReason),
+    /// Retryable, with the server's hint for the wait, if any.
+    Retryable(Option<Duration>),
+}
+
+impl<S, B, A> ResponseFuture<S, B, A>
 where
-    S: Service<Request<ReplayBody<B>>>,
+    A: Adapter<B>,
+    S: Service<Request<A::Body>>,
 {
     /// The future of a request whose first attempt is `future`. `retry` holds the request's
     /// parts and a clone of the inner service when the request may be retried.
@@ -98,11 +123,13 @@ where
         config: Arc<Config>,
         retry: Option<(Parts, S)>,
         body: BodySource<B>,
+        timing: Timing,
     ) -> Self {
         let (template, service) = retry.unzip();
-        let needs_now = config.deadline.is_some() || config.attempt_timeout.is_some();
-        let now = needs_now.then(Instant::now);
-        let deadline = config.deadline.zip(now).map(|(d, now)| now + d);
+        let (timer, timer_is_deadline) = match timing.window {
+            Some((at, is_deadline)) => (Some(sleep_until(at)), is_deadline),
+            None => (None, false),
+        };
         // NOTE: `attempts` starts at 1: the first attempt was sent by `Retry::call`.
         let retry = RetryState {
             config,
@@ -110,16 +137,10 @@ where
             body,
             next_body: None,
             attempts: 1,
-            deadline,
+            deadline: timing.deadline,
+            grpc_timeout: timing.grpc_timeout,
             previous_delay: None,
             rng: None,
-        };
-        let (timer, timer_is_deadline) = match now {
-            Some(now) => {
-                let (at, is_deadline) = retry.attempt_timer(now);
-                (Some(sleep_until(at)), is_deadline)
-            }
-            None => (None, false),
         };
         Self {
             state: State::Called { future, span },
@@ -127,65 +148,139 @@ where
             timer_is_deadline,
             service,
             retry,
+            adapter: PhantomData,
         }
     }
 }
 
-impl<B> RetryState<B> {
-    /// When the attempt starting `now` must end, and whether that is the deadline.
-    fn attempt_timer(&self, now: Instant) -> (Instant, bool) {
-        let timeout = self.config.attempt_timeout.map(|t| now + t);
-        match (timeout, self.deadline) {
-            (Some(t), Some(d)) if d <= t => (d, true),
-            (Some(t), _) => (t, false),
-            (None, Some(d)) => (d, true),
-            (None, None) => unreachable!("a timer is armed only with a timeout or a deadline"),
+/// The clock-related facts of a request, settled before its first attempt is sent.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Timing {
+    deadline: Option<Instant>,
+    /// Whether each attempt carries its time left in `grpc-timeout`.
+    grpc_timeout: bool,
+    /// When the first attempt must end, and whether that is the deadline.
+    window: Option<(Instant, bool)>,
+}
+
+impl Timing {
+    /// The timing of a request whose first attempt, with these `headers`, starts `now`
+    /// (given when a timer is needed: a deadline or a per-attempt timeout is set); sets the
+    /// attempt's `grpc-timeout` for a gRPC request.
+    #[inline]
+    pub(crate) fn first(config: &Config, now: Option<Instant>, headers: &mut HeaderMap) -> Self {
+        let Some(now) = now else {
+            return Self {
+                deadline: None,
+                grpc_timeout: false,
+                window: None,
+            };
+        };
+        // NOTE: a deadline too far to represent is no deadline.
+        let deadline = config.deadline.and_then(|d| now.checked_add(d));
+        // NOTE: an empty map is checked first: a lookup in it is not free.
+        let grpc_timeout = !headers.is_empty() && is_grpc(headers);
+        let window = attempt_window(config, deadline, grpc_timeout, now, headers);
+        Self {
+            deadline,
+            grpc_timeout,
+            window,
         }
     }
+}
 
+/// When an attempt starting `now` must end (its timeout or the deadline, whichever is
+/// first), and whether that is the deadline; sets `grpc-timeout` in its headers to the time
+/// until then when `grpc_timeout`. `None` when the attempt has no end.
+#[inline]
+fn attempt_window(
+    config: &Config,
+    deadline: Option<Instant>,
+    grpc_timeout: bool,
+    now: Instant,
+    headers: &mut HeaderMap,
+) -> Option<(Instant, bool)> {
+    let timeout = config.attempt_timeout.and_then(|t| now.checked_add(t));
+    let window = match (timeout, deadline) {
+        (Some(t), Some(d)) if d <= t => (d, true),
+        (Some(t), _) => (t, false),
+        (None, Some(d)) => (d, true),
+        (None, None) => return None,
+    };
+    if grpc_timeout {
+        grpc::set_timeout(headers, window.0.saturating_duration_since(now));
+    }
+    Some(window)
+}
+
+impl<B> RetryState<B> {
     fn needs_attempt_timer(&self) -> bool {
         self.deadline.is_some() || self.config.attempt_timeout.is_some()
     }
 
+    fn deadline_passed(&self) -> bool {
+        self.deadline.is_some_and(|d| Instant::now() >= d)
+    }
+
     /// Decides what an attempt's outcome calls for.
-    fn next<ResBody>(
+    fn next<A: Adapter<B>, ResBody>(
         &mut self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Next<Response<ResBody>> {
         let classifier = &*self.config.classifier;
-        let (classification, hint) = match &outcome {
+        let verdict = match &outcome {
             Ok(response) => {
-                if protocol::is_stop_signal(response.headers()) {
-                    // Never retried, whatever the classifier says; and tell a server layer
-                    // above us, so it can answer its own caller with the signal too.
-                    self.config.metrics().stop_signals.increment(1);
-                    propagation::mark_stop_received();
-                    tracing::debug!(attempts = self.attempts, "stop signal received");
-                    return Next::Return(Err(Box::new(Overloaded::new())));
-                }
-                let c = classifier.classify_response(response.status(), response.headers());
-                let hint = if c == Classification::Retryable {
-                    server_hint(response.headers())
+                let (status, headers) = (response.status(), response.headers());
+                // NOTE: the stop signal counts on failures only: a success is a success
+                // whatever its headers (any proxy may add `X-Overloaded`).
+                let failure = is_failure(status, headers);
+                if failure && protocol::is_stop_signal(headers) {
+                    Verdict::Stop
+                } else if failure && self.deadline_passed() {
+                    Verdict::GiveUp(GiveUpReason::Deadline)
+                } else if classifier.classify_response(status, headers) == Classification::Final {
+                    Verdict::Final
+                } else if gave_up_below(response) {
+                    Verdict::GivenUpBelow
                 } else {
-                    None
-                };
-                (c, hint)
+                    Verdict::Retryable(server_hint(headers))
+                }
             }
-            Err(e) => (classifier.classify_error(&**e), None),
+            Err(e) => {
+                if is_final(&**e) {
+                    Verdict::GivenUpBelow
+                } else if self.deadline_passed() {
+                    Verdict::GiveUp(GiveUpReason::Deadline)
+                } else if classifier.classify_error(&**e) == Classification::Final {
+                    Verdict::Final
+                } else {
+                    Verdict::Retryable(None)
+                }
+            }
         };
-        if classification == Classification::Final {
-            return Next::Return(self.finish(outcome, None));
-        }
+        let hint = match verdict {
+            Verdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
+            Verdict::Final => return Next::Return(self.finish::<A, _>(outcome, None)),
+            Verdict::GivenUpBelow => return Next::Return(outcome),
+            Verdict::GiveUp(reason) => {
+                return Next::Return(self.finish::<A, _>(outcome, Some(reason)));
+            }
+            Verdict::Retryable(hint) => hint,
+        };
         // NOTE: cloned only on the retry path; the happy path touches the shared count once
         // per request (in `Retry::call`).
         let config = Arc::clone(&self.config);
 
-        let give_up = |this: &mut Self, reason| Next::Return(this.finish(outcome, Some(reason)));
+        let give_up =
+            |this: &mut Self, reason| Next::Return(this.finish::<A, _>(outcome, Some(reason)));
         if self.template.is_none() {
             return give_up(self, GiveUpReason::NotRetryable);
         }
         if self.attempts >= config.max_attempts {
             return give_up(self, GiveUpReason::MaxAttempts);
+        }
+        if hint.is_some_and(|h| h > config.max_retry_after) {
+            return give_up(self, GiveUpReason::RetryAfterTooLong);
         }
         let Some(body) = self.body.replay() else {
             return give_up(self, GiveUpReason::BodyNotReplayable);
@@ -197,7 +292,8 @@ impl<B> RetryState<B> {
             .get_or_insert_with(|| SmallRng::seed_from_u64(config.seeds.next_seed()));
         let backoff = config.backoff.next_delay(retry, self.previous_delay, rng);
         self.previous_delay = Some(backoff);
-        // A server's hint is a lower bound, capped by the strategy's maximum.
+        // A server's hint (at most `max_retry_after`) is a lower bound, capped by the
+        // strategy's maximum.
         let delay = hint.map_or(backoff, |h| backoff.max(h.min(config.backoff.max_delay())));
         let now = Instant::now();
         let at = now.checked_add(delay);
@@ -224,19 +320,49 @@ impl<B> RetryState<B> {
         Next::Retry(at)
     }
 
-    /// The request of the next attempt (number `self.attempts`, counting from 0).
-    fn next_request(&mut self) -> Request<ReplayBody<B>> {
+    /// The request of the next attempt (number `self.attempts`, counting from 0), starting
+    /// `now` if a timer is needed, and when it must end.
+    fn next_request(
+        &mut self,
+        now: Option<Instant>,
+    ) -> (Request<ReplayBody<B>>, Option<(Instant, bool)>) {
         let (Some(template), Some(body)) = (self.template.as_ref(), self.next_body.take()) else {
             unreachable!("a retry is decided only with a template and a body");
         };
         let mut parts = template.clone();
         Attempt::set(&mut parts.headers, self.attempts);
-        Request::from_parts(parts, body)
+        let window = now.and_then(|now| {
+            attempt_window(
+                &self.config,
+                self.deadline,
+                self.grpc_timeout,
+                now,
+                &mut parts.headers,
+            )
+        });
+        (Request::from_parts(parts, body), window)
+    }
+
+    /// The output for a failure carrying the stop signal: never retried, whatever the
+    /// classifier says; and a server layer above us is told, so it can answer its own
+    /// caller with the signal too.
+    fn stop_signal<A: Adapter<B>, ResBody>(
+        &self,
+        outcome: Result<Response<ResBody>, BoxError>,
+    ) -> Result<Response<ResBody>, BoxError> {
+        self.config.metrics().stop_signals.increment(1);
+        propagation::mark_stop_received();
+        tracing::debug!(attempts = self.attempts, "stop signal received");
+        let headers = match outcome {
+            Ok(response) => response.into_parts().0.headers,
+            Err(_) => HeaderMap::new(),
+        };
+        Err(A::stop_signal(headers, self.attempts))
     }
 
     /// The final output: responses carry a [`RetryInfo`]; a retryable error given up on is
-    /// wrapped in [`GaveUp`].
-    fn finish<ResBody>(
+    /// wrapped in [`GaveUp`]; then the adapter shapes it.
+    fn finish<A: Adapter<B>, ResBody>(
         &self,
         outcome: Result<Response<ResBody>, BoxError>,
         gave_up: Option<GiveUpReason>,
@@ -245,24 +371,36 @@ impl<B> RetryState<B> {
             self.config.metrics().gave_up(reason).increment(1);
             tracing::debug!(attempts = self.attempts, %reason, "giving up");
         }
+        let info = RetryInfo {
+            attempts: self.attempts,
+            gave_up,
+        };
         match outcome {
             Ok(mut response) => {
-                response.extensions_mut().insert(RetryInfo {
-                    attempts: self.attempts,
-                    gave_up,
-                });
-                Ok(response)
+                response.extensions_mut().insert(info);
+                A::response(response, info)
             }
-            Err(e) => match gave_up {
-                Some(reason) => Err(Box::new(GaveUp::new(reason, self.attempts, e))),
-                None => Err(e),
-            },
+            Err(e) => {
+                let e = match gave_up {
+                    Some(reason) => Box::new(GaveUp::new(reason, self.attempts, e)),
+                    None => e,
+                };
+                Err(A::error(e, info))
+            }
         }
     }
 }
 
+/// Whether a retry layer below this one gave up on this response.
+fn gave_up_below<ResBody>(response: &Response<ResBody>) -> bool {
+    response
+        .extensions()
+        .get::<RetryInfo>()
+        .is_some_and(|info| info.gave_up.is_some())
+}
+
 /// A server's `Retry-After` or (non-negative) `grpc-retry-pushback-ms`, whichever is longer.
-fn server_hint(headers: &http::HeaderMap) -> Option<Duration> {
+fn server_hint(headers: &HeaderMap) -> Option<Duration> {
     let retry_after = protocol::retry_after(headers, SystemTime::now());
     let pushback = match protocol::grpc_pushback(headers) {
         Some(GrpcPushback::Delay(d)) => Some(d),
@@ -271,9 +409,10 @@ fn server_hint(headers: &http::HeaderMap) -> Option<Duration> {
     retry_after.max(pushback)
 }
 
-impl<S, B, ResBody> Future for ResponseFuture<S, B>
+impl<S, B, A, ResBody> Future for ResponseFuture<S, B, A>
 where
-    S: Service<Request<ReplayBody<B>>, Response = Response<ResBody>>,
+    A: Adapter<B>,
+    S: Service<Request<A::Body>, Response = Response<ResBody>>,
     S::Error: Into<BoxError>,
 {
     type Output = Result<Response<ResBody>, BoxError>;
@@ -299,15 +438,17 @@ where
                             if *this.timer_is_deadline {
                                 this.state.set(State::Done);
                                 return Poll::Ready(
-                                    this.retry
-                                        .finish(Err(timed_out), Some(GiveUpReason::Deadline)),
+                                    this.retry.finish::<A, _>(
+                                        Err(timed_out),
+                                        Some(GiveUpReason::Deadline),
+                                    ),
                                 );
                             }
                             tracing::debug!(attempt = this.retry.attempts - 1, "attempt timed out");
                             Err(timed_out)
                         }
                     };
-                    match this.retry.next(outcome) {
+                    match this.retry.next::<A, _>(outcome) {
                         Next::Return(output) => {
                             this.state.set(State::Done);
                             this.timer.set(None);
@@ -318,6 +459,7 @@ where
                                 Some(timer) => timer.reset(at),
                                 None => this.timer.set(Some(sleep_until(at))),
                             }
+                            *this.timer_is_deadline = false;
                             this.state.set(State::Waiting);
                         }
                     }
@@ -326,18 +468,40 @@ where
                     if let Some(timer) = this.timer.as_mut().as_pin_mut() {
                         ready!(timer.poll(cx));
                     }
+                    // The deadline guards the wait for readiness: an inner service that stays
+                    // not ready (a concurrency limit, a full buffer, a pool) must not let it
+                    // pass unseen.
+                    match (this.retry.deadline, this.timer.as_mut().as_pin_mut()) {
+                        (Some(deadline), Some(timer)) => timer.reset(deadline),
+                        (Some(deadline), None) => this.timer.set(Some(sleep_until(deadline))),
+                        (None, _) => this.timer.set(None),
+                    }
+                    *this.timer_is_deadline = true;
                     this.state.set(State::Polling);
                 }
                 StateProj::Polling => {
+                    // NOTE: in this state the timer, if armed, is the deadline.
+                    if let Some(timer) = this.timer.as_mut().as_pin_mut() {
+                        if timer.poll(cx).is_ready() {
+                            this.state.set(State::Done);
+                            this.timer.set(None);
+                            let not_sent: BoxError = Box::new(AttemptTimedOut::not_sent());
+                            return Poll::Ready(
+                                this.retry
+                                    .finish::<A, _>(Err(not_sent), Some(GiveUpReason::Deadline)),
+                            );
+                        }
+                    }
                     let Some(service) = this.service.as_mut() else {
                         unreachable!("a retry is decided only with a service to send it");
                     };
                     if let Err(e) = ready!(service.poll_ready(cx)) {
                         this.state.set(State::Done);
                         this.timer.set(None);
-                        return Poll::Ready(Err(e.into()));
+                        return Poll::Ready(this.retry.finish::<A, _>(Err(e.into()), None));
                     }
-                    let request = this.retry.next_request();
+                    let now = this.retry.needs_attempt_timer().then(Instant::now);
+                    let (request, window) = this.retry.next_request(now);
                     let attempt = this.retry.attempts;
                     this.retry.attempts += 1;
                     let metrics = this.retry.config.metrics();
@@ -346,18 +510,14 @@ where
                     let span = tracing::debug_span!("attempt", attempt);
                     let future = {
                         let _entered = span.enter();
-                        service.call(request)
+                        service.call(request.map(A::attempt_body))
                     };
-                    if this.retry.needs_attempt_timer() {
-                        let (at, is_deadline) = this.retry.attempt_timer(Instant::now());
-                        *this.timer_is_deadline = is_deadline;
-                        match this.timer.as_mut().as_pin_mut() {
-                            Some(timer) => timer.reset(at),
-                            None => this.timer.set(Some(sleep_until(at))),
-                        }
-                    } else {
-                        this.timer.set(None);
+                    match (window, this.timer.as_mut().as_pin_mut()) {
+                        (Some((at, _)), Some(timer)) => timer.reset(at),
+                        (Some((at, _)), None) => this.timer.set(Some(sleep_until(at))),
+                        (None, _) => this.timer.set(None),
                     }
+                    *this.timer_is_deadline = window.is_some_and(|(_, is_deadline)| is_deadline);
                     this.state.set(State::Called { future, span });
                 }
                 StateProj::Done => panic!("retry response future polled after completion"),
@@ -366,9 +526,10 @@ where
     }
 }
 
-impl<S, B> fmt::Debug for ResponseFuture<S, B>
+impl<S, B, A> fmt::Debug for ResponseFuture<S, B, A>
 where
-    S: Service<Request<ReplayBody<B>>>,
+    A: Adapter<B>,
+    S: Service<Request<A::Body>>,
 {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")

@@ -1,3 +1,5 @@
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
@@ -5,9 +7,10 @@ use overload_signal::ConfigError;
 use tower_layer::Layer;
 
 use super::{Config, Retry};
+use crate::adapter::Direct;
 use crate::backoff::{Backoff, Exponential, Seeds};
 use crate::budget::{Budget, RetryBudget};
-use crate::classify::{Classify, DefaultClassifier};
+use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
 
 /// Applies [`Retry`] to a service. Cheap to clone: the configuration is shared.
 ///
@@ -32,9 +35,32 @@ use crate::classify::{Classify, DefaultClassifier};
 /// # let _ = layer;
 /// # Ok::<(), backoff_layer::ConfigError>(())
 /// ```
-#[derive(Clone, Debug)]
-pub struct RetryLayer {
+///
+/// The type parameter is the [`Adapter`](crate::adapter::Adapter): how the layer fits the
+/// service it wraps. [`Direct`] by default; `RetryLayer::for_tonic` (with the `tonic`
+/// feature) makes a layer for a tonic `Channel`.
+pub struct RetryLayer<A = Direct> {
     config: Arc<Config>,
+    // NOTE: `fn() -> A` keeps the layer `Send + Sync + Clone` whatever `A` is.
+    adapter: PhantomData<fn() -> A>,
+}
+
+impl<A> Clone for RetryLayer<A> {
+    fn clone(&self) -> Self {
+        Self {
+            config: Arc::clone(&self.config),
+            adapter: PhantomData,
+        }
+    }
+}
+
+impl<A> fmt::Debug for RetryLayer<A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryLayer")
+            .field("config", &self.config)
+            .field("adapter", &std::any::type_name::<A>())
+            .finish()
+    }
 }
 
 impl RetryLayer {
@@ -44,13 +70,25 @@ impl RetryLayer {
     /// Default body replay limit: 64 KiB (linkerd).
     pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
-    /// Default overall deadline per request: none. The attempts, the backoff and the budget
-    /// bound a request's time; a caller with a time limit of its own sets one.
+    /// Default overall deadline per request: none. The attempts, the backoff, the budget and
+    /// [`DEFAULT_MAX_RETRY_AFTER`](Self::DEFAULT_MAX_RETRY_AFTER) bound a request's time; a
+    /// caller with a time limit of its own sets one.
     pub const DEFAULT_DEADLINE: Option<Duration> = None;
 
     /// Default timeout per attempt: none, as in hyper-util's client. A stack that needs one
     /// sets it here or puts a timeout layer under the retry layer.
     pub const DEFAULT_ATTEMPT_TIMEOUT: Option<Duration> = None;
+
+    /// Default longest wait a server may ask for (`Retry-After`, `grpc-retry-pushback-ms`)
+    /// before the layer gives up instead: 30 seconds.
+    ///
+    /// Envoy discards a rate-limit reset header longer than its `max_interval` (300 s by
+    /// default) and, in any case, never waits past the route's timeout (15 s by default);
+    /// gRPC honours any pushback but never past the call's deadline. This layer has no
+    /// deadline by default, so the cap is what bounds a request's wait: tens of seconds, as
+    /// the workspace's design asks, twice Envoy's default route timeout, and well above the
+    /// waits this workspace's rate limiter asks for (`Retry-After` of a second or a few).
+    pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
 
     /// A layer with every default; see [`RetryBuilder`] for what they are.
     pub fn new() -> Self {
@@ -63,11 +101,53 @@ impl RetryLayer {
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
             deadline: Self::DEFAULT_DEADLINE,
             attempt_timeout: Self::DEFAULT_ATTEMPT_TIMEOUT,
+            max_retry_after: Self::DEFAULT_MAX_RETRY_AFTER,
             backoff: None,
             budget: None,
             classifier: None,
+            grpc_retryable_codes: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
             seeds: None,
+        }
+    }
+
+    /// The same layer for a tonic `Channel` (or any `Service<http::Request<tonic::body::Body>>`):
+    /// a generated client takes the retrying service as it is, and failures reach it as
+    /// tonic `Status`es; see [`Tonic`](crate::adapter::Tonic). With the `tonic` feature.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use backoff_layer::RetryLayer;
+    /// use backoff_layer::adapter::Tonic;
+    /// use tonic::transport::Channel;
+    /// use tonic_health::pb::HealthCheckRequest;
+    /// use tonic_health::pb::health_client::HealthClient;
+    /// use tower::ServiceBuilder;
+    ///
+    /// // The retrying client's type can be named, to keep it in a struct.
+    /// type Client = HealthClient<backoff_layer::Retry<Channel, Tonic>>;
+    ///
+    /// let channel = Channel::from_static("http://127.0.0.1:50051").connect().await?;
+    /// let mut client: Client = HealthClient::new(
+    ///     ServiceBuilder::new()
+    ///         .layer(RetryLayer::new().for_tonic())
+    ///         .service(channel),
+    /// );
+    /// match client.check(HealthCheckRequest::default()).await {
+    ///     Ok(response) => { /* RetryInfo in response.extensions() */ }
+    ///     Err(status) if backoff_layer::is_overloaded(&status) => {
+    ///         // Code::Unavailable, with `x-overloaded` in its metadata: do not retry
+    ///     }
+    ///     Err(status) => { /* Tonic::attempts(&status) attempts were made */ }
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "tonic")]
+    pub fn for_tonic(self) -> RetryLayer<crate::adapter::Tonic> {
+        RetryLayer {
+            config: self.config,
+            adapter: PhantomData,
         }
     }
 }
@@ -79,10 +159,10 @@ impl Default for RetryLayer {
     }
 }
 
-impl<S> Layer<S> for RetryLayer {
-    type Service = Retry<S>;
+impl<S, A> Layer<S> for RetryLayer<A> {
+    type Service = Retry<S, A>;
 
-    fn layer(&self, inner: S) -> Retry<S> {
+    fn layer(&self, inner: S) -> Retry<S, A> {
         Retry::new(inner, Arc::clone(&self.config))
     }
 }
@@ -95,9 +175,11 @@ impl<S> Layer<S> for RetryLayer {
 /// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt included) | SRE book, AWS SDKs, Polly |
 /// | [`deadline`](Self::deadline) | none | |
 /// | [`attempt_timeout`](Self::attempt_timeout) | none | hyper-util's client |
+/// | [`max_retry_after`](Self::max_retry_after) | 30 s | Envoy's rate-limited retry back-off, bounded by its 15 s route timeout; gRPC's deadline |
 /// | [`backoff`](Self::backoff) | [`Exponential::new()`]: 100 ms, x2, jitter 0.1, at most 15 min | the article |
 /// | [`budget`](Self::budget) | [`RetryBudget::default()`]: retries at most 10% of first attempts over 10 s, plus 1 retry per second | paper, SRE book |
-/// | [`classifier`](Self::classifier) | [`DefaultClassifier`]: connect errors, timeouts, 429, 502, 503, 504; idempotent methods or `Idempotency-Key` | RFC 9110, Envoy, .NET |
+/// | [`classifier`](Self::classifier) | [`DefaultClassifier`]: connect errors, timeouts, 429, 502, 503, 504; idempotent methods, `Idempotency-Key` or gRPC | RFC 9110, Envoy, .NET, gRPC |
+/// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6) |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
 ///
@@ -105,28 +187,34 @@ impl<S> Layer<S> for RetryLayer {
 ///
 /// - `max_attempts` is at least 1 (1 turns retries off);
 /// - `deadline`, if set, is greater than zero;
-/// - `attempt_timeout`, if set, is greater than zero.
+/// - `attempt_timeout`, if set, is greater than zero;
+/// - every code in `grpc_retryable_codes` is a gRPC status other than `OK` (1..=16), and
+///   `grpc_retryable_codes` is not set together with a `classifier` of your own.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryBuilder {
     max_attempts: u32,
     deadline: Option<Duration>,
     attempt_timeout: Option<Duration>,
+    max_retry_after: Duration,
     backoff: Option<Arc<dyn Backoff>>,
     budget: Option<Arc<dyn Budget>>,
     classifier: Option<Arc<dyn Classify>>,
+    grpc_retryable_codes: Option<GrpcCodes>,
     body_limit: usize,
     seeds: Option<Arc<Seeds>>,
 }
 
-impl std::fmt::Debug for RetryBuilder {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+impl fmt::Debug for RetryBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // NOTE: `Budget` is not `Debug`; it is left out.
         f.debug_struct("RetryBuilder")
             .field("max_attempts", &self.max_attempts)
             .field("deadline", &self.deadline)
             .field("attempt_timeout", &self.attempt_timeout)
+            .field("max_retry_after", &self.max_retry_after)
             .field("backoff", &self.backoff)
             .field("classifier", &self.classifier)
+            .field("grpc_retryable_codes", &self.grpc_retryable_codes)
             .field("body_limit", &self.body_limit)
             .finish_non_exhaustive()
     }
@@ -140,10 +228,12 @@ impl RetryBuilder {
         self
     }
 
-    /// An overall deadline per request, from the call to the retry layer: no attempt starts
-    /// after it, a wait that would end after it is not started (the layer gives up at once),
-    /// and an attempt still running at the deadline is cut short. Must be greater than zero.
-    /// Default: none.
+    /// An overall deadline per request, from the call to the retry layer. It holds in every
+    /// state: no attempt is sent after it (a wait for the inner service to be ready included),
+    /// a wait that would end after it is not started (the layer gives up at once), an attempt
+    /// still running at the deadline is cut short, and a failure that comes back after it
+    /// ends the request. gRPC requests carry what is left of it in `grpc-timeout`. Must be
+    /// greater than zero. Default: none.
     pub const fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self
@@ -151,9 +241,24 @@ impl RetryBuilder {
 
     /// A timeout for each attempt. An attempt that runs out of time is dropped and its
     /// outcome is [`AttemptTimedOut`](crate::AttemptTimedOut), retryable by the default
-    /// classifier. Must be greater than zero. Default: none, as in hyper-util's client.
+    /// classifier. gRPC requests carry it in `grpc-timeout` when it is shorter than what is
+    /// left of the deadline. Must be greater than zero. Default: none, as in hyper-util's
+    /// client.
     pub const fn attempt_timeout(mut self, attempt_timeout: Duration) -> Self {
         self.attempt_timeout = Some(attempt_timeout);
+        self
+    }
+
+    /// The longest wait a server may ask for before the next attempt (`Retry-After` in
+    /// seconds or as a date, or `grpc-retry-pushback-ms`). A hint up to it is a lower bound
+    /// on the wait (itself capped by the backoff strategy's maximum delay); a longer one
+    /// makes the layer give up at once, with
+    /// [`GiveUpReason::RetryAfterTooLong`](crate::GiveUpReason::RetryAfterTooLong), rather
+    /// than park the request, its buffered body and a budget token. `Duration::ZERO` gives
+    /// up on any hint but zero. Default: 30 s
+    /// ([`RetryLayer::DEFAULT_MAX_RETRY_AFTER`] says why).
+    pub const fn max_retry_after(mut self, max_retry_after: Duration) -> Self {
+        self.max_retry_after = max_retry_after;
         self
     }
 
@@ -187,9 +292,20 @@ impl RetryBuilder {
         self
     }
 
-    /// What is retried. Default: [`DefaultClassifier`] (RFC 9110, Envoy, .NET).
+    /// What is retried. Default: [`DefaultClassifier::new()`] (RFC 9110, Envoy, .NET, gRPC).
     pub fn classifier(mut self, classifier: impl Classify) -> Self {
         self.classifier = Some(Arc::new(classifier));
+        self
+    }
+
+    /// The gRPC status codes worth another attempt, replacing the default classifier's
+    /// (the same as `.classifier(DefaultClassifier::builder().grpc_retryable_codes(codes)
+    /// .build()?)`). An empty list retries no gRPC status. Each must be within 1..=16; not
+    /// with a [`classifier`](Self::classifier) of your own. Default: `RESOURCE_EXHAUSTED` (8)
+    /// and `UNAVAILABLE` (14), from gRPC's retry design (A6) and the protocol's node-local
+    /// rejection.
+    pub const fn grpc_retryable_codes(mut self, codes: &[u16]) -> Self {
+        self.grpc_retryable_codes = Some(GrpcCodes::from_codes(codes));
         self
     }
 
@@ -214,7 +330,7 @@ impl RetryBuilder {
     ///
     /// A [`ConfigError`] naming the first setting that breaks one of the rules listed on
     /// [`RetryBuilder`].
-    pub fn build(self) -> Result<RetryLayer, ConfigError> {
+    pub fn build(mut self) -> Result<RetryLayer, ConfigError> {
         if self.max_attempts == 0 {
             return Err(ConfigError::out_of_range(
                 "max_attempts",
@@ -230,6 +346,20 @@ impl RetryBuilder {
                 return Err(ConfigError::out_of_range(field, zero, "greater than zero"));
             }
         }
+        if let Some(codes) = self.grpc_retryable_codes {
+            codes.check()?;
+            if let Some(classifier) = &self.classifier {
+                return Err(ConfigError::conflict(
+                    "grpc_retryable_codes",
+                    format_args!(
+                        "grpc_retryable_codes ({codes:?}) configures the default classifier \
+                         and cannot be used with classifier ({classifier:?}); give that \
+                         classifier its codes instead"
+                    ),
+                ));
+            }
+            self.classifier = Some(Arc::new(DefaultClassifier::from_grpc_codes(codes)));
+        }
         Ok(self.finish())
     }
 
@@ -240,17 +370,19 @@ impl RetryBuilder {
                 max_attempts: self.max_attempts,
                 deadline: self.deadline,
                 attempt_timeout: self.attempt_timeout,
+                max_retry_after: self.max_retry_after,
                 backoff: self.backoff.unwrap_or_else(|| Arc::new(Exponential::new())),
                 budget: self
                     .budget
                     .unwrap_or_else(|| Arc::new(RetryBudget::default())),
                 classifier: self
                     .classifier
-                    .unwrap_or_else(|| Arc::new(DefaultClassifier)),
+                    .unwrap_or_else(|| Arc::new(DefaultClassifier::new())),
                 body_limit: self.body_limit,
                 seeds: self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os())),
                 metrics: OnceLock::new(),
             }),
+            adapter: PhantomData,
         }
     }
 }
@@ -290,7 +422,40 @@ mod tests {
                 "attempt_timeout must be greater than zero, got 0ns".to_owned()
             )
         );
+        assert_eq!(
+            refused(RetryLayer::builder().grpc_retryable_codes(&[14, 0])),
+            (
+                "grpc_retryable_codes",
+                OutOfRange,
+                "grpc_retryable_codes must be a gRPC status code other than OK, within 1..=16, \
+                 got 0"
+                    .to_owned()
+            )
+        );
+        let (field, kind, message) = refused(
+            RetryLayer::builder()
+                .classifier(DefaultClassifier::new())
+                .grpc_retryable_codes(&[14]),
+        );
+        assert_eq!(
+            (field, kind),
+            (
+                "grpc_retryable_codes",
+                overload_signal::ConfigErrorKind::Conflict
+            )
+        );
+        assert!(
+            message.contains("cannot be used with classifier"),
+            "{message}"
+        );
         assert!(RetryLayer::builder().max_attempts(1).build().is_ok());
+        assert!(
+            RetryLayer::builder()
+                .max_retry_after(Duration::ZERO)
+                .grpc_retryable_codes(&[])
+                .build()
+                .is_ok()
+        );
         assert!(
             RetryLayer::builder()
                 .deadline(Duration::from_nanos(1))
@@ -315,7 +480,12 @@ mod tests {
             format!("{:?}", c.backoff),
             format!("{:?}", Exponential::new())
         );
-        assert_eq!(format!("{:?}", c.classifier), "DefaultClassifier");
+        assert_eq!(
+            format!("{:?}", c.classifier),
+            format!("{:?}", DefaultClassifier::new())
+        );
+        assert_eq!(c.max_retry_after, Duration::from_secs(30));
+        assert_eq!(c.max_retry_after, RetryLayer::DEFAULT_MAX_RETRY_AFTER);
         // `build()` of an untouched builder is the same as `new()`.
         let built = RetryLayer::builder().build().unwrap();
         assert_eq!(format!("{:?}", built.config), format!("{c:?}"));
@@ -327,5 +497,22 @@ mod tests {
     fn layer_and_service_are_send_sync_clone() {
         assert_send_sync_clone::<RetryLayer>();
         assert_send_sync_clone::<Retry<()>>();
+        #[cfg(feature = "tonic")]
+        {
+            assert_send_sync_clone::<RetryLayer<crate::adapter::Tonic>>();
+            assert_send_sync_clone::<Retry<(), crate::adapter::Tonic>>();
+        }
+    }
+
+    #[test]
+    fn grpc_retryable_codes_configure_the_default_classifier() {
+        let layer = RetryLayer::builder()
+            .grpc_retryable_codes(&[14, 4])
+            .build()
+            .unwrap();
+        assert_eq!(
+            format!("{:?}", layer.config.classifier),
+            "DefaultClassifier { grpc_retryable_codes: [4, 14] }"
+        );
     }
 }

@@ -20,7 +20,7 @@ pub(crate) struct Metrics {
     pub(crate) retry_delay: Histogram,
     /// `backoff_layer_gave_up_total{reason}`, one series per reason, in the order of
     /// [`Metrics::gave_up`]'s match.
-    gave_up: [Counter; 5],
+    gave_up: [Counter; 6],
 }
 
 impl Metrics {
@@ -41,6 +41,7 @@ impl Metrics {
                 gave_up(GiveUpReason::Deadline),
                 gave_up(GiveUpReason::BodyNotReplayable),
                 gave_up(GiveUpReason::NotRetryable),
+                gave_up(GiveUpReason::RetryAfterTooLong),
             ],
         }
     }
@@ -53,6 +54,7 @@ impl Metrics {
             GiveUpReason::Deadline => 2,
             GiveUpReason::BodyNotReplayable => 3,
             GiveUpReason::NotRetryable => 4,
+            GiveUpReason::RetryAfterTooLong => 5,
         };
         &self.gave_up[i]
     }

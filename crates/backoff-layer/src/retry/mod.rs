@@ -23,6 +23,7 @@ pub(crate) struct Config {
     pub(crate) max_attempts: u32,
     pub(crate) deadline: Option<Duration>,
     pub(crate) attempt_timeout: Option<Duration>,
+    pub(crate) max_retry_after: Duration,
     pub(crate) backoff: Arc<dyn Backoff>,
     pub(crate) budget: Arc<dyn Budget>,
     pub(crate) classifier: Arc<dyn Classify>,
@@ -53,6 +54,7 @@ impl std::fmt::Debug for Config {
             .field("max_attempts", &self.max_attempts)
             .field("deadline", &self.deadline)
             .field("attempt_timeout", &self.attempt_timeout)
+            .field("max_retry_after", &self.max_retry_after)
             .field("backoff", &self.backoff)
             .field("classifier", &self.classifier)
             .field("body_limit", &self.body_limit)

@@ -1,53 +1,74 @@
+use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
 use overload_signal::protocol::Attempt;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::Config;
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Timing};
 use crate::BoxError;
+use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
 
 /// Retries requests to the inner service; see the [crate docs](crate).
 ///
 /// Made by [`RetryLayer`](crate::RetryLayer). Clones share the configuration, the budget and
-/// the seed source.
-#[derive(Debug)]
-pub struct Retry<S> {
+/// the seed source. `A` is the [`Adapter`]: how it fits the inner service
+/// ([`Direct`] by default; `Tonic` for a tonic `Channel`).
+pub struct Retry<S, A = Direct> {
     inner: S,
     config: Arc<Config>,
+    adapter: PhantomData<fn() -> A>,
 }
 
-impl<S: Clone> Clone for Retry<S> {
+impl<S: Clone, A> Clone for Retry<S, A> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
             config: Arc::clone(&self.config),
+            adapter: PhantomData,
         }
     }
 }
 
-impl<S> Retry<S> {
+impl<S: fmt::Debug, A> fmt::Debug for Retry<S, A> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Retry")
+            .field("inner", &self.inner)
+            .field("config", &self.config)
+            .field("adapter", &std::any::type_name::<A>())
+            .finish()
+    }
+}
+
+impl<S, A> Retry<S, A> {
     pub(crate) const fn new(inner: S, config: Arc<Config>) -> Self {
-        Self { inner, config }
+        Self {
+            inner,
+            config,
+            adapter: PhantomData,
+        }
     }
 
     overload_signal::define_inner_service_accessors!();
 }
 
-impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S>
+impl<S, A, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S, A>
 where
-    S: Service<Request<ReplayBody<ReqBody>>, Response = Response<ResBody>> + Clone,
+    A: Adapter<ReqBody>,
+    S: Service<Request<A::Body>, Response = Response<ResBody>> + Clone,
     S::Error: Into<BoxError>,
     ReqBody: Body,
     ReqBody::Error: Into<BoxError>,
 {
     type Response = Response<ResBody>;
     type Error = BoxError;
-    type Future = ResponseFuture<S, ReqBody>;
+    type Future = ResponseFuture<S, ReqBody, A>;
 
     fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
         self.inner.poll_ready(cx).map_err(Into::into)
@@ -63,7 +84,8 @@ where
         // to rebuild each retry from, and a clone of the inner service to send it with.
         // NOTE: the parts are cloned before the attempt header is set (each retry sets its
         // own): a header map without it is cheaper to clone, and costs no allocation when the
-        // request carries no other header.
+        // request carries no other header. For the same reason, and so that each attempt
+        // compares its own time left with the caller's, `grpc-timeout` is set after it.
         // NOTE: `self.inner` was made ready by `poll_ready` and serves the first attempt;
         // the clone, not ready, waits in the future and is polled ready before each retry.
         let retry = may_retry.then(|| (parts.clone(), self.inner.clone()));
@@ -72,6 +94,12 @@ where
         } else {
             (ReplayBody::streamed(body), BodySource::Streamed)
         };
+        // The clock is read only when a timer will be armed: the happy path of a layer
+        // without deadline or timeout does not read it.
+        // NOTE: before the attempt header is set: a request without headers is then seen not
+        // to be gRPC without a lookup.
+        let timed = config.deadline.is_some() || config.attempt_timeout.is_some();
+        let timing = Timing::first(&config, timed.then(Instant::now), &mut parts.headers);
         Attempt::set(&mut parts.headers, 0);
 
         config.budget.deposit();
@@ -82,8 +110,9 @@ where
         let future = {
             let _entered = span.enter();
             tracing::trace!("sending first attempt");
-            self.inner.call(Request::from_parts(parts, body))
+            self.inner
+                .call(Request::from_parts(parts, A::attempt_body(body)))
         };
-        ResponseFuture::new(future, span, config, retry, source)
+        ResponseFuture::new(future, span, config, retry, source, timing)
     }
 }

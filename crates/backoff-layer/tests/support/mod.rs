@@ -27,6 +27,8 @@ pub enum Reply {
     Io(std::io::ErrorKind),
     /// Never answers.
     Hang,
+    /// Answers with this status after this long.
+    Late(Duration, u16),
 }
 
 pub fn status(code: u16) -> Reply {
@@ -115,6 +117,12 @@ where
                 }
                 Reply::Io(kind) => Err(std::io::Error::from(kind)),
                 Reply::Hang => std::future::pending().await,
+                Reply::Late(after, code) => {
+                    tokio::time::sleep(after).await;
+                    let mut r = Response::new(Empty::new());
+                    *r.status_mut() = StatusCode::from_u16(code).unwrap();
+                    Ok(r)
+                }
             }
         })
     }
