@@ -10,7 +10,8 @@
 //!   after resume here, once its clients' doubling waits have thinned their retries enough
 //!   for the abandoned requests to drain, so its run observes for four minutes;
 //! - `fixed` against the full server stack: the server side alone brings it back within a
-//!   few seconds.
+//!   few seconds, though its clients (the article's: no attempt header, deaf to the stop
+//!   signal, never giving up) keep retrying the limiter's `429`s.
 
 use std::num::NonZeroUsize;
 use std::sync::OnceLock;
@@ -135,6 +136,17 @@ fn the_server_side_alone_brings_the_server_back_from_fixed_clients() {
     assert!(recovery <= 3, "recovered after {recovery} s");
     let peak = r.peak_concurrency.unwrap();
     assert!(peak < 100, "peak concurrency {peak}");
+    // The clients are the article's: answered 429 by the limiter, they retry every 100 ms
+    // and never give up; their only failures are requests still waiting when the run ends.
+    let rejected = r.after_resume.rejected;
+    assert!(rejected > 1000, "{rejected} attempts rejected after resume");
+    assert!(
+        r.failed == r.unfinished && r.failed < r.requests / 100,
+        "{} failed, {} of them still waiting at the end, of {} requests",
+        r.failed,
+        r.unfinished,
+        r.requests
+    );
 }
 
 #[test]

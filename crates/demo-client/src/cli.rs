@@ -101,6 +101,11 @@ pub struct RunArgs {
     #[arg(long, default_value = crate::load::DEFAULT_URL)]
     pub url: Uri,
     /// How clients retry: fixed, exponential or full.
+    ///
+    /// `fixed` (every 100 ms) and `exponential` (the article's backoff) are the article's
+    /// clients: every failure retried without end, no attempt header, the stop signal
+    /// retried too. `full` is backoff-layer's retry layer: 3 attempts, a retry budget, the
+    /// attempt header, no retry after a stop signal.
     #[arg(long, default_value = "full")]
     pub strategy: Strategy,
     /// Stop after this long instead of at Ctrl-C.

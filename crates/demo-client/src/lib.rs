@@ -2,16 +2,17 @@
 //!
 //! The experiment (from the article *Exponential backoff, or how not to crash a server*):
 //! many clients send requests to a server; the server is paused for a while (SIGSTOP) and
-//! resumed (SIGCONT). Clients that retry at a fixed interval keep it down after resume;
-//! clients that back off exponentially let it up slowly; clients with this workspace's full
-//! stack (backoff with jitter, a retry budget, the attempt header, and respect for the stop
-//! signal) let it up at once.
+//! resumed (SIGCONT). The article's clients, which retry every failure without end and know
+//! nothing of the overload protocol, keep it down after resume when they retry at a fixed
+//! interval, and let it up slowly when they back off exponentially; clients with this
+//! workspace's full stack (backoff with jitter, a retry budget, the attempt header, and
+//! respect for the stop signal) let it up at once.
 //!
 //! - [`cli`]: the command line of the `demo-client` binary;
 //! - [`duration`]: command-line durations such as `500ms`, `2s`, `1m`;
 //! - [`strategy`] and [`stack`]: the retry strategies compared, and their client stacks;
-//! - [`client`]: the stack's pieces (attempt recording, body collection, the simulation's
-//!   in-process hop and listen queue, a counting retry budget);
+//! - [`client`]: the stack's pieces (the article's retry layer, attempt recording, body
+//!   collection, the simulation's in-process hop and listen queue, a counting retry budget);
 //! - [`load`]: the load generator;
 //! - [`experiment`], [`drive`], [`scenario`], [`simulate`], [`server`], [`process`]: the
 //!   outage experiment, against real processes or in virtual time;

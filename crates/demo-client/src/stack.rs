@@ -1,72 +1,93 @@
-//! The client stack of each strategy, built from `backoff-layer`.
+//! The client stack of each strategy.
 //!
 //! ```text
-//! Retry (strategy) ─► Record ─► Timeout (per attempt) ─► Collect ─► transport
+//! retry (strategy) ─► Record ─► Timeout (per attempt) ─► Collect ─► transport
 //! ```
 //!
-//! | strategy | backoff | attempts | budget | source |
-//! |---|---|---|---|---|
-//! | `fixed` | 100 ms between attempts | no limit | none | the article's simulation client |
-//! | `exponential` | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
-//! | `full` | 100 ms, x2, jitter 0.1, at most 15 min | 3 | 10% of requests in 10 s | the article, the paper, the SRE book |
+//! | strategy | retry layer | wait before a retry | attempts | budget | source |
+//! |---|---|---|---|---|---|
+//! | `fixed` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms | no limit | none | the article's simulation client |
+//! | `exponential` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
+//! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | the article, the paper, the SRE book |
 //!
-//! Every strategy sends `X-Request-Attempt` and never retries a response that carries the
-//! stop signal: that is how `backoff-layer`'s retry works. Against a server without the
-//! overload layer (`--stack none`) neither changes anything, which is the point of the
-//! comparison: `fixed` and `exponential` differ from `full` by what they do on their own
-//! (the attempt limit, the budget; `exponential` has the article's jitter too), and `full` is
-//! meant to meet a server that speaks the protocol.
+//! `fixed` and `exponential` are the article's clients, and know nothing of the overload
+//! protocol. They retry every failure (a refused connection, a timed-out attempt, any
+//! status but `2xx`) after their wait, for as long as it takes; they send no
+//! `X-Request-Attempt` header (so a server counts their attempts as "unknown", never as
+//! retries), and they retry a response carrying the stop signal like any other failure. The
+//! waits are `backoff-layer`'s [`Fixed::new()`] and [`Exponential::new()`], each request
+//! drawing its jitter from its own generator.
+//!
+//! `full` is everything this workspace offers: `backoff-layer`'s retry layer with its
+//! defaults (it retries connect errors, timeouts, `429`, `502`, `503` and `504`), a retry
+//! budget, `X-Request-Attempt` on every attempt, and no retry after a stop signal.
+//!
+//! So `fixed vs --stack full` is what the server side achieves alone: its clients neither
+//! tell the server which requests are retries nor listen when it says stop.
+//!
+//! Under every retry layer, [`Record`](crate::client::Record) counts each attempt and how it
+//! ended (stop signals included, heeded or not), and the per-attempt timeout bounds each
+//! attempt; the transport receives a [`TransportBody`], whichever retry layer is above it.
 
 use std::time::Duration;
 
+use backoff_layer::RetryLayer;
 use backoff_layer::backoff::{Exponential, Fixed, Seeds};
-use backoff_layer::budget::{RetryBudget, Unlimited};
-use backoff_layer::{ReplayBody, RetryLayer};
+use backoff_layer::budget::RetryBudget;
 use http::{Request, Response};
 use http_body::Body;
+use http_body_util::Either;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;
 
-use crate::client::{CollectLayer, CountingBudget, DemoBody, RecordLayer};
+use crate::client::{CollectLayer, CountingBudget, DemoBody, NaiveRetryLayer, RecordLayer};
 use crate::record::Recorder;
 use crate::strategy::Strategy;
+
+pub use crate::client::TransportBody;
 
 /// The whole client stack, boxed so that every strategy has the same type.
 pub type DemoService = BoxCloneSyncService<Request<DemoBody>, Response<DemoBody>, BoxError>;
 
-/// The request body the transport under the retry layer receives.
-pub type TransportBody = ReplayBody<DemoBody>;
+/// The retry layer of one strategy; see the [module docs](self).
+#[derive(Debug, Clone)]
+pub enum StrategyRetry {
+    /// The article's clients, `fixed` and `exponential`.
+    Naive(NaiveRetryLayer),
+    /// `full`: `backoff-layer`'s retry layer.
+    Full(RetryLayer),
+}
 
 /// The retry layer of `strategy`, its jitter seeded by `seed`, its budget refusals (for
 /// `full`) recorded into `recorder`. See the [module docs](self) for each configuration.
-pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> RetryLayer {
-    let builder = RetryLayer::builder().seeds(Seeds::from_seed(seed));
-    let built = match strategy {
-        // NOTE: `RetryLayer`'s default budget is a `RetryBudget`; the article's clients have
-        // none, so it is turned off explicitly.
-        Strategy::Fixed => builder
-            // The article's fixed interval, 100 ms.
-            .backoff(Fixed::new())
-            .budget(Unlimited)
-            .max_attempts(u32::MAX)
-            .build(),
-        Strategy::Exponential => builder
-            .backoff(Exponential::new())
-            .budget(Unlimited)
-            .max_attempts(u32::MAX)
-            .build(),
-        Strategy::Full => builder
-            .backoff(Exponential::new())
-            .budget(CountingBudget::new(
-                RetryBudget::default(),
-                recorder.clone(),
-            ))
-            .build(),
-    };
-    // NOTE: every configuration above is a constant that satisfies the builder's rules
-    // (max attempts >= 1, no zero timeout or deadline); the unit tests build each one.
-    built.unwrap_or_else(|e| unreachable!("the demo's retry configurations are valid: {e}"))
+pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> StrategyRetry {
+    let seeds = Seeds::from_seed(seed);
+    match strategy {
+        // The article's fixed interval, 100 ms.
+        Strategy::Fixed => StrategyRetry::Naive(NaiveRetryLayer::new(Fixed::new(), seeds)),
+        // The article's exponential backoff, its normal jitter included.
+        Strategy::Exponential => {
+            StrategyRetry::Naive(NaiveRetryLayer::new(Exponential::new(), seeds))
+        }
+        Strategy::Full => {
+            let built = RetryLayer::builder()
+                .seeds(seeds)
+                .backoff(Exponential::new())
+                .budget(CountingBudget::new(
+                    RetryBudget::default(),
+                    recorder.clone(),
+                ))
+                .build();
+            // NOTE: every setting above is a constant that satisfies the builder's rules
+            // (max attempts >= 1, no zero timeout or deadline); the unit tests build it.
+            StrategyRetry::Full(
+                built.unwrap_or_else(|e| {
+                    unreachable!("the demo's retry configuration is valid: {e}")
+                }),
+            )
+        }
+    }
 }
 
 /// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`,
@@ -87,13 +108,26 @@ where
     B::Data: Send,
     B::Error: Into<BoxError>,
 {
-    let service = ServiceBuilder::new()
-        .layer(retry_layer(strategy, seed, recorder))
+    // One attempt, the same under every retry layer.
+    let attempt = ServiceBuilder::new()
         .layer(RecordLayer::new(recorder.clone()))
         .timeout(timeout)
         .layer(CollectLayer::new(max_body))
         .service(transport);
-    BoxCloneSyncService::new(service)
+    match retry_layer(strategy, seed, recorder) {
+        StrategyRetry::Naive(layer) => BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(layer)
+                .map_request(|r: Request<DemoBody>| r.map(Either::Right))
+                .service(attempt),
+        ),
+        StrategyRetry::Full(layer) => BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .layer(layer)
+                .map_request(|r: Request<_>| r.map(Either::Left))
+                .service(attempt),
+        ),
+    }
 }
 
 #[cfg(test)]
@@ -200,6 +234,124 @@ mod tests {
         assert!(outcome.is_err(), "still retrying");
         // One attempt every 2.1 s: 2 s of timeout, 100 ms of backoff.
         assert_eq!(recorder.totals(0, 100).attempts, 10);
+    }
+
+    /// The `X-Request-Attempt` header of every attempt a test server saw.
+    type HeaderLog = Arc<std::sync::Mutex<Vec<Option<String>>>>;
+
+    /// A server that answers the stop signal to the first `signals` attempts, then 200, and
+    /// keeps the `X-Request-Attempt` header of every attempt (`None` when absent).
+    fn stopping(
+        signals: usize,
+    ) -> (
+        impl Service<
+            Request<TransportBody>,
+            Response = Response<DemoBody>,
+            Error = Infallible,
+            Future: Send + 'static,
+        > + Clone
+        + Send
+        + Sync
+        + 'static,
+        HeaderLog,
+    ) {
+        let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let svc = tower::service_fn(move |req: Request<TransportBody>| {
+            let header = req
+                .headers()
+                .get(overload_signal::protocol::X_REQUEST_ATTEMPT)
+                .map(|v| v.to_str().unwrap().to_owned());
+            let mut log = log.lock().unwrap();
+            log.push(header);
+            let response = if log.len() <= signals {
+                overload_signal::protocol::stop_signal_response(
+                    overload_signal::protocol::Protocol::Http,
+                )
+            } else {
+                Response::new(DemoBody::default())
+            };
+            async move { Ok::<_, Infallible>(response) }
+        });
+        (svc, seen)
+    }
+
+    /// Regression: `fixed` and `exponential` were `backoff-layer`'s retry layer, so they sent
+    /// `X-Request-Attempt` and stopped at the stop signal; the article's clients do neither.
+    #[tokio::test(start_paused = true)]
+    async fn the_articles_clients_ignore_the_stop_signal_and_send_no_attempt_header() {
+        for strategy in [Strategy::Fixed, Strategy::Exponential] {
+            let recorder = Recorder::new();
+            let (server, seen) = stopping(4);
+            let stack = client_stack(
+                server,
+                strategy,
+                Duration::from_secs(2),
+                MAX_BODY,
+                1,
+                &recorder,
+            );
+            let result = stack.oneshot(request()).await;
+            assert_eq!(Outcome::of(&result), Outcome::Ok, "{strategy}");
+            assert_eq!(*seen.lock().unwrap(), vec![None; 5], "{strategy}");
+            let total = recorder.totals(0, 100);
+            assert_eq!(
+                (total.attempts, total.retries, total.stop_signals),
+                (5, 4, 4),
+                "{strategy}"
+            );
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_sends_the_attempt_header_and_stops_at_the_stop_signal() {
+        let recorder = Recorder::new();
+        let (server, seen) = stopping(1);
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
+        let result = stack.oneshot(request()).await;
+        assert_eq!(Outcome::of(&result), Outcome::Error);
+        assert!(backoff_layer::is_overloaded(result.unwrap_err().as_ref()));
+        assert_eq!(*seen.lock().unwrap(), vec![Some("0".to_owned())]);
+        assert_eq!(recorder.totals(0, 100).stop_signals, 1);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn full_numbers_its_attempts() {
+        let recorder = Recorder::new();
+        let (server, seen) = {
+            // 503 without the stop signal twice, then 200.
+            let (svc, _) = flaky(2);
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = Arc::clone(&seen);
+            let svc = ServiceExt::map_request(svc, move |req: Request<TransportBody>| {
+                log.lock().unwrap().push(
+                    req.headers()[overload_signal::protocol::X_REQUEST_ATTEMPT]
+                        .to_str()
+                        .unwrap()
+                        .to_owned(),
+                );
+                req
+            });
+            (svc, seen)
+        };
+        let stack = client_stack(
+            server,
+            Strategy::Full,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            &recorder,
+        );
+        let result = stack.oneshot(request()).await;
+        assert_eq!(Outcome::of(&result), Outcome::Ok);
+        assert_eq!(*seen.lock().unwrap(), vec!["0", "1", "2"]);
     }
 
     #[tokio::test(start_paused = true)]

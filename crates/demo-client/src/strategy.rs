@@ -4,13 +4,19 @@ use std::fmt;
 use std::str::FromStr;
 
 /// How a demo client retries a failed attempt.
+///
+/// `fixed` and `exponential` are the article's clients, built on
+/// [`NaiveRetry`](crate::client::NaiveRetry); `full` is `backoff-layer`'s retry layer. See
+/// [`stack`](crate::stack) for each configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Strategy {
-    /// Retry every 100 ms, without end, as the article's simulation client does: the
+    /// The article's simulation client: retries every failure (a refused connection, a
+    /// timed-out attempt, any status but `2xx`) 100 ms after it, without end. It sends no
+    /// `X-Request-Attempt` header and retries the stop signal like any other failure: the
     /// strategy that keeps a resumed server down.
     Fixed,
-    /// The article's exponential backoff (100 ms, x2, jitter 0.1, at most 15 minutes),
-    /// retrying without end, with nothing else.
+    /// The article's exponential client: the same, with the article's exponential backoff
+    /// between attempts (100 ms, x2, normal jitter 0.1, at most 15 minutes) and nothing else.
     Exponential,
     /// Everything this workspace offers: the article's exponential backoff with jitter, a
     /// retry budget, at most 3 attempts, the `X-Request-Attempt` header, and no retry after

@@ -1,5 +1,4 @@
-//! The pieces of the demo client stack that do not depend on the retry strategy, one
-//! concern per module.
+//! The pieces of the demo client stack, one concern per module.
 //!
 //! From the application down, one attempt goes through:
 //!
@@ -7,6 +6,9 @@
 //! retry (strategy) ─► Record ─► tower Timeout (per attempt) ─► Collect ─► transport
 //! ```
 //!
+//! - [`naive`]: [`NaiveRetry`], the retry layer of the article's clients (`fixed` and
+//!   `exponential`): every failure retried after the strategy's wait, without end, no
+//!   attempt header, no regard for the stop signal; `full` uses `backoff-layer`'s instead;
 //! - [`attempts`]: [`Record`] counts every attempt, retry, rejection, stop signal, timeout
 //!   and refused connection into a [`Recorder`](crate::record::Recorder); [`Outcome`]
 //!   classifies how a whole request ended;
@@ -21,6 +23,7 @@
 pub mod attempts;
 pub mod budget;
 pub mod loopback;
+pub mod naive;
 pub mod transport;
 
 pub use attempts::{
@@ -28,6 +31,8 @@ pub use attempts::{
 };
 pub use budget::CountingBudget;
 pub use loopback::{Abandoned, Gate, Loopback, LoopbackFuture};
+pub use naive::{NaiveRetry, NaiveRetryFuture, NaiveRetryLayer};
 pub use transport::{
-    BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, http_transport,
+    BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, TransportBody,
+    http_transport,
 };

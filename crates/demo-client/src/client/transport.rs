@@ -11,7 +11,7 @@ use backoff_layer::ReplayBody;
 use bytes::{Buf, BufMut, Bytes, BytesMut};
 use http::{Request, Response};
 use http_body::Body;
-use http_body_util::Full;
+use http_body_util::{Either, Full};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
@@ -23,9 +23,15 @@ use tower_service::Service;
 /// The body of every request and response in the demo stack: small and replayable.
 pub type DemoBody = Full<Bytes>;
 
-/// The hyper-util legacy client the `run` and `scenario` commands send through: under the
-/// retry layer, requests carry `backoff-layer`'s replayable body.
-pub type HttpTransport = Client<HttpConnector, ReplayBody<DemoBody>>;
+/// The request body the transport receives: `backoff-layer`'s replayable body under its retry
+/// layer (the `full` strategy), or the caller's own body, cloned for each attempt, under
+/// [`NaiveRetry`](super::NaiveRetry) (`fixed` and `exponential`).
+///
+/// One type for both, so that every strategy sends through the same transport.
+pub type TransportBody = Either<ReplayBody<DemoBody>, DemoBody>;
+
+/// The hyper-util legacy client the `run` and `scenario` commands send through.
+pub type HttpTransport = Client<HttpConnector, TransportBody>;
 
 /// A hyper-util legacy client for plain HTTP/1 on 127.0.0.1.
 ///
