@@ -32,7 +32,8 @@ pub struct Second {
     pub budget_refusals: u64,
     /// Responses that carried the "stop retrying" signal.
     pub stop_signals: u64,
-    /// Attempts answered `429 Too Many Requests` without the stop signal.
+    /// Attempts answered `429 Too Many Requests` or `503 Service Unavailable` without the
+    /// stop signal: rejected by a rate limit or by the adaptive limit.
     pub rejected: u64,
     /// Attempts whose connection was refused (nothing listening).
     pub refused: u64,
@@ -95,7 +96,7 @@ pub enum Event {
     },
     /// An attempt timed out.
     Timeout,
-    /// An attempt was answered `429` without the stop signal.
+    /// An attempt was answered `429` or `503` without the stop signal.
     Rejected,
     /// An attempt's connection was refused.
     Refused,

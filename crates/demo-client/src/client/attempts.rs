@@ -64,7 +64,8 @@ impl<S> Layer<S> for RecordLayer {
 /// the request's [`AttemptCounter`] says an attempt went before (or, without a counter, when
 /// the `X-Request-Attempt` header says it is a retry); then, by how the attempt ended,
 /// [`Event::StopSignal`] for a response carrying the stop signal, [`Event::Rejected`] for
-/// any other `429 Too Many Requests`, [`Event::Timeout`] for an attempt that timed out (the
+/// any other `429 Too Many Requests` or `503 Service Unavailable` (the rate limits' and the
+/// adaptive limit's rejections), [`Event::Timeout`] for an attempt that timed out (the
 /// timeout sits under it) and [`Event::Refused`] for a refused connection.
 #[derive(Debug, Clone)]
 pub struct Record<S> {
@@ -129,7 +130,14 @@ where
         let result = ready!(this.inner.poll(cx));
         let event = match &result {
             Ok(response) if protocol::is_stop_signal(response.headers()) => Some(Event::StopSignal),
-            Ok(response) if response.status() == StatusCode::TOO_MANY_REQUESTS => {
+            // `429` from a rate limit, `503` from the adaptive limit: both the server's
+            // rejection of an attempt it did not start.
+            Ok(response)
+                if matches!(
+                    response.status(),
+                    StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
+                ) =>
+            {
                 Some(Event::Rejected)
             }
             Ok(_) => None,
@@ -211,6 +219,10 @@ mod tests {
                     .status(StatusCode::TOO_MANY_REQUESTS)
                     .body(Body::default())
                     .unwrap()),
+                "/adaptive" => Ok(Response::builder()
+                    .status(StatusCode::SERVICE_UNAVAILABLE)
+                    .body(Body::default())
+                    .unwrap()),
                 "/refused" => Err(Box::new(std::io::Error::from(
                     std::io::ErrorKind::ConnectionRefused,
                 )) as BoxError),
@@ -224,7 +236,7 @@ mod tests {
         let recorder = Recorder::new();
         let mut svc = RecordLayer::new(recorder.clone()).layer(server());
         let counter = AttemptCounter::new();
-        for path in ["/a", "/a", "/stop", "/limited"] {
+        for path in ["/a", "/a", "/stop", "/limited", "/adaptive"] {
             let mut req = Request::get(path).body(Body::default()).unwrap();
             req.extensions_mut().insert(counter.clone());
             svc.ready().await.unwrap().call(req).await.unwrap();
@@ -236,7 +248,7 @@ mod tests {
         let req = Request::get("/refused").body(Body::default()).unwrap();
         assert!(svc.ready().await.unwrap().call(req).await.is_err());
 
-        assert_eq!(counter.get(), 4);
+        assert_eq!(counter.get(), 5);
         let total = recorder.totals(0, 1);
         assert_eq!(
             (
@@ -246,7 +258,7 @@ mod tests {
                 total.rejected,
                 total.refused
             ),
-            (6, 4, 1, 1, 1)
+            (7, 5, 1, 2, 1)
         );
     }
 
