@@ -11,10 +11,11 @@
 //! | rejected | `503 Service Unavailable`, `Retry-After` (whole seconds, at least 1) | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms` |
 //! | admitted | the inner response, untouched | same |
 //!
-//! Put `overload-signal`'s `OverloadSignalLayer` **outside** it, as outside any rate limiter:
-//! when the attempt histogram shows that retries dominate, the overload layer turns these
-//! rejections into the stop signal, so that clients stop retrying instead of multiplying
-//! the load.
+//! Put `overload-signal`'s `OverloadSignalLayer` **outside** it, as outside any rate limiter
+//! (one [`OverloadProtectionLayer`](crate::OverloadProtectionLayer) does it in the right
+//! order in any server): when the attempt histogram shows that retries dominate, the
+//! overload layer turns these rejections into the stop signal, so that clients stop
+//! retrying instead of multiplying the load.
 //!
 //! # The algorithm: a gradient on a measured baseline
 //!
@@ -89,16 +90,14 @@
 //! ```
 //! use std::convert::Infallible;
 //! use http::{Request, Response};
-//! use overload_signal::OverloadSignalLayer;
-//! use ratelimit_layer::AdaptiveLimitLayer;
+//! use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer};
 //! use tower::{ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let service = ServiceBuilder::new()
-//!     // Outermost: sees the limit's rejections.
-//!     .layer(OverloadSignalLayer::default())
-//!     .layer(AdaptiveLimitLayer::new())
+//!     // The overload layer outside the limit, so that it sees the limit's rejections.
+//!     .layer(OverloadProtectionLayer::new(AdaptiveLimitLayer::new()))
 //!     .service(service_fn(|_: Request<String>| async {
 //!         Ok::<_, Infallible>(Response::new(String::from("hello")))
 //!     }));
@@ -108,14 +107,12 @@
 //! # }
 //! ```
 //!
-//! Customised, in axum, whose `Router::layer` wraps in the opposite order of
-//! `ServiceBuilder` (the last layer added is the outermost):
+//! Customised, in axum:
 //!
 //! ```no_run
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
-//! use overload_signal::OverloadSignalLayer;
-//! use ratelimit_layer::AdaptiveLimitLayer;
+//! use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer};
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -128,8 +125,7 @@
 //! let status = adaptive.clone();
 //! let app = Router::new()
 //!     .route("/api", get(|| async { "hello" }))
-//!     .layer(adaptive)
-//!     .layer(OverloadSignalLayer::default());
+//!     .layer(OverloadProtectionLayer::new(adaptive));
 //! tokio::spawn(async move {
 //!     loop {
 //!         tokio::time::sleep(Duration::from_secs(1)).await;
