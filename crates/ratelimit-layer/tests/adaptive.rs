@@ -179,6 +179,66 @@ async fn overload_failures_lower_the_limit() {
     assert!(limit < 50, "{limit}");
 }
 
+/// A keyed limit inside the adaptive one rejects one caller over its own quota with a `429`
+/// marked `RejectionScope::Caller`: that says nothing about capacity, so it must not lower
+/// the limit for everyone, where the same `429` unmarked does.
+#[tokio::test(start_paused = true)]
+async fn one_callers_own_quota_rejections_leave_the_limit_alone() {
+    use overload_signal::signal::RejectionScope;
+    for (scope, lowered) in [(Some(RejectionScope::Caller), false), (None, true)] {
+        let layer = AdaptiveLimitLayer::builder()
+            .probe_samples(10)
+            .min_samples(10)
+            .initial_limit(50)
+            .build()
+            .unwrap();
+        let rejecting = Arc::new(AtomicUsize::new(0));
+        let r = Arc::clone(&rejecting);
+        let service = layer.layer(service_fn(move |_: Request<()>| {
+            let reject = r.load(Ordering::SeqCst) == 1;
+            async move {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+                let mut response = Response::new(());
+                if reject {
+                    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+                    if let Some(scope) = scope {
+                        response.extensions_mut().insert(scope);
+                    }
+                }
+                Ok::<_, Infallible>(response)
+            }
+        }));
+        for _ in 0..10 {
+            service.clone().oneshot(Request::new(())).await.unwrap();
+        }
+        assert_eq!(layer.status().limit, 50);
+        rejecting.store(1, Ordering::SeqCst);
+        for _ in 0..30 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            service.clone().oneshot(Request::new(())).await.unwrap();
+        }
+        let limit = layer.status().limit;
+        assert_eq!(limit < 50, lowered, "{scope:?}: limit {limit}");
+    }
+}
+
+/// A panic in the inner service's `call` (caught outside, by a `CatchPanic` layer or the
+/// task) gives its slot back: the guard exists before `call` runs.
+#[test]
+fn a_panic_in_the_inner_call_frees_its_slot() {
+    let layer = AdaptiveLimitLayer::new();
+    let mut service = layer.layer(tower::service_fn(
+        |_: Request<()>| -> std::future::Ready<Result<Response<()>, Infallible>> {
+            panic!("inner call panicked")
+        },
+    ));
+    let caught = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
+        drop(service.call(Request::new(())));
+    }));
+    assert!(caught.is_err());
+    assert_eq!(layer.status().in_flight, 0);
+}
+
 #[tokio::test(start_paused = true)]
 async fn under_the_overload_layer_rejections_become_the_stop_signal_when_retries_dominate() {
     let release = Arc::new(Notify::new());

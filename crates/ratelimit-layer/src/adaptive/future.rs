@@ -8,6 +8,7 @@ use std::task::{Context, Poll, ready};
 
 use http::{Response, StatusCode};
 use overload_signal::protocol::grpc_status;
+use overload_signal::signal::RejectionScope;
 use pin_project_lite::pin_project;
 
 use super::shared::{Admitted, Complete};
@@ -91,8 +92,13 @@ impl<F, B> ResponseFuture<F, B> {
 /// `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) in its head.
 ///
 /// Other failures (a 500 from a bug, a 404) are not about capacity: they neither lower the
-/// limit nor count as latency samples.
+/// limit nor count as latency samples; nor does a rejection marked
+/// [`RejectionScope::Caller`] (a keyed limit inside this one turning away one caller over
+/// its own quota), so that a single client cannot drive the limit down for everyone.
 pub(super) fn is_overload<B>(response: &Response<B>) -> bool {
+    if response.extensions().get::<RejectionScope>() == Some(&RejectionScope::Caller) {
+        return false;
+    }
     matches!(
         response.status(),
         StatusCode::TOO_MANY_REQUESTS

@@ -72,10 +72,12 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         match self.shared.try_admit() {
-            Some(admitted) => ResponseFuture::admitted(
-                self.inner.call(request),
-                Guard::new(Arc::clone(&self.shared) as Arc<dyn Complete>, admitted),
-            ),
+            Some(admitted) => {
+                // NOTE: the guard exists before the inner `call` runs, so that a panic in it
+                // (caught above, by a `CatchPanic` layer or the task) still frees the slot.
+                let guard = Guard::new(Arc::clone(&self.shared) as Arc<dyn Complete>, admitted);
+                ResponseFuture::admitted(self.inner.call(request), guard)
+            }
             None => {
                 tracing::trace!("adaptive limit reached");
                 let protocol = Protocol::of_request(&request);
