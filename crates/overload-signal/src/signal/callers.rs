@@ -307,9 +307,13 @@ impl<C: Clock> CallerLedger<C> {
     /// `requests` requests, is above `rule`'s threshold.
     ///
     /// NOTE: summing every class over the window reads `stripes * buckets * 258` words, up
-    /// to tens of microseconds on a many-core server; in a storm every rejection asks. The verdict is kept and reused
-    /// while the window stays in the same bucket and has grown by less than a sixteenth,
-    /// during which no class's weight or pressure can move by more than that.
+    /// to tens of microseconds on a many-core server; in a storm every rejection asks. The
+    /// verdict is kept and reused while the window stays in the same bucket and has grown by
+    /// less than a sixteenth. That bounds how much traffic arrives unseen, not how far the
+    /// figure moves: new retries concentrated on a few classes can move the per-caller
+    /// pressure by more than a sixteenth (800 retries on 8 of 128 classes of 100 requests
+    /// each move it by about 3 points), and the stale verdict then holds for the rest of the
+    /// bucket (1 s by default). The next bucket, or more growth, reads the window again.
     pub(crate) fn per_caller_fires(&self, rule: &StopRule, bucket: u64, requests: u64) -> bool {
         let kept = Verdict::unpack(self.verdict.load(Ordering::Relaxed));
         if let Some(fires) = kept.reuse(bucket, requests) {

@@ -124,7 +124,9 @@
 //! - **Caller-scoped rejections.** A keyed limit's rejection ([`RejectionScope::Caller`]) is
 //!   judged on the rejected caller's own class: a caller that forges retries is told to stop
 //!   when its own limit rejects it, and honest callers over their own limits keep their plain
-//!   `429`, whatever others send.
+//!   `429` whatever others send, unless they share the forger's class (with `k` callers,
+//!   each class holds about `k / 128` of them: the forger's class-mates are told to stop
+//!   too).
 //!
 //! What that means, with the default rule (5 %) and `n` classes in use:
 //!
@@ -132,10 +134,19 @@
 //!   its requests being retries moves the per-caller pressure by about `1/n` (at most
 //!   `2/(n + 1)` however uneven the others' traffic): 0.8 % (1.6 %) with every class in use,
 //!   which leaves the 5 % threshold to the honest callers' own retries; with 20 callers,
-//!   5 % (10 %): the fewer the callers, the more each one weighs. It gets the stop signal
-//!   itself on a rejection of its own key. It can hide its own retries (send `0`), which
-//!   lowers both figures by no more than its weight: it can delay the signal slightly,
-//!   never suppress a real storm.
+//!   5 % (10 %): the fewer the callers, the more each one weighs, and under about 20
+//!   classes in use (an internal tier with a handful of upstream pods) one caller that
+//!   sends only retries can fire the rule alone; the sustained rule then keeps the signal
+//!   for as long as the server rejects more than the threshold of its traffic. There,
+//!   [trust](OverloadSignalLayerBuilder::trust) only callers you run. It gets the stop
+//!   signal itself on a rejection of its own key.
+//! - **One caller can also hold the signal back.** The plain figure weighs requests by
+//!   volume, with no cap per caller, and both figures must fire: a caller that sends many
+//!   requests without retries (first tries, or no counter at all) dilutes the plain figure.
+//!   With 1 000 honest first tries and 100 retries in the window (9 %, a storm), one caller
+//!   adding 2 000 first tries brings it to 3.2 %, and the signal does not fire while it keeps
+//!   that up. A single client with most of a server's traffic has that weight whether it
+//!   lies or not; the rate limiter in front is what bounds it.
 //! - **A few callers** (`m` of them, in `m` classes) move the per-caller pressure by about
 //!   `m/n`: with every class in use, up to six of them (4.7 %) cannot fire it alone; seven
 //!   can, or fewer when the honest callers' own retries make up the difference.
