@@ -227,7 +227,7 @@ async fn one_callers_own_quota_rejections_leave_the_limit_alone() {
 #[test]
 fn a_panic_in_the_inner_call_frees_its_slot() {
     let layer = AdaptiveLimitLayer::new();
-    let mut service = layer.layer(tower::service_fn(
+    let mut service = layer.layer(service_fn(
         |_: Request<()>| -> std::future::Ready<Result<Response<()>, Infallible>> {
             panic!("inner call panicked")
         },

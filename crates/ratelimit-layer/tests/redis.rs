@@ -442,3 +442,40 @@ async fn requests_without_a_key_follow_the_missing_key_policy() {
     ];
     assert_eq!(codes(responses), [200, 200, 429, 429]);
 }
+
+/// While Redis is away, a request that the missing-key policy decides without a limit
+/// (`Bypass` here) never needed Redis: it is not counted as a fallback. A keyed request in
+/// the same layer is.
+#[tokio::test(flavor = "current_thread")]
+async fn requests_without_a_key_are_no_fallback_while_redis_is_away() {
+    use ratelimit_layer::key::{ClientIp, MissingKey};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let mut server = RedisServer::start();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(10))
+            .key_by_client_ip(ClientIp::new())
+            .missing_key(MissingKey::Bypass)
+            .redis(store(&server).await)
+            .budget(GENEROUS)
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    server.stop();
+    // A keyed request finds Redis away: one fallback, and the layer now knows.
+    let mut keyed = Request::new(());
+    keyed
+        .extensions_mut()
+        .insert(std::net::SocketAddr::from(([127, 0, 0, 7], 40_000)));
+    let response = svc.clone().oneshot(keyed).await.unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    let fallbacks = read(&snapshotter).fallbacks;
+    assert_eq!(fallbacks.iter().sum::<u64>(), 1, "{fallbacks:?}");
+    // Requests without a key are admitted by the policy, without asking anyone.
+    for _ in 0..3 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    }
+    assert_eq!(read(&snapshotter).fallbacks, [0, 0, 0]);
+}

@@ -1,5 +1,6 @@
 //! The layer's remote decision in Redis: the time budget, the fallback and the way back.
 
+use std::borrow::Cow;
 use std::fmt;
 use std::io::Write;
 use std::sync::atomic::{AtomicU64, Ordering};
@@ -90,6 +91,20 @@ where
             // without the round trip. Not a fallback.
             return None;
         }
+        // NOTE: the key first: a request that the missing-key policy decides without a
+        // limit (rejected, or admitted) never asks Redis, so it is not a fallback either
+        // when Redis is away.
+        let target = match &self.extract {
+            None => Target::Global,
+            Some(extract) => match extract.extract(parts) {
+                Some(key) => Target::Keyed(key),
+                None => match self.missing.as_deref() {
+                    // The local decision applies the policy (and logs and counts it, once).
+                    Some(m) if m.policy() != MissingKey::Shared => return None,
+                    _ => Target::Unkeyed,
+                },
+            },
+        };
         if !shared.may_ask() {
             shared.metrics.fallback(Reason::Unavailable);
             return None;
@@ -101,37 +116,42 @@ where
                 return None;
             }
         };
-        let (cmd, class) = match &self.extract {
-            None => (
+        let (cmd, class) = match target {
+            Target::Global => (
                 command::<()>(settings, KeyName::Global, cost, None),
                 KeyClass::Global,
             ),
-            Some(extract) => match extract.extract(parts) {
-                Some(key) => (
-                    command(settings, KeyName::Keyed(&*key), cost, None),
-                    KeyClass::Keyed,
-                ),
-                None => match self.missing.as_deref() {
-                    // Rejected, or admitted without a limit: nothing to ask Redis; the local
-                    // decision applies the policy (and logs and counts it, once).
-                    Some(m) if m.policy() != MissingKey::Shared => return None,
-                    missing => {
-                        // NOTE: counted here; if Redis then fails to answer, the local
-                        // fallback counts the request a second time.
-                        missing.map(MissingKeyPolicy::apply);
-                        (
-                            command::<()>(settings, KeyName::Unkeyed, cost, None),
-                            KeyClass::Unkeyed,
-                        )
-                    }
-                },
-            },
+            Target::Keyed(key) => (
+                command(settings, KeyName::Keyed(&*key), cost, None),
+                KeyClass::Keyed,
+            ),
+            Target::Unkeyed => {
+                // NOTE: counted here; if Redis then fails to answer, the local fallback
+                // counts the request a second time.
+                if let Some(missing) = self.missing.as_deref() {
+                    missing.apply();
+                }
+                (
+                    command::<()>(settings, KeyName::Unkeyed, cost, None),
+                    KeyClass::Unkeyed,
+                )
+            }
         };
         let shared = Arc::clone(&self.shared);
         Some(RemoteDecision::new(decide(
             shared, connection, cmd, cost, class,
         )))
     }
+}
+
+/// What a request's decision is asked of Redis about.
+enum Target<'a, L: ?Sized + ToOwned> {
+    /// The layer's one global limit.
+    Global,
+    /// The request's key.
+    Keyed(Cow<'a, L>),
+    /// A keyed limit's request without a key, under `MissingKey::Shared`: one bucket for all.
+    Unkeyed,
 }
 
 /// One decision: the script within the budget, its reply read, the health updated.
