@@ -179,6 +179,56 @@ async fn overload_failures_lower_the_limit() {
     assert!(limit < 50, "{limit}");
 }
 
+/// Under a timeout above the limit, a service that slows down sees its requests dropped,
+/// not completed. Those dropped after running longer than the baseline's tolerance are
+/// sampled with the time they ran, so the limit comes down; a request dropped early (a
+/// client gone after 1 ms) is not.
+#[tokio::test(start_paused = true)]
+async fn requests_dropped_by_a_timeout_above_still_bring_the_limit_down() {
+    let layer = AdaptiveLimitLayer::builder()
+        .probe_samples(10)
+        .min_samples(10)
+        .initial_limit(50)
+        .build()
+        .unwrap();
+    let delay = Arc::new(AtomicUsize::new(10));
+    let d = Arc::clone(&delay);
+    let service = layer.layer(service_fn(move |_: Request<()>| {
+        let ms = d.load(Ordering::SeqCst) as u64;
+        async move {
+            tokio::time::sleep(Duration::from_millis(ms)).await;
+            Ok::<_, Infallible>(Response::new(()))
+        }
+    }));
+    // The baseline: ten requests of 10 ms.
+    for _ in 0..10 {
+        service.clone().oneshot(Request::new(())).await.unwrap();
+    }
+    assert_eq!(layer.status().limit, 50);
+    let with_timeout = |budget_ms: u64| {
+        let service = service.clone();
+        async move {
+            tokio::time::timeout(
+                Duration::from_millis(budget_ms),
+                service.oneshot(Request::new(())),
+            )
+            .await
+        }
+    };
+    // Clients that leave after 1 ms say nothing about the service.
+    for _ in 0..30 {
+        assert!(with_timeout(1).await.is_err());
+    }
+    assert_eq!(layer.status().limit, 50, "early drops are not samples");
+    // The service slows to a second; a 100 ms timeout above drops every request.
+    delay.store(1000, Ordering::SeqCst);
+    for _ in 0..30 {
+        assert!(with_timeout(100).await.is_err());
+    }
+    let limit = layer.status().limit;
+    assert!(limit < 50, "{limit}");
+}
+
 /// A keyed limit inside the adaptive one rejects one caller over its own quota with a `429`
 /// marked `RejectionScope::Caller`: that says nothing about capacity, so it must not lower
 /// the limit for everyone, where the same `429` unmarked does.

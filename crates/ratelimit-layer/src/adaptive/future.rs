@@ -66,7 +66,7 @@ impl Drop for Guard {
     fn drop(&mut self) {
         if !self.done {
             // NOTE: dropped before completing (the client went away, a timeout above fired):
-            // the slot is given back, and no latency is recorded.
+            // the slot is given back; `complete` decides whether the time it ran is a sample.
             self.shared.complete(&self.admitted, None);
         }
     }

@@ -81,7 +81,11 @@
 //!   service. Counted toward the failure share; its latency is not sampled (a fast failure
 //!   says nothing about queueing);
 //! - its future is dropped before it completes (the client went away, a timeout above
-//!   fired): its slot is freed and nothing is recorded.
+//!   fired): its slot is freed. If it ran longer than the baseline times the tolerance, the
+//!   time it ran is sampled as its latency (a lower bound), so that a timeout layer above
+//!   this one cannot hide a slowing service from the limit; a request dropped sooner
+//!   records nothing (a client leaving says nothing about the service). Nothing dropped is
+//!   sampled while the baseline is measured.
 //!
 //! # Examples
 //!

@@ -30,7 +30,13 @@ pub(crate) struct Shared<C> {
     /// Requests admitted before this time (clock nanoseconds) are not sampled: set when the
     /// limit changes, so that a window measures the limit in force.
     sample_floor: AtomicU64,
+    /// A request dropped before it completed (an outer timeout fired, the client went away)
+    /// after running longer than this (clock nanoseconds: the baseline times the tolerance)
+    /// is sampled with the time it ran, a lower bound on its latency; `u64::MAX` while there
+    /// is no baseline or one is being measured. See [`Complete::complete`].
+    slow_drop: AtomicU64,
     quantile: f64,
+    tolerance: f64,
     controller: Mutex<Controller>,
     pub(super) retry_after: Duration,
     metrics: Metrics,
@@ -60,7 +66,9 @@ impl<C: Clock> Shared<C> {
             close_at: AtomicU64::new(now.saturating_add(controller.window_nanos())),
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
             sample_floor: AtomicU64::new(0),
+            slow_drop: AtomicU64::new(u64::MAX),
             quantile: settings.quantile,
+            tolerance: settings.tolerance,
             controller: Mutex::new(controller),
             retry_after,
             metrics: Metrics::new(policy_name),
@@ -102,7 +110,14 @@ impl<C: Clock> Shared<C> {
 /// type.
 pub(super) trait Complete: Send + Sync + 'static {
     /// Ends an admitted request: `Some(failed)` when it completed, `None` when it was
-    /// dropped before (its latency is unknown, and says nothing about the service).
+    /// dropped before.
+    ///
+    /// A dropped request's latency is unknown. One dropped early (a client that went away)
+    /// says nothing about the service and is not sampled. One dropped after running longer
+    /// than the baseline times the tolerance is sampled with the time it ran: under a
+    /// timeout layer above this one, a slowing service's requests are dropped, not
+    /// completed, and without these samples only the fast completions would be measured and
+    /// the limit would hold while most requests time out.
     fn complete(&self, admitted: &Admitted, outcome: Option<bool>);
 }
 
@@ -110,17 +125,18 @@ impl<C: Clock> Complete for Shared<C> {
     #[inline]
     fn complete(&self, admitted: &Admitted, outcome: Option<bool>) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
-        let Some(failed) = outcome else {
-            return;
-        };
         let now = self.clock.now();
         if admitted.started < self.sample_floor.load(Ordering::Relaxed) {
             return;
         }
-        if failed {
-            self.sampler.record_failure();
-        } else {
-            self.sampler.record(now.saturating_sub(admitted.started));
+        let elapsed = now.saturating_sub(admitted.started);
+        match outcome {
+            Some(true) => self.sampler.record_failure(),
+            Some(false) => self.sampler.record(elapsed),
+            None if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
+                self.sampler.record(elapsed);
+            }
+            None => return,
         }
         if now >= self.close_at.load(Ordering::Relaxed)
             && self.sampler.outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed)
@@ -166,6 +182,16 @@ impl<C: Clock> Shared<C> {
             self.sample_floor.store(now, Ordering::Relaxed);
         }
         self.limit.store(update.limit, Ordering::Relaxed);
+        // NOTE: no dropped request is sampled while the baseline is measured: its samples
+        // must be completed requests at the minimum limit.
+        let slow_drop = match (controller.baseline(), controller.phase()) {
+            (Some(baseline), phase) if !matches!(phase, Phase::Probing { .. }) => {
+                // Float to integer casts saturate: a huge product is `u64::MAX`, never sampled.
+                (baseline as f64 * self.tolerance) as u64
+            }
+            _ => u64::MAX,
+        };
+        self.slow_drop.store(slow_drop, Ordering::Relaxed);
         self.close_after_outcomes
             .store(controller.samples_needed(), Ordering::Relaxed);
         self.close_at.store(
