@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use backoff_layer::backoff::{Exponential, Fixed, Seeds};
 use backoff_layer::budget::Unlimited;
-use backoff_layer::{AttemptTimedOut, BoxError, GaveUp, GiveUpReason, RetryInfo, RetryLayer};
+use backoff_layer::{AttemptTimedOut, GiveUpReason, RetryInfo, RetryLayer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use overload_signal::protocol::Attempt;
 use overload_signal::{is_overloaded, propagation};
-use support::{MS, Mock, Reply, SECOND, status};
+use support::{MS, Mock, Reply, SECOND, gave_up, get, info, status};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
@@ -27,12 +27,6 @@ fn layer() -> RetryBuilder {
         .backoff(Fixed::every(100 * MS).unwrap())
         .budget(Unlimited)
         .seeds(Seeds::from_seed(1))
-}
-
-fn get() -> Request<Empty<Bytes>> {
-    Request::get("http://example.test/")
-        .body(Empty::new())
-        .unwrap()
 }
 
 /// A unary gRPC call as tonic sends it: a `POST` with `content-type: application/grpc` and a
@@ -50,17 +44,6 @@ fn grpc(code: &'static str, extra: &[(&'static str, &'static str)]) -> Reply {
     let mut headers = vec![("content-type", "application/grpc"), ("grpc-status", code)];
     headers.extend_from_slice(extra);
     Reply::Status(200, headers)
-}
-
-fn info(r: &Response<Empty<Bytes>>) -> RetryInfo {
-    *r.extensions()
-        .get::<RetryInfo>()
-        .expect("RetryInfo on every response")
-}
-
-fn gave_up(e: &BoxError) -> &GaveUp {
-    e.downcast_ref::<GaveUp>()
-        .unwrap_or_else(|| panic!("expected GaveUp, got {e:?}"))
 }
 
 // --- 1. The stop signal counts on failures only. ---------------------------------------------

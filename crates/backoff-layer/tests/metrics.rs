@@ -9,11 +9,8 @@ use std::collections::HashMap;
 use backoff_layer::RetryLayer;
 use backoff_layer::backoff::{Fixed, Seeds};
 use backoff_layer::budget::Budget;
-use bytes::Bytes;
-use http::Request;
-use http_body_util::Empty;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
-use support::{MS, Mock, Reply, status};
+use support::{MS, Mock, Reply, get, status};
 use tower::{Layer, ServiceExt};
 
 struct Refuse;
@@ -24,12 +21,6 @@ impl Budget for Refuse {
     fn withdraw(&self) -> bool {
         false
     }
-}
-
-fn get() -> Request<Empty<Bytes>> {
-    Request::get("http://example.test/")
-        .body(Empty::new())
-        .unwrap()
 }
 
 #[tokio::test(start_paused = true)]

@@ -10,13 +10,13 @@ use std::time::Duration;
 
 use backoff_layer::backoff::{Exponential, Fixed, Seeds};
 use backoff_layer::budget::Budget;
-use backoff_layer::{AttemptTimedOut, BoxError, GaveUp, GiveUpReason, RetryInfo, RetryLayer};
+use backoff_layer::{AttemptTimedOut, BoxError, GiveUpReason, RetryInfo, RetryLayer};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
 use overload_signal::protocol::{Attempt, IDEMPOTENCY_KEY};
 use overload_signal::{Overloaded, propagation};
-use support::{MS, Mock, Reply, SECOND, status};
+use support::{MS, Mock, Reply, SECOND, gave_up, get, info, status};
 use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
 
@@ -24,12 +24,6 @@ fn layer() -> RetryBuilder {
     RetryLayer::builder()
         .backoff(Fixed::every(100 * MS).unwrap())
         .seeds(Seeds::from_seed(1))
-}
-
-fn get() -> Request<Empty<Bytes>> {
-    Request::get("http://example.test/")
-        .body(Empty::new())
-        .unwrap()
 }
 
 async fn send<B>(
@@ -51,17 +45,6 @@ where
 }
 
 use backoff_layer::RetryBuilder;
-
-fn info(r: &Response<Empty<Bytes>>) -> RetryInfo {
-    *r.extensions()
-        .get::<RetryInfo>()
-        .expect("RetryInfo on every response")
-}
-
-fn gave_up(e: &BoxError) -> &GaveUp {
-    e.downcast_ref::<GaveUp>()
-        .unwrap_or_else(|| panic!("expected GaveUp, got {e:?}"))
-}
 
 #[tokio::test(start_paused = true)]
 async fn attempt_header_is_0_then_1_then_2() {

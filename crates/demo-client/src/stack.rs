@@ -174,6 +174,27 @@ mod tests {
         (svc, seen)
     }
 
+    /// The demo client stack as the tests use it: 2 s per attempt, the default body cap,
+    /// seed 1.
+    fn test_stack<T, B>(transport: T, strategy: Strategy, recorder: &Recorder) -> DemoService
+    where
+        T: Service<Request<TransportBody>, Response = Response<B>> + Clone + Send + Sync + 'static,
+        T::Future: Send + 'static,
+        T::Error: Into<BoxError>,
+        B: Body + Send + 'static,
+        B::Data: Send,
+        B::Error: Into<BoxError>,
+    {
+        client_stack(
+            transport,
+            strategy,
+            Duration::from_secs(2),
+            MAX_BODY,
+            1,
+            recorder,
+        )
+    }
+
     fn request() -> Request<DemoBody> {
         let mut req = Request::get("http://127.0.0.1:1/api")
             .body(DemoBody::default())
@@ -195,14 +216,7 @@ mod tests {
         for strategy in [Strategy::Fixed, Strategy::Exponential] {
             let recorder = Recorder::new();
             let (server, seen) = flaky(5);
-            let stack = client_stack(
-                server,
-                strategy,
-                Duration::from_secs(2),
-                MAX_BODY,
-                1,
-                &recorder,
-            );
+            let stack = test_stack(server, strategy, &recorder);
             let result = stack.oneshot(request()).await;
             assert_eq!(Outcome::of(&result), Outcome::Ok, "{strategy}");
             assert_eq!(seen.load(Ordering::SeqCst), 6, "{strategy}");
@@ -221,12 +235,9 @@ mod tests {
             Ok::<_, Infallible>(Response::new(DemoBody::default()))
         });
         let recorder = Recorder::new();
-        let stack = client_stack(
+        let stack = test_stack(
             Loopback::new(server, gate.clone(), Abandoned::Serve),
             Strategy::Fixed,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
             &recorder,
         );
         gate.pause();
@@ -283,14 +294,7 @@ mod tests {
         for strategy in [Strategy::Fixed, Strategy::Exponential] {
             let recorder = Recorder::new();
             let (server, seen) = stopping(4);
-            let stack = client_stack(
-                server,
-                strategy,
-                Duration::from_secs(2),
-                MAX_BODY,
-                1,
-                &recorder,
-            );
+            let stack = test_stack(server, strategy, &recorder);
             let result = stack.oneshot(request()).await;
             assert_eq!(Outcome::of(&result), Outcome::Ok, "{strategy}");
             assert_eq!(*seen.lock().unwrap(), vec![None; 5], "{strategy}");
@@ -307,14 +311,7 @@ mod tests {
     async fn full_sends_the_attempt_header_and_stops_at_the_stop_signal() {
         let recorder = Recorder::new();
         let (server, seen) = stopping(1);
-        let stack = client_stack(
-            server,
-            Strategy::Full,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Full, &recorder);
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Error);
         assert!(backoff_layer::is_overloaded(result.unwrap_err().as_ref()));
@@ -341,14 +338,7 @@ mod tests {
             });
             (svc, seen)
         };
-        let stack = client_stack(
-            server,
-            Strategy::Full,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Full, &recorder);
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Ok);
         assert_eq!(*seen.lock().unwrap(), vec!["0", "1", "2"]);
@@ -358,14 +348,7 @@ mod tests {
     async fn full_gives_up_after_three_attempts() {
         let recorder = Recorder::new();
         let (server, seen) = flaky(5);
-        let stack = client_stack(
-            server,
-            Strategy::Full,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Full, &recorder);
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Error);
         assert_eq!(seen.load(Ordering::SeqCst), 3);
@@ -378,14 +361,7 @@ mod tests {
             tokio::time::sleep(Duration::from_secs(60)).await;
             Ok::<_, Infallible>(Response::new(DemoBody::default()))
         });
-        let stack = client_stack(
-            server,
-            Strategy::Full,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Full, &recorder);
         let start = tokio::time::Instant::now();
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Timeout);
@@ -402,14 +378,7 @@ mod tests {
     async fn fixed_waits_100ms_between_attempts() {
         let recorder = Recorder::new();
         let (server, _seen) = flaky(3);
-        let stack = client_stack(
-            server,
-            Strategy::Fixed,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Fixed, &recorder);
         let start = tokio::time::Instant::now();
         stack.oneshot(request()).await.unwrap();
         assert_eq!(start.elapsed(), Duration::from_millis(300));
@@ -420,14 +389,7 @@ mod tests {
     async fn exponential_doubles_with_the_articles_jitter() {
         let recorder = Recorder::new();
         let (server, _seen) = flaky(3);
-        let stack = client_stack(
-            server,
-            Strategy::Exponential,
-            Duration::from_secs(2),
-            MAX_BODY,
-            1,
-            &recorder,
-        );
+        let stack = test_stack(server, Strategy::Exponential, &recorder);
         let start = tokio::time::Instant::now();
         stack.oneshot(request()).await.unwrap();
         // 100 + 200 + 400 ms, each moved by a normal jitter of 10% of itself: the sum has a

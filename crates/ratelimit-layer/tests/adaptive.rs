@@ -143,26 +143,28 @@ fn clones_share_one_limit_and_the_fake_clock_measures_latency() {
     assert_eq!(status.limit, 7, "back at the initial limit");
 }
 
-#[tokio::test(start_paused = true)]
-async fn overload_failures_lower_the_limit() {
-    let layer = AdaptiveLimitLayer::builder()
+/// A limit past its baseline measurement (ten requests of 10 ms), at 50.
+fn tracking_layer() -> AdaptiveLimitLayer {
+    AdaptiveLimitLayer::builder()
         .probe_samples(10)
         .min_samples(10)
         .initial_limit(50)
         .build()
-        .unwrap();
-    let failing = AtomicUsize::new(0);
-    let failing = Arc::new(failing);
+        .unwrap()
+}
+
+/// The limit after a service of 10 ms ends the baseline measurement with ten successes and
+/// then answers thirty requests with `failure()`.
+async fn limit_after_failures(failure: impl Fn() -> Response<()> + Send + Sync + 'static) -> usize {
+    let layer = tracking_layer();
+    let failing = Arc::new(AtomicUsize::new(0));
     let f = Arc::clone(&failing);
+    let failure = Arc::new(failure);
     let service = layer.layer(service_fn(move |_: Request<()>| {
-        let fail = f.load(Ordering::SeqCst) == 1;
+        let response = (f.load(Ordering::SeqCst) == 1).then(|| failure());
         async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            let mut r = Response::new(());
-            if fail {
-                *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            }
-            Ok::<_, Infallible>(r)
+            Ok::<_, Infallible>(response.unwrap_or_else(|| Response::new(())))
         }
     }));
     // End the probe: ten successes.
@@ -175,7 +177,18 @@ async fn overload_failures_lower_the_limit() {
         tokio::time::sleep(Duration::from_millis(10)).await;
         service.clone().oneshot(Request::new(())).await.unwrap();
     }
-    let limit = layer.status().limit;
+    layer.status().limit
+}
+
+fn with_status(status: StatusCode) -> Response<()> {
+    let mut response = Response::new(());
+    *response.status_mut() = status;
+    response
+}
+
+#[tokio::test(start_paused = true)]
+async fn overload_failures_lower_the_limit() {
+    let limit = limit_after_failures(|| with_status(StatusCode::SERVICE_UNAVAILABLE)).await;
     assert!(limit < 50, "{limit}");
 }
 
@@ -185,12 +198,7 @@ async fn overload_failures_lower_the_limit() {
 /// client gone after 1 ms) is not.
 #[tokio::test(start_paused = true)]
 async fn requests_dropped_by_a_timeout_above_still_bring_the_limit_down() {
-    let layer = AdaptiveLimitLayer::builder()
-        .probe_samples(10)
-        .min_samples(10)
-        .initial_limit(50)
-        .build()
-        .unwrap();
+    let layer = tracking_layer();
     let delay = Arc::new(AtomicUsize::new(10));
     let d = Arc::clone(&delay);
     let service = layer.layer(service_fn(move |_: Request<()>| {
@@ -236,38 +244,14 @@ async fn requests_dropped_by_a_timeout_above_still_bring_the_limit_down() {
 async fn one_callers_own_quota_rejections_leave_the_limit_alone() {
     use overload_signal::signal::RejectionScope;
     for (scope, lowered) in [(Some(RejectionScope::Caller), false), (None, true)] {
-        let layer = AdaptiveLimitLayer::builder()
-            .probe_samples(10)
-            .min_samples(10)
-            .initial_limit(50)
-            .build()
-            .unwrap();
-        let rejecting = Arc::new(AtomicUsize::new(0));
-        let r = Arc::clone(&rejecting);
-        let service = layer.layer(service_fn(move |_: Request<()>| {
-            let reject = r.load(Ordering::SeqCst) == 1;
-            async move {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-                let mut response = Response::new(());
-                if reject {
-                    *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-                    if let Some(scope) = scope {
-                        response.extensions_mut().insert(scope);
-                    }
-                }
-                Ok::<_, Infallible>(response)
+        let limit = limit_after_failures(move || {
+            let mut response = with_status(StatusCode::TOO_MANY_REQUESTS);
+            if let Some(scope) = scope {
+                response.extensions_mut().insert(scope);
             }
-        }));
-        for _ in 0..10 {
-            service.clone().oneshot(Request::new(())).await.unwrap();
-        }
-        assert_eq!(layer.status().limit, 50);
-        rejecting.store(1, Ordering::SeqCst);
-        for _ in 0..30 {
-            tokio::time::sleep(Duration::from_millis(10)).await;
-            service.clone().oneshot(Request::new(())).await.unwrap();
-        }
-        let limit = layer.status().limit;
+            response
+        })
+        .await;
         assert_eq!(limit < 50, lowered, "{scope:?}: limit {limit}");
     }
 }

@@ -151,3 +151,23 @@ pub fn expected_bytes(chunks: usize, size: usize) -> Vec<u8> {
 
 pub const SECOND: Duration = Duration::from_secs(1);
 pub const MS: Duration = Duration::from_millis(1);
+
+/// A `GET` of `http://example.test/` without a body.
+pub fn get() -> Request<Empty<Bytes>> {
+    Request::get("http://example.test/")
+        .body(Empty::new())
+        .unwrap()
+}
+
+/// The `RetryInfo` the layer puts on every response.
+pub fn info(r: &Response<Empty<Bytes>>) -> backoff_layer::RetryInfo {
+    *r.extensions()
+        .get::<backoff_layer::RetryInfo>()
+        .expect("RetryInfo on every response")
+}
+
+/// The `GaveUp` an error must be.
+pub fn gave_up(e: &BoxError) -> &backoff_layer::GaveUp {
+    e.downcast_ref::<backoff_layer::GaveUp>()
+        .unwrap_or_else(|| panic!("expected GaveUp, got {e:?}"))
+}
