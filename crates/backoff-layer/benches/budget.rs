@@ -5,7 +5,7 @@
 //! - `RetryBudget/tokio_clock` against `tower TpsBudget`: like with like. Both read tokio's
 //!   clock (`tokio::time::Instant::now()`) on every call, so the difference is the budgets'
 //!   own work: a striped compare-and-swap and a window sum against a mutex and a sum.
-//! - `RetryBudget/coarse_clock`: the same budget on `overload_signal::clock::CoarseClock`
+//! - `RetryBudget/coarse_clock`: the same budget on `overload_core::clock::CoarseClock`
 //!   (the kernel's coarse monotonic clock, one tick of 1 to 10 ms resolution), the opt-in
 //!   for callers whose clock read is most of the cost. `TpsBudget` has no such option; the
 //!   `clock` group shows what each clock read costs alone.
@@ -30,7 +30,7 @@ use std::time::Duration;
 
 use backoff_layer::budget::{Budget, RetryBudget};
 use criterion::{Criterion, criterion_group, criterion_main};
-use overload_signal::clock::{Clock, CoarseClock, TokioClock};
+use overload_core::clock::{Clock, CoarseClock, TokioClock};
 use tower::retry::budget::{Budget as TowerBudget, TpsBudget};
 
 /// The budgets behind one face, so every benchmark runs the same loop for each.

@@ -94,7 +94,7 @@ use std::fmt;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 use rand::rngs::SmallRng;
 use rand::{Rng, RngCore, SeedableRng, TryRngCore};
 use rand_distr::StandardNormal;
@@ -1308,7 +1308,7 @@ mod tests {
         (e.field(), e.kind(), e.to_string())
     }
 
-    use overload_signal::ConfigErrorKind::{self, Conflict, NotFinite, OutOfRange};
+    use overload_core::ConfigErrorKind::{self, Conflict, NotFinite, OutOfRange};
 
     #[test]
     fn invalid_configurations_are_refused_by_name_value_and_rule() {

@@ -31,7 +31,7 @@
 //! ```
 //! use std::time::Duration;
 //! use backoff_layer::budget::{Budget, RetryBudget};
-//! use overload_signal::clock::CoarseClock;
+//! use overload_core::clock::CoarseClock;
 //!
 //! let budget = RetryBudget::builder()
 //!     .ratio(0.6)
@@ -72,9 +72,9 @@
 use std::fmt;
 use std::time::Duration;
 
-use overload_signal::ConfigError;
-use overload_signal::clock::{Clock, TokioClock};
-use overload_signal::window::Window;
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, TokioClock};
+use overload_core::window::Window;
 
 /// A retry budget shared by every clone of a client.
 ///
@@ -146,7 +146,7 @@ const DEPOSITS: usize = 0;
 ///   10 per second, a client sending fewer than 100 requests per second would get more than
 ///   twice its 10% share, and a fleet of quiet clients would retry far more than 10% in total.
 /// - **clock: [`TokioClock`]**, so under `tokio::time::pause()` the window slides with the
-///   paused clock. [`CoarseClock`](overload_signal::clock::CoarseClock) (through
+///   paused clock. [`CoarseClock`](overload_core::clock::CoarseClock) (through
 ///   [`clock`](RetryBudgetBuilder::clock)) reads the time in a few nanoseconds instead of
 ///   tens, which is most of a deposit's cost; slots then start up to one kernel tick (1 to
 ///   10 ms) late, and paused time no longer moves the budget.
@@ -155,7 +155,7 @@ const DEPOSITS: usize = 0;
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`
 /// (the retry layer holds it as `Arc<dyn Budget>`). It is an
-/// [`overload_signal::window::Window`]: a deposit reads the clock and adds one with a
+/// [`overload_core::window::Window`]: a deposit reads the clock and adds one with a
 /// compare-and-swap on a counter of the calling thread's own stripe, so threads on different
 /// cores do not contend; a withdrawal reads the window's deposits and withdrawals and takes
 /// its retry with a compare-and-swap on the word that holds the current slot's withdrawals,
@@ -377,7 +377,7 @@ impl<C: Clock> RetryBudgetBuilder<C> {
     }
 
     /// The clock the budget reads. Default: [`TokioClock`], which follows tokio's paused
-    /// time; [`CoarseClock`](overload_signal::clock::CoarseClock) costs less per call (see
+    /// time; [`CoarseClock`](overload_core::clock::CoarseClock) costs less per call (see
     /// [Defaults](RetryBudget#defaults) for what it changes).
     pub fn clock<C2: Clock>(self, clock: C2) -> RetryBudgetBuilder<C2> {
         RetryBudgetBuilder {
@@ -474,7 +474,7 @@ mod loom_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use overload_signal::clock::{CoarseClock, FakeClock};
+    use overload_core::clock::{CoarseClock, FakeClock};
     use proptest::prelude::*;
     use std::sync::Arc;
     use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
@@ -650,7 +650,7 @@ mod tests {
 
     #[test]
     fn invalid_settings_are_refused_by_name() {
-        use overload_signal::ConfigErrorKind::{Conflict, NotFinite, OutOfRange};
+        use overload_core::ConfigErrorKind::{Conflict, NotFinite, OutOfRange};
         let cases: [(RetryBudgetBuilder, &str, _, &str); 10] = [
             (
                 RetryBudget::builder().ratio(f64::NAN),

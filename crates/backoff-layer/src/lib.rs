@@ -232,7 +232,7 @@ mod retry;
 
 pub use body::ReplayBody;
 pub use outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
-pub use overload_signal::{ConfigError, ConfigErrorKind};
+pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
 pub use retry::{Retry, RetryBuilder, RetryLayer};

@@ -23,7 +23,7 @@ use std::task::{Context, Poll, Waker};
 
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response, StatusCode};
-use overload_signal::clock::{Clock, CoarseClock};
+use overload_core::clock::{Clock, CoarseClock};
 use overload_signal::protocol::{Attempt, X_REQUEST_ATTEMPT};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use tower::{Layer, Service, service_fn};

@@ -18,7 +18,7 @@
 //! is one compare-and-swap on a counter of the recording thread's own stripe (so cores do not
 //! contend on one word), which also resets a counter left over from an old bucket; there is no
 //! lock, no background task, and no moment where a reset can lose a concurrent record. See
-//! the [window's docs](crate::window) for the guarantees.
+//! the [window's docs](overload_core::window) for the guarantees.
 //!
 //! Time is read from a [`Clock`], [`TokioClock`] by default, so tests run under
 //! `tokio::time::pause()`.
@@ -48,17 +48,17 @@
 //!     .build()?;
 //! assert_eq!(histogram.window(), Duration::from_secs(30));
 //! assert_eq!(histogram.bucket_width(), Duration::from_secs(5));
-//! # Ok::<(), overload_signal::ConfigError>(())
+//! # Ok::<(), overload_core::ConfigError>(())
 //! ```
 
 use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use crate::ConfigError;
-use crate::clock::{Clock, TokioClock};
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, TokioClock};
 use crate::protocol::Attempt;
-use crate::window::Window;
+use overload_core::window::Window;
 
 /// The class a request's attempt counter falls into.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -334,7 +334,7 @@ impl<C: Clock> AttemptHistogramBuilder<C> {
     }
 
     /// The clock the histogram reads. Default: [`TokioClock`], which follows tokio's paused
-    /// time; [`CoarseClock`](crate::clock::CoarseClock) costs less per record.
+    /// time; [`CoarseClock`](overload_core::clock::CoarseClock) costs less per record.
     pub fn clock<C2: Clock>(self, clock: C2) -> AttemptHistogramBuilder<C2> {
         AttemptHistogramBuilder {
             window: self.window,
@@ -507,8 +507,8 @@ mod loom_tests;
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConfigErrorKind;
-    use crate::clock::FakeClock;
+    use overload_core::ConfigErrorKind;
+    use overload_core::clock::FakeClock;
 
     fn secs(n: u64) -> Duration {
         Duration::from_secs(n)

@@ -15,9 +15,9 @@
 //! And the server side of the paper's second defence:
 //!
 //! - [`AttemptHistogram`]: a lock-free sliding-window histogram of the attempt counters a
-//!   server receives, and the share of them that are retries, built on [`window`]: the one
-//!   time-slotted atomic window of the workspace, which the retry budget of `backoff-layer`
-//!   uses too.
+//!   server receives, and the share of them that are retries, built on `overload-core`'s
+//!   window: the one time-slotted atomic window of the workspace, which the retry budget of
+//!   `backoff-layer` uses too.
 //! - [`OverloadSignalLayer`]: a Tower layer, outside the rate limiter, that records every
 //!   request, answers a rejection with "stop retrying" when the retry share says the whole
 //!   fleet is drowning in retries ([`StopRule`]), and passes a downstream stop signal up to
@@ -72,16 +72,17 @@
 //!     }));
 //! # drop(service);
 //! // `histogram.snapshot()` reads the window at any time.
-//! # Ok::<(), overload_signal::ConfigError>(())
+//! # Ok::<(), overload_core::ConfigError>(())
 //! ```
 //!
 //! # Configuration
 //!
 //! Every configurable type has `new()` for its defaults and `builder()` with named
 //! setters; a `build()` that can fail returns [`ConfigError`], which names the setting,
-//! the value and the rule (`backoff-layer` and `ratelimit-layer` return the same type). Time
-//! is read through [`clock::Clock`]: tokio's clock by default, so tests run under paused
-//! time; [`clock::CoarseClock`] where the clock read is most of the cost.
+//! the value and the rule (`backoff-layer` and `ratelimit-layer` return the same type,
+//! `overload-core`'s). Time is read through [`clock::Clock`] (`overload-core`'s module,
+//! re-exported): tokio's clock by default, so tests run under paused time;
+//! [`clock::CoarseClock`] where the clock read is most of the cost.
 //!
 //! # Metrics
 //!
@@ -117,19 +118,17 @@
 
 #[cfg(feature = "axum")]
 mod axum;
-pub mod clock;
-mod config_error;
 mod error;
 pub mod histogram;
-mod macros;
 pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
-mod sync;
-pub mod window;
 
-pub use config_error::{ConfigError, ConfigErrorKind};
+// NOTE: not inlined: the module is `overload-core`'s, documented there.
+#[doc(no_inline)]
+pub use overload_core::clock;
+pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 pub use signal::{

@@ -5,7 +5,7 @@ use std::fmt;
 use std::str::FromStr;
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 
 use crate::algorithm::{FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::key::ClientIp;
@@ -433,7 +433,7 @@ mod tests {
         .layer()
         .unwrap_err();
         assert_eq!(err.field(), "policy_name");
-        assert_eq!(err.kind(), overload_signal::ConfigErrorKind::Invalid);
+        assert_eq!(err.kind(), overload_core::ConfigErrorKind::Invalid);
     }
 
     #[cfg(feature = "redis")]

@@ -26,7 +26,7 @@ use std::sync::Arc;
 
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName};
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 use overload_signal::signal::CallerKey;
 
 /// What a keyed limit does with a request from which its extractor gets no key, chosen when

@@ -12,8 +12,8 @@ use std::sync::{OnceLock, PoisonError, RwLock};
 use std::time::Duration;
 
 use hashbrown::HashTable;
-use overload_signal::ConfigError;
-use overload_signal::clock::{Clock, TokioClock, saturating_nanos};
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, TokioClock, saturating_nanos};
 
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::metric_names;
@@ -556,7 +556,7 @@ impl<L: Limiter + fmt::Debug, K, C: fmt::Debug> fmt::Debug for KeyedLimiter<L, K
 mod tests {
     use super::*;
     use crate::{SlidingWindow, TokenBucket};
-    use overload_signal::clock::FakeClock;
+    use overload_core::clock::FakeClock;
     use std::net::{IpAddr, Ipv4Addr};
 
     fn with_clock<L: Limiter, K: Hash + Eq>(

@@ -220,14 +220,13 @@ pub mod metric_names;
 pub mod protect;
 #[cfg(feature = "redis")]
 pub mod redis;
-mod sync;
 
 // NOTE: not inlined: the module is `overload-signal`'s, documented there.
 #[doc(no_inline)]
-pub use overload_signal::clock;
+pub use overload_core::clock;
 
 pub use adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 pub use layer::{RateLimit, RateLimitBuilder, RateLimitLayer};
-pub use overload_signal::{ConfigError, ConfigErrorKind};
+pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use protect::{OverloadProtectionLayer, OverloadProtectionLayerBuilder};

@@ -90,7 +90,7 @@
 
 use std::fmt;
 
-use overload_signal::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use overload_signal::{OverloadSignal, OverloadSignalLayer};
 use tower_layer::Layer;
 

@@ -4,7 +4,7 @@
 use std::net::{IpAddr, Ipv6Addr};
 use std::time::Duration;
 
-use overload_signal::clock::FakeClock;
+use overload_core::clock::FakeClock;
 use ratelimit_layer::keyed::{KeyClass, KeyedLimiter};
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
 

@@ -2,7 +2,7 @@
 //!
 //! `RUSTFLAGS="--cfg loom" cargo test -p backoff-layer --lib --release loom`
 //!
-//! The budget's atomics are its window's (`overload_signal::window`), which are loom's under
+//! The budget's atomics are its window's (`overload_core::window`), which are loom's under
 //! `cfg(loom)`. The models check that the budget never overdraws (granted withdrawals never
 //! exceed what the deposits they were checked against allow) and never loses a deposit. They
 //! also check that no call waits for another thread: a call that spun until another thread
@@ -14,7 +14,7 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
-use overload_signal::clock::Clock;
+use overload_core::clock::Clock;
 
 use super::{Budget, RetryBudget};
 

@@ -3,7 +3,7 @@ use std::marker::PhantomData;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 use tower_layer::Layer;
 
 use super::{Config, Retry};
@@ -393,7 +393,7 @@ mod tests {
 
     #[test]
     fn invalid_configurations_are_refused_by_name_value_and_rule() {
-        use overload_signal::ConfigErrorKind::OutOfRange;
+        use overload_core::ConfigErrorKind::OutOfRange;
         let refused = |b: RetryBuilder| {
             let e = b.build().unwrap_err();
             (e.field(), e.kind(), e.to_string())
@@ -441,7 +441,7 @@ mod tests {
             (field, kind),
             (
                 "grpc_retryable_codes",
-                overload_signal::ConfigErrorKind::Conflict
+                overload_core::ConfigErrorKind::Conflict
             )
         );
         assert!(

@@ -55,7 +55,7 @@ impl<S, A> Retry<S, A> {
         }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S, A, ReqBody, ResBody> Service<Request<ReqBody>> for Retry<S, A>

@@ -79,7 +79,7 @@ impl<S> Record<S> {
         Self { inner, recorder }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Record<S>

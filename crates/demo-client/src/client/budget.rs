@@ -21,7 +21,7 @@ impl<B> CountingBudget<B> {
         }
     }
 
-    overload_signal::define_inner_service_accessors!(B);
+    overload_core::define_inner_service_accessors!(B);
 }
 
 impl<B: Budget> Budget for CountingBudget<B> {

@@ -120,7 +120,7 @@ impl<S> Loopback<S> {
         }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Loopback<S>

@@ -106,7 +106,7 @@ pub struct NaiveRetry<S> {
 }
 
 impl<S> NaiveRetry<S> {
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S: Clone> Clone for NaiveRetry<S> {

@@ -97,7 +97,7 @@ impl<S> Collect<S> {
         Self { inner, max_body }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Collect<S>

@@ -10,7 +10,7 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 
 use super::{AttemptClass, AttemptHistogram};
-use crate::clock::Clock;
+use overload_core::clock::Clock;
 use crate::protocol::Attempt;
 
 #[derive(Clone)]

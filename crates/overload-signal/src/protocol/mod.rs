@@ -63,7 +63,7 @@
 //! assert_eq!(policy.to_header_value(), "\"default\";q=100;w=1");
 //! let status = RateLimitStatus::new("default", 0, Duration::from_millis(300))?;
 //! assert_eq!(status.to_header_value(), "\"default\";r=0;t=1");
-//! # Ok::<(), overload_signal::ConfigError>(())
+//! # Ok::<(), overload_core::ConfigError>(())
 //! ```
 
 mod attempt;

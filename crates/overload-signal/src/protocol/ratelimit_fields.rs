@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 
-use crate::ConfigError;
+use overload_core::ConfigError;
 
 /// The largest integer a Structured Field may carry (15 decimal digits); larger values clamp.
 const SF_INTEGER_MAX: u64 = 999_999_999_999_999;
@@ -266,7 +266,7 @@ fn parse_sf_uint(s: &str) -> Option<u64> {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConfigErrorKind;
+    use overload_core::ConfigErrorKind;
     use proptest::prelude::*;
 
     #[test]

@@ -13,11 +13,11 @@ use std::sync::atomic::AtomicBool;
 use http::request::Parts;
 
 use super::StopRule;
-use crate::clock::Clock;
+use overload_core::clock::Clock;
 use crate::histogram::AttemptHistogram;
 use crate::protocol::Attempt;
-use crate::sync::{AtomicU64, Ordering};
-use crate::window::Window;
+use overload_core::sync::{AtomicU64, Ordering};
+use overload_core::window::Window;
 
 /// How many classes caller keys are hashed into: 128. Requests without a key form one class
 /// more.

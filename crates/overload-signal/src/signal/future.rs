@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 
 use super::callers::Caller;
 use super::shared::Shared;
-use crate::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use crate::propagation::{self, Scoped};
 use crate::protocol::Protocol;
 

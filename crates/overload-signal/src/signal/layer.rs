@@ -8,7 +8,7 @@ use super::StopRule;
 use super::callers::{self, CallerKey, KeyHashing, PeerIp, TrustFn};
 use super::service::OverloadSignal;
 use super::shared::Shared;
-use crate::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::AttemptHistogram;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns

@@ -42,7 +42,7 @@
 //! use std::net::{IpAddr, SocketAddr};
 //! use std::time::Duration;
 //! use http::request::Parts;
-//! use overload_signal::clock::CoarseClock;
+//! use overload_core::clock::CoarseClock;
 //! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
 //!
 //! #[derive(Clone)]
@@ -65,7 +65,7 @@
 //!     })
 //!     .build();
 //! # drop(layer);
-//! # Ok::<(), overload_signal::ConfigError>(())
+//! # Ok::<(), overload_core::ConfigError>(())
 //! ```
 //!
 //! # What it does to each request

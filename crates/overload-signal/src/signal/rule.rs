@@ -1,6 +1,6 @@
 //! The decision rule: when a rejection becomes the stop signal.
 
-use crate::ConfigError;
+use overload_core::ConfigError;
 use crate::histogram::AttemptSnapshot;
 
 /// When a rejected request is answered with the stop signal instead of the plain rejection.
@@ -90,7 +90,7 @@ use crate::histogram::AttemptSnapshot;
 /// let err = StopRule::builder().retry_share(1.5).build().unwrap_err();
 /// assert_eq!(err.field(), "retry_share");
 /// assert_eq!(err.to_string(), "retry_share must be within 0..1 (the rule fires strictly above it), got 1.5");
-/// # Ok::<(), overload_signal::ConfigError>(())
+/// # Ok::<(), overload_core::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct StopRule {
@@ -243,7 +243,7 @@ impl StopRuleBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::ConfigErrorKind;
+    use overload_core::ConfigErrorKind;
 
     fn snap(first: u64, retries: u64, unknown: u64) -> AttemptSnapshot {
         AttemptSnapshot::from_counts([first, retries, 0, 0, unknown, 0])

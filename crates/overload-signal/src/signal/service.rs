@@ -9,7 +9,7 @@ use super::StopRule;
 use super::callers::{KeyHashing, PeerIp};
 use super::future::ResponseFuture;
 use super::shared::Shared;
-use crate::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::Protocol;
@@ -52,7 +52,7 @@ impl<S, C: Clock> OverloadSignal<S, C> {
         Self { inner, shared }
     }
 
-    crate::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 
     /// The histogram this middleware records into.
     pub fn histogram(&self) -> &AttemptHistogram<C> {

@@ -12,11 +12,11 @@ use metrics::{Counter, Gauge};
 
 use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn};
 use super::{RejectionScope, StopRule};
-use crate::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot};
 use crate::metric_names;
 use crate::protocol::{self, Protocol};
-use crate::sync::{AtomicU64, Ordering};
+use overload_core::sync::{AtomicU64, Ordering};
 
 /// What every service made by one layer shares.
 pub(crate) struct Shared<C: Clock = TokioClock> {

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use overload_signal::clock::saturating_nanos;
+use overload_core::clock::saturating_nanos;
 
 /// The validated settings the controller reads.
 #[derive(Clone, Copy, Debug, PartialEq)]

@@ -5,8 +5,8 @@ use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use overload_signal::ConfigError;
-use overload_signal::clock::{Clock, TokioClock};
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, TokioClock};
 use tower_layer::Layer;
 
 use super::controller::Settings;

@@ -13,7 +13,7 @@ use std::time::Duration;
 use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
-use overload_signal::clock::Clock;
+use overload_core::clock::Clock;
 
 use super::controller::Settings;
 use super::shared::{Complete, Shared};

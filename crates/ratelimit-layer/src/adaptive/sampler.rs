@@ -6,7 +6,7 @@
 //! (6.25 %), and linear interpolation inside the bucket does better. Recording is two
 //! relaxed atomic additions and never allocates.
 
-use crate::sync::{AtomicU64, Ordering};
+use overload_core::sync::{AtomicU64, Ordering};
 
 // NOTE: the buckets stay std's atomics under `cfg(loom)`: each is an independent counter,
 // summed once per window, that no decision of the admitted path reads, and 592 of them

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::header::RETRY_AFTER;
 use http::{Request, Response, StatusCode};
-use overload_signal::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock};
 use overload_signal::protocol::{Protocol, format_retry_after, too_many_requests_response};
 use tower_service::Service;
 
@@ -29,7 +29,7 @@ impl<S, C> AdaptiveLimit<S, C> {
         Self { inner, shared }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S: Clone, C> Clone for AdaptiveLimit<S, C> {

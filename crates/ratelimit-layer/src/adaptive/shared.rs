@@ -6,12 +6,12 @@ use std::sync::{Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
 use metrics::{Counter, Gauge};
-use overload_signal::clock::Clock;
+use overload_core::clock::Clock;
 
 use super::controller::{Controller, Phase, Settings, WindowStats};
 use super::sampler::Sampler;
 use crate::metric_names;
-use crate::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// The shared state of one adaptive limit.
 pub(crate) struct Shared<C> {

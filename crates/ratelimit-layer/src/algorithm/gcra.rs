@@ -3,7 +3,7 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 
 use super::limiter::{Decision, Limiter, QuotaStatus};
 use super::validate::{non_zero, positive_nanos};
@@ -256,7 +256,7 @@ impl Limiter for TokenBucket {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use overload_signal::ConfigErrorKind::{Conflict, OutOfRange};
+    use overload_core::ConfigErrorKind::{Conflict, OutOfRange};
 
     const MS: u64 = 1_000_000;
 

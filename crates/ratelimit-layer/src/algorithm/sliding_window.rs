@@ -3,7 +3,7 @@
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 
 use super::limiter::{Decision, Limiter, QuotaStatus};
 use super::validate::{non_zero, positive_nanos};
@@ -421,7 +421,7 @@ mod tests {
         let e = err(SlidingWindow::builder(1).window(Duration::MAX));
         assert_eq!(
             (e.field(), e.kind()),
-            ("window", overload_signal::ConfigErrorKind::OutOfRange)
+            ("window", overload_core::ConfigErrorKind::OutOfRange)
         );
         assert!(
             e.to_string()

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 
 /// `duration` in whole nanoseconds, or an error naming `field` if it is zero or does not
 /// fit in a `u64` (584 years).

@@ -12,8 +12,8 @@ use std::time::Duration;
 
 use http::HeaderName;
 use http::request::Parts;
-use overload_signal::ConfigError;
-use overload_signal::clock::{Clock, TokioClock};
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, TokioClock};
 use tower_layer::Layer;
 
 #[cfg(feature = "redis")]

@@ -7,8 +7,8 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use http::request::Parts;
-use overload_signal::ConfigError;
-use overload_signal::clock::{Clock, saturating_nanos};
+use overload_core::ConfigError;
+use overload_core::clock::{Clock, saturating_nanos};
 
 use super::shared::{Cost, policy};
 use super::{RateLimitBuilder, RateLimitLayer};

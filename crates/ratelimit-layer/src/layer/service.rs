@@ -40,7 +40,7 @@ impl<S> RateLimit<S> {
         Self { inner, shared }
     }
 
-    overload_signal::define_inner_service_accessors!();
+    overload_core::define_inner_service_accessors!();
 }
 
 impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S>

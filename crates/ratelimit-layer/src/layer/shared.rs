@@ -9,9 +9,9 @@ use std::time::Duration;
 use http::HeaderValue;
 use http::request::Parts;
 use metrics::Counter;
-use overload_signal::clock::Clock;
+use overload_core::clock::Clock;
 use overload_signal::protocol::RateLimitPolicy;
-use overload_signal::{ConfigError, ConfigErrorKind};
+use overload_core::{ConfigError, ConfigErrorKind};
 
 use super::remote::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};

@@ -9,7 +9,7 @@ use std::time::Duration;
 
 use http::request::Parts;
 use metrics::{Counter, Gauge};
-use overload_signal::clock::Clock;
+use overload_core::clock::Clock;
 use redis::aio::ConnectionManager;
 use redis::{Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 

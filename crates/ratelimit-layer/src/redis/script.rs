@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 use redis::{Cmd, Value};
 
 use crate::algorithm::{Decision, QuotaStatus, SlidingWindow, TokenBucket};
@@ -115,7 +115,7 @@ impl RedisAlgorithm for TokenBucket {}
 impl RedisAlgorithm for SlidingWindow {}
 
 mod sealed {
-    use overload_signal::ConfigError;
+    use overload_core::ConfigError;
 
     use super::Scripted;
 
@@ -334,7 +334,7 @@ impl Scripted {
 mod tests {
     use super::sealed::Sealed;
     use super::*;
-    use overload_signal::ConfigErrorKind;
+    use overload_core::ConfigErrorKind;
 
     #[test]
     fn constant_arguments_are_exact_decimals() {

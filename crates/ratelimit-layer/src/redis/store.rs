@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::{Arc, OnceLock};
 use std::time::Duration;
 
-use overload_signal::ConfigError;
+use overload_core::ConfigError;
 use redis::aio::{ConnectionManager, ConnectionManagerConfig};
 use redis::{Client, RedisError};
 
@@ -194,7 +194,7 @@ impl RedisStoreBuilder {
             // the text.
             ConfigError::new(
                 "url",
-                overload_signal::ConfigErrorKind::Invalid,
+                overload_core::ConfigErrorKind::Invalid,
                 format_args!(
                     "url must be redis://[user:password@]host[:port][/database]: {}",
                     e.detail().unwrap_or("not a Redis URL")
@@ -228,7 +228,7 @@ impl fmt::Debug for RedisStoreBuilder {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use overload_signal::ConfigErrorKind;
+    use overload_core::ConfigErrorKind;
 
     #[test]
     fn urls_are_checked_and_passwords_never_printed() {

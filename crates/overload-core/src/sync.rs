@@ -1,13 +1,15 @@
-//! The atomics of the lock-free code, and each thread's stripe: std's in a normal build,
-//! loom's under `cfg(loom)`, so the model tests check the code that ships.
+//! The atomics of the workspace's lock-free code, and each thread's stripe: std's in a
+//! normal build, loom's under `cfg(loom)`, so the model tests check the code that ships.
 //!
-//! Every lock-free type of this crate (the [`window`](crate::window)) imports its atomics
-//! from here and nowhere else.
+//! Every lock-free type of the workspace (the [`window`](crate::window), the attempt
+//! histogram's caller ledger, the retry budget, the adaptive limit's admission) imports its
+//! atomics from here and nowhere else. `cfg(loom)` is set only by the model tests
+//! (`RUSTFLAGS="--cfg loom"`); a normal build always gets std's.
 
 #[cfg(loom)]
-pub(crate) use loom::sync::atomic::{AtomicU64, Ordering};
+pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
-pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
+pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
 /// A number that stays the same for the calling thread and differs between threads, for
 /// picking the stripe a thread writes to.
@@ -16,7 +18,7 @@ pub(crate) use std::sync::atomic::{AtomicU64, Ordering};
 /// `n` different stripes when there are at least `n`.
 #[cfg(not(loom))]
 #[inline]
-pub(crate) fn thread_stripe() -> usize {
+pub fn thread_stripe() -> usize {
     use std::cell::Cell;
     use std::sync::atomic::{AtomicUsize, Ordering::Relaxed};
 
@@ -43,7 +45,7 @@ pub(crate) fn thread_stripe() -> usize {
 /// to stripes of their own, and the same execution always picks the same stripes (loom
 /// replays executions, which must be deterministic).
 #[cfg(loom)]
-pub(crate) fn thread_stripe() -> usize {
+pub fn thread_stripe() -> usize {
     let id = format!("{:?}", loom::thread::current().id());
     id.chars()
         .filter(char::is_ascii_digit)

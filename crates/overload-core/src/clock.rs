@@ -20,7 +20,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use overload_signal::clock::{Clock, TokioClock};
+//! use overload_core::clock::{Clock, TokioClock};
 //!
 //! # #[tokio::main(flavor = "current_thread", start_paused = true)]
 //! # async fn main() {
@@ -114,7 +114,7 @@ impl Clock for TokioClock {
 ///   of CPU, which is when an overload layer needs it.
 ///
 /// ```
-/// use overload_signal::clock::{Clock, CoarseClock};
+/// use overload_core::clock::{Clock, CoarseClock};
 ///
 /// let clock = CoarseClock::new();
 /// let before = clock.now();
@@ -227,7 +227,7 @@ mod fake {
     ///
     /// ```
     /// use std::time::Duration;
-    /// use overload_signal::clock::{Clock, FakeClock};
+    /// use overload_core::clock::{Clock, FakeClock};
     ///
     /// let clock = FakeClock::new();
     /// let seen_by_limiter = clock.clone();

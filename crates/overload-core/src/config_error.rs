@@ -12,7 +12,7 @@ use std::fmt;
 /// names the setting, the value and the rule.
 ///
 /// ```
-/// use overload_signal::{ConfigError, ConfigErrorKind};
+/// use overload_core::{ConfigError, ConfigErrorKind};
 ///
 /// let err = ConfigError::out_of_range("jitter", 1.5, "within 0..=1");
 /// assert_eq!(err.field(), "jitter");

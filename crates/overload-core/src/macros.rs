@@ -3,8 +3,9 @@
 /// Defines `get_ref`, `get_mut` and `into_inner` on a middleware whose wrapped service is
 /// the field `inner`, of type `S` (or the type given).
 ///
-/// Used inside an `impl<S> Middleware<S> { .. }` block by this crate, `backoff-layer` and
-/// `ratelimit-layer`. Not part of the public API: it may change in any release.
+/// Used inside an `impl<S> Middleware<S> { .. }` block by `overload-signal`,
+/// `backoff-layer` and `ratelimit-layer`. Not part of the public API: it may change in any
+/// release.
 #[doc(hidden)]
 #[macro_export]
 macro_rules! define_inner_service_accessors {

@@ -62,7 +62,7 @@
 //!
 //! ```
 //! use std::time::Duration;
-//! use overload_signal::window::Window;
+//! use overload_core::window::Window;
 //!
 //! // Two counters per slot (0: requests, 1: errors), over 10 seconds in 1-second slots.
 //! let window = Window::<2>::new();
@@ -74,7 +74,7 @@
 //! assert_eq!(counts.added(1), 1);
 //!
 //! // Exact admissions: at most one take per two requests in the window.
-//! let allow = |c: &overload_signal::window::Counts<2>| (c.taken() + 1) * 2 <= c.added(0);
+//! let allow = |c: &overload_core::window::Counts<2>| (c.taken() + 1) * 2 <= c.added(0);
 //! assert!(window.try_take(now, allow));
 //! assert!(!window.try_take(now, allow));
 //!
@@ -85,7 +85,7 @@
 //!     .stripes(2)
 //!     .build()?;
 //! assert_eq!(window.slot_width(), Duration::from_secs(10));
-//! # Ok::<(), overload_signal::ConfigError>(())
+//! # Ok::<(), overload_core::ConfigError>(())
 //! ```
 
 mod cell;

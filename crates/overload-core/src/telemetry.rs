@@ -1,0 +1,390 @@
+//! How every layer of the workspace reports itself: a name, metric handles registered on
+//! first use and kept, state changes logged once, and gauges kept true while no request
+//! comes.
+//!
+//! - [`LayerName`]: what a layer calls itself. Every metric of the workspace carries it as
+//!   the label [`NAME_LABEL`] (`name`), and every state change it logs carries it as the
+//!   field `name`, so two retry layers for two downstreams, or a rate limit and an adaptive
+//!   limit in one process, are told apart. Default: `"default"`: name your layers when a
+//!   process has more than one of a kind.
+//! - [`LazyMetrics`]: a layer's metric handles ([`MetricSet`]), registered with the
+//!   recorder on the layer's **first request**, not when it is built, so a recorder
+//!   installed after the layer (before traffic) sees every metric; then kept, so a request
+//!   costs no registry lookup.
+//! - [`Episode`]: a condition a layer enters and leaves (a limit rejecting, the stop signal
+//!   engaged, Redis away, the retry budget refusing), so that the layer logs once when it
+//!   starts (`WARN`) and once when it ends (`INFO`), never once per request.
+//! - [`spawn_ticker`]: a task that wakes a layer's state at a fixed period for as long as
+//!   the layer lives, so gauges that describe a window fall back to zero when traffic stops
+//!   and an episode ends when its condition has not been seen for a while.
+//!
+//! ```
+//! use metrics::Counter;
+//! use overload_core::telemetry::{LayerName, LazyMetrics, MetricSet, NAME_LABEL};
+//!
+//! struct Handles {
+//!     requests: Counter,
+//! }
+//!
+//! impl MetricSet for Handles {
+//!     fn register(name: &LayerName) -> Self {
+//!         Self { requests: metrics::counter!("my_layer_requests_total", NAME_LABEL => name.label()) }
+//!     }
+//! }
+//!
+//! let metrics = LazyMetrics::<Handles>::new(LayerName::new("payments")?);
+//! // Nothing is registered yet; the first request registers, later ones reuse the handles.
+//! metrics.get().requests.increment(1);
+//! # Ok::<(), overload_core::ConfigError>(())
+//! ```
+
+use std::fmt;
+use std::sync::{Arc, OnceLock, Weak};
+use std::time::Duration;
+
+use metrics::SharedString;
+
+use crate::ConfigError;
+use crate::sync::{AtomicBool, AtomicU64, Ordering};
+
+/// The label every metric of the workspace carries: the name of the layer that wrote it.
+pub const NAME_LABEL: &str = "name";
+
+/// What a layer calls itself in its metrics (label `name`) and its logs (field `name`).
+///
+/// Non-empty printable ASCII (`0x20` to `0x7e`), at most [`LayerName::MAX_LEN`] bytes, so
+/// that it fits a Prometheus label, a log field and a structured header field (a rate
+/// limit's name is also its `RateLimit-Policy` name). Cloning is cheap.
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct LayerName(SharedString);
+
+impl LayerName {
+    /// The name of a layer nobody named: `"default"`.
+    pub const DEFAULT: &'static str = "default";
+
+    /// The longest name accepted, in bytes: 128.
+    pub const MAX_LEN: usize = 128;
+
+    /// A checked name.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the setting `name` when `name` is empty, longer than
+    /// [`MAX_LEN`](Self::MAX_LEN) bytes, or holds anything but printable ASCII.
+    pub fn new(name: impl Into<String>) -> Result<Self, ConfigError> {
+        let name = name.into();
+        if name.is_empty()
+            || name.len() > Self::MAX_LEN
+            || !name.bytes().all(|b| (0x20..=0x7e).contains(&b))
+        {
+            return Err(ConfigError::invalid(
+                "name",
+                &name,
+                "1 to 128 bytes of printable ASCII (0x20 to 0x7e)",
+            ));
+        }
+        Ok(Self(SharedString::from_owned(name)))
+    }
+
+    /// The name as a string.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The name as a metric label value (a cheap clone).
+    pub fn label(&self) -> SharedString {
+        self.0.clone()
+    }
+}
+
+impl Default for LayerName {
+    fn default() -> Self {
+        Self(SharedString::const_str(Self::DEFAULT))
+    }
+}
+
+impl fmt::Debug for LayerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        fmt::Debug::fmt(self.as_str(), f)
+    }
+}
+
+impl fmt::Display for LayerName {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// A layer's metric handles, registered together.
+pub trait MetricSet: Send + Sync + 'static {
+    /// Registers every handle of the set with the current recorder (the thread's local one
+    /// if set, else the global one), each labelled [`NAME_LABEL`] `=` `name`.
+    fn register(name: &LayerName) -> Self;
+}
+
+/// A layer's metric handles, registered on first use and then kept: the one registration
+/// pattern of the workspace.
+///
+/// Shared by the clones of a layer (keep it behind the layer's `Arc`), so the handles are
+/// registered once per layer, on its first request, with whatever recorder is installed
+/// then.
+pub struct LazyMetrics<M> {
+    name: LayerName,
+    handles: OnceLock<M>,
+}
+
+impl<M: MetricSet> LazyMetrics<M> {
+    /// Handles for the layer `name`, not registered yet.
+    pub const fn new(name: LayerName) -> Self {
+        Self {
+            name,
+            handles: OnceLock::new(),
+        }
+    }
+
+    /// The handles, registered on the first call.
+    #[inline]
+    pub fn get(&self) -> &M {
+        self.handles.get_or_init(|| M::register(&self.name))
+    }
+
+    /// The handles if the first call has happened.
+    pub fn registered(&self) -> Option<&M> {
+        self.handles.get()
+    }
+
+    /// The layer's name.
+    pub const fn name(&self) -> &LayerName {
+        &self.name
+    }
+}
+
+impl<M> fmt::Debug for LazyMetrics<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("LazyMetrics")
+            .field("name", &self.name)
+            .field("registered", &self.handles.get().is_some())
+            .finish()
+    }
+}
+
+/// A condition a layer enters and leaves: a limit rejecting, the stop signal engaged, a
+/// backend away, a budget refusing.
+///
+/// The layer reports every occurrence with [`seen`](Self::seen), which says when the
+/// condition has just begun, and asks [`quiet_for`](Self::quiet_for) (on a request that
+/// did not meet the condition, or on a [tick](spawn_ticker)) whether it has ended: it ends
+/// once it has not been seen for the given time. The layer logs each change once, so an
+/// operator sees one `WARN` when a storm starts and one `INFO` when it is over, whatever
+/// the request rate. Lock-free; an occurrence while active costs one relaxed load and, at
+/// most once per millisecond, one store.
+#[derive(Debug, Default)]
+pub struct Episode {
+    active: AtomicBool,
+    /// When the current episode began, in the clock's nanoseconds.
+    began: AtomicU64,
+    /// When the condition was last seen, to the millisecond.
+    last_seen: AtomicU64,
+}
+
+/// How an episode that has just ended went.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Ended {
+    /// From its first occurrence to its last.
+    pub lasted: Duration,
+}
+
+const MILLI: u64 = 1_000_000;
+
+impl Episode {
+    /// An episode not under way.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Records an occurrence at `now` (nanoseconds of the layer's clock); `true` when it
+    /// begins an episode, which the caller then logs.
+    #[inline]
+    pub fn seen(&self, now: u64) -> bool {
+        if self.last_seen.load(Ordering::Relaxed).saturating_add(MILLI) <= now {
+            self.last_seen.store(now, Ordering::Relaxed);
+        }
+        if self.active.load(Ordering::Relaxed) {
+            return false;
+        }
+        self.begin(now)
+    }
+
+    #[cold]
+    fn begin(&self, now: u64) -> bool {
+        if self
+            .active
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return false;
+        }
+        self.began.store(now, Ordering::Relaxed);
+        self.last_seen.store(now, Ordering::Relaxed);
+        true
+    }
+
+    /// Ends the episode when its condition has not been seen for `quiet` at `now`; the
+    /// ended episode, which the caller then logs, or `None` (not under way, or not quiet
+    /// long enough, or another thread ended it).
+    #[inline]
+    pub fn quiet_for(&self, quiet: Duration, now: u64) -> Option<Ended> {
+        if !self.active.load(Ordering::Relaxed) {
+            return None;
+        }
+        let last = self.last_seen.load(Ordering::Relaxed);
+        if now.saturating_sub(last) < crate::clock::saturating_nanos(quiet) {
+            return None;
+        }
+        self.end(last)
+    }
+
+    /// Ends the episode now, whatever happened last (a backend that answers again).
+    pub fn end_now(&self, now: u64) -> Option<Ended> {
+        self.last_seen.store(now, Ordering::Relaxed);
+        self.end(now)
+    }
+
+    #[cold]
+    fn end(&self, last: u64) -> Option<Ended> {
+        self.active
+            .compare_exchange(true, false, Ordering::AcqRel, Ordering::Relaxed)
+            .ok()?;
+        let began = self.began.load(Ordering::Relaxed);
+        Some(Ended {
+            lasted: Duration::from_nanos(last.saturating_sub(began)),
+        })
+    }
+
+    /// Whether an episode is under way.
+    pub fn is_active(&self) -> bool {
+        self.active.load(Ordering::Relaxed)
+    }
+}
+
+/// Calls `tick` with `state` every `period` on the current tokio runtime, for as long as
+/// `state` has another owner; `false` (and nothing spawned) outside a runtime.
+///
+/// The task holds only a weak reference: it ends at the first tick after the layer's last
+/// clone is dropped. Late ticks are delayed, never bunched. Layers start it on their first
+/// request, where a runtime is current, to keep window gauges true while no request comes
+/// and to end [episodes](Episode) whose condition has gone.
+pub fn spawn_ticker<T: Send + Sync + 'static>(
+    state: &Arc<T>,
+    period: Duration,
+    tick: fn(&T),
+) -> bool {
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        return false;
+    };
+    let weak: Weak<T> = Arc::downgrade(state);
+    let period = period.max(Duration::from_millis(1));
+    runtime.spawn(async move {
+        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
+        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+        loop {
+            interval.tick().await;
+            let Some(state) = weak.upgrade() else { break };
+            tick(&state);
+        }
+    });
+    true
+}
+
+#[cfg(all(test, not(loom)))]
+mod tests {
+    use std::sync::atomic::AtomicUsize;
+
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+
+    use super::*;
+
+    #[test]
+    fn names_are_checked_and_default_to_default() {
+        assert_eq!(LayerName::default().as_str(), "default");
+        assert_eq!(LayerName::new("payments-api").unwrap().as_str(), "payments-api");
+        for bad in ["", "caf\u{e9}", "tab\there", &"x".repeat(129)] {
+            let err = LayerName::new(bad).unwrap_err();
+            assert_eq!(err.field(), "name", "{bad:?}");
+        }
+        assert!(LayerName::new("x".repeat(128)).is_ok());
+    }
+
+    struct Handles {
+        requests: metrics::Counter,
+    }
+
+    impl MetricSet for Handles {
+        fn register(name: &LayerName) -> Self {
+            Self {
+                requests: metrics::counter!("test_requests_total", NAME_LABEL => name.label()),
+            }
+        }
+    }
+
+    #[test]
+    fn handles_register_on_first_use_with_the_recorder_installed_then() {
+        let metrics = LazyMetrics::<Handles>::new(LayerName::new("late").unwrap());
+        assert!(metrics.registered().is_none());
+        // The recorder comes after the layer was built, before its first request.
+        let recorder = DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        metrics::with_local_recorder(&recorder, || {
+            metrics.get().requests.increment(2);
+            metrics.get().requests.increment(1);
+        });
+        let snapshot = snapshotter.snapshot().into_vec();
+        assert_eq!(snapshot.len(), 1);
+        let (key, _, _, value) = &snapshot[0];
+        let labels: Vec<_> = key.key().labels().map(|l| (l.key(), l.value())).collect();
+        assert_eq!(labels, [("name", "late")]);
+        assert_eq!(value, &DebugValue::Counter(3));
+    }
+
+    #[test]
+    fn an_episode_begins_once_and_ends_after_a_quiet_period() {
+        let episode = Episode::new();
+        let s = |secs: u64| secs * 1_000_000_000;
+        assert!(episode.seen(s(1)));
+        assert!(!episode.seen(s(2)), "already under way");
+        assert!(!episode.seen(s(3)));
+        // Seen at 3 s: not quiet for 5 s until 8 s.
+        assert_eq!(episode.quiet_for(Duration::from_secs(5), s(7)), None);
+        let ended = episode.quiet_for(Duration::from_secs(5), s(8)).unwrap();
+        assert_eq!(ended.lasted, Duration::from_secs(2));
+        assert!(!episode.is_active());
+        assert_eq!(episode.quiet_for(Duration::from_secs(5), s(20)), None, "ended once");
+        assert!(episode.seen(s(30)), "a new episode");
+        assert_eq!(
+            episode.end_now(s(31)),
+            Some(Ended {
+                lasted: Duration::from_secs(1)
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_ticker_runs_while_its_state_lives() {
+        static TICKS: AtomicUsize = AtomicUsize::new(0);
+        let state = Arc::new(());
+        assert!(spawn_ticker(&state, Duration::from_secs(1), |()| {
+            TICKS.fetch_add(1, Ordering::Relaxed);
+        }));
+        tokio::time::sleep(Duration::from_millis(3_500)).await;
+        assert_eq!(TICKS.load(Ordering::Relaxed), 3);
+        drop(state);
+        tokio::time::sleep(Duration::from_secs(5)).await;
+        // The tick after the drop found no state and ended the task.
+        assert_eq!(TICKS.load(Ordering::Relaxed), 3);
+    }
+
+    #[test]
+    fn no_ticker_outside_a_runtime() {
+        assert!(!spawn_ticker(&Arc::new(()), Duration::from_secs(1), |()| {}));
+    }
+}
