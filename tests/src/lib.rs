@@ -5,6 +5,8 @@ pub mod compare;
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::Command;
 
 use bytes::Bytes;
 use http_body_util::Full;
@@ -63,4 +65,40 @@ impl Drop for TestServer {
     fn drop(&mut self) {
         self.task.abort();
     }
+}
+
+/// Builds a binary of the workspace (`demo-server`, `demo-client`) with the cargo running
+/// the test, and returns its path: a test cannot depend on another package's binary.
+///
+/// NOTE: `--workspace` resolves features as `cargo test --workspace` does, so under it this
+/// build finds the binary that command already built, instead of rebuilding it with the
+/// package's features alone (a minute or more on a 2-core machine, outside a test's time
+/// bound).
+pub fn workspace_binary(name: &str) -> PathBuf {
+    let output = Command::new(env!("CARGO"))
+        .args([
+            "build",
+            "--quiet",
+            "--workspace",
+            "--bin",
+            name,
+            "--message-format=json",
+        ])
+        .output()
+        .expect("cargo runs");
+    assert!(
+        output.status.success(),
+        "building {name} failed:\n{}",
+        String::from_utf8_lossy(&output.stderr)
+    );
+    // The last artifact message names the executable; read it without a JSON parser.
+    let stdout = String::from_utf8_lossy(&output.stdout);
+    let path = stdout
+        .lines()
+        .filter_map(|line| line.split_once("\"executable\":\"")?.1.split_once('"'))
+        .map(|(path, _)| PathBuf::from(path))
+        .next_back()
+        .unwrap_or_else(|| panic!("cargo reports the {name} executable"));
+    assert!(path.is_file(), "{}", path.display());
+    path
 }

@@ -92,7 +92,9 @@ fn strip(text: &str) -> String {
                 i += 1;
             }
         } else if bytes[i..].starts_with(b"/*") {
-            let end = text[i + 2..].find("*/").map_or(bytes.len(), |e| i + 2 + e + 2);
+            let end = text[i + 2..]
+                .find("*/")
+                .map_or(bytes.len(), |e| i + 2 + e + 2);
             i = end;
         } else if bytes[i] == b'"' {
             i += 1;
@@ -111,7 +113,11 @@ fn strip(text: &str) -> String {
     }
     // Test and loom modules: from the attribute to the module's closing brace.
     let mut result = out;
-    for attr in ["#[cfg(test)]", "#[cfg(loom)]", "#[cfg(all(test, not(loom)))]"] {
+    for attr in [
+        "#[cfg(test)]",
+        "#[cfg(loom)]",
+        "#[cfg(all(test, not(loom)))]",
+    ] {
         while let Some(start) = find_module_after(&result, attr) {
             let open = result[start..].find('{').map(|o| start + o);
             let Some(open) = open else { break };
@@ -274,9 +280,8 @@ impl Crate {
                     let Some(target) = self.resolve(module, &path, &BTreeMap::new()) else {
                         continue;
                     };
-                    let name = alias.unwrap_or_else(|| {
-                        path.rsplit("::").next().unwrap_or_default().to_owned()
-                    });
+                    let name = alias
+                        .unwrap_or_else(|| path.rsplit("::").next().unwrap_or_default().to_owned());
                     if target != *module {
                         names.insert(name, target);
                     }
@@ -321,7 +326,10 @@ impl Crate {
             }
             None => return None,
         };
-        let segs: Vec<&str> = segs.into_iter().filter(|s| *s != "*" && *s != "self").collect();
+        let segs: Vec<&str> = segs
+            .into_iter()
+            .filter(|s| *s != "*" && *s != "self")
+            .collect();
         let mut rest = segs.as_slice();
         while let Some((first, tail)) = rest.split_first() {
             let mut next = base.clone();
@@ -382,10 +390,11 @@ impl Crate {
             let group = groups.entry(parent.clone()).or_default();
             group.entry(sa.clone()).or_default().insert(sb.clone());
             group.entry(sb.clone()).or_default();
-            witnesses
-                .entry((parent, sa, sb))
-                .or_default()
-                .push(format!("{} -> {}", show(&a), show(&b)));
+            witnesses.entry((parent, sa, sb)).or_default().push(format!(
+                "{} -> {}",
+                show(&a),
+                show(&b)
+            ));
         }
         let mut found = Vec::new();
         for (parent, graph) in &groups {
@@ -475,7 +484,10 @@ fn strongly_connected(graph: &BTreeMap<String, BTreeSet<String>>) -> Vec<Vec<Str
 
 #[test]
 fn no_module_imports_in_a_cycle() {
-    let cycles: Vec<String> = crates().iter().flat_map(|c| Crate::load(c).cycles()).collect();
+    let cycles: Vec<String> = crates()
+        .iter()
+        .flat_map(|c| Crate::load(c).cycles())
+        .collect();
     assert!(cycles.is_empty(), "import cycles:\n{}", cycles.join("\n"));
 }
 
@@ -496,7 +508,11 @@ fn no_source_file_is_over_700_lines() {
             (lines > MAX_LINES).then(|| format!("{} ({lines} lines)", f.display()))
         })
         .collect();
-    assert!(long.is_empty(), "files over {MAX_LINES} lines:\n{}", long.join("\n"));
+    assert!(
+        long.is_empty(),
+        "files over {MAX_LINES} lines:\n{}",
+        long.join("\n")
+    );
 }
 
 #[test]
@@ -531,7 +547,9 @@ fn no_two_library_types_share_a_name() {
                     continue;
                 }
                 let rel = file.strip_prefix(workspace()).unwrap_or(file);
-                seen.entry(ident).or_default().push(rel.display().to_string());
+                seen.entry(ident)
+                    .or_default()
+                    .push(rel.display().to_string());
             }
         }
     }
@@ -540,7 +558,11 @@ fn no_two_library_types_share_a_name() {
         .filter(|(_, files)| files.len() > 1)
         .map(|(name, files)| format!("{name}: {}", files.join(", ")))
         .collect();
-    assert!(dupes.is_empty(), "types that share a name:\n{}", dupes.join("\n"));
+    assert!(
+        dupes.is_empty(),
+        "types that share a name:\n{}",
+        dupes.join("\n")
+    );
 }
 
 #[test]
@@ -559,7 +581,10 @@ fn the_checks_find_what_they_look_for() {
         vec!["c".to_owned()],
         strip("use crate::a::Thing;\n#[cfg(test)]\nmod tests { use crate::d; }"),
     );
-    modules.insert(vec!["d".to_owned()], strip("use crate::c::X; pub struct Y;"));
+    modules.insert(
+        vec!["d".to_owned()],
+        strip("use crate::c::X; pub struct Y;"),
+    );
     let krate = Crate {
         name: "fixture".into(),
         modules,

@@ -8,49 +8,12 @@
 
 use std::ffi::OsString;
 use std::num::NonZeroUsize;
-use std::path::PathBuf;
-use std::process::Command;
 use std::time::Duration;
 
 use demo_client::drive::Progress;
 use demo_client::experiment::{RunSpec, ServerStack, Timing};
 use demo_client::scenario::{RealRun, Target, real_run};
 use demo_client::strategy::Strategy;
-
-/// Builds the `demo-server` binary with the cargo running this test and returns its path.
-///
-/// NOTE: `--workspace` resolves features as `cargo test --workspace` does, so under it this
-/// build finds the binary that command already built, instead of rebuilding it with
-/// `demo-server`'s features alone (a minute or more on a 2-core machine, outside the test's
-/// time bound).
-fn demo_server_binary() -> PathBuf {
-    let output = Command::new(env!("CARGO"))
-        .args([
-            "build",
-            "--quiet",
-            "--workspace",
-            "--bin",
-            "demo-server",
-            "--message-format=json",
-        ])
-        .output()
-        .expect("cargo runs");
-    assert!(
-        output.status.success(),
-        "building demo-server failed:\n{}",
-        String::from_utf8_lossy(&output.stderr)
-    );
-    // The last artifact message names the executable; read it without a JSON parser.
-    let stdout = String::from_utf8_lossy(&output.stdout);
-    let path = stdout
-        .lines()
-        .filter_map(|line| line.split_once("\"executable\":\"")?.1.split_once('"'))
-        .map(|(path, _)| PathBuf::from(path))
-        .next_back()
-        .expect("cargo reports the demo-server executable");
-    assert!(path.is_file(), "{}", path.display());
-    path
-}
 
 fn is_running(pid: i32) -> bool {
     std::fs::read_to_string(format!("/proc/{pid}/stat")).is_ok_and(|stat| {
@@ -72,7 +35,7 @@ fn is_running(pid: i32) -> bool {
 ///   and the stop signal keep the clients from piling on, and it recovers.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_articles_server_stays_down_under_fixed_retries_and_recovers_with_the_full_stack() {
-    let program = demo_server_binary();
+    let program = integration_tests::workspace_binary("demo-server");
     let target = Target::Spawn {
         program,
         args: ["--abandoned", "serve", "--backlog", "4096"]
@@ -163,7 +126,7 @@ async fn the_articles_server_stays_down_under_fixed_retries_and_recovers_with_th
 
 #[tokio::test]
 async fn the_child_server_is_gone_after_a_run() {
-    let program = demo_server_binary();
+    let program = integration_tests::workspace_binary("demo-server");
     let server = demo_client::process::ServerProcess::start(&program, &[], None)
         .await
         .expect("demo-server starts");

@@ -307,7 +307,10 @@ mod tests {
     #[test]
     fn names_are_checked_and_default_to_default() {
         assert_eq!(LayerName::default().as_str(), "default");
-        assert_eq!(LayerName::new("payments-api").unwrap().as_str(), "payments-api");
+        assert_eq!(
+            LayerName::new("payments-api").unwrap().as_str(),
+            "payments-api"
+        );
         for bad in ["", "caf\u{e9}", "tab\there", &"x".repeat(129)] {
             let err = LayerName::new(bad).unwrap_err();
             assert_eq!(err.field(), "name", "{bad:?}");
@@ -358,7 +361,11 @@ mod tests {
         let ended = episode.quiet_for(Duration::from_secs(5), s(8)).unwrap();
         assert_eq!(ended.lasted, Duration::from_secs(2));
         assert!(!episode.is_active());
-        assert_eq!(episode.quiet_for(Duration::from_secs(5), s(20)), None, "ended once");
+        assert_eq!(
+            episode.quiet_for(Duration::from_secs(5), s(20)),
+            None,
+            "ended once"
+        );
         assert!(episode.seen(s(30)), "a new episode");
         assert_eq!(
             episode.end_now(s(31)),
@@ -385,6 +392,10 @@ mod tests {
 
     #[test]
     fn no_ticker_outside_a_runtime() {
-        assert!(!spawn_ticker(&Arc::new(()), Duration::from_secs(1), |()| {}));
+        assert!(!spawn_ticker(
+            &Arc::new(()),
+            Duration::from_secs(1),
+            |()| {}
+        ));
     }
 }

@@ -55,9 +55,9 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::protocol::Attempt;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
-use crate::protocol::Attempt;
 use overload_core::window::Window;
 
 /// The class a request's attempt counter falls into.

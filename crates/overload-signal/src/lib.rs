@@ -126,11 +126,11 @@ pub mod protocol;
 pub mod signal;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.
+pub use error::{Overloaded, is_overloaded};
+pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 #[doc(no_inline)]
 pub use overload_core::clock;
 pub use overload_core::{ConfigError, ConfigErrorKind};
-pub use error::{Overloaded, is_overloaded};
-pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 pub use signal::{
     OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,
 };

@@ -13,9 +13,9 @@ use std::sync::atomic::AtomicBool;
 use http::request::Parts;
 
 use super::StopRule;
-use overload_core::clock::Clock;
 use crate::histogram::AttemptHistogram;
 use crate::protocol::Attempt;
+use overload_core::clock::Clock;
 use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::window::Window;
 

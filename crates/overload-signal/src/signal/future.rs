@@ -11,9 +11,9 @@ use pin_project_lite::pin_project;
 
 use super::callers::Caller;
 use super::shared::Shared;
-use overload_core::clock::{Clock, TokioClock};
 use crate::propagation::{self, Scoped};
 use crate::protocol::Protocol;
+use overload_core::clock::{Clock, TokioClock};
 
 pin_project! {
     /// The response future of [`OverloadSignal`](super::OverloadSignal): runs the inner

@@ -8,8 +8,8 @@ use super::StopRule;
 use super::callers::{self, CallerKey, KeyHashing, PeerIp, TrustFn};
 use super::service::OverloadSignal;
 use super::shared::Shared;
-use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::AttemptHistogram;
+use overload_core::clock::{Clock, TokioClock};
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
 /// rejections into the stop signal when the fleet is drowning in retries, and propagates a

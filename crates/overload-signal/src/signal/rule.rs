@@ -1,7 +1,7 @@
 //! The decision rule: when a rejection becomes the stop signal.
 
-use overload_core::ConfigError;
 use crate::histogram::AttemptSnapshot;
+use overload_core::ConfigError;
 
 /// When a rejected request is answered with the stop signal instead of the plain rejection.
 ///

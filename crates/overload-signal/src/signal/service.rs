@@ -9,10 +9,10 @@ use super::StopRule;
 use super::callers::{KeyHashing, PeerIp};
 use super::future::ResponseFuture;
 use super::shared::Shared;
-use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::Protocol;
+use overload_core::clock::{Clock, TokioClock};
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.

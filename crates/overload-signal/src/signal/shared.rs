@@ -12,10 +12,10 @@ use metrics::{Counter, Gauge};
 
 use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn};
 use super::{RejectionScope, StopRule};
-use overload_core::clock::{Clock, TokioClock};
 use crate::histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot};
 use crate::metric_names;
 use crate::protocol::{self, Protocol};
+use overload_core::clock::{Clock, TokioClock};
 use overload_core::sync::{AtomicU64, Ordering};
 
 /// What every service made by one layer shares.

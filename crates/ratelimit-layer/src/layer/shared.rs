@@ -10,8 +10,8 @@ use http::HeaderValue;
 use http::request::Parts;
 use metrics::Counter;
 use overload_core::clock::Clock;
-use overload_signal::protocol::RateLimitPolicy;
 use overload_core::{ConfigError, ConfigErrorKind};
+use overload_signal::protocol::RateLimitPolicy;
 
 use super::remote::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
