@@ -170,7 +170,13 @@ fn is_ident(c: char) -> bool {
 
 /// Expands a `use` tree (`a::{b, c::{d, e}}`) into paths.
 fn expand(tree: &str) -> Vec<String> {
-    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    // NOTE: `as` survives the whitespace removal as ` as `, the only separator later code
+    // splits an alias on (a path may contain "as", as in `class::Kind`).
+    let words: Vec<&str> = tree.split_whitespace().collect();
+    let tree: String = words
+        .iter()
+        .map(|w| if *w == "as" { " as " } else { w })
+        .collect();
     let Some(open) = tree.find('{') else {
         return vec![tree];
     };
@@ -264,7 +270,7 @@ impl Crate {
     }
 
     /// `pub use child::Name` in each module: the child module that defines `Name`.
-    fn reexports(&self) -> BTreeMap<ModPath, BTreeMap<String, ModPath>> {
+    fn reexports(&self) -> BTreeMap<ModPath, BTreeMap<String, Option<ModPath>>> {
         let mut all = BTreeMap::new();
         for (module, text) in &self.modules {
             let mut names = BTreeMap::new();
@@ -273,17 +279,23 @@ impl Crate {
                     continue;
                 }
                 for path in paths {
-                    let (path, alias) = match path.split_once(" as ").or(path.split_once("as")) {
-                        Some((p, a)) if !a.contains("::") => (p.to_owned(), Some(a.to_owned())),
-                        _ => (path.clone(), None),
-                    };
-                    let Some(target) = self.resolve(module, &path, &BTreeMap::new()) else {
-                        continue;
+                    let (path, alias) = match path.split_once(" as ") {
+                        Some((p, a)) => (p.to_owned(), Some(a.to_owned())),
+                        None => (path.clone(), None),
                     };
                     let name = alias
                         .unwrap_or_else(|| path.rsplit("::").next().unwrap_or_default().to_owned());
-                    if target != *module {
-                        names.insert(name, target);
+                    // NOTE: a re-export of another crate's item (`pub use overload_core::ConfigError`)
+                    // is recorded as external: importing it through this module is importing
+                    // that crate, not this module.
+                    match self.resolve(module, &path, &BTreeMap::new()) {
+                        Some(target) if target != *module => {
+                            names.insert(name, Some(target));
+                        }
+                        Some(_) => {}
+                        None => {
+                            names.insert(name, None);
+                        }
                     }
                 }
             }
@@ -298,7 +310,7 @@ impl Crate {
         &self,
         module: &ModPath,
         path: &str,
-        reexports: &BTreeMap<ModPath, BTreeMap<String, ModPath>>,
+        reexports: &BTreeMap<ModPath, BTreeMap<String, Option<ModPath>>>,
     ) -> Option<ModPath> {
         let mut segs: Vec<&str> = path.split("::").filter(|s| !s.is_empty()).collect();
         let mut base: ModPath = match segs.first().copied() {
@@ -345,10 +357,11 @@ impl Crate {
         let mut hops = 0;
         while let Some(first) = rest.first() {
             match reexports.get(&base).and_then(|names| names.get(*first)) {
-                Some(target) if hops < 8 => {
+                Some(Some(target)) if hops < 8 => {
                     base = target.clone();
                     hops += 1;
                 }
+                Some(None) => return None,
                 _ => break,
             }
         }
@@ -363,7 +376,6 @@ impl Crate {
                 .into_iter()
                 .flat_map(|(_, p)| p)
                 .map(|p| p.split(" as ").next().unwrap_or_default().to_owned())
-                .map(|p| p.split("as").next().unwrap_or_default().to_owned())
                 .collect();
             paths.extend(inline_paths(text));
             for path in paths {
@@ -585,6 +597,16 @@ fn the_checks_find_what_they_look_for() {
         vec!["d".to_owned()],
         strip("use crate::c::X; pub struct Y;"),
     );
+    // An alias, a path containing "as", and an external re-export imported through the root.
+    modules.insert(
+        Vec::new(),
+        strip("mod a; mod e; pub use other_crate::Error; pub use e::Thing as Renamed;"),
+    );
+    modules.insert(vec!["e".to_owned()], strip("pub struct Thing;"));
+    modules.insert(
+        vec!["f".to_owned()],
+        strip("use crate::Error; use crate::Renamed; use crate::e::class_as::Kind as K;"),
+    );
     let krate = Crate {
         name: "fixture".into(),
         modules,
@@ -596,4 +618,12 @@ fn the_checks_find_what_they_look_for() {
     let edges = krate.edges();
     assert!(edges.contains(&(vec!["c".into()], vec!["a".into(), "b".into()])));
     assert!(!edges.contains(&(vec!["c".into()], vec!["d".into()])));
+    assert!(
+        edges.contains(&(vec!["f".into()], vec!["e".into()])),
+        "{edges:?}"
+    );
+    assert!(
+        !edges.contains(&(vec!["f".into()], Vec::new())),
+        "an external re-export is no import of the root: {edges:?}"
+    );
 }

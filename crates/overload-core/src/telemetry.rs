@@ -274,6 +274,11 @@ impl Episode {
 /// clone is dropped. Late ticks are delayed, never bunched. Layers start it on their first
 /// request, where a runtime is current, to keep window gauges true while no request comes
 /// and to end [episodes](Episode) whose condition has gone.
+///
+/// The runtime needs its time driver (`Builder::enable_time` or `enable_all`, which
+/// `#[tokio::main]` and every server runtime have), as every timer of the layers does;
+/// without it the ticker task fails at its first tick and the layer falls back to what its
+/// requests update.
 pub fn spawn_ticker<T: Send + Sync + 'static>(
     state: &Arc<T>,
     period: Duration,
