@@ -31,7 +31,8 @@ pub fn router(stack: ServerStack, model: Model) -> Result<axum::Router, BoxError
                     burst: Some(burst),
                     ..RateLimitConfig::default()
                 }
-                .layer()?,
+                .layer()?
+                .into(),
             }
         }
         ServerStack::Adaptive => Stack::Adaptive {

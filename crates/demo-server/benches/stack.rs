@@ -28,7 +28,8 @@ fn full(rate: u32, burst: u32) -> Stack {
             ..RateLimitConfig::default()
         }
         .layer()
-        .expect("valid limit"),
+        .expect("valid limit")
+        .into(),
     }
 }
 

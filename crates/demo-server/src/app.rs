@@ -13,7 +13,7 @@ use axum::routing::{MethodRouter, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
 use overload_signal::{OverloadSignalLayer, is_overloaded};
-use ratelimit_layer::{AdaptiveLimitLayer, RateLimitLayer};
+use ratelimit_layer::{AdaptiveLimitLayer, RateLimitLayer, Remote};
 use tower::util::MapResponseLayer;
 
 use crate::downstream::Downstream;
@@ -112,8 +112,8 @@ pub enum Stack {
     Full {
         /// The overload layer; keep a clone to read its histogram.
         overload: OverloadSignalLayer,
-        /// The rate limiter.
-        rate_limit: RateLimitLayer,
+        /// The rate limiter, local or kept in Redis (a local one converts with `.into()`).
+        rate_limit: RateLimitLayer<Remote>,
     },
     /// [`OverloadSignalLayer`] outside [`AdaptiveLimitLayer`], in front of the model: no
     /// rate configured, the limit finds the model's capacity from its latency.

@@ -29,7 +29,9 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let stack = Stack::Full {
 //!     overload: OverloadSignalLayer::new(),
-//!     rate_limit: RateLimitConfig { rate: 250, burst: Some(5), ..Default::default() }.layer()?,
+//!     rate_limit: RateLimitConfig { rate: 250, burst: Some(5), ..Default::default() }
+//!         .layer()?
+//!         .into(),
 //! };
 //! let model = Model::new(LatencyModel::default());
 //! let router = app(AppConfig::new(model.clone()).stack(stack));

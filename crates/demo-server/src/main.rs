@@ -338,7 +338,7 @@ impl Cli {
             StackArg::Full => Stack::Full {
                 overload: OverloadSignalLayer::default(),
                 rate_limit: match &redis {
-                    None => self.rate_limit_config().layer(),
+                    None => self.rate_limit_config().layer().map(Into::into),
                     Some(redis) => self.rate_limit_config().redis_layer(redis),
                 }
                 .map_err(|e| e.to_string())?,

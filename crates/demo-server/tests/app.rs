@@ -32,7 +32,8 @@ fn full_stack(rate: u32, burst: u32) -> Stack {
             ..RateLimitConfig::default()
         }
         .layer()
-        .unwrap(),
+        .unwrap()
+        .into(),
     }
 }
 

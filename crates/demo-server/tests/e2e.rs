@@ -73,7 +73,8 @@ async fn a_burst_above_the_limit_gets_429s_with_headers_and_metrics_count_them()
             ..RateLimitConfig::default()
         }
         .layer()
-        .unwrap(),
+        .unwrap()
+        .into(),
     };
     let config = AppConfig::new(Model::new(LatencyModel::Instant))
         .stack(stack)
@@ -247,7 +248,7 @@ async fn a_downstream_stop_signal_reaches_the_caller_without_retries() {
     // A middle tier with the full stack, and one without: both answer with the stop signal.
     let full = Stack::Full {
         overload: OverloadSignalLayer::new(),
-        rate_limit: RateLimitConfig::default().layer().unwrap(),
+        rate_limit: RateLimitConfig::default().layer().unwrap().into(),
     };
     for stack in [full, Stack::None] {
         let config = AppConfig::new(Model::new(LatencyModel::Instant))

@@ -187,13 +187,13 @@ async fn metric(client: &HttpClient, server: &Server, prefix: &str) -> Option<f6
 }
 
 const FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
-const UP: &str = "ratelimit_layer_redis_up{policy=\"default\"}";
+const UP: &str = "ratelimit_layer_redis_up{name=\"default\"}";
 
 async fn fallbacks(client: &HttpClient, servers: &[Server]) -> f64 {
     let mut total = 0.0;
     for server in servers {
         for reason in ["timeout", "error", "unavailable"] {
-            let prefix = format!("{FALLBACKS}{{policy=\"default\",reason=\"{reason}\"}}");
+            let prefix = format!("{FALLBACKS}{{name=\"default\",reason=\"{reason}\"}}");
             total += metric(client, server, &prefix).await.unwrap_or(0.0);
         }
     }

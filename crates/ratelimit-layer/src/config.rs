@@ -9,7 +9,11 @@ use overload_core::ConfigError;
 
 use crate::algorithm::{FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::key::ClientIp;
-use crate::layer::RateLimitLayer;
+use crate::rate_limit::RateLimitLayer;
+#[cfg(feature = "redis")]
+use crate::rate_limit::Remote;
+#[cfg(feature = "redis")]
+use crate::redis::{RedisAlgorithm, RedisLayerBuilder, RedisStore};
 
 /// Which algorithm a [`RateLimitConfig`] uses; parses from `token-bucket`, `fixed-window`
 /// or `sliding-window`.
@@ -150,9 +154,11 @@ pub struct RateLimitConfig {
     /// The cap on tracked keys with [`KeyBy::Ip`]. Default: 100 000
     /// ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
     pub max_keys: usize,
-    /// The policy name in the `RateLimit` fields and the metrics. Default: `default`
-    /// ([`RateLimitLayer::DEFAULT_POLICY_NAME`]).
-    pub policy_name: String,
+    /// The layer's name: the `name` label of its metrics, the `name` field of its logs, and
+    /// the policy name of its `RateLimit` fields
+    /// ([`RateLimitBuilder::name`](crate::RateLimitBuilder::name)). Default: `default`
+    /// ([`RateLimitLayer::DEFAULT_NAME`]).
+    pub name: String,
     /// Whether admitted responses carry the `RateLimit` fields. Default: `false`.
     pub admitted_headers: bool,
 }
@@ -167,7 +173,7 @@ impl Default for RateLimitConfig {
             key: KeyBy::default(),
             client_ip: ClientIp::default(),
             max_keys: RateLimitLayer::DEFAULT_MAX_KEYS,
-            policy_name: RateLimitLayer::DEFAULT_POLICY_NAME.to_owned(),
+            name: RateLimitLayer::DEFAULT_NAME.to_owned(),
             admitted_headers: false,
         }
     }
@@ -236,7 +242,7 @@ impl RateLimitConfig {
     fn finish<L: Limiter>(&self, limiter: L) -> Result<RateLimitLayer, ConfigError> {
         let builder = RateLimitLayer::builder(limiter)
             .max_keys(self.max_keys)
-            .policy_name(&self.policy_name)
+            .name(self.name.as_str())
             .admitted_headers(self.admitted_headers);
         match self.key {
             KeyBy::Global => builder.build(),
@@ -252,20 +258,19 @@ impl RateLimitConfig {
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
     /// The Redis that holds the limit.
-    pub store: crate::redis::RedisStore,
+    pub store: RedisStore,
     /// The share of the limit a process applies while Redis is away. Default: 1
-    /// ([`RedisLayerBuilder::DEFAULT_LOCAL_SHARE`](crate::redis::RedisLayerBuilder::DEFAULT_LOCAL_SHARE)).
+    /// ([`RedisLayerBuilder::DEFAULT_LOCAL_SHARE`]).
     pub local_share: f64,
     /// The time budget of a decision. Default: 5 ms
-    /// ([`RedisLayerBuilder::DEFAULT_BUDGET`](crate::redis::RedisLayerBuilder::DEFAULT_BUDGET)).
+    /// ([`RedisLayerBuilder::DEFAULT_BUDGET`]).
     pub budget: Duration,
 }
 
 #[cfg(feature = "redis")]
 impl RedisConfig {
     /// The limit kept in `store`, with the defaults.
-    pub fn new(store: crate::redis::RedisStore) -> Self {
-        use crate::redis::RedisLayerBuilder;
+    pub fn new(store: RedisStore) -> Self {
         Self {
             store,
             local_share: RedisLayerBuilder::DEFAULT_LOCAL_SHARE,
@@ -277,14 +282,15 @@ impl RedisConfig {
 #[cfg(feature = "redis")]
 impl RateLimitConfig {
     /// Builds the layer with its limit kept in Redis, shared by every process that uses the
-    /// same Redis and policy name.
+    /// same Redis and name. It is a `RateLimitLayer<Remote>`; for a program that chooses at
+    /// run time, [`layer`](Self::layer)'s converts into one (`.into()`).
     ///
     /// # Errors
     ///
     /// As [`layer`](Self::layer); and with [`Algorithm::FixedWindow`], which is not offered
     /// in Redis (kind `Invalid` on `algorithm`), or any rule of
-    /// [`RedisLayerBuilder::build`](crate::redis::RedisLayerBuilder::build).
-    pub fn redis_layer(&self, redis: &RedisConfig) -> Result<RateLimitLayer, ConfigError> {
+    /// [`RedisLayerBuilder::build`].
+    pub fn redis_layer(&self, redis: &RedisConfig) -> Result<RateLimitLayer<Remote>, ConfigError> {
         // NOTE: the local checks first, so that errors name this struct's fields.
         self.layer()?;
         match self.algorithm {
@@ -309,14 +315,14 @@ impl RateLimitConfig {
         }
     }
 
-    fn finish_redis<L: crate::redis::RedisAlgorithm>(
+    fn finish_redis<L: RedisAlgorithm>(
         &self,
         limiter: L,
         redis: &RedisConfig,
-    ) -> Result<RateLimitLayer, ConfigError> {
+    ) -> Result<RateLimitLayer<Remote>, ConfigError> {
         let builder = RateLimitLayer::builder(limiter)
             .max_keys(self.max_keys)
-            .policy_name(&self.policy_name)
+            .name(self.name.as_str())
             .admitted_headers(self.admitted_headers);
         match self.key {
             KeyBy::Global => builder
@@ -427,20 +433,19 @@ mod tests {
             "max_keys must be at least 1, got 0"
         );
         let err = RateLimitConfig {
-            policy_name: String::new(),
+            name: String::new(),
             ..RateLimitConfig::default()
         }
         .layer()
         .unwrap_err();
-        assert_eq!(err.field(), "policy_name");
+        assert_eq!(err.field(), "name");
         assert_eq!(err.kind(), overload_core::ConfigErrorKind::Invalid);
     }
 
     #[cfg(feature = "redis")]
     #[test]
     fn redis_layers_build_for_the_algorithms_redis_offers() {
-        let redis =
-            RedisConfig::new(crate::redis::RedisStore::new("redis://127.0.0.1:6379").unwrap());
+        let redis = RedisConfig::new(RedisStore::new("redis://127.0.0.1:6379").unwrap());
         assert_eq!(redis.budget, Duration::from_millis(5));
         for algorithm in [Algorithm::TokenBucket, Algorithm::SlidingWindow] {
             for key in KeyBy::ALL {

@@ -14,7 +14,11 @@
 //! The layer is `Clone + Send + Sync` (clones share the limits), generic over request and
 //! response bodies (rejections use `ResBody::default()`), and fits `axum::Router::layer`,
 //! `tower::ServiceBuilder` and tonic's `Server::builder().layer(..)`. It never calls the
-//! inner service for a rejected request.
+//! inner service for a rejected request, and asks nothing of it but to be a `Service`: a
+//! `tower::util::BoxService`, which is not `Clone`, is limited as well as an axum route. Only
+//! a limit kept in Redis, whose decision comes after a round trip, needs a `Clone` inner
+//! service, as tower's own `Buffer` and `AsyncFilter` do: its layer is a
+//! `RateLimitLayer<Remote>` (see [`Local`] and `Remote`).
 //!
 //! [`overload_signal::protocol`]: https://docs.rs/overload-signal/0.1/overload_signal/protocol/index.html
 //!
@@ -29,14 +33,14 @@
 //! - [`FixedWindow`]: a count per window; up to **twice** the quota across a window edge.
 //! - [`SlidingWindow`]: the paper's estimate `r = c_n + (1 - (t mod w)/w) * c_{n-1}`.
 //!
-//! Time comes from a [`Clock`] (this crate re-exports `overload-signal`'s [`clock`] module as
+//! Time comes from a [`Clock`] (this crate re-exports `overload-core`'s [`clock`] module as
 //! its own `clock`): [`TokioClock`] by default, which follows tokio's paused time in tests;
 //! `FakeClock`, which moves only when told to, with the `test-util` feature. Set it with
 //! [`RateLimitBuilder::clock`].
 //!
-//! [`Clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/trait.Clock.html
-//! [`clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/index.html
-//! [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+//! [`Clock`]: crate::clock::Clock
+//! [`clock`]: crate::clock
+//! [`TokioClock`]: crate::clock::TokioClock
 //!
 //! # Without a rate: the adaptive limit
 //!
@@ -73,8 +77,13 @@
 //!
 //! Every type follows one convention: `new` takes what has no default (a rate, a limiter),
 //! `builder` returns named setters starting from the defaults, and `build` returns
-//! [`ConfigError`] (`overload-signal`'s, re-exported), whose message names the setting, the
+//! [`ConfigError`] (`overload-core`'s, re-exported), whose message names the setting, the
 //! value and the rule.
+//!
+//! Every layer has a name ([`RateLimitBuilder::name`], [`AdaptiveLimitBuilder::name`]),
+//! `default` unless set: the `name` label of its metrics and the `name` field of its logs,
+//! and for a rate limit the policy name of its `RateLimit-Policy` and `RateLimit` fields on
+//! the wire. Name your layers when a process has more than one of a kind.
 //!
 //! # Examples
 //!
@@ -119,7 +128,7 @@
 //!     // function (it does not depend on axum).
 //!     .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0)))
 //!     .cost_by(|parts| if parts.method == http::Method::POST { 10 } else { 1 })
-//!     .policy_name("api")
+//!     .name("api")
 //!     .admitted_headers(true)
 //!     .build()?;
 //! let app = Router::new().route("/api", get(|| async { "hello" })).layer(layer);
@@ -178,20 +187,34 @@
 //!
 //! # Metrics
 //!
-//! Through the [`metrics`] facade; this crate never installs a recorder. The names are in [`metric_names`]. They are registered with the
-//! recorder on the first request (not when the layer is built) and the handles are kept,
-//! so install the recorder before serving traffic.
+//! Through the [`metrics`] facade; this crate never installs a recorder. The names are in
+//! [`metric_names`]. Every metric carries the label `name`, the layer's name, so two rate
+//! limits in one process are two series. They are registered with the recorder on the
+//! layer's **first request** (not when the layer is built, so a recorder installed after
+//! building the layer, before traffic, sees every one of them) and the handles are kept, so
+//! a request costs no registry lookup.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_requests_admitted_total` | counter | `policy` | requests passed to the inner service |
-//! | `ratelimit_layer_requests_rejected_total` | counter | `policy`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
-//! | `ratelimit_layer_keys` | gauge | `policy` | keys tracked by a keyed layer |
-//! | `ratelimit_layer_missing_key_total` | counter | `policy`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in |
+//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
+//! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer; idle keys are swept and the gauge set every second, so it falls when clients go away, traffic or not |
+//! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in |
 //!
-//! Rejections are also logged through [`tracing`] at `TRACE` level.
+//! The [adaptive limit](adaptive#metrics) and the [Redis-backed limit](redis#metrics)
+//! (feature `redis`) have their own, listed there and in [`metric_names`].
 //!
 //! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
+//!
+//! # Logs
+//!
+//! Through [`tracing`], with the layer's name as the field `name`. A limit that starts
+//! rejecting is an episode, logged once when it begins (`WARN`, "rate limit engaged", at the
+//! first rejection) and once when it ends (`INFO`, "rate limit released", once nothing has
+//! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request;
+//! each rejection is logged at `TRACE`. The first request a keyed layer finds no key in is
+//! logged once at `WARN`.
+//!
 //! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
 //!
 //! # What a request costs
@@ -206,27 +229,32 @@
 //!
 //! # Feature flags
 //!
-//! - `test-util` (off by default): enables `overload-signal`'s `test-util` feature, so that
-//!   `clock::FakeClock`, a clock that moves only when told to, exists for tests.
+//! - `test-util` (off by default): enables `overload-core`'s `test-util` feature, so that
+//!   `clock::FakeClock`, a clock that moves only when told to, exists for tests (and, with
+//!   `redis`, `redis::testing`).
+//! - `redis` (off by default): one limit for a fleet, kept in Redis; see [`redis`].
 
 pub mod adaptive;
 pub mod algorithm;
 pub mod config;
-pub mod future;
 pub mod key;
 pub mod keyed;
-mod layer;
 pub mod metric_names;
 pub mod protect;
+mod rate_limit;
 #[cfg(feature = "redis")]
 pub mod redis;
+mod telemetry;
 
-// NOTE: not inlined: the module is `overload-signal`'s, documented there.
+// NOTE: not inlined: the module is `overload-core`'s, documented there.
 #[doc(no_inline)]
 pub use overload_core::clock;
 
 pub use adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
-pub use layer::{RateLimit, RateLimitBuilder, RateLimitLayer};
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use protect::{OverloadProtectionLayer, OverloadProtectionLayerBuilder};
+#[cfg(feature = "redis")]
+pub use rate_limit::Remote;
+pub use rate_limit::future;
+pub use rate_limit::{Local, RateLimit, RateLimitBuilder, RateLimitLayer};

@@ -319,4 +319,23 @@ mod tests {
         );
         assert!(format!("{:?}", OverloadProtectionLayer::builder(())).contains("limit: ()"));
     }
+
+    /// A layer that may decide in Redis (`RateLimitLayer<Remote>`, here a local limit
+    /// converted to that type, as a program that chooses at run time holds it) goes inside
+    /// the overload layer the same way.
+    #[cfg(feature = "redis")]
+    #[tokio::test(start_paused = true)]
+    async fn a_remote_kind_of_limit_goes_inside_too() {
+        use crate::Remote;
+        fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+        assert_traits::<OverloadProtectionLayer<RateLimitLayer<Remote>>>();
+        let local = protection();
+        let remote: RateLimitLayer<Remote> = local.limit().clone().into();
+        let p = OverloadProtectionLayer::builder(remote)
+            .signal(local.signal().clone())
+            .build();
+        let got = statuses(p.layer(hello())).await;
+        assert_eq!(got.first(), Some(&StatusCode::OK));
+        assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
+    }
 }

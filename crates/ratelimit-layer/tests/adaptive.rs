@@ -15,6 +15,8 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
+mod support;
+
 /// A service that answers only when `release` is notified, counting calls.
 fn held(
     release: Arc<Notify>,
@@ -463,4 +465,104 @@ async fn finds_the_capacity_and_follows_it_when_halved() {
         );
     }
     assert!(limits[35] < limits[15], "{limits:?}");
+}
+
+/// The limit engaged is logged once at `WARN` however many requests it rejects, with the
+/// layer's name, and once at `INFO` when it has rejected nothing for the quiet period, from
+/// the layer's tick, with no request to prompt it.
+#[tokio::test(start_paused = true)]
+async fn an_engaged_limit_is_logged_once_and_released_after_the_quiet_period() {
+    let (logs, _guard) = support::Logs::capture();
+    let release = Arc::new(Notify::new());
+    let calls = Arc::new(AtomicUsize::new(0));
+    let layer = AdaptiveLimitLayer::builder().name("api").build().unwrap();
+    let service = layer.layer(held(Arc::clone(&release), calls));
+    // The limit starts at the minimum, 3, while the baseline is measured.
+    let mut pending = Vec::new();
+    for _ in 0..3 {
+        pending.push(tokio::spawn(service.clone().oneshot(Request::new(()))));
+    }
+    tokio::task::yield_now().await;
+    for _ in 0..100 {
+        let rejected = service.clone().oneshot(Request::new(())).await.unwrap();
+        assert_eq!(rejected.status(), StatusCode::SERVICE_UNAVAILABLE);
+    }
+    let engaged = logs.at(tracing::Level::WARN, "adaptive limit engaged");
+    assert_eq!(engaged.len(), 1, "one WARN for 100 rejections");
+    assert_eq!(engaged[0].name.as_deref(), Some("api"));
+    release.notify_waiters();
+    for p in pending {
+        p.await.unwrap().unwrap();
+    }
+
+    let quiet = AdaptiveLimitLayer::QUIET_PERIOD;
+    tokio::time::sleep(quiet - Duration::from_millis(500)).await;
+    assert!(logs.at(tracing::Level::INFO, "released").is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let released = logs.at(tracing::Level::INFO, "adaptive limit released");
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].name.as_deref(), Some("api"));
+    assert_eq!(
+        logs.at(tracing::Level::WARN, "").len(),
+        1,
+        "nothing else at WARN"
+    );
+}
+
+/// The gauges read the layer's name, and the latency gauge describes a window of requests:
+/// while requests complete it reads the last window's percentile; once none has completed
+/// for the quiet period it reads 0, not a figure nobody has measured since. The limit in
+/// force stays what it is.
+#[tokio::test(start_paused = true)]
+async fn the_latency_gauge_falls_to_zero_once_no_request_completes() {
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let layer = AdaptiveLimitLayer::builder()
+        .name("api")
+        .probe_samples(10)
+        .min_samples(10)
+        .build()
+        .unwrap();
+    let service = layer.layer(service_fn(|_: Request<()>| async {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        Ok::<_, Infallible>(Response::new(()))
+    }));
+    // Ten requests end the baseline measurement, twenty more close a window or two.
+    let run = || async {
+        for _ in 0..30 {
+            service.clone().oneshot(Request::new(())).await.unwrap();
+        }
+    };
+    // The gauges by name (each reading drains what it reads).
+    let gauges = || {
+        let mut gauges = std::collections::BTreeMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            assert!(
+                key.labels()
+                    .any(|l| l.key() == "name" && l.value() == "api"),
+                "{key:?}"
+            );
+            if let DebugValue::Gauge(g) = value {
+                gauges.insert(key.name().to_owned(), g.into_inner());
+            }
+        }
+        gauges
+    };
+    const LATENCY: &str = "ratelimit_layer_adaptive_latency_seconds";
+    const LIMIT: &str = "ratelimit_layer_adaptive_limit";
+
+    run().await;
+    let quiet = AdaptiveLimitLayer::QUIET_PERIOD;
+    tokio::time::sleep(quiet - Duration::from_secs(2)).await;
+    let read = gauges();
+    assert!((0.009..0.0115).contains(&read[LATENCY]), "{read:?}");
+
+    run().await;
+    tokio::time::sleep(quiet + Duration::from_secs(2)).await;
+    let read = gauges();
+    assert!(read[LATENCY].abs() < f64::EPSILON, "{read:?}");
+    assert!(read[LIMIT] >= 3.0, "{read:?}");
 }

@@ -14,7 +14,10 @@ use ratelimit_layer::key::{ClientIp, MissingKey};
 use ratelimit_layer::{
     ConfigErrorKind, FixedWindow, RateLimit, RateLimitLayer, SlidingWindow, TokenBucket,
 };
+use tower::util::BoxService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
+
+mod support;
 
 type Calls = Arc<AtomicUsize>;
 
@@ -134,7 +137,7 @@ async fn admitted_responses_carry_the_fields_when_asked() {
             .unwrap(),
     )
     .clock(FakeClock::new())
-    .policy_name("api")
+    .name("api")
     .admitted_headers(true)
     .build()
     .unwrap();
@@ -282,18 +285,30 @@ fn invalid_builds_name_the_setting() {
         .build()
         .unwrap_err();
     assert_eq!(err.field(), "sweep_interval");
+    for bad in ["é", "", "tab\there"] {
+        let err = RateLimitLayer::builder(bucket(10, 5))
+            .name(bad)
+            .build()
+            .unwrap_err();
+        assert_eq!(
+            (err.field(), err.kind()),
+            ("name", ConfigErrorKind::Invalid),
+            "{bad:?}"
+        );
+    }
     let err = RateLimitLayer::builder(bucket(10, 5))
-        .policy_name("é")
+        .name("é")
         .build()
         .unwrap_err();
     assert_eq!(
-        (err.field(), err.kind()),
-        ("policy_name", ConfigErrorKind::Invalid)
-    );
-    assert_eq!(
         err.to_string(),
-        "policy_name must be non-empty printable ASCII (0x20 to 0x7e), which a structured field string can carry, got \"é\""
+        "name must be 1 to 128 bytes of printable ASCII (0x20 to 0x7e), got \"é\""
     );
+    let err = RateLimitLayer::builder(bucket(10, 5))
+        .name("x".repeat(129))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "name");
     // A cost chosen per request is not checked at build time: an over-capacity request is
     // rejected when it comes (see `over_capacity_requests_are_rejected_with_the_window`).
     assert!(
@@ -440,14 +455,15 @@ fn tokio_test_poll_ready<S: Service<Request<String>>>(svc: &mut S) -> std::task:
 
 /// Also the regression test for building the layer before the recorder is installed (as a
 /// server that builds its stack, then installs a Prometheus recorder, does): metrics are
-/// registered on the first request, not at build time.
-#[tokio::test]
+/// registered on the first request, not at build time. The keys gauge is set by the
+/// layer's tick, once a second.
+#[tokio::test(start_paused = true)]
 async fn metrics_count_admitted_rejected_and_keys() {
     let layer = RateLimitLayer::builder(bucket(1, 1))
         .clock(FakeClock::new())
         .key_by_client_ip(ClientIp::new())
         .missing_key(MissingKey::Shared)
-        .policy_name("edge")
+        .name("edge")
         .build()
         .unwrap();
     let recorder = DebuggingRecorder::new();
@@ -461,6 +477,8 @@ async fn metrics_count_admitted_rejected_and_keys() {
     }
     svc.clone().oneshot(request()).await.unwrap();
     svc.clone().oneshot(request()).await.unwrap();
+    // NOTE: past the first tick, one second after the first request.
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
     let mut admitted = 0;
     let mut rejected = Vec::new();
     let mut keys = 0.0;
@@ -469,7 +487,8 @@ async fn metrics_count_admitted_rejected_and_keys() {
         let key = key.key();
         assert!(
             key.labels()
-                .any(|l| l.key() == "policy" && l.value() == "edge")
+                .any(|l| l.key() == "name" && l.value() == "edge"),
+            "{key:?}"
         );
         match (key.name(), value) {
             ("ratelimit_layer_requests_admitted_total", DebugValue::Counter(n)) => admitted = n,
@@ -492,7 +511,16 @@ async fn metrics_count_admitted_rejected_and_keys() {
         vec![("keyed".to_owned(), 1), ("unkeyed".to_owned(), 1)]
     );
     assert!((keys - 2.0).abs() < f64::EPSILON);
-    assert_eq!(missing, vec![("shared".to_owned(), 2)]);
+    // Every action's series exists from the first request; only the layer's policy counts.
+    missing.sort();
+    assert_eq!(
+        missing,
+        vec![
+            ("bypass".to_owned(), 0),
+            ("reject".to_owned(), 0),
+            ("shared".to_owned(), 2)
+        ]
+    );
 }
 
 /// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (axum
@@ -619,10 +647,11 @@ fn a_missing_key_is_logged_once_at_warn_whatever_the_policy() {
         let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
         tracing::dispatcher::with_default(&dispatch, || {
             let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let layer = RateLimitLayer::builder(bucket(1, 1))
+                let layer = RateLimitLayer::builder(bucket(1, 10))
                     .clock(FakeClock::new())
                     .key_by_client_ip(ClientIp::new())
                     .missing_key(policy)
@@ -673,4 +702,229 @@ async fn keyed_rejections_say_they_concern_one_caller() {
     let r = svc.clone().oneshot(request()).await.unwrap();
     assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(scope(&r), None);
+}
+
+/// Regression for issue 20: `RateLimit<S>` required `S: Clone` of every inner service,
+/// because a limit kept in Redis takes the ready service into its future; a service that is
+/// not `Clone`, such as a `BoxService`, could not be limited at all ("the method `oneshot`
+/// exists for struct `RateLimit<BoxService<..>>`, but its trait bounds were not
+/// satisfied"). A local limit, global or keyed, asks nothing of its inner service.
+#[tokio::test]
+async fn a_service_that_is_not_clone_is_limited() {
+    type Boxed = BoxService<Request<String>, Response<String>, Infallible>;
+    let calls = Calls::default();
+    let boxed = || {
+        let calls = Arc::clone(&calls);
+        Boxed::new(service_fn(move |_: Request<String>| {
+            calls.fetch_add(1, Ordering::SeqCst);
+            async { Ok::<_, Infallible>(Response::new("hello".to_owned())) }
+        }))
+    };
+    async fn status(svc: &mut RateLimit<Boxed>, request: Request<String>) -> StatusCode {
+        let ready = svc.ready().await.unwrap();
+        ready.call(request).await.unwrap().status()
+    }
+
+    let mut global = RateLimitLayer::builder(bucket(1, 2))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap()
+        .layer(boxed());
+    let mut statuses = Vec::new();
+    for _ in 0..3 {
+        statuses.push(status(&mut global, request()).await);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS
+        ]
+    );
+
+    let mut keyed = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::new())
+        .build()
+        .unwrap()
+        .layer(boxed());
+    let mut statuses = Vec::new();
+    for peer in ["192.0.2.1:1", "192.0.2.1:2", "192.0.2.2:1"] {
+        statuses.push(status(&mut keyed, from(peer)).await);
+    }
+    assert_eq!(
+        statuses,
+        [
+            StatusCode::OK,
+            StatusCode::TOO_MANY_REQUESTS,
+            StatusCode::OK
+        ]
+    );
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "rejections never reach it");
+}
+
+/// Every metric of a layer is registered on its first request, whatever that request
+/// does, with the recorder installed then: not when the layer is built (a recorder
+/// installed after building sees them all), and not when a series first changes.
+#[tokio::test]
+async fn every_metric_is_registered_on_the_first_request() {
+    let layer = RateLimitLayer::builder(bucket(10, 10))
+        .clock(FakeClock::new())
+        .key_by_client_ip(ClientIp::new())
+        .name("late")
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let svc = layer.layer(counting_service(&Calls::default()));
+    assert!(
+        snapshotter.snapshot().into_vec().is_empty(),
+        "nothing before a request"
+    );
+    // One admitted request, with a key: no rejection, no missing key.
+    svc.oneshot(from("192.0.2.1:1")).await.unwrap();
+    let mut series: Vec<String> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, ..)| {
+            let key = key.key();
+            let labels: Vec<String> = key
+                .labels()
+                .map(|l| format!("{}={}", l.key(), l.value()))
+                .collect();
+            format!("{}{{{}}}", key.name(), labels.join(","))
+        })
+        .collect();
+    series.sort();
+    assert_eq!(
+        series,
+        [
+            "ratelimit_layer_keys{name=late}",
+            "ratelimit_layer_missing_key_total{name=late,action=bypass}",
+            "ratelimit_layer_missing_key_total{name=late,action=reject}",
+            "ratelimit_layer_missing_key_total{name=late,action=shared}",
+            "ratelimit_layer_requests_admitted_total{name=late}",
+            "ratelimit_layer_requests_rejected_total{name=late,key_class=global}",
+            "ratelimit_layer_requests_rejected_total{name=late,key_class=keyed}",
+            "ratelimit_layer_requests_rejected_total{name=late,key_class=overflow}",
+            "ratelimit_layer_requests_rejected_total{name=late,key_class=unkeyed}",
+        ]
+    );
+}
+
+/// Two rate limits in one process, named apart: two series an SRE tells apart by `name`,
+/// each counting its own layer's requests; and each name is its `RateLimit-Policy` name on
+/// the wire.
+#[tokio::test]
+async fn two_limits_named_apart_are_two_series() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let layer = |name: &str, burst| {
+        RateLimitLayer::builder(bucket(1, burst))
+            .clock(FakeClock::new())
+            .name(name)
+            .build()
+            .unwrap()
+            .layer(counting_service(&Calls::default()))
+    };
+    let (payments, search) = (layer("payments", 1), layer("search", 3));
+    for _ in 0..4 {
+        let payments = payments.clone().oneshot(request()).await.unwrap();
+        if payments.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(
+                payments.headers()[RATELIMIT_POLICY]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("\"payments\";")
+            );
+        }
+        let search = search.clone().oneshot(request()).await.unwrap();
+        if search.status() == StatusCode::TOO_MANY_REQUESTS {
+            assert!(
+                search.headers()[RATELIMIT_POLICY]
+                    .to_str()
+                    .unwrap()
+                    .starts_with("\"search\";")
+            );
+        }
+    }
+    let mut counted = Vec::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let key = key.key();
+        let name = key
+            .labels()
+            .find(|l| l.key() == "name")
+            .unwrap()
+            .value()
+            .to_owned();
+        let class = key
+            .labels()
+            .find(|l| l.key() == "key_class")
+            .map(|l| l.value().to_owned());
+        if let DebugValue::Counter(n) = value {
+            if n > 0 {
+                counted.push((key.name().to_owned(), name, class, n));
+            }
+        }
+    }
+    counted.sort();
+    let admitted = "ratelimit_layer_requests_admitted_total".to_owned();
+    let rejected = "ratelimit_layer_requests_rejected_total".to_owned();
+    let global = Some("global".to_owned());
+    assert_eq!(
+        counted,
+        [
+            (admitted.clone(), "payments".to_owned(), None, 1),
+            (admitted, "search".to_owned(), None, 3),
+            (rejected.clone(), "payments".to_owned(), global.clone(), 3),
+            (rejected, "search".to_owned(), global, 1),
+        ]
+    );
+}
+
+/// A limit that starts rejecting is logged once at `WARN` however many requests it
+/// rejects, with the layer's name, and once at `INFO` when it has rejected nothing for the
+/// quiet period, from the layer's tick, with no request to prompt it; a new wave is a new
+/// episode.
+#[tokio::test(start_paused = true)]
+async fn an_engaged_limit_is_logged_once_and_released_after_the_quiet_period() {
+    let (logs, _guard) = support::Logs::capture();
+    let svc = RateLimitLayer::builder(bucket(1, 1))
+        .name("api")
+        .build()
+        .unwrap()
+        .layer(counting_service(&Calls::default()));
+    assert_eq!(svc.clone().oneshot(request()).await.unwrap().status(), 200);
+    for _ in 0..100 {
+        let r = svc.clone().oneshot(request()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    let engaged = logs.at(tracing::Level::WARN, "rate limit engaged");
+    assert_eq!(engaged.len(), 1, "one WARN for 100 rejections");
+    assert_eq!(engaged[0].name.as_deref(), Some("api"));
+    assert!(logs.at(tracing::Level::INFO, "released").is_empty());
+
+    // No traffic: still engaged just before the quiet period ends, released just after.
+    let quiet = RateLimitLayer::QUIET_PERIOD;
+    tokio::time::sleep(quiet - Duration::from_millis(500)).await;
+    assert!(logs.at(tracing::Level::INFO, "released").is_empty());
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    let released = logs.at(tracing::Level::INFO, "rate limit released");
+    assert_eq!(released.len(), 1);
+    assert_eq!(released[0].name.as_deref(), Some("api"));
+
+    // A new wave: a new episode.
+    for _ in 0..3 {
+        svc.clone().oneshot(request()).await.unwrap();
+    }
+    assert_eq!(logs.at(tracing::Level::WARN, "rate limit engaged").len(), 2);
+    tokio::time::sleep(quiet * 2).await;
+    assert_eq!(
+        logs.at(tracing::Level::INFO, "rate limit released").len(),
+        2
+    );
 }

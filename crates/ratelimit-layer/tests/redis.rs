@@ -112,7 +112,7 @@ async fn keys_are_limited_apart_across_processes() {
         Svc::new(
             RateLimitLayer::builder(hourly(2))
                 .key_by_header(http::HeaderName::from_static("x-api-key"))
-                .policy_name("api")
+                .name("api")
                 .redis(store)
                 .key_prefix("edge")
                 .budget(GENEROUS)
@@ -175,15 +175,40 @@ fn read(snapshotter: &Snapshotter) -> Reading {
     reading
 }
 
-/// Counts the `WARN` events this crate logs.
+/// Counts the `WARN` events this crate logs about Redis, and its `INFO` events about Redis
+/// (not the rate limit's own episodes, logged when the local share rejects).
 #[derive(Clone, Default)]
-struct Warnings(Arc<AtomicUsize>);
+struct Warnings(Arc<AtomicUsize>, Arc<AtomicUsize>);
+
+impl Warnings {
+    fn infos(&self) -> usize {
+        self.1.load(Ordering::SeqCst)
+    }
+}
 
 impl<S: Subscriber> tracing_subscriber::Layer<S> for Warnings {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
-        if *event.metadata().level() == Level::WARN {
-            self.0.fetch_add(1, Ordering::SeqCst);
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
         }
+        if !event.metadata().target().starts_with("ratelimit_layer") {
+            return;
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        if !message.0.contains("Redis") {
+            return;
+        }
+        match *event.metadata().level() {
+            Level::WARN => self.0.fetch_add(1, Ordering::SeqCst),
+            Level::INFO => self.1.fetch_add(1, Ordering::SeqCst),
+            _ => 0,
+        };
     }
 }
 
@@ -262,7 +287,70 @@ async fn falls_back_to_the_local_share_and_returns_when_redis_answers() {
         1,
         "no new warning on the way back"
     );
+    assert_eq!(warnings.infos(), 1, "the way back is logged once, at INFO");
     assert_eq!(server.command("EXISTS ratelimit:default:tb:g"), ":1");
+}
+
+/// With no traffic at all, Redis lost is seen (one `WARN`, `redis_up` 0) and Redis back is
+/// seen (one `INFO`, `redis_up` 1): while no request asks Redis, the layer checks it every
+/// recheck interval, so the gauge and the logs do not wait for a request to be true.
+#[tokio::test(flavor = "current_thread")]
+async fn redis_lost_and_back_without_traffic_is_seen() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let warnings = Warnings::default();
+    let _logs =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let mut server = RedisServer::start();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(10))
+            .name("idle")
+            .redis(store(&server).await)
+            .recheck_interval(Duration::from_millis(50))
+            .budget(Duration::from_millis(500))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    // The first request registers the metrics and starts the checks.
+    assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    assert_eq!(read(&snapshotter).up, Some(1.0));
+
+    server.stop();
+    let stopped = Instant::now();
+    while warnings.0.load(Ordering::SeqCst) == 0 {
+        assert!(
+            stopped.elapsed() < Duration::from_secs(5),
+            "Redis stopped and no warning"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    // Checks count no fallback: no request was decided locally.
+    assert_eq!(
+        read(&snapshotter),
+        Reading {
+            fallbacks: [0, 0, 0],
+            up: Some(0.0)
+        }
+    );
+
+    server.restart();
+    let restarted = Instant::now();
+    while warnings.infos() == 0 {
+        assert!(
+            restarted.elapsed() < Duration::from_secs(5),
+            "Redis back and no INFO"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    assert_eq!(read(&snapshotter).up, Some(1.0));
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert_eq!(warnings.0.load(Ordering::SeqCst), 1, "one WARN");
+    assert_eq!(warnings.infos(), 1, "one INFO");
+    // The next request is decided in Redis, whose fresh bucket has 9 left after it.
+    assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    assert_eq!(server.command("EXISTS ratelimit:idle:tb:g"), ":1");
 }
 
 fn signal(server: &RedisServer, name: &str) {

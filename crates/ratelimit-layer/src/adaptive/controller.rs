@@ -7,7 +7,7 @@ use overload_core::clock::saturating_nanos;
 
 /// The validated settings the controller reads.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) struct Settings {
+pub(super) struct AdaptiveSettings {
     pub(super) initial_limit: usize,
     pub(super) min_limit: usize,
     pub(super) max_limit: usize,
@@ -36,7 +36,7 @@ const GRADIENT_MAX: f64 = 2.0;
 
 /// What a closed window held, as the controller sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct WindowStats {
+pub(super) struct AdaptiveWindowStats {
     /// Successful requests measured in the window.
     pub(super) samples: u64,
     /// Requests that failed in a way that means overload.
@@ -51,7 +51,7 @@ pub(super) struct WindowStats {
 
 /// The controller's phase.
 #[derive(Clone, Copy, Debug, PartialEq)]
-pub(super) enum Phase {
+pub(super) enum ControllerPhase {
     /// Measuring the baseline at the minimum limit; the limit to go back to afterwards.
     Probing { resume: f64 },
     /// Following the gradient.
@@ -60,7 +60,7 @@ pub(super) enum Phase {
 
 /// What the layer must do after a window.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) struct Update {
+pub(super) struct AdaptiveLimitUpdate {
     /// The new limit.
     pub(super) limit: usize,
     /// A probe just started: requests admitted before `now` must not count in its window.
@@ -69,9 +69,9 @@ pub(super) struct Update {
 
 /// The gradient controller. See the [module docs](super) for the rule and its sources.
 #[derive(Clone, Debug)]
-pub(super) struct Controller {
-    settings: Settings,
-    phase: Phase,
+pub(super) struct GradientController {
+    settings: AdaptiveSettings,
+    phase: ControllerPhase,
     /// The limit as a real number: the gradient moves it by fractions.
     limit: f64,
     /// The no-load latency, in nanoseconds, from the last probe.
@@ -84,12 +84,12 @@ pub(super) struct Controller {
     probes: u64,
 }
 
-impl Controller {
+impl GradientController {
     /// A controller that starts by measuring the baseline, as nothing is known yet.
-    pub(super) fn new(settings: Settings) -> Self {
+    pub(super) fn new(settings: AdaptiveSettings) -> Self {
         Self {
             settings,
-            phase: Phase::Probing {
+            phase: ControllerPhase::Probing {
                 resume: settings.initial_limit as f64,
             },
             limit: settings.min_limit as f64,
@@ -106,7 +106,7 @@ impl Controller {
         to_limit(self.limit, &self.settings)
     }
 
-    pub(super) fn phase(&self) -> Phase {
+    pub(super) fn phase(&self) -> ControllerPhase {
         self.phase
     }
 
@@ -121,8 +121,8 @@ impl Controller {
     /// How many outcomes the current window needs before it may close.
     pub(super) fn samples_needed(&self) -> u64 {
         match self.phase {
-            Phase::Probing { .. } => self.settings.probe_samples,
-            Phase::Tracking => self.settings.min_samples,
+            ControllerPhase::Probing { .. } => self.settings.probe_samples,
+            ControllerPhase::Tracking => self.settings.min_samples,
         }
     }
 
@@ -130,28 +130,32 @@ impl Controller {
     /// ends on its sample count alone.
     pub(super) fn window_nanos(&self) -> u64 {
         match self.phase {
-            Phase::Probing { .. } => 0,
-            Phase::Tracking => saturating_nanos(self.settings.window),
+            ControllerPhase::Probing { .. } => 0,
+            ControllerPhase::Tracking => saturating_nanos(self.settings.window),
         }
     }
 
     /// Closes a window at `now` with `stats`; returns the new limit.
-    pub(super) fn on_window(&mut self, now: u64, stats: WindowStats) -> Update {
+    pub(super) fn on_window(
+        &mut self,
+        now: u64,
+        stats: AdaptiveWindowStats,
+    ) -> AdaptiveLimitUpdate {
         match self.phase {
-            Phase::Probing { resume } => {
+            ControllerPhase::Probing { resume } => {
                 let Some(latency) = stats.latency else {
                     // Only failures: no baseline can be read. Keep probing.
                     return self.update(false);
                 };
                 self.baseline = Some(latency.max(1));
                 self.last_latency = Some(latency);
-                self.phase = Phase::Tracking;
+                self.phase = ControllerPhase::Tracking;
                 self.limit = resume;
                 self.schedule_probe(now);
                 self.windows_at_min = 0;
                 self.update(false)
             }
-            Phase::Tracking => {
+            ControllerPhase::Tracking => {
                 self.last_latency = stats.latency.or(self.last_latency);
                 self.track(stats);
                 if self.limit() <= self.settings.min_limit {
@@ -168,7 +172,7 @@ impl Controller {
                     self.schedule_probe(now);
                 }
                 if (due && stats.rejected) || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
-                    self.phase = Phase::Probing { resume: self.limit };
+                    self.phase = ControllerPhase::Probing { resume: self.limit };
                     self.limit = self.settings.min_limit as f64;
                     self.windows_at_min = 0;
                     return self.update(true);
@@ -179,7 +183,7 @@ impl Controller {
     }
 
     /// One window's step of the limit while tracking.
-    fn track(&mut self, stats: WindowStats) {
+    fn track(&mut self, stats: AdaptiveWindowStats) {
         let s = &self.settings;
         let outcomes = stats.samples + stats.failures;
         if outcomes > 0 && stats.failures as f64 >= s.failure_threshold * outcomes as f64 {
@@ -213,8 +217,8 @@ impl Controller {
         self.limit = next.clamp(s.min_limit as f64, s.max_limit as f64);
     }
 
-    fn update(&self, probe_started: bool) -> Update {
-        Update {
+    fn update(&self, probe_started: bool) -> AdaptiveLimitUpdate {
+        AdaptiveLimitUpdate {
             limit: self.limit(),
             probe_started,
         }
@@ -234,7 +238,7 @@ impl Controller {
 }
 
 /// A real limit as a whole number of requests within the bounds.
-fn to_limit(limit: f64, s: &Settings) -> usize {
+fn to_limit(limit: f64, s: &AdaptiveSettings) -> usize {
     // NOTE: the float is within min..=max (both usize) by construction; `as` saturates anyway.
     (limit.round() as usize).clamp(s.min_limit, s.max_limit)
 }
@@ -258,8 +262,8 @@ mod tests {
 
     const MS: u64 = 1_000_000;
 
-    fn settings() -> Settings {
-        Settings {
+    fn settings() -> AdaptiveSettings {
+        AdaptiveSettings {
             initial_limit: 20,
             min_limit: 3,
             max_limit: 1000,
@@ -276,8 +280,8 @@ mod tests {
         }
     }
 
-    fn window(latency_ms: u64, peak: usize) -> WindowStats {
-        WindowStats {
+    fn window(latency_ms: u64, peak: usize) -> AdaptiveWindowStats {
+        AdaptiveWindowStats {
             samples: 100,
             failures: 0,
             latency: Some(latency_ms * MS),
@@ -287,12 +291,12 @@ mod tests {
     }
 
     /// A controller past its first probe, with a baseline of `baseline_ms`.
-    fn tracking(baseline_ms: u64) -> Controller {
-        let mut c = Controller::new(settings());
+    fn tracking(baseline_ms: u64) -> GradientController {
+        let mut c = GradientController::new(settings());
         assert_eq!(c.limit(), 3, "starts probing at the minimum");
         let u = c.on_window(0, window(baseline_ms, 3));
         assert_eq!(u.limit, 20, "resumes at the initial limit");
-        assert_eq!(c.phase(), Phase::Tracking);
+        assert_eq!(c.phase(), ControllerPhase::Tracking);
         c
     }
 
@@ -346,7 +350,7 @@ mod tests {
     #[test]
     fn backs_off_on_overload_failures() {
         let mut c = tracking(100);
-        let stats = WindowStats {
+        let stats = AdaptiveWindowStats {
             samples: 80,
             failures: 20,
             latency: Some(50 * MS),
@@ -355,7 +359,7 @@ mod tests {
         };
         assert_eq!(c.on_window(100 * MS, stats).limit, 18, "20 * 0.9");
         // Under the threshold, failures are ignored and the gradient applies.
-        let stats = WindowStats {
+        let stats = AdaptiveWindowStats {
             failures: 5,
             ..stats
         };
@@ -390,7 +394,7 @@ mod tests {
         // Regression: a probe every minute rejected most of a healthy service's traffic for
         // a second or two (the outage scenario's recovery never "stayed" recovered).
         let mut c = tracking(100);
-        let calm = WindowStats {
+        let calm = AdaptiveWindowStats {
             rejected: false,
             ..window(100, 5)
         };
@@ -427,13 +431,13 @@ mod tests {
 
     #[test]
     fn a_probe_without_successes_keeps_probing() {
-        let mut c = Controller::new(settings());
-        let stats = WindowStats {
+        let mut c = GradientController::new(settings());
+        let stats = AdaptiveWindowStats {
             failures: 50,
-            ..WindowStats::default()
+            ..AdaptiveWindowStats::default()
         };
         assert_eq!(c.on_window(MS, stats).limit, 3);
-        assert!(matches!(c.phase(), Phase::Probing { .. }));
+        assert!(matches!(c.phase(), ControllerPhase::Probing { .. }));
         assert_eq!(c.baseline(), None);
     }
 
@@ -441,7 +445,7 @@ mod tests {
     fn the_limit_stays_within_its_bounds() {
         let mut s = settings();
         s.max_limit = 40;
-        let mut c = Controller::new(s);
+        let mut c = GradientController::new(s);
         c.on_window(0, window(10, 3));
         for i in 1..50 {
             let u = c.on_window(i * 100 * MS, window(1, 1000));
@@ -455,7 +459,7 @@ mod tests {
         let due = |seed| {
             let mut s = settings();
             s.seed = seed;
-            let mut c = Controller::new(s);
+            let mut c = GradientController::new(s);
             c.on_window(0, window(100, 3));
             c.next_probe
         };

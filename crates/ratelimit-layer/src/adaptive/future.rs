@@ -11,7 +11,7 @@ use overload_signal::protocol::grpc_status;
 use overload_signal::signal::RejectionScope;
 use pin_project_lite::pin_project;
 
-use super::shared::{Admitted, Complete};
+use super::state::{AdmittedRequest, CompleteRequest};
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the inner
@@ -19,17 +19,17 @@ pin_project! {
     /// ready rejection.
     pub struct ResponseFuture<F, B> {
         #[pin]
-        kind: Kind<F, B>,
+        state: State<F, B>,
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<F, B> {
+    #[project = StateProj]
+    enum State<F, B> {
         Admitted {
             #[pin]
             future: F,
-            guard: Guard,
+            guard: AdmissionGuard,
         },
         Rejected {
             response: Option<Response<B>>,
@@ -39,16 +39,16 @@ pin_project! {
 
 /// Holds an admitted request's slot; gives it back when the request completes or its
 /// future is dropped, whichever comes first.
-pub(super) struct Guard {
-    shared: Arc<dyn Complete>,
-    admitted: Admitted,
+pub(super) struct AdmissionGuard {
+    state: Arc<dyn CompleteRequest>,
+    admitted: AdmittedRequest,
     done: bool,
 }
 
-impl Guard {
-    pub(super) fn new(shared: Arc<dyn Complete>, admitted: Admitted) -> Self {
+impl AdmissionGuard {
+    pub(super) fn new(state: Arc<dyn CompleteRequest>, admitted: AdmittedRequest) -> Self {
         Self {
-            shared,
+            state,
             admitted,
             done: false,
         }
@@ -57,31 +57,31 @@ impl Guard {
     fn finish(&mut self, failed: bool) {
         if !self.done {
             self.done = true;
-            self.shared.complete(&self.admitted, Some(failed));
+            self.state.complete(&self.admitted, Some(failed));
         }
     }
 }
 
-impl Drop for Guard {
+impl Drop for AdmissionGuard {
     fn drop(&mut self) {
         if !self.done {
             // NOTE: dropped before completing (the client went away, a timeout above fired):
             // the slot is given back; `complete` decides whether the time it ran is a sample.
-            self.shared.complete(&self.admitted, None);
+            self.state.complete(&self.admitted, None);
         }
     }
 }
 
 impl<F, B> ResponseFuture<F, B> {
-    pub(super) fn admitted(future: F, guard: Guard) -> Self {
+    pub(super) fn admitted(future: F, guard: AdmissionGuard) -> Self {
         Self {
-            kind: Kind::Admitted { future, guard },
+            state: State::Admitted { future, guard },
         }
     }
 
     pub(super) fn rejected(response: Response<B>) -> Self {
         Self {
-            kind: Kind::Rejected {
+            state: State::Rejected {
                 response: Some(response),
             },
         }
@@ -114,8 +114,8 @@ where
     type Output = Result<Response<B>, E>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        match self.project().kind.project() {
-            KindProj::Admitted { future, guard } => {
+        match self.project().state.project() {
+            StateProj::Admitted { future, guard } => {
                 let result = ready!(future.poll(cx));
                 // NOTE: an error of the inner service (no response at all) is the strongest
                 // sign of trouble there is; it counts as an overload failure.
@@ -123,7 +123,7 @@ where
                 guard.finish(failed);
                 Poll::Ready(result)
             }
-            KindProj::Rejected { response } => Poll::Ready(Ok(response
+            StateProj::Rejected { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("adaptive limit response future polled after completion"))),
         }
@@ -132,19 +132,19 @@ where
 
 impl<F, B> fmt::Debug for ResponseFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let kind = match &self.kind {
-            Kind::Admitted { .. } => "admitted",
-            Kind::Rejected { .. } => "rejected",
+        let state = match &self.state {
+            State::Admitted { .. } => "admitted",
+            State::Rejected { .. } => "rejected",
         };
         f.debug_struct("ResponseFuture")
-            .field("kind", &kind)
+            .field("state", &state)
             .finish()
     }
 }
 
-impl fmt::Debug for Guard {
+impl fmt::Debug for AdmissionGuard {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Guard")
+        f.debug_struct("AdmissionGuard")
             .field("admitted", &self.admitted)
             .field("done", &self.done)
             .finish()

@@ -7,11 +7,12 @@ use std::time::Duration;
 
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
+use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
 
-use super::controller::Settings;
+use super::controller::AdaptiveSettings;
 use super::service::AdaptiveLimit;
-use super::shared::{Shared, Status};
+use super::state::{AdaptiveLimitState, Status};
 
 /// Applies [`AdaptiveLimit`] to a service; see the [module docs](super).
 ///
@@ -35,7 +36,7 @@ use super::shared::{Shared, Status};
 /// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
 pub struct AdaptiveLimitLayer<C = TokioClock> {
-    shared: Arc<Shared<C>>,
+    state: Arc<AdaptiveLimitState<C>>,
 }
 
 impl AdaptiveLimitLayer {
@@ -98,12 +99,25 @@ impl AdaptiveLimitLayer {
     /// so a longer wait would only leave capacity idle.
     pub const DEFAULT_RETRY_AFTER: Duration = Duration::from_secs(1);
 
-    /// The default `policy` label of the metrics: `adaptive`.
-    pub const DEFAULT_POLICY_NAME: &'static str = "adaptive";
+    /// The name of a layer nobody named: `default` ([`LayerName::DEFAULT`], the workspace's
+    /// name for an unnamed layer). Name your layers when a process has more than one
+    /// adaptive limit.
+    pub const DEFAULT_NAME: &'static str = LayerName::DEFAULT;
+
+    /// How long the limit must reject nothing before the episode its first rejection began
+    /// is over: 10 seconds, as
+    /// [`RateLimitLayer::QUIET_PERIOD`](crate::RateLimitLayer::QUIET_PERIOD) (the length of
+    /// the workspace's sliding windows).
+    ///
+    /// The first rejection of an episode is logged at `WARN` ("adaptive limit engaged"),
+    /// its end at `INFO` ("adaptive limit released"), within a second of the quiet period
+    /// passing; each rejection is logged at `TRACE`. The same period without a completed
+    /// request sets the latency gauge to zero.
+    pub const QUIET_PERIOD: Duration = Duration::from_secs(10);
 
     /// A layer with every default, reading time from [`TokioClock`].
     ///
-    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    /// [`TokioClock`]: crate::clock::TokioClock
     pub fn new() -> Self {
         // NOTE: the defaults satisfy every rule `build` checks; `defaults_build` pins it.
         Self::builder()
@@ -128,7 +142,7 @@ impl AdaptiveLimitLayer {
             backoff: Self::DEFAULT_BACKOFF,
             seed: None,
             retry_after: Self::DEFAULT_RETRY_AFTER,
-            policy_name: Self::DEFAULT_POLICY_NAME.to_owned(),
+            name: Self::DEFAULT_NAME.to_owned(),
             clock: TokioClock::new(),
         }
     }
@@ -154,14 +168,14 @@ impl<C: Clock> AdaptiveLimitLayer<C> {
     /// assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_MIN_LIMIT);
     /// ```
     pub fn status(&self) -> Status {
-        self.shared.status()
+        self.state.status()
     }
 }
 
 impl<C> Clone for AdaptiveLimitLayer<C> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -169,7 +183,7 @@ impl<C> Clone for AdaptiveLimitLayer<C> {
 impl<C> fmt::Debug for AdaptiveLimitLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimitLayer")
-            .field("shared", &self.shared)
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -178,7 +192,7 @@ impl<S, C> Layer<S> for AdaptiveLimitLayer<C> {
     type Service = AdaptiveLimit<S, C>;
 
     fn layer(&self, inner: S) -> AdaptiveLimit<S, C> {
-        AdaptiveLimit::new(inner, Arc::clone(&self.shared))
+        AdaptiveLimit::new(inner, Arc::clone(&self.state))
     }
 }
 
@@ -200,7 +214,7 @@ pub struct AdaptiveLimitBuilder<C = TokioClock> {
     backoff: f64,
     seed: Option<u64>,
     retry_after: Duration,
-    policy_name: String,
+    name: String,
     clock: C,
 }
 
@@ -308,17 +322,19 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         self
     }
 
-    /// The `policy` label of the metrics. Default: `adaptive`
-    /// ([`AdaptiveLimitLayer::DEFAULT_POLICY_NAME`]).
-    pub fn policy_name(mut self, name: &str) -> Self {
-        name.clone_into(&mut self.policy_name);
+    /// What the layer calls itself: the `name` label of its metrics and the `name` field
+    /// of its logs. Non-empty printable ASCII, at most 128 bytes. Default: `default`
+    /// ([`AdaptiveLimitLayer::DEFAULT_NAME`]); name your layers when a process has more
+    /// than one adaptive limit, so their metrics and logs are told apart.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
         self
     }
 
     /// Where latencies are measured. Default: [`TokioClock`], which follows tokio's paused
     /// time in tests; `FakeClock` (feature `test-util`) moves only when told to.
     ///
-    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    /// [`TokioClock`]: crate::clock::TokioClock
     pub fn clock<C2: Clock>(self, clock: C2) -> AdaptiveLimitBuilder<C2> {
         AdaptiveLimitBuilder {
             initial_limit: self.initial_limit,
@@ -335,7 +351,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             backoff: self.backoff,
             seed: self.seed,
             retry_after: self.retry_after,
-            policy_name: self.policy_name,
+            name: self.name,
             clock,
         }
     }
@@ -353,7 +369,8 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
     /// - a ratio is NaN or infinite (kind `NotFinite`), or out of its range: `percentile`
     ///   and `failure_threshold` within `0..=1` and above 0, `probe_jitter` within `0..=1`,
     ///   `backoff` within `0..1` and above 0, `tolerance` at least 1 and at most 100
-    ///   (kind `OutOfRange`).
+    ///   (kind `OutOfRange`);
+    /// - `name` is empty, longer than 128 bytes, or not printable ASCII (kind `Invalid`).
     pub fn build(self) -> Result<AdaptiveLimitLayer<C>, ConfigError> {
         if self.min_limit == 0 {
             return Err(ConfigError::out_of_range(
@@ -418,7 +435,8 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             |b| b > 0.0 && b < 1.0,
             "within 0..1 and above 0",
         )?;
-        let settings = Settings {
+        let name = LayerName::new(self.name)?;
+        let settings = AdaptiveSettings {
             initial_limit: self.initial_limit,
             min_limit: self.min_limit,
             max_limit: self.max_limit,
@@ -436,11 +454,12 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
                 .unwrap_or_else(|| RandomState::new().hash_one(0x5EED_u64)),
         };
         Ok(AdaptiveLimitLayer {
-            shared: Arc::new(Shared::new(
+            state: Arc::new(AdaptiveLimitState::new(
                 settings,
                 self.clock,
                 self.retry_after,
-                &self.policy_name,
+                name,
+                AdaptiveLimitLayer::QUIET_PERIOD,
             )),
         })
     }
@@ -463,7 +482,7 @@ impl<C: fmt::Debug> fmt::Debug for AdaptiveLimitBuilder<C> {
             .field("backoff", &self.backoff)
             .field("seed", &self.seed)
             .field("retry_after", &self.retry_after)
-            .field("policy_name", &self.policy_name)
+            .field("name", &self.name)
             .field("clock", &self.clock)
             .finish()
     }

@@ -15,8 +15,8 @@ use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use overload_core::clock::Clock;
 
-use super::controller::Settings;
-use super::shared::{Complete, Shared};
+use super::controller::AdaptiveSettings;
+use super::state::{AdaptiveLimitState, CompleteRequest};
 
 /// A clock that stands still: windows never close, so the model is admission alone.
 struct Still;
@@ -27,8 +27,8 @@ impl Clock for Still {
     }
 }
 
-fn shared(limit: usize) -> Shared<Still> {
-    let settings = Settings {
+fn shared(limit: usize) -> AdaptiveLimitState<Still> {
+    let settings = AdaptiveSettings {
         initial_limit: limit,
         // NOTE: the limit starts at the minimum (the first baseline measurement).
         min_limit: limit,
@@ -44,7 +44,13 @@ fn shared(limit: usize) -> Shared<Still> {
         backoff: 0.9,
         seed: 0,
     };
-    Shared::new(settings, Still, Duration::from_secs(1), "loom")
+    AdaptiveLimitState::new(
+        settings,
+        Still,
+        Duration::from_secs(1),
+        overload_core::telemetry::LayerName::new("loom").unwrap(),
+        Duration::from_secs(10),
+    )
 }
 
 /// Every interleaving: two threads keep the models to a few thousand schedules (a third

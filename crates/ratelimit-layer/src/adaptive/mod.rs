@@ -124,7 +124,7 @@
 //!     // Settle nearer the no-load latency, and never admit more than 200 at once.
 //!     .tolerance(1.1)
 //!     .max_limit(200)
-//!     .policy_name("api")
+//!     .name("api")
 //!     .build()?;
 //! let status = adaptive.clone();
 //! let app = Router::new()
@@ -148,17 +148,31 @@
 //!
 //! # Metrics
 //!
-//! Through the `metrics` facade, labelled `policy` ([`policy_name`](AdaptiveLimitBuilder::policy_name));
-//! the names are in [`metric_names`](crate::metric_names). Registered on the first request
-//! and kept; the gauges change once per window.
+//! Through the `metrics` facade, labelled `name` (the layer's
+//! [`name`](AdaptiveLimitBuilder::name), `default` unless set); the names are in
+//! [`metric_names`](crate::metric_names). Registered on the layer's first request (not when
+//! it is built, so a recorder installed after building the layer sees them) and kept.
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
 //! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | requests rejected at the limit |
-//! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force |
-//! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency |
-//! | `ratelimit_layer_adaptive_latency_seconds` | gauge | the last window's latency percentile |
+//! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force: set on the first request, then when a window closes |
+//! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency; 0 until the first measurement ends |
+//! | `ratelimit_layer_adaptive_latency_seconds` | gauge | the last window's latency percentile; 0 before the first window closes, and again once no request has completed for [`QUIET_PERIOD`](AdaptiveLimitLayer::QUIET_PERIOD) (10 s) |
+//!
+//! The limit and the baseline stay true while no request comes (nothing changes them); the
+//! latency gauge describes a window of requests, so with no request to measure it falls to
+//! 0 rather than repeat the last window's figure: read it with the admitted counter's rate.
+//!
+//! # Logs
+//!
+//! Through [`tracing`](https://docs.rs/tracing/0.1/tracing/), with the layer's name as the
+//! field `name`: the first rejection of an episode at `WARN` ("adaptive limit engaged",
+//! with the limit and the requests in flight), its end at `INFO` ("adaptive limit
+//! released") once no request has been rejected for
+//! [`QUIET_PERIOD`](AdaptiveLimitLayer::QUIET_PERIOD) (10 s; the layer checks every second),
+//! every rejection at `TRACE`, and each window's figures at `TRACE`.
 //!
 //! # What a request costs
 //!
@@ -175,8 +189,8 @@ mod layer;
 mod loom_tests;
 mod sampler;
 mod service;
-mod shared;
+mod state;
 
 pub use layer::{AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use service::AdaptiveLimit;
-pub use shared::Status;
+pub use state::Status;

@@ -50,16 +50,16 @@ fn bucket_range(index: usize) -> (u64, u64) {
 }
 
 /// A window's latencies and its failures.
-pub(super) struct Sampler {
+pub(super) struct LatencySampler {
     buckets: Box<[AtomicU32]>,
     /// Latencies recorded (successes), and failures, since the last [`take`](Self::take).
     samples: AtomicU64,
     failures: AtomicU64,
 }
 
-/// What [`Sampler::take`] read.
+/// What [`LatencySampler::take`] read.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
-pub(super) struct Taken {
+pub(super) struct LatencyWindow {
     /// Latencies recorded.
     pub(super) samples: u64,
     /// Failures recorded.
@@ -68,7 +68,7 @@ pub(super) struct Taken {
     pub(super) percentile: Option<u64>,
 }
 
-impl Sampler {
+impl LatencySampler {
     pub(super) fn new() -> Self {
         Self {
             buckets: (0..BUCKETS).map(|_| AtomicU32::new(0)).collect(),
@@ -101,7 +101,7 @@ impl Sampler {
     ///
     /// A record racing with `take` lands in this window or the next one; the controller
     /// does not need more precision than that.
-    pub(super) fn take(&self, quantile: f64) -> Taken {
+    pub(super) fn take(&self, quantile: f64) -> LatencyWindow {
         let mut counts = [0u32; BUCKETS];
         let mut total = 0u64;
         for (count, bucket) in counts.iter_mut().zip(self.buckets.iter()) {
@@ -114,7 +114,7 @@ impl Sampler {
         self.samples.fetch_sub(samples, Ordering::Relaxed);
         let failures = self.failures.load(Ordering::Relaxed);
         self.failures.fetch_sub(failures, Ordering::Relaxed);
-        Taken {
+        LatencyWindow {
             samples,
             failures,
             percentile: percentile(&counts, total, quantile),
@@ -149,9 +149,9 @@ fn percentile(counts: &[u32], total: u64, quantile: f64) -> Option<u64> {
     None
 }
 
-impl std::fmt::Debug for Sampler {
+impl std::fmt::Debug for LatencySampler {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Sampler")
+        f.debug_struct("LatencySampler")
             .field("samples", &self.samples.load(Ordering::Relaxed))
             .field("failures", &self.failures.load(Ordering::Relaxed))
             .finish_non_exhaustive()
@@ -178,7 +178,7 @@ mod tests {
 
     #[test]
     fn an_empty_window_has_no_percentile() {
-        let s = Sampler::new();
+        let s = LatencySampler::new();
         s.record_failure();
         let taken = s.take(0.5);
         assert_eq!((taken.samples, taken.failures), (0, 1));
@@ -188,7 +188,7 @@ mod tests {
 
     #[test]
     fn the_median_of_equal_latencies_is_that_latency_within_a_bucket() {
-        let s = Sampler::new();
+        let s = LatencySampler::new();
         for _ in 0..100 {
             s.record(100_000_000);
         }
@@ -198,7 +198,7 @@ mod tests {
 
     #[test]
     fn the_median_separates_two_groups() {
-        let s = Sampler::new();
+        let s = LatencySampler::new();
         for _ in 0..60 {
             s.record(10_000_000);
         }
@@ -216,7 +216,7 @@ mod tests {
             mut values in proptest::collection::vec(16u64..10_000_000_000, 1..300),
             q in 0.01f64..=1.0,
         ) {
-            let s = Sampler::new();
+            let s = LatencySampler::new();
             for &v in &values {
                 s.record(v);
             }

@@ -11,8 +11,8 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_signal::protocol::{Protocol, format_retry_after, too_many_requests_response};
 use tower_service::Service;
 
-use super::future::{Guard, ResponseFuture};
-use super::shared::{Complete, Shared};
+use super::future::{AdmissionGuard, ResponseFuture};
+use super::state::{AdaptiveLimitState, CompleteRequest};
 
 /// Admits requests up to an adaptive concurrency limit and rejects the rest at once; see
 /// the [module docs](super).
@@ -21,12 +21,12 @@ use super::shared::{Complete, Shared};
 /// limit. The wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
 pub struct AdaptiveLimit<S, C = TokioClock> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    state: Arc<AdaptiveLimitState<C>>,
 }
 
 impl<S, C> AdaptiveLimit<S, C> {
-    pub(super) const fn new(inner: S, shared: Arc<Shared<C>>) -> Self {
-        Self { inner, shared }
+    pub(super) const fn new(inner: S, state: Arc<AdaptiveLimitState<C>>) -> Self {
+        Self { inner, state }
     }
 
     overload_core::define_inner_service_accessors!();
@@ -36,7 +36,7 @@ impl<S: Clone, C> Clone for AdaptiveLimit<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -45,7 +45,7 @@ impl<S: fmt::Debug, C> fmt::Debug for AdaptiveLimit<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("AdaptiveLimit")
             .field("inner", &self.inner)
-            .field("shared", &self.shared)
+            .field("state", &self.state)
             .finish()
     }
 }
@@ -71,17 +71,18 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        match self.shared.try_admit() {
+        self.state.on_request();
+        match self.state.try_admit() {
             Some(admitted) => {
                 // NOTE: the guard exists before the inner `call` runs, so that a panic in it
                 // (caught above, by a `CatchPanic` layer or the task) still frees the slot.
-                let guard = Guard::new(Arc::clone(&self.shared) as Arc<dyn Complete>, admitted);
+                let state = Arc::clone(&self.state) as Arc<dyn CompleteRequest>;
+                let guard = AdmissionGuard::new(state, admitted);
                 ResponseFuture::admitted(self.inner.call(request), guard)
             }
             None => {
-                tracing::trace!("adaptive limit reached");
                 let protocol = Protocol::of_request(&request);
-                ResponseFuture::rejected(rejection(protocol, self.shared.retry_after))
+                ResponseFuture::rejected(rejection(protocol, self.state.retry_after))
             }
         }
     }

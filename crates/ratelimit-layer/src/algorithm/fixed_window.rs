@@ -44,11 +44,11 @@ pub struct FixedWindow {
 /// The state of one [`FixedWindow`] key.
 #[derive(Debug, Default)]
 pub struct FixedWindowState {
-    inner: Mutex<FixedInner>,
+    inner: Mutex<FixedWindowCount>,
 }
 
 #[derive(Debug, Default)]
-struct FixedInner {
+struct FixedWindowCount {
     /// Which window `count` belongs to: `now / window`.
     index: u64,
     count: u64,

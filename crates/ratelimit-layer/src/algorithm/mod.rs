@@ -33,7 +33,7 @@
 //! # Ok::<(), ratelimit_layer::ConfigError>(())
 //! ```
 //!
-//! [`Clock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/trait.Clock.html
+//! [`Clock`]: crate::clock::Clock
 
 mod fixed_window;
 mod gcra;
@@ -44,4 +44,6 @@ mod validate;
 pub use fixed_window::{FixedWindow, FixedWindowBuilder, FixedWindowState};
 pub use gcra::{TokenBucket, TokenBucketBuilder, TokenBucketState};
 pub use limiter::{Decision, Limiter, QuotaStatus};
+#[cfg(feature = "redis")]
+pub(crate) use sliding_window::SlidingWindowView;
 pub use sliding_window::{SlidingWindow, SlidingWindowBuilder, SlidingWindowState};

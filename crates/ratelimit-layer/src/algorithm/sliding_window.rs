@@ -52,22 +52,33 @@ pub struct SlidingWindow {
 /// The state of one [`SlidingWindow`] key.
 #[derive(Debug, Default)]
 pub struct SlidingWindowState {
-    inner: Mutex<SlidingInner>,
+    counts: Mutex<SlidingWindowCounts>,
 }
 
+/// What a key stores: the number of the current fixed window and the two counts.
 #[derive(Clone, Copy, Debug, Default)]
-struct SlidingInner {
+struct SlidingWindowCounts {
     /// Which fixed window `current` counts: `now / window`.
     index: u64,
     current: u64,
     previous: u64,
 }
 
-/// The counts as seen at some time, and how long is left of the current window.
-struct View {
-    current: u64,
-    previous: u64,
-    left: u64,
+/// The two counts the estimate reads at some time, and how much of the current fixed
+/// window is left then: everything a decision depends on.
+///
+/// Whoever keeps the counts (this crate's per-key state, or a script in Redis), the
+/// decision, the wait and the remaining quota follow from these three numbers alone, by
+/// [`SlidingWindow::admits`], [`SlidingWindow::retry_after`] and
+/// [`SlidingWindow::remaining`].
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct SlidingWindowView {
+    /// Units admitted in the current fixed window.
+    pub(crate) current: u64,
+    /// Units admitted in the previous fixed window.
+    pub(crate) previous: u64,
+    /// Nanoseconds left of the current fixed window, within `1..=window`.
+    pub(crate) left: u64,
 }
 
 impl SlidingWindow {
@@ -105,28 +116,29 @@ impl SlidingWindow {
 
     /// The paper's estimate `r` for `state` at `now`, before any new request.
     pub fn estimate(&self, state: &SlidingWindowState, now: u64) -> f64 {
-        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let (v, _) = self.view(s, now);
+        let stored = *state.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(stored, now);
         // NOTE: display only; decisions use the exact integer form.
         #[allow(clippy::cast_precision_loss)]
         let r = v.current as f64 + (v.left as f64 / self.window_nanos as f64) * v.previous as f64;
         r
     }
 
-    /// The state rolled forward to `now`, without storing it.
-    fn view(&self, s: SlidingInner, now: u64) -> (View, u64) {
+    /// The stored counts rolled forward to `now`, without storing them; with the number of
+    /// the fixed window they then count.
+    fn view(&self, s: SlidingWindowCounts, now: u64) -> (SlidingWindowView, u64) {
         let w = self.window_nanos;
         let index = now / w;
         if index > s.index {
             let previous = if index == s.index + 1 { s.current } else { 0 };
-            let view = View {
+            let view = SlidingWindowView {
                 current: 0,
                 previous,
                 left: w - now % w,
             };
             (view, index)
         } else if index == s.index {
-            let view = View {
+            let view = SlidingWindowView {
                 current: s.current,
                 previous: s.previous,
                 left: w - now % w,
@@ -135,7 +147,7 @@ impl SlidingWindow {
         } else {
             // NOTE: another thread read a later time and already moved to a newer window;
             // count this request there, as if at its start.
-            let view = View {
+            let view = SlidingWindowView {
                 current: s.current,
                 previous: s.previous,
                 left: w,
@@ -144,8 +156,18 @@ impl SlidingWindow {
         }
     }
 
+    /// Whether a request of `cost` units is admitted with these counts: the paper's rule
+    /// `r + cost - 1 < quota`, in integers (`(current + cost - 1) * w + left * previous <
+    /// quota * w`), so that it is exact. A cost of zero is always admitted.
+    pub(crate) fn admits(&self, v: &SlidingWindowView, cost: u64) -> bool {
+        let w = u128::from(self.window_nanos);
+        cost == 0
+            || u128::from(v.current + cost - 1) * w + u128::from(v.left) * u128::from(v.previous)
+                < u128::from(self.quota) * w
+    }
+
     /// Whole units left under the quota with these counts (the estimate rounded up).
-    fn remaining(&self, v: &View) -> u64 {
+    pub(crate) fn remaining(&self, v: &SlidingWindowView) -> u64 {
         let w = u128::from(self.window_nanos);
         let used = u128::from(v.current) * w + u128::from(v.left) * u128::from(v.previous);
         let quota = u128::from(self.quota) * w;
@@ -154,73 +176,30 @@ impl SlidingWindow {
     }
 
     /// How long until a request of `cost` units (`1 <= cost <= quota`) is admitted, given
-    /// that it is not now.
-    fn retry_after(&self, v: &View, cost: u64) -> u64 {
+    /// that it is not admitted with these counts, if nothing else is admitted meanwhile.
+    pub(crate) fn retry_after(&self, v: &SlidingWindowView, cost: u64) -> Duration {
         let w = u128::from(self.window_nanos);
         // Admitted when current * w + left * previous < need * w.
         let need = u128::from(self.quota - cost + 1);
         let current = u128::from(v.current);
         let left = u128::from(v.left);
-        if current < need {
+        let nanos = if current < need {
             // Later in this window, as the previous window's weight decays. Rejected now
             // means previous > 0.
             let previous = u128::from(v.previous.max(1));
             let left_max = ((need - current) * w).div_ceil(previous) - 1;
-            to_u64(left - left_max.min(left))
+            left - left_max.min(left)
         } else {
             // In the next window, where this window's count becomes the previous one.
             let left_max = (need * w).div_ceil(current) - 1;
             if left_max >= w {
-                to_u64(left)
+                left
             } else {
-                to_u64(left + (w - left_max))
-            }
-        }
-    }
-}
-
-#[cfg(feature = "redis")]
-impl SlidingWindow {
-    /// The window in whole nanoseconds.
-    pub(crate) const fn window_nanos(&self) -> u64 {
-        self.window_nanos
-    }
-
-    /// The decision and the quota status for counts kept elsewhere (Redis), which decided
-    /// `admitted` with this limiter's rule: `current` is the current window's count (with
-    /// this request's cost if it was admitted), `previous` the previous window's, and
-    /// `left` the nanoseconds left of the current window. The same arithmetic as
-    /// [`check`](Limiter::check) and [`status`](Limiter::status).
-    pub(crate) fn outcome_of_counts(
-        &self,
-        admitted: bool,
-        current: u64,
-        previous: u64,
-        left: u64,
-        cost: u32,
-    ) -> (Decision, QuotaStatus) {
-        let v = View {
-            current,
-            previous,
-            left: left.min(self.window_nanos),
-        };
-        let decision = if admitted {
-            Decision::Allow
-        } else {
-            Decision::Reject {
-                retry_after: Duration::from_nanos(self.retry_after(&v, u64::from(cost).max(1))),
+                left + (w - left_max)
             }
         };
-        let status = QuotaStatus {
-            remaining: self.remaining(&v),
-            reset: Duration::from_nanos(v.left),
-        };
-        (decision, status)
+        Duration::from_nanos(u64::try_from(nanos).unwrap_or(u64::MAX))
     }
-}
-
-fn to_u64(n: u128) -> u64 {
-    u64::try_from(n).unwrap_or(u64::MAX)
 }
 
 /// Builds a [`SlidingWindow`]; from [`SlidingWindow::builder`].
@@ -275,30 +254,25 @@ impl Limiter for SlidingWindow {
                 capacity: self.quota,
             };
         }
-        let mut s = state.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let (mut v, index) = self.view(*s, now);
-        let w = u128::from(self.window_nanos);
-        let admitted = cost == 0
-            || u128::from(v.current + cost - 1) * w + u128::from(v.left) * u128::from(v.previous)
-                < u128::from(self.quota) * w;
-        if admitted {
-            v.current += cost;
-            *s = SlidingInner {
+        let mut stored = state.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, index) = self.view(*stored, now);
+        if self.admits(&v, cost) {
+            *stored = SlidingWindowCounts {
                 index,
-                current: v.current,
+                current: v.current + cost,
                 previous: v.previous,
             };
             Decision::Allow
         } else {
             Decision::Reject {
-                retry_after: Duration::from_nanos(self.retry_after(&v, cost)),
+                retry_after: self.retry_after(&v, cost),
             }
         }
     }
 
     fn status(&self, state: &SlidingWindowState, now: u64) -> QuotaStatus {
-        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let (v, _) = self.view(s, now);
+        let stored = *state.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(stored, now);
         QuotaStatus {
             remaining: self.remaining(&v),
             reset: Duration::from_nanos(v.left),
@@ -306,8 +280,8 @@ impl Limiter for SlidingWindow {
     }
 
     fn is_idle(&self, state: &SlidingWindowState, now: u64) -> bool {
-        let s = *state.inner.lock().unwrap_or_else(PoisonError::into_inner);
-        let (v, _) = self.view(s, now);
+        let stored = *state.counts.lock().unwrap_or_else(PoisonError::into_inner);
+        let (v, _) = self.view(stored, now);
         v.current == 0 && v.previous == 0
     }
 

@@ -37,7 +37,7 @@
 //! let store = RedisStore::new("redis://10.0.0.5:6379/2")?;
 //! let layer = RateLimitLayer::builder(SlidingWindow::new(600)?)
 //!     .key_by_client_ip(ClientIp::new())
-//!     .policy_name("api")
+//!     .name("api")
 //!     .redis(store)
 //!     .local_share(1.0 / 3.0)
 //!     .budget(Duration::from_millis(20))
@@ -73,7 +73,8 @@
 //!
 //! # Keys
 //!
-//! Keys are namespaced, `{prefix}:{policy}:{algorithm}:`, followed by `g` for the global
+//! Keys are namespaced, `{prefix}:{name}:{algorithm}:` (the name is the layer's,
+//! [`RateLimitBuilder::name`](crate::RateLimitBuilder::name)), followed by `g` for the global
 //! limit, `u` for requests without a key, or `k:` and the key's bytes
 //! ([`RedisKey`]; an IP address in its text form). They expire on their own once they hold
 //! nothing a fresh key would not (a token bucket's key when its bucket is full again, a
@@ -83,24 +84,35 @@
 //! # When Redis is slow or away
 //!
 //! Redis is never a single point of failure. Each decision has a time budget (default
-//! 5 ms, [`RedisLayerBuilder::budget`](crate::redis::RedisLayerBuilder::budget)); when Redis does
+//! 5 ms, [`RedisLayerBuilder::budget`]); when Redis does
 //! not answer within it, answers with an error, or cannot be reached, the request is decided
 //! by a local limiter with a share of the limit
-//! ([`local_share`](crate::redis::RedisLayerBuilder::local_share), default the whole limit). The
-//! first failure is logged once at `WARN`; from then on requests are decided locally at
-//! once, without waiting, and one request every
-//! [`recheck_interval`](crate::redis::RedisLayerBuilder::recheck_interval) (default 500 ms) asks
-//! Redis again; the first answer returns the limit to Redis (logged at `INFO`). The
-//! connection reconnects by itself in the background. A Redis failure is never an error
-//! response: the worst a client sees is the local share's `429`.
+//! ([`local_share`](RedisLayerBuilder::local_share), default the whole limit). From then on
+//! requests are decided locally at once, without waiting, and one request every
+//! [`recheck_interval`](RedisLayerBuilder::recheck_interval) (default 500 ms) asks Redis
+//! again; the first answer returns the limit to Redis. The connection reconnects by itself
+//! in the background. A Redis failure is never an error response: the worst a client sees
+//! is the local share's `429`.
+//!
+//! Redis away is an episode, logged once when it begins (`WARN`, "Redis cannot decide the
+//! rate limit", with the reason and the error) and once when it ends (`INFO`, "Redis
+//! answers again", with how long it was away), with the layer's name as the field `name`;
+//! a request that falls back meanwhile is logged at `DEBUG` only. While no request asks
+//! Redis (no traffic, or Redis away and no request's turn yet), the layer sends it a `PING`
+//! every `recheck_interval` within the budget, so that Redis lost while the service is idle,
+//! and Redis back while no request comes, are seen, logged and reported all the same.
+//!
+//! # Metrics
+//!
+//! Registered on the layer's first request, with the layer's name as the label `name`:
 //!
 //! | metric | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_redis_fallbacks_total` | counter | `policy`, `reason` (`timeout`, `error`, `unavailable`) | requests decided locally instead of in Redis |
-//! | `ratelimit_layer_redis_up` | gauge | `policy` | 1 while decisions are made in Redis, 0 while they fall back |
+//! | `ratelimit_layer_redis_fallbacks_total` | counter | `name`, `reason` (`timeout`, `error`, `unavailable`) | requests decided locally instead of in Redis |
+//! | `ratelimit_layer_redis_up` | gauge | `name` | 1 while decisions are made in Redis (Redis answers within the budget), 0 while they fall back; kept true without traffic by the `PING` above |
 //!
-//! The crate's other metrics (admitted, rejected) count these requests as they count local
-//! ones.
+//! The crate's other metrics (admitted, rejected, keys) count these requests as they count
+//! local ones.
 //!
 //! # What a decision costs
 //!
@@ -117,8 +129,10 @@
 //! Not done: a local reservation of tokens (taking a few at a time from Redis to save round
 //! trips), which trades accuracy for fewer round trips; every decision asks Redis.
 
+mod builder;
+mod command;
+mod decider;
 mod key;
-mod remote;
 mod script;
 mod store;
 #[cfg(any(test, feature = "test-util"))]
@@ -126,10 +140,7 @@ pub mod testing;
 #[cfg(test)]
 mod tests;
 
+pub use builder::RedisLayerBuilder;
 pub use key::RedisKey;
 pub use script::RedisAlgorithm;
 pub use store::{RedisStore, RedisStoreBuilder, Unreachable};
-
-pub use crate::layer::RedisLayerBuilder;
-
-pub(crate) use remote::{RedisRemote, RemoteSettings};

@@ -5,7 +5,11 @@ use std::time::Duration;
 use overload_core::ConfigError;
 use redis::{Cmd, Value};
 
-use crate::algorithm::{Decision, QuotaStatus, SlidingWindow, TokenBucket};
+use overload_core::clock::saturating_nanos;
+
+use crate::algorithm::{
+    Decision, Limiter, QuotaStatus, SlidingWindow, SlidingWindowView, TokenBucket,
+};
 
 /// The largest integer a double (Lua's only number type in Redis) holds exactly: 2^53.
 const EXACT: u64 = 1 << 53;
@@ -107,7 +111,7 @@ return {0, c, p, left}
 ///
 /// [`RateLimitBuilder::redis`](crate::RateLimitBuilder::redis) takes a limiter of such a
 /// type. Sealed: the scripts are this crate's.
-pub trait RedisAlgorithm: crate::Limiter + Clone + Sealed {}
+pub trait RedisAlgorithm: Limiter + Clone + Sealed {}
 
 pub(crate) use sealed::Sealed;
 
@@ -117,11 +121,11 @@ impl RedisAlgorithm for SlidingWindow {}
 mod sealed {
     use overload_core::ConfigError;
 
-    use super::Scripted;
+    use crate::redis::script::ScriptedLimit;
 
     pub trait Sealed: Sized {
         /// The script and its constant arguments, or why the limit cannot be kept in Redis.
-        fn scripted(&self) -> Result<Scripted, ConfigError>;
+        fn scripted(&self) -> Result<ScriptedLimit, ConfigError>;
 
         /// The same limit scaled by `share` (0 < share <= 1), each number rounded up and at
         /// least 1: a process's part of the limit when Redis is away.
@@ -143,7 +147,7 @@ fn scale(n: u64, share: f64) -> u32 {
 }
 
 impl Sealed for TokenBucket {
-    fn scripted(&self) -> Result<Scripted, ConfigError> {
+    fn scripted(&self) -> Result<ScriptedLimit, ConfigError> {
         let emission = u64::try_from(self.emission_interval().as_nanos()).unwrap_or(u64::MAX);
         if emission < 1_000 {
             return Err(ConfigError::conflict(
@@ -167,8 +171,8 @@ impl Sealed for TokenBucket {
                 ),
             ));
         }
-        Ok(Scripted {
-            kind: Kind::Gcra {
+        Ok(ScriptedLimit {
+            kind: ScriptKind::Gcra {
                 emission,
                 tolerance,
             },
@@ -188,8 +192,8 @@ impl Sealed for TokenBucket {
 }
 
 impl Sealed for SlidingWindow {
-    fn scripted(&self) -> Result<Scripted, ConfigError> {
-        let w = self.window_nanos();
+    fn scripted(&self) -> Result<ScriptedLimit, ConfigError> {
+        let w = saturating_nanos(self.window());
         if w % 1_000 != 0 {
             return Err(ConfigError::out_of_range(
                 "window",
@@ -208,8 +212,8 @@ impl Sealed for SlidingWindow {
                 ),
             ));
         }
-        Ok(Scripted {
-            kind: Kind::SlidingWindow(self.clone()),
+        Ok(ScriptedLimit {
+            kind: ScriptKind::SlidingWindow(self.clone()),
             code: SLIDING_WINDOW,
             hash: hash(SLIDING_WINDOW),
             tag: "sw",
@@ -241,19 +245,19 @@ fn hash(code: &str) -> String {
 /// A limiter as a script: its code and hash, its constant arguments, and how to read its
 /// replies.
 #[derive(Clone, Debug)]
-pub struct Scripted {
-    kind: Kind,
+pub struct ScriptedLimit {
+    kind: ScriptKind,
     pub(crate) code: &'static str,
     pub(crate) hash: String,
     /// The algorithm's part of the key namespace: `tb` or `sw`, so that two limits of the
-    /// same policy with different algorithms never read each other's keys.
+    /// same name with different algorithms never read each other's keys.
     pub(crate) tag: &'static str,
     /// ARGV[1] and ARGV[2], formatted once.
     args: [String; 2],
 }
 
 #[derive(Clone, Debug)]
-enum Kind {
+enum ScriptKind {
     Gcra { emission: u64, tolerance: u64 },
     SlidingWindow(SlidingWindow),
 }
@@ -262,7 +266,7 @@ enum Kind {
 #[derive(Debug)]
 pub(crate) struct UnexpectedReply(pub(crate) String);
 
-impl Scripted {
+impl ScriptedLimit {
     /// Appends `cost` (and in tests the time, microseconds) after the key: ARGV.
     pub(crate) fn write_args(&self, cmd: &mut Cmd, cost: u32, now_micros: Option<u64>) {
         cmd.arg(self.args[0].as_bytes())
@@ -285,8 +289,8 @@ impl Scripted {
         };
         let mut numbers = [0u64; 4];
         let arity = match self.kind {
-            Kind::Gcra { .. } => 3,
-            Kind::SlidingWindow(_) => 4,
+            ScriptKind::Gcra { .. } => 3,
+            ScriptKind::SlidingWindow(_) => 4,
         };
         if items.len() != arity {
             return Err(unexpected());
@@ -304,7 +308,7 @@ impl Scripted {
         };
         let nanos = |micros: u64| micros.saturating_mul(1_000);
         Ok(match &self.kind {
-            Kind::Gcra {
+            ScriptKind::Gcra {
                 emission,
                 tolerance,
             } => {
@@ -323,8 +327,27 @@ impl Scripted {
                 };
                 (decision, status)
             }
-            Kind::SlidingWindow(limiter) => {
-                limiter.outcome_of_counts(admitted, numbers[1], numbers[2], nanos(numbers[3]), cost)
+            ScriptKind::SlidingWindow(limiter) => {
+                // NOTE: the script applies the limiter's own rule to the counts it keeps, and
+                // returns them: the wait and the remaining quota follow from them as they do
+                // locally, with the count that includes this request's cost if admitted.
+                let view = SlidingWindowView {
+                    current: numbers[1],
+                    previous: numbers[2],
+                    left: nanos(numbers[3]).min(saturating_nanos(limiter.window())),
+                };
+                let decision = if admitted {
+                    Decision::Allow
+                } else {
+                    Decision::Reject {
+                        retry_after: limiter.retry_after(&view, u64::from(cost).max(1)),
+                    }
+                };
+                let status = QuotaStatus {
+                    remaining: limiter.remaining(&view),
+                    reset: Duration::from_nanos(view.left),
+                };
+                (decision, status)
             }
         })
     }

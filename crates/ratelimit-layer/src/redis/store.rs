@@ -12,7 +12,7 @@ use redis::{Client, RedisError};
 /// itself.
 ///
 /// Cheap to clone; clones share the connection. One store can serve several layers (their
-/// keys are apart by policy name and algorithm). The connection is made in the background
+/// keys are apart by layer name and algorithm). The connection is made in the background
 /// on the first decision, not when the store is built, so a server starts while Redis is
 /// down (its layers fall back to their local share until Redis answers).
 ///
@@ -39,10 +39,10 @@ use redis::{Client, RedisError};
 /// ```
 #[derive(Clone)]
 pub struct RedisStore {
-    inner: Arc<Inner>,
+    inner: Arc<RedisStoreInner>,
 }
 
-struct Inner {
+struct RedisStoreInner {
     client: Client,
     config: ConnectionManagerConfig,
     manager: OnceLock<ConnectionManager>,
@@ -206,7 +206,7 @@ impl RedisStoreBuilder {
             .set_max_delay(self.reconnect_max_delay)
             .set_connection_timeout(Some(self.connect_timeout));
         Ok(RedisStore {
-            inner: Arc::new(Inner {
+            inner: Arc::new(RedisStoreInner {
                 client,
                 config,
                 manager: OnceLock::new(),

@@ -5,34 +5,42 @@ use std::time::Duration;
 
 use redis::aio::ConnectionManager;
 
-use super::remote::{KeyName, RemoteSettings, command, evalsha};
-use super::script::Sealed;
+use super::command::{RedisKeyName, command, evalsha};
+use super::script::{ScriptedLimit, Sealed};
 use super::store::RedisStore;
 use super::testing::RedisServer;
 use crate::algorithm::{Decision, Limiter, QuotaStatus, SlidingWindow, TokenBucket};
 
-fn settings<L: Limiter + Sealed>(limiter: &L, store: &RedisStore) -> RemoteSettings {
+/// A limit's script and its keys' namespace, as a layer named `default` with the key
+/// prefix `test` has them.
+struct TestLimit {
+    scripted: ScriptedLimit,
+    namespace: Vec<u8>,
+}
+
+fn settings<L: Limiter + Sealed>(limiter: &L) -> TestLimit {
     let scripted = limiter.scripted().unwrap();
-    RemoteSettings {
-        store: store.clone(),
+    TestLimit {
         namespace: format!("test:default:{}:", scripted.tag).into_bytes(),
         scripted,
-        budget: Duration::from_secs(5),
-        recheck: 1,
-        capacity: limiter.capacity(),
-        policy: "default".to_owned(),
     }
 }
 
 /// One decision in Redis for `key` at `now_micros`.
 async fn remote(
-    settings: &RemoteSettings,
+    settings: &TestLimit,
     connection: &mut ConnectionManager,
     key: &str,
     cost: u32,
     now_micros: u64,
 ) -> (Decision, QuotaStatus) {
-    let cmd = command(settings, KeyName::Keyed(key), cost, Some(now_micros));
+    let cmd = command(
+        &settings.scripted,
+        &settings.namespace,
+        RedisKeyName::Keyed(key),
+        cost,
+        Some(now_micros),
+    );
     let reply = evalsha(connection, &cmd, settings.scripted.code)
         .await
         .unwrap();
@@ -56,7 +64,7 @@ impl Steps {
 async fn agree<L: Limiter + Sealed>(limiter: L, seed: u64, max_step_micros: u64, max_cost: u64) {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
-    let settings = settings(&limiter, &store);
+    let settings = settings(&limiter);
     let mut connection = store.connection().unwrap();
     let state = L::State::default();
     let mut steps = Steps(seed);
@@ -113,7 +121,7 @@ async fn fractional_emission_intervals_keep_the_rate() {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
     let bucket = TokenBucket::builder(300).burst(30).build().unwrap();
-    let settings = settings(&bucket, &store);
+    let settings = settings(&bucket);
     let mut connection = store.connection().unwrap();
     let state = Default::default();
     let origin = 1_700_000_000_000_000_u64;
@@ -140,8 +148,14 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     let mut connection = store.connection().unwrap();
 
     // On the server's clock. 10 per second, burst 5: five units put the TAT 500 ms ahead.
-    let bucket = settings(&TokenBucket::builder(10).burst(5).build().unwrap(), &store);
-    let cmd = command(&bucket, KeyName::Keyed("192.0.2.1"), 5, None);
+    let bucket = settings(&TokenBucket::builder(10).burst(5).build().unwrap());
+    let cmd = command(
+        &bucket.scripted,
+        &bucket.namespace,
+        RedisKeyName::Keyed("192.0.2.1"),
+        5,
+        None,
+    );
     evalsha(&mut connection, &cmd, bucket.scripted.code)
         .await
         .unwrap();
@@ -156,8 +170,14 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     assert!((1..=501).contains(&ttl), "PTTL {ttl}");
 
     // A sliding window of one second: two windows.
-    let window = settings(&SlidingWindow::new(10).unwrap(), &store);
-    let cmd = command::<()>(&window, KeyName::Global, 1, None);
+    let window = settings(&SlidingWindow::new(10).unwrap());
+    let cmd = command::<()>(
+        &window.scripted,
+        &window.namespace,
+        RedisKeyName::Global,
+        1,
+        None,
+    );
     evalsha(&mut connection, &cmd, window.scripted.code)
         .await
         .unwrap();
@@ -172,14 +192,25 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
             .burst(2)
             .build()
             .unwrap(),
-        &store,
     );
-    let cmd = command::<()>(&slow, KeyName::Unkeyed, 2, None);
+    let cmd = command::<()>(
+        &slow.scripted,
+        &slow.namespace,
+        RedisKeyName::Unkeyed,
+        2,
+        None,
+    );
     evalsha(&mut connection, &cmd, slow.scripted.code)
         .await
         .unwrap();
     let before = pttl("test:default:tb:u");
-    let cmd = command::<()>(&slow, KeyName::Unkeyed, 1, None);
+    let cmd = command::<()>(
+        &slow.scripted,
+        &slow.namespace,
+        RedisKeyName::Unkeyed,
+        1,
+        None,
+    );
     let reply = evalsha(&mut connection, &cmd, slow.scripted.code)
         .await
         .unwrap();
@@ -207,7 +238,7 @@ async fn scripts_are_loaded_again_after_a_flush() {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
     let mut connection = store.connection().unwrap();
-    let bucket = settings(&TokenBucket::new(10).unwrap(), &store);
+    let bucket = settings(&TokenBucket::new(10).unwrap());
     let (decision, _) = remote(&bucket, &mut connection, "a", 1, 1).await;
     assert!(decision.is_allowed());
     assert_eq!(server.command("SCRIPT FLUSH"), "+OK");

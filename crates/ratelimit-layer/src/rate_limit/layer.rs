@@ -1,12 +1,7 @@
-//! The Tower layer: [`RateLimitLayer`], its builder, and what its services share.
-
-#[cfg(feature = "redis")]
-mod redis;
-pub(crate) mod remote;
-mod service;
-pub(crate) mod shared;
+//! The layer and its configuration: [`RateLimitLayer`] and [`RateLimitBuilder`].
 
 use std::fmt;
+use std::marker::PhantomData;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -14,50 +9,55 @@ use http::HeaderName;
 use http::request::Parts;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
+use overload_core::telemetry::{LayerName, LazyMetrics};
 use tower_layer::Layer;
 
+use super::decide::{GlobalDecider, KeyedDecider, LocalDecide, MissingKeyPolicy};
 #[cfg(feature = "redis")]
-pub use redis::RedisLayerBuilder;
-pub use service::RateLimit;
-pub(crate) use service::respond;
-
-use self::shared::{Cost, Decide, Global, Keyed, MissingKeyPolicy, Shared, policy};
+use super::service::Remote;
+use super::service::{Local, RateLimit};
+use super::state::{RateLimitState, RequestCost, rate_limit_policy};
 use crate::algorithm::Limiter;
 use crate::key::{ClientIp, HeaderKey, KeyExtractor, MissingKey, NoKey};
 use crate::keyed::{self, KeyedLimiter};
 
 /// Applies [`RateLimit`] to a service; see the [crate docs](crate).
 ///
-/// Cheap to clone: clones (and the services they make) share the same limits.
+/// Cheap to clone: clones (and the services they make) share the same limits. Its
+/// parameter says where the limit is decided: [`Local`] (the default) for every limit but
+/// one kept in Redis, which is a `RateLimitLayer<Remote>` (feature `redis`; see
+/// [`RateLimit`]).
 ///
 /// ```
 /// use std::time::Duration;
 /// use ratelimit_layer::{RateLimitLayer, SlidingWindow, TokenBucket};
 ///
-/// // The defaults: one global limit, cost 1 per request, policy `default`.
+/// // The defaults: one global limit, cost 1 per request, named `default`.
 /// let layer = RateLimitLayer::new(TokenBucket::new(100)?);
 ///
-/// // Customised: per client IP, heavier POSTs, a named policy on every response.
+/// // Customised: per client IP, heavier POSTs, named `api` (in the metrics, the logs and
+/// // the `RateLimit-Policy` field), the fields on every response.
 /// let layer = RateLimitLayer::builder(
 ///     SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?,
 /// )
 /// .key_by_client_ip(ratelimit_layer::key::ClientIp::new())
 /// .cost_by(|parts| if parts.method == http::Method::POST { 10 } else { 1 })
-/// .policy_name("api")
+/// .name("api")
 /// .admitted_headers(true)
 /// .build()?;
 /// # let _ = layer;
 /// # Ok::<(), ratelimit_layer::ConfigError>(())
 /// ```
-#[derive(Clone, Debug)]
-pub struct RateLimitLayer {
-    shared: Arc<Shared>,
+pub struct RateLimitLayer<M = Local> {
+    pub(crate) state: Arc<RateLimitState>,
+    mode: PhantomData<fn() -> M>,
 }
 
 impl RateLimitLayer {
-    /// The default policy name written in the `RateLimit-Policy` and `RateLimit` fields and
-    /// in the metrics' `policy` label: `default`, the name the IETF draft's examples use.
-    pub const DEFAULT_POLICY_NAME: &'static str = "default";
+    /// The name of a layer nobody named: `default` ([`LayerName::DEFAULT`], the workspace's
+    /// name for an unnamed layer, and the policy name the IETF draft's examples use). Name
+    /// your layers when a process has more than one rate limit.
+    pub const DEFAULT_NAME: &'static str = LayerName::DEFAULT;
 
     /// The default cost (weight) of a request: 1, so that the rate counts requests.
     pub const DEFAULT_COST: u32 = 1;
@@ -73,35 +73,44 @@ impl RateLimitLayer {
     /// second.
     ///
     /// Sweeping costs one pass over a shard (at most `max_keys / shards` entries) per
-    /// interval, only when a new key arrives in that shard; the figure is this crate's
-    /// choice.
+    /// interval, when a new key arrives in that shard or when the layer's once-a-second tick
+    /// finds it due; the figure is this crate's choice.
     pub const DEFAULT_SWEEP_INTERVAL: Duration = keyed::DEFAULT_SWEEP_INTERVAL;
 
-    /// One global limit with `limiter` and the defaults: cost 1 per request, policy name
-    /// `default`, no `RateLimit` fields on admitted responses, time from [`TokioClock`].
+    /// How long a limit must reject nothing before the episode its first rejection began is
+    /// over: 10 seconds, the length of the workspace's sliding windows (the overload layer's
+    /// attempt histogram, the retry budget), so that clients backing off between retries do
+    /// not start a new episode with each wave.
     ///
-    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    /// The first rejection of an episode is logged at `WARN` ("rate limit engaged"), its end
+    /// at `INFO` ("rate limit released"), within a second of the quiet period passing (the
+    /// layer checks every second); each rejection is logged at `TRACE`.
+    pub const QUIET_PERIOD: Duration = Duration::from_secs(10);
+
+    /// One global limit with `limiter` and the defaults: cost 1 per request, named
+    /// `default`, no `RateLimit` fields on admitted responses, time from
+    /// [`TokioClock`](crate::clock::TokioClock).
     pub fn new<L: Limiter>(limiter: L) -> Self {
-        // NOTE: the default name is valid printable ASCII (every test that calls `new` builds
-        // it), and `policy` accepts every window, so this cannot fail.
-        let policy = policy(Self::DEFAULT_POLICY_NAME, &limiter)
-            .expect("the default policy name is a valid structured field string");
+        // NOTE: the default name is valid and `rate_limit_policy` accepts every window (every
+        // test that calls `new` builds it), so this cannot fail.
+        let name = LayerName::default();
+        let policy = rate_limit_policy(&name, &limiter)
+            .expect("the default name is a valid structured field string");
         let window = limiter.window();
-        let decide = Box::new(Global {
+        let decide = Box::new(GlobalDecider {
             limiter,
             clock: TokioClock::new(),
             state: L::State::default(),
         });
-        Self {
-            shared: Arc::new(Shared::new(
-                decide,
-                Cost::Fixed(Self::DEFAULT_COST),
-                policy,
-                Self::DEFAULT_POLICY_NAME,
-                false,
-                window,
-            )),
-        }
+        Self::from_state(RateLimitState::new(
+            decide,
+            RequestCost::Fixed(Self::DEFAULT_COST),
+            policy,
+            name,
+            false,
+            window,
+            Self::QUIET_PERIOD,
+        ))
     }
 
     /// A builder for a limit with `limiter`, starting from the defaults of
@@ -114,18 +123,57 @@ impl RateLimitLayer {
             max_keys: Self::DEFAULT_MAX_KEYS,
             sweep_interval: Self::DEFAULT_SWEEP_INTERVAL,
             cost: None,
-            policy_name: Self::DEFAULT_POLICY_NAME.to_owned(),
+            name: Self::DEFAULT_NAME.to_owned(),
             admitted_headers: false,
             missing_key: None,
         }
     }
 }
 
-impl<S> Layer<S> for RateLimitLayer {
-    type Service = RateLimit<S>;
+impl<M> RateLimitLayer<M> {
+    pub(crate) fn from_state(state: RateLimitState) -> Self {
+        Self {
+            state: Arc::new(state),
+            mode: PhantomData,
+        }
+    }
+}
 
-    fn layer(&self, inner: S) -> RateLimit<S> {
-        RateLimit::new(inner, Arc::clone(&self.shared))
+impl<M> Clone for RateLimitLayer<M> {
+    fn clone(&self) -> Self {
+        Self {
+            state: Arc::clone(&self.state),
+            mode: PhantomData,
+        }
+    }
+}
+
+impl<M> fmt::Debug for RateLimitLayer<M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimitLayer")
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl<S, M> Layer<S> for RateLimitLayer<M> {
+    type Service = RateLimit<S, M>;
+
+    fn layer(&self, inner: S) -> RateLimit<S, M> {
+        RateLimit::new(inner, Arc::clone(&self.state))
+    }
+}
+
+/// A local limit where a [`Remote`] one is expected: for a program that chooses at run
+/// time between a local limit and one kept in Redis, and keeps either in one type. It still
+/// decides in `call`; its services need a `Clone` inner service, as every `Remote` one does.
+#[cfg(feature = "redis")]
+impl From<RateLimitLayer<Local>> for RateLimitLayer<Remote> {
+    fn from(layer: RateLimitLayer<Local>) -> Self {
+        Self {
+            state: layer.state,
+            mode: PhantomData,
+        }
     }
 }
 
@@ -136,22 +184,22 @@ impl<S> Layer<S> for RateLimitLayer {
 /// [`NoKey`] for one global limit).
 #[must_use]
 pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
-    limiter: L,
-    clock: C,
-    key: Option<E>,
-    max_keys: usize,
-    sweep_interval: Duration,
-    cost: Option<Cost>,
-    policy_name: String,
-    admitted_headers: bool,
-    missing_key: Option<MissingKey>,
+    pub(crate) limiter: L,
+    pub(crate) clock: C,
+    pub(crate) key: Option<E>,
+    pub(crate) max_keys: usize,
+    pub(crate) sweep_interval: Duration,
+    pub(crate) cost: Option<RequestCost>,
+    pub(crate) name: String,
+    pub(crate) admitted_headers: bool,
+    pub(crate) missing_key: Option<MissingKey>,
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// Where the limiter reads the time. Default: [`TokioClock`], which follows tokio's
     /// paused time in tests; `FakeClock` (feature `test-util`) moves only when told to.
     ///
-    /// [`TokioClock`]: https://docs.rs/overload-signal/0.1/overload_signal/clock/struct.TokioClock.html
+    /// [`TokioClock`]: crate::clock::TokioClock
     pub fn clock<C2: Clock>(self, clock: C2) -> RateLimitBuilder<L, C2, E> {
         RateLimitBuilder {
             limiter: self.limiter,
@@ -160,7 +208,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
             cost: self.cost,
-            policy_name: self.policy_name,
+            name: self.name,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
         }
@@ -180,7 +228,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
             cost: self.cost,
-            policy_name: self.policy_name,
+            name: self.name,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
         }
@@ -234,7 +282,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// The cost (weight) of every request. Default: 1 ([`RateLimitLayer::DEFAULT_COST`]).
     pub fn cost(mut self, cost: u32) -> Self {
-        self.cost = Some(Cost::Fixed(cost));
+        self.cost = Some(RequestCost::Fixed(cost));
         self
     }
 
@@ -246,14 +294,18 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     where
         F: Fn(&Parts) -> u32 + Send + Sync + 'static,
     {
-        self.cost = Some(Cost::By(Box::new(cost)));
+        self.cost = Some(RequestCost::By(Box::new(cost)));
         self
     }
 
-    /// The policy name written in `RateLimit-Policy` and `RateLimit`, and the `policy`
-    /// label of the metrics. Default: `default` ([`RateLimitLayer::DEFAULT_POLICY_NAME`]).
-    pub fn policy_name(mut self, name: &str) -> Self {
-        name.clone_into(&mut self.policy_name);
+    /// What the layer calls itself: the `name` label of its metrics, the `name` field of
+    /// its logs, and the policy name of its `RateLimit-Policy` and `RateLimit` fields on the
+    /// wire (`RateLimit-Policy: "api";q=100;w=1`); with Redis, also part of its keys, so
+    /// processes that share a limit share its name. Non-empty printable ASCII, at most 128
+    /// bytes. Default: `default` ([`RateLimitLayer::DEFAULT_NAME`]); name your layers when
+    /// a process has more than one rate limit, so their metrics and logs are told apart.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
         self
     }
 
@@ -267,8 +319,9 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// Builds the layer.
     ///
-    /// Metrics are registered with the `metrics` recorder on the first request, so the
-    /// recorder may be installed after the layer is built, as long as it is before traffic.
+    /// Metrics are registered with the `metrics` recorder on the layer's first request, so
+    /// the recorder may be installed after the layer is built, as long as it is before
+    /// traffic.
     ///
     /// # Errors
     ///
@@ -277,10 +330,15 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// - a fixed `cost` exceeds the limiter's capacity (its burst or quota), so no request
     ///   could ever be admitted (kind `Conflict`);
     /// - `missing_key` is set on a limit without a key (kind `Conflict`);
-    /// - `policy_name` is empty or not printable ASCII (kind `Invalid`);
+    /// - `name` is empty, longer than 128 bytes, or not printable ASCII (kind `Invalid`);
     /// - `max_keys` or `sweep_interval` is zero (kind `OutOfRange`).
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
-        if let Some(Cost::Fixed(cost)) = self.cost {
+        Ok(RateLimitLayer::from_state(self.into_state()?))
+    }
+
+    /// What [`build`](Self::build) builds, for a layer of either kind.
+    pub(crate) fn into_state(self) -> Result<RateLimitState, ConfigError> {
+        if let Some(RequestCost::Fixed(cost)) = self.cost {
             let capacity = self.limiter.capacity();
             if u64::from(cost) > capacity {
                 return Err(ConfigError::conflict(
@@ -292,9 +350,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                 ));
             }
         }
-        let policy = policy(&self.policy_name, &self.limiter)?;
+        let name = LayerName::new(self.name)?;
+        let policy = rate_limit_policy(&name, &self.limiter)?;
         let window = self.limiter.window();
-        let decide: Box<dyn Decide> = match self.key {
+        let decide: Box<dyn LocalDecide> = match self.key {
             None => {
                 // NOTE: checked without a key too, so that a setting is refused whatever the key.
                 keyed::check_settings(self.max_keys, self.sweep_interval)?;
@@ -307,22 +366,21 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                         ),
                     ));
                 }
-                Box::new(Global {
+                Box::new(GlobalDecider {
                     limiter: self.limiter,
                     clock: self.clock,
                     state: L::State::default(),
                 })
             }
-            Some(extract) => Box::new(Keyed {
+            Some(extract) => Box::new(KeyedDecider {
                 map: KeyedLimiter::builder(self.limiter)
                     .clock(self.clock)
                     .max_keys(self.max_keys)
                     .sweep_interval(self.sweep_interval)
-                    .report_keys(&self.policy_name)
                     .build()?,
                 missing: Arc::new(MissingKeyPolicy::new(
                     self.missing_key.unwrap_or_else(|| extract.missing_key()),
-                    &self.policy_name,
+                    LazyMetrics::new(name.clone()),
                 )),
                 extract,
                 unkeyed: L::State::default(),
@@ -330,17 +388,16 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
         };
         let cost = self
             .cost
-            .unwrap_or(Cost::Fixed(RateLimitLayer::DEFAULT_COST));
-        Ok(RateLimitLayer {
-            shared: Arc::new(Shared::new(
-                decide,
-                cost,
-                policy,
-                &self.policy_name,
-                self.admitted_headers,
-                window,
-            )),
-        })
+            .unwrap_or(RequestCost::Fixed(RateLimitLayer::DEFAULT_COST));
+        Ok(RateLimitState::new(
+            decide,
+            cost,
+            policy,
+            name,
+            self.admitted_headers,
+            window,
+            RateLimitLayer::QUIET_PERIOD,
+        ))
     }
 }
 
@@ -348,8 +405,8 @@ impl<L: Limiter + fmt::Debug, C: fmt::Debug, E> fmt::Debug for RateLimitBuilder<
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let cost: &dyn fmt::Debug = match &self.cost {
             None => &RateLimitLayer::DEFAULT_COST,
-            Some(Cost::Fixed(cost)) => cost,
-            Some(Cost::By(_)) => &"by request",
+            Some(RequestCost::Fixed(cost)) => cost,
+            Some(RequestCost::By(_)) => &"by request",
         };
         f.debug_struct("RateLimitBuilder")
             .field("limiter", &self.limiter)
@@ -358,7 +415,7 @@ impl<L: Limiter + fmt::Debug, C: fmt::Debug, E> fmt::Debug for RateLimitBuilder<
             .field("max_keys", &self.max_keys)
             .field("sweep_interval", &self.sweep_interval)
             .field("cost", cost)
-            .field("policy_name", &self.policy_name)
+            .field("name", &self.name)
             .field("admitted_headers", &self.admitted_headers)
             .field("missing_key", &self.missing_key)
             .finish_non_exhaustive()

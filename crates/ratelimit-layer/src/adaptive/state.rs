@@ -1,20 +1,22 @@
 //! What a layer and its services share: the limit, the in-flight count, the window being
-//! sampled, the controller, and the metric handles.
+//! sampled, the controller, the metric handles, and the episode of the limit engaged.
 
 use std::fmt;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use metrics::{Counter, Gauge};
-use overload_core::clock::Clock;
-
-use super::controller::{Controller, Phase, Settings, WindowStats};
-use super::sampler::Sampler;
-use crate::metric_names;
+use overload_core::clock::{Clock, saturating_nanos};
 use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+
+use super::controller::{
+    AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
+};
+use super::sampler::LatencySampler;
+use crate::telemetry::{AdaptiveLimitMetrics, TICK};
 
 /// The shared state of one adaptive limit.
-pub(crate) struct Shared<C> {
+pub(crate) struct AdaptiveLimitState<C> {
     clock: C,
     /// The admission limit in force; written only when a window closes.
     limit: AtomicUsize,
@@ -23,7 +25,7 @@ pub(crate) struct Shared<C> {
     peak_in_flight: AtomicUsize,
     /// Whether a request was rejected since the window started.
     rejected_in_window: AtomicBool,
-    sampler: Sampler,
+    sampler: LatencySampler,
     /// When the current window may close (clock nanoseconds), and after how many outcomes.
     close_at: AtomicU64,
     close_after_outcomes: AtomicU64,
@@ -33,36 +35,51 @@ pub(crate) struct Shared<C> {
     /// A request dropped before it completed (an outer timeout fired, the client went away)
     /// after running longer than this (clock nanoseconds: the baseline times the tolerance)
     /// is sampled with the time it ran, a lower bound on its latency; `u64::MAX` while there
-    /// is no baseline or one is being measured. See [`Complete::complete`].
+    /// is no baseline or one is being measured. See [`CompleteRequest::complete`].
     slow_drop: AtomicU64,
     quantile: f64,
     tolerance: f64,
-    controller: Mutex<Controller>,
+    controller: Mutex<GradientController>,
     pub(super) retry_after: Duration,
-    metrics: Metrics,
+    metrics: LazyMetrics<AdaptiveLimitMetrics>,
+    /// The limit rejecting: begun by a rejection, over after `quiet` without one.
+    engaged: Episode,
+    quiet: Duration,
+    /// Windows closed so far, so that a tick can tell whether requests are completing.
+    windows_closed: AtomicU64,
+    /// What the last tick saw: `windows_closed` and the window's outcomes then, when they
+    /// last changed (clock nanoseconds), and whether the latency gauge has fallen to zero.
+    ticked_windows: AtomicU64,
+    ticked_outcomes: AtomicU64,
+    last_progress: AtomicU64,
+    latency_idle: AtomicBool,
+    /// Whether the first request's work is done: the metrics registered, the ticker
+    /// running.
+    started: AtomicBool,
 }
 
 /// What an admitted request carries until it completes.
 #[derive(Debug)]
-pub(super) struct Admitted {
+pub(super) struct AdmittedRequest {
     pub(super) started: u64,
 }
 
-impl<C: Clock> Shared<C> {
+impl<C: Clock> AdaptiveLimitState<C> {
     pub(super) fn new(
-        settings: Settings,
+        settings: AdaptiveSettings,
         clock: C,
         retry_after: Duration,
-        policy_name: &str,
+        name: LayerName,
+        quiet: Duration,
     ) -> Self {
-        let controller = Controller::new(settings);
+        let controller = GradientController::new(settings);
         let now = clock.now();
         Self {
             limit: AtomicUsize::new(controller.limit()),
             in_flight: AtomicUsize::new(0),
             peak_in_flight: AtomicUsize::new(0),
             rejected_in_window: AtomicBool::new(false),
-            sampler: Sampler::new(),
+            sampler: LatencySampler::new(),
             close_at: AtomicU64::new(now.saturating_add(controller.window_nanos())),
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
             sample_floor: AtomicU64::new(0),
@@ -71,14 +88,93 @@ impl<C: Clock> Shared<C> {
             tolerance: settings.tolerance,
             controller: Mutex::new(controller),
             retry_after,
-            metrics: Metrics::new(policy_name),
+            metrics: LazyMetrics::new(name),
+            engaged: Episode::new(),
+            quiet,
+            windows_closed: AtomicU64::new(0),
+            ticked_windows: AtomicU64::new(0),
+            ticked_outcomes: AtomicU64::new(0),
+            last_progress: AtomicU64::new(now),
+            latency_idle: AtomicBool::new(false),
+            started: AtomicBool::new(false),
             clock,
+        }
+    }
+
+    /// The layer's name: its metrics' `name` label and its logs' `name` field.
+    pub(super) const fn name(&self) -> &LayerName {
+        self.metrics.name()
+    }
+
+    /// Every request: the first one registers the metrics and starts the ticker.
+    #[inline]
+    pub(super) fn on_request(self: &Arc<Self>) {
+        if !self.started.load(Ordering::Relaxed) {
+            self.start();
+        }
+    }
+
+    #[cold]
+    fn start(self: &Arc<Self>) {
+        if self
+            .started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        // NOTE: the gauges read what is known now: the limit in force (the minimum, while
+        // the first baseline is measured), the baseline once one was measured.
+        let metrics = self.metrics.get();
+        metrics.limit.set(self.limit.load(Ordering::Relaxed) as f64);
+        if let Some(baseline) = self.lock_controller().baseline() {
+            metrics.baseline.set(baseline as f64 / 1e9);
+        }
+        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
+        if !spawn_ticker(self, TICK, Self::tick) {
+            self.started.store(false, Ordering::Release);
+        }
+    }
+
+    fn lock_controller(&self) -> std::sync::MutexGuard<'_, GradientController> {
+        self.controller
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// Once a [`TICK`] while the layer lives: ends the episode of a limit that has
+    /// rejected nothing for the quiet period, and sets the latency gauge to zero once no
+    /// request has completed for the quiet period (it describes a window of requests, and
+    /// none has been measured).
+    fn tick(&self) {
+        let now = self.clock.now();
+        if let Some(ended) = self.engaged.quiet_for(self.quiet, now) {
+            tracing::info!(
+                name = %self.name(),
+                lasted = ?ended.lasted,
+                quiet = ?self.quiet,
+                limit = self.limit.load(Ordering::Relaxed),
+                "adaptive limit released: no request rejected for the quiet period"
+            );
+        }
+        let windows = self.windows_closed.load(Ordering::Relaxed);
+        let outcomes = self.sampler.outcomes();
+        let windows_moved = self.ticked_windows.swap(windows, Ordering::Relaxed) != windows;
+        let outcomes_moved = self.ticked_outcomes.swap(outcomes, Ordering::Relaxed) != outcomes;
+        if windows_moved || outcomes_moved {
+            self.last_progress.store(now, Ordering::Relaxed);
+            self.latency_idle.store(false, Ordering::Relaxed);
+        } else if now.saturating_sub(self.last_progress.load(Ordering::Relaxed))
+            >= saturating_nanos(self.quiet)
+            && !self.latency_idle.swap(true, Ordering::Relaxed)
+        {
+            self.metrics.get().latency.set(0.0);
         }
     }
 
     /// Admits a request if fewer than the limit are in flight.
     #[inline]
-    pub(super) fn try_admit(&self) -> Option<Admitted> {
+    pub(super) fn try_admit(&self) -> Option<AdmittedRequest> {
         let limit = self.limit.load(Ordering::Relaxed);
         let admitted = self
             .in_flight
@@ -88,17 +184,21 @@ impl<C: Clock> Shared<C> {
         match admitted {
             Ok(before) => {
                 self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
-                self.metrics.handles().admitted.increment(1);
-                Some(Admitted {
+                self.metrics.get().admitted.increment(1);
+                Some(AdmittedRequest {
                     started: self.clock.now(),
                 })
             }
             Err(_) => {
-                self.metrics.handles().rejected.increment(1);
+                self.metrics.get().rejected.increment(1);
                 // NOTE: read first: under overload every rejection would otherwise write the
                 // shared cache line.
                 if !self.rejected_in_window.load(Ordering::Relaxed) {
                     self.rejected_in_window.store(true, Ordering::Relaxed);
+                }
+                tracing::trace!(name = %self.name(), limit, "adaptive limit reached");
+                if self.engaged.seen(self.clock.now()) {
+                    self.engage(limit);
                 }
                 None
             }
@@ -106,9 +206,9 @@ impl<C: Clock> Shared<C> {
     }
 }
 
-/// Ends admitted requests; what a response future needs of [`Shared`], without its clock
-/// type.
-pub(super) trait Complete: Send + Sync + 'static {
+/// Ends admitted requests; what a response future needs of [`AdaptiveLimitState`], without
+/// its clock type.
+pub(super) trait CompleteRequest: Send + Sync + 'static {
     /// Ends an admitted request: `Some(failed)` when it completed, `None` when it was
     /// dropped before.
     ///
@@ -118,12 +218,12 @@ pub(super) trait Complete: Send + Sync + 'static {
     /// timeout layer above this one, a slowing service's requests are dropped, not
     /// completed, and without these samples only the fast completions would be measured and
     /// the limit would hold while most requests time out.
-    fn complete(&self, admitted: &Admitted, outcome: Option<bool>);
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Option<bool>);
 }
 
-impl<C: Clock> Complete for Shared<C> {
+impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
     #[inline]
-    fn complete(&self, admitted: &Admitted, outcome: Option<bool>) {
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Option<bool>) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
         if admitted.started < self.sample_floor.load(Ordering::Relaxed) {
@@ -146,7 +246,19 @@ impl<C: Clock> Complete for Shared<C> {
     }
 }
 
-impl<C: Clock> Shared<C> {
+impl<C: Clock> AdaptiveLimitState<C> {
+    #[cold]
+    fn engage(&self, limit: usize) {
+        tracing::warn!(
+            name = %self.name(),
+            limit,
+            in_flight = self.in_flight.load(Ordering::Relaxed),
+            "adaptive limit engaged: rejecting requests above the concurrency limit (logged \
+             once; `INFO` once no request has been rejected for {:?})",
+            self.quiet
+        );
+    }
+
     /// Closes the window if no other thread is doing it, and applies the controller's
     /// answer.
     #[cold]
@@ -165,7 +277,7 @@ impl<C: Clock> Shared<C> {
         let taken = self.sampler.take(self.quantile);
         let in_flight = self.in_flight.load(Ordering::Relaxed);
         let peak = self.peak_in_flight.swap(in_flight, Ordering::Relaxed);
-        let stats = WindowStats {
+        let stats = AdaptiveWindowStats {
             samples: taken.samples,
             failures: taken.failures,
             latency: taken.percentile,
@@ -185,7 +297,7 @@ impl<C: Clock> Shared<C> {
         // NOTE: no dropped request is sampled while the baseline is measured: its samples
         // must be completed requests at the minimum limit.
         let slow_drop = match (controller.baseline(), controller.phase()) {
-            (Some(baseline), phase) if !matches!(phase, Phase::Probing { .. }) => {
+            (Some(baseline), phase) if !matches!(phase, ControllerPhase::Probing { .. }) => {
                 // Float to integer casts saturate: a huge product is `u64::MAX`, never sampled.
                 (baseline as f64 * self.tolerance) as u64
             }
@@ -208,13 +320,14 @@ impl<C: Clock> Shared<C> {
             probing = update.probe_started,
             "adaptive limit window closed"
         );
-        let handles = self.metrics.handles();
-        handles.limit.set(update.limit as f64);
+        self.windows_closed.fetch_add(1, Ordering::Relaxed);
+        let metrics = self.metrics.get();
+        metrics.limit.set(update.limit as f64);
         if let Some(baseline) = controller.baseline() {
-            handles.baseline.set(baseline as f64 / 1e9);
+            metrics.baseline.set(baseline as f64 / 1e9);
         }
         if let Some(latency) = stats.latency {
-            handles.latency.set(latency as f64 / 1e9);
+            metrics.latency.set(latency as f64 / 1e9);
         }
     }
 
@@ -226,16 +339,13 @@ impl<C: Clock> Shared<C> {
 
     /// A reading for people and tests.
     pub(super) fn status(&self) -> Status {
-        let controller = self
-            .controller
-            .lock()
-            .unwrap_or_else(PoisonError::into_inner);
+        let controller = self.lock_controller();
         Status {
             limit: self.limit.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
             baseline: controller.baseline().map(Duration::from_nanos),
             latency: controller.last_latency().map(Duration::from_nanos),
-            probing: matches!(controller.phase(), Phase::Probing { .. }),
+            probing: matches!(controller.phase(), ControllerPhase::Probing { .. }),
         }
     }
 }
@@ -257,46 +367,10 @@ pub struct Status {
     pub probing: bool,
 }
 
-/// The metric handles, registered on first use (the first request) and kept.
-struct Metrics {
-    policy: String,
-    handles: OnceLock<Handles>,
-}
-
-struct Handles {
-    admitted: Counter,
-    rejected: Counter,
-    limit: Gauge,
-    baseline: Gauge,
-    latency: Gauge,
-}
-
-impl Metrics {
-    fn new(policy: &str) -> Self {
-        Self {
-            policy: policy.to_owned(),
-            handles: OnceLock::new(),
-        }
-    }
-
-    #[inline]
-    fn handles(&self) -> &Handles {
-        self.handles.get_or_init(|| {
-            let policy = &self.policy;
-            Handles {
-                admitted: metrics::counter!(metric_names::ADAPTIVE_ADMITTED, "policy" => policy.clone()),
-                rejected: metrics::counter!(metric_names::ADAPTIVE_REJECTED, "policy" => policy.clone()),
-                limit: metrics::gauge!(metric_names::ADAPTIVE_LIMIT, "policy" => policy.clone()),
-                baseline: metrics::gauge!(metric_names::ADAPTIVE_BASELINE, "policy" => policy.clone()),
-                latency: metrics::gauge!(metric_names::ADAPTIVE_LATENCY, "policy" => policy.clone()),
-            }
-        })
-    }
-}
-
-impl<C> fmt::Debug for Shared<C> {
+impl<C> fmt::Debug for AdaptiveLimitState<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("Shared")
+        f.debug_struct("AdaptiveLimitState")
+            .field("name", self.metrics.name())
             .field("limit", &self.limit.load(Ordering::Relaxed))
             .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
             .field("retry_after", &self.retry_after)

@@ -1,11 +1,10 @@
-//! Decisions made elsewhere (in Redis, for a fleet): what the layer awaits before it calls
-//! the inner service.
+//! Decisions made elsewhere (in Redis, for a fleet): what a [`Remote`](crate::Remote) rate
+//! limit awaits before it calls the inner service.
 //!
 //! A local limiter decides in `call`, synchronously. A remote one answers after a network
 //! round trip, so its decision is a future that the response future polls first
-//! ([`ResponseFuture`](crate::future::ResponseFuture)'s deciding state). The layer keeps
-//! the local path as it was: the remote hook is one `Option` checked per request, and a
-//! layer without one never allocates or boxes anything for it.
+//! ([`RemoteResponseFuture`](crate::future::RemoteResponseFuture)). The hook is
+//! [`RemoteDecide`], which `crate::redis` implements; this module knows nothing of Redis.
 
 use std::fmt;
 use std::future::Future;
@@ -19,23 +18,27 @@ use crate::keyed::KeyClass;
 
 /// A limiter whose decisions are made elsewhere, type-erased.
 ///
-/// The layer's own [`Decide`](super::shared::Decide) stays in place next to it as the
-/// fallback: a request the remote will not decide (`start` returns `None`), or could not
-/// decide (its future answers [`Fallback`]), is decided locally.
+/// The layer's own local decision stays in place next to it as the fallback: a request the
+/// remote will not decide (`start` returns `None`), or could not decide (its future answers
+/// [`RemoteFallback`]), is decided locally.
 pub(crate) trait RemoteDecide: Send + Sync + 'static {
     /// Starts deciding a request of `cost`, or returns `None` when the request must be
     /// decided locally at once (the remote is known to be away, or asking it is pointless:
     /// a free request, or one above the limiter's capacity).
     fn start(&self, parts: &Parts, cost: u32) -> Option<RemoteDecision>;
+
+    /// The layer's first request: registers the remote's metrics and starts what keeps
+    /// them true while no request comes.
+    fn first_request(&self);
 }
 
 /// The remote could not decide; the layer decides locally instead.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct Fallback;
+pub(crate) struct RemoteFallback;
 
 /// What a remote decision yields: the decision, what is left of the quota, and the class of
-/// limit it was taken against; or [`Fallback`].
-pub(crate) type RemoteOutcome = Result<(Decision, QuotaStatus, KeyClass), Fallback>;
+/// limit it was taken against; or [`RemoteFallback`].
+pub(crate) type RemoteOutcome = Result<(Decision, QuotaStatus, KeyClass), RemoteFallback>;
 
 type BoxedDecision = Pin<Box<dyn Future<Output = RemoteOutcome> + Send + 'static>>;
 
@@ -49,7 +52,6 @@ pub(crate) struct RemoteDecision {
 }
 
 impl RemoteDecision {
-    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn new<F>(future: F) -> Self
     where
         F: Future<Output = RemoteOutcome> + Send + 'static,

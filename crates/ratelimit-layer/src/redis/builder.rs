@@ -1,4 +1,4 @@
-//! A layer whose limit is kept in Redis: [`RateLimitBuilder::redis`] and
+//! Building a layer whose limit is kept in Redis: [`RateLimitBuilder::redis`] and
 //! [`RedisLayerBuilder`].
 
 use std::borrow::Cow;
@@ -8,19 +8,25 @@ use std::time::Duration;
 
 use http::request::Parts;
 use overload_core::ConfigError;
-use overload_core::clock::{Clock, saturating_nanos};
+use overload_core::clock::Clock;
 
-use super::shared::{Cost, policy};
-use super::{RateLimitBuilder, RateLimitLayer};
+use overload_core::telemetry::LayerName;
+
+use super::decider::{RedisDecider, RedisSettings};
+use super::key::RedisKey;
+use super::script::RedisAlgorithm;
+use super::store::RedisStore;
 use crate::algorithm::Limiter;
-use crate::key::KeyExtractor;
-use crate::redis::{RedisAlgorithm, RedisKey, RedisRemote, RedisStore, RemoteSettings};
+use crate::key::{KeyExtractor, MissingKey};
+use crate::rate_limit::state::{RequestCost, rate_limit_policy};
+use crate::rate_limit::{RateLimitBuilder, RateLimitLayer, Remote};
 
 impl<L: RedisAlgorithm, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// Keeps this limit in Redis, shared by every process that uses the same Redis and the
-    /// same policy name: one limit for a fleet. Set everything else (keys, cost, policy name,
-    /// headers, clock) before; the returned builder has the settings of the Redis limit
-    /// itself. See the [`redis`](crate::redis) module for how decisions are made and what
+    /// same name: one limit for a fleet. Set everything else (keys, cost, name, headers,
+    /// clock) before; the returned builder has the settings of the Redis limit itself, and
+    /// builds a `RateLimitLayer<Remote>` (see [`Remote`] for what that asks of the inner
+    /// service). See the [`redis`](crate::redis) module for how decisions are made and what
     /// happens when Redis is slow or away.
     ///
     /// The clock and the key cap (`max_keys`, `sweep_interval`) then serve the local
@@ -40,7 +46,7 @@ impl<L: RedisAlgorithm, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     }
 }
 
-/// Builds a [`RateLimitLayer`] whose limit is kept in Redis; from
+/// Builds a [`RateLimitLayer<Remote>`] whose limit is kept in Redis; from
 /// [`RateLimitBuilder::redis`]. Only with the feature `redis`.
 ///
 /// ```
@@ -101,7 +107,8 @@ impl RedisLayerBuilder<(), (), ()> {
     pub const DEFAULT_RECHECK_INTERVAL: Duration = Duration::from_millis(500);
 
     /// The default first part of every key: `ratelimit`. Keys are
-    /// `{prefix}:{policy}:{algorithm}:...`.
+    /// `{prefix}:{name}:{algorithm}:...`, the name being the layer's
+    /// ([`RateLimitBuilder::name`]).
     pub const DEFAULT_KEY_PREFIX: &'static str = "ratelimit";
 }
 
@@ -136,6 +143,15 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
         prefix.clone_into(&mut self.key_prefix);
         self
     }
+
+    /// What the layer calls itself, as [`RateLimitBuilder::name`] (which this overrides):
+    /// its metrics' `name` label, its logs' `name` field, its `RateLimit-Policy` name, and
+    /// part of its keys in Redis, so that processes that share a limit share its name.
+    /// Default: the name set before [`redis`](RateLimitBuilder::redis), `default` if none.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.local.name = name.into();
+        self
+    }
 }
 
 impl<L, C, E> RedisLayerBuilder<L, C, E>
@@ -159,7 +175,7 @@ where
     ///   unit per microsecond, a sliding window that is not whole microseconds or whose
     ///   `quota x window` in microseconds passes 2^53;
     /// - any rule of [`RateLimitBuilder::build`] breaks.
-    pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
+    pub fn build(self) -> Result<RateLimitLayer<Remote>, ConfigError> {
         for (field, value) in [
             ("budget", self.budget),
             ("recheck_interval", self.recheck_interval),
@@ -190,7 +206,7 @@ where
         let full = local.limiter;
         let scripted = full.scripted()?;
         let fallback = full.share(share)?;
-        if let Some(Cost::Fixed(cost)) = local.cost {
+        if let Some(RequestCost::Fixed(cost)) = local.cost {
             let capacity = fallback.capacity();
             if u64::from(cost) > capacity && u64::from(cost) <= full.capacity() {
                 return Err(ConfigError::conflict(
@@ -202,59 +218,50 @@ where
                 ));
             }
         }
-        let full_policy = policy(&local.policy_name, &full)?;
+        let name = LayerName::new(local.name.as_str())?;
+        let full_policy = rate_limit_policy(&name, &full)?;
         let clock = Arc::new(local.clock);
         let (remote_key, local_key) = match local.key {
             None => (None, None),
             Some(extract) => {
                 let extract = Arc::new(extract);
                 (
-                    Some(SharedKey(Arc::clone(&extract))),
-                    Some(SharedKey(extract)),
+                    Some(SharedExtractor(Arc::clone(&extract))),
+                    Some(SharedExtractor(extract)),
                 )
             }
         };
-        let settings = RemoteSettings {
+        let settings = RedisSettings {
             store: self.store,
-            namespace: format!(
-                "{}:{}:{}:",
-                self.key_prefix, local.policy_name, scripted.tag
-            )
-            .into_bytes(),
+            namespace: format!("{}:{}:{}:", self.key_prefix, name, scripted.tag).into_bytes(),
             scripted,
             budget: self.budget,
-            recheck: saturating_nanos(self.recheck_interval),
+            recheck: self.recheck_interval,
             capacity: full.capacity(),
-            policy: local.policy_name.clone(),
+            name,
         };
         // The local fallback: the same layer with the local share of the limit.
-        let fallback_layer = RateLimitBuilder {
+        let fallback = RateLimitBuilder {
             limiter: fallback,
             clock: Arc::clone(&clock),
             key: local_key,
             max_keys: local.max_keys,
             sweep_interval: local.sweep_interval,
             cost: local.cost,
-            policy_name: local.policy_name,
+            name: local.name,
             admitted_headers: local.admitted_headers,
             missing_key: local.missing_key,
         }
-        .build()?;
-        // NOTE: the layer was built just above and never cloned, so this is its only
-        // reference.
-        let Ok(mut shared) = Arc::try_unwrap(fallback_layer.shared) else {
-            unreachable!("a layer just built has one reference to what it shares");
-        };
-        // The fields advertise the fleet's limit, whichever decides a request.
-        shared.policy_header = full_policy.to_header_value();
-        shared.policy = full_policy;
-        shared.window = full.window();
+        .into_state()?;
         // NOTE: one missing-key policy for both, so that a request without a key is logged and
         // counted once, and decided where the policy says.
-        let remote = RedisRemote::new(settings, clock, remote_key, shared.missing_key_policy());
-        Ok(RateLimitLayer {
-            shared: Arc::new(shared.with_remote(Box::new(remote))),
-        })
+        let remote = RedisDecider::new(settings, clock, remote_key, fallback.missing_key_policy());
+        // The fields advertise the fleet's limit, whichever decides a request.
+        Ok(RateLimitLayer::from_state(fallback.with_remote(
+            Box::new(remote),
+            full_policy,
+            full.window(),
+        )))
     }
 }
 
@@ -275,9 +282,9 @@ where
 }
 
 /// One key extractor for the remote limit and its local fallback.
-struct SharedKey<E>(Arc<E>);
+struct SharedExtractor<E>(Arc<E>);
 
-impl<E: KeyExtractor> KeyExtractor for SharedKey<E> {
+impl<E: KeyExtractor> KeyExtractor for SharedExtractor<E> {
     type Key = E::Key;
     type Lookup = E::Lookup;
 
@@ -286,7 +293,7 @@ impl<E: KeyExtractor> KeyExtractor for SharedKey<E> {
         self.0.extract(parts)
     }
 
-    fn missing_key(&self) -> crate::key::MissingKey {
+    fn missing_key(&self) -> MissingKey {
         self.0.missing_key()
     }
 }

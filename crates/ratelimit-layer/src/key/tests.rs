@@ -1,0 +1,241 @@
+use std::borrow::Cow;
+use std::hash::Hasher;
+use std::net::{IpAddr, SocketAddr};
+
+use http::request::Parts;
+use http::{HeaderName, Request};
+use overload_signal::signal::CallerKey;
+
+use super::*;
+
+fn parts(peer: &str, headers: &[(&str, &str)]) -> Parts {
+    let mut builder = Request::builder();
+    for (k, v) in headers {
+        builder = builder.header(*k, *v);
+    }
+    let mut req = builder.body(()).unwrap();
+    req.extensions_mut()
+        .insert(peer.parse::<SocketAddr>().unwrap());
+    req.into_parts().0
+}
+
+fn ip(s: &str) -> IpAddr {
+    s.parse().unwrap()
+}
+
+#[test]
+fn forwarding_headers_are_ignored_by_default() {
+    let p = parts("203.0.113.9:5000", &[("x-forwarded-for", "1.2.3.4")]);
+    assert_eq!(ClientIp::new().client_ip(&p), Some(ip("203.0.113.9")));
+    let p = parts("203.0.113.9:5000", &[("forwarded", "for=1.2.3.4")]);
+    assert_eq!(ClientIp::default().client_ip(&p), Some(ip("203.0.113.9")));
+}
+
+#[test]
+fn x_forwarded_for_behind_trusted_proxies() {
+    let c = ClientIp::builder()
+        .trust_proxies(
+            ForwardedHeader::XForwardedFor,
+            ["10.0.0.0/8".parse().unwrap()],
+        )
+        .build()
+        .unwrap();
+    // The client forged the first entry; the proxy appended the real address.
+    let p = parts(
+        "10.0.0.2:80",
+        &[("x-forwarded-for", "6.6.6.6, 198.51.100.7, 10.0.0.1")],
+    );
+    assert_eq!(c.client_ip(&p), Some(ip("198.51.100.7")));
+    // Several header lines are one list, in order.
+    let p = parts(
+        "10.0.0.2:80",
+        &[
+            ("x-forwarded-for", "6.6.6.6"),
+            ("x-forwarded-for", "198.51.100.7:4711"),
+        ],
+    );
+    assert_eq!(c.client_ip(&p), Some(ip("198.51.100.7")));
+    // An untrusted peer's header is ignored.
+    let p = parts("198.51.100.1:80", &[("x-forwarded-for", "6.6.6.6")]);
+    assert_eq!(c.client_ip(&p), Some(ip("198.51.100.1")));
+    // Junk stops the walk at the last trusted hop.
+    let p = parts("10.0.0.2:80", &[("x-forwarded-for", "junk, 10.0.0.1")]);
+    assert_eq!(c.client_ip(&p), Some(ip("10.0.0.1")));
+    // No header: the proxy itself.
+    let p = parts("10.0.0.2:80", &[]);
+    assert_eq!(c.client_ip(&p), Some(ip("10.0.0.2")));
+    // The other header is not read.
+    let p = parts("10.0.0.2:80", &[("forwarded", "for=1.2.3.4")]);
+    assert_eq!(c.client_ip(&p), Some(ip("10.0.0.2")));
+}
+
+#[test]
+fn forwarded_behind_trusted_proxies() {
+    let c = ClientIp::builder()
+        .trust_proxies(ForwardedHeader::Forwarded, ["10.0.0.1".parse().unwrap()])
+        .build()
+        .unwrap();
+    let p = parts(
+        "10.0.0.1:80",
+        &[(
+            "forwarded",
+            "for=6.6.6.6, for=\"[2001:db8:cafe::17]:4711\";proto=https, For=10.0.0.1",
+        )],
+    );
+    assert_eq!(c.client_ip(&p), Some(ip("2001:db8:cafe::")));
+    let p = parts("10.0.0.1:80", &[("forwarded", "for=unknown")]);
+    assert_eq!(c.client_ip(&p), Some(ip("10.0.0.1")));
+    let p = parts(
+        "10.0.0.1:80",
+        &[("forwarded", "proto=http;for=192.0.2.43:80")],
+    );
+    assert_eq!(c.client_ip(&p), Some(ip("192.0.2.43")));
+}
+
+#[test]
+fn ipv6_is_keyed_by_prefix() {
+    let p = parts("[2001:db8:1:2:3:4:5:6]:443", &[]);
+    assert_eq!(
+        ClientIp::default().client_ip(&p),
+        Some(ip("2001:db8:1:2::"))
+    );
+    let exact = ClientIp::builder().ipv6_prefix(128).build().unwrap();
+    assert_eq!(exact.client_ip(&p), Some(ip("2001:db8:1:2:3:4:5:6")));
+    let err = ClientIp::builder().ipv6_prefix(129).build().unwrap_err();
+    assert_eq!(err.field(), "ipv6_prefix");
+    assert_eq!(err.to_string(), "ipv6_prefix must be at most 128, got 129");
+    // A custom extension and trusted proxies survive the other setters.
+    #[derive(Clone)]
+    struct Peer(SocketAddr);
+    let c = ClientIp::builder()
+        .peer_from_extension(|p: &Peer| Some(p.0))
+        .ipv6_prefix(48)
+        .build()
+        .unwrap();
+    let mut req = Request::new(());
+    req.extensions_mut()
+        .insert(Peer("[2001:db8:1:2::9]:1".parse().unwrap()));
+    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("2001:db8:1::")));
+    // IPv4-mapped addresses are IPv4.
+    let p = parts("[::ffff:192.0.2.1]:443", &[]);
+    assert_eq!(ClientIp::default().client_ip(&p), Some(ip("192.0.2.1")));
+}
+
+#[test]
+fn other_extensions_and_missing_ones() {
+    #[derive(Clone)]
+    struct ConnectInfo(SocketAddr);
+    let c = ClientIp::from_extension(|ci: &ConnectInfo| Some(ci.0));
+    let mut req = Request::new(());
+    assert_eq!(c.client_ip(&req.clone().into_parts().0), None);
+    req.extensions_mut()
+        .insert(ConnectInfo("192.0.2.8:1".parse().unwrap()));
+    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("192.0.2.8")));
+}
+
+#[test]
+fn ip_networks() {
+    let net: IpNet = "192.168.0.0/16".parse().unwrap();
+    assert!(net.contains(ip("192.168.255.1")));
+    assert!(!net.contains(ip("192.169.0.1")));
+    assert_eq!(net.to_string(), "192.168.0.0/16");
+    assert_eq!(
+        "10.1.2.3/8".parse::<IpNet>().unwrap().to_string(),
+        "10.0.0.0/8"
+    );
+    assert!(
+        "0.0.0.0/0"
+            .parse::<IpNet>()
+            .unwrap()
+            .contains(ip("8.8.8.8"))
+    );
+    assert!(!"0.0.0.0/0".parse::<IpNet>().unwrap().contains(ip("::1")));
+    assert!("::1".parse::<IpNet>().unwrap().contains(ip("::1")));
+    for bad in [
+        "10.0.0.0/33",
+        "::/129",
+        "10.0.0.0/",
+        "10.0.0.0/x",
+        "10.0.0.0/-1",
+    ] {
+        let err = bad.parse::<IpNet>().unwrap_err();
+        assert_eq!(err.field(), "ip_net", "{bad}");
+        assert!(
+            err.to_string().contains("prefix length of at most"),
+            "{bad}: {err}"
+        );
+        assert!(err.to_string().contains(bad), "{bad}: {err}");
+    }
+    assert_eq!(
+        "nope/8".parse::<IpNet>().unwrap_err().to_string(),
+        "ip_net must be an IP address or network such as 10.0.0.0/8, got \"nope/8\""
+    );
+    let err = IpNet::new(ip("10.0.0.0"), 33).unwrap_err();
+    assert_eq!(
+        (err.field(), err.to_string().as_str()),
+        (
+            "prefix",
+            "prefix must be at most 32 for an IPv4 address, got 33"
+        )
+    );
+}
+
+#[test]
+fn header_keys_are_borrowed_from_the_request() {
+    let extract = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    let p = parts("192.0.2.1:1", &[("x-api-key", "abc")]);
+    let key = extract.extract(&p).unwrap();
+    assert!(matches!(key, Cow::Borrowed(b"abc")), "not copied");
+    assert_eq!(extract.extract(&parts("192.0.2.1:1", &[])), None);
+    let long = "k".repeat(HeaderKey::MAX_LEN + 1);
+    assert_eq!(
+        extract.extract(&parts("192.0.2.1:1", &[("x-api-key", &long)])),
+        None
+    );
+    let longest = "k".repeat(HeaderKey::MAX_LEN);
+    assert!(
+        extract
+            .extract(&parts("192.0.2.1:1", &[("x-api-key", &longest)]))
+            .is_some()
+    );
+}
+
+#[test]
+fn missing_key_defaults_and_caller_keys() {
+    let header = HeaderKey::new(HeaderName::from_static("x-api-key"));
+    assert_eq!(ClientIp::new().missing_key(), MissingKey::Reject);
+    assert_eq!(header.missing_key(), MissingKey::Shared);
+    let closure = |parts: &Parts| Some(parts.uri.path().to_owned());
+    assert_eq!(closure.missing_key(), MissingKey::Reject);
+    assert_eq!(
+        [MissingKey::Reject, MissingKey::Shared, MissingKey::Bypass].map(MissingKey::as_str),
+        ["reject", "shared", "bypass"]
+    );
+    // As caller keys for the overload layer: the same key, or none, as for the limit.
+    let hash = |key: &dyn CallerKey, parts: &Parts| {
+        let mut h = std::hash::DefaultHasher::new();
+        key.hash_key(parts, &mut h).then(|| h.finish())
+    };
+    let a = parts("192.0.2.1:1", &[("x-api-key", "k1")]);
+    let b = parts("192.0.2.1:2", &[("x-api-key", "k2")]);
+    let c = parts("192.0.2.2:1", &[]);
+    assert_eq!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &b));
+    assert_ne!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &c));
+    assert_eq!(
+        hash(&ClientIp::new(), &Request::new(()).into_parts().0),
+        None
+    );
+    assert_ne!(hash(&header, &a), hash(&header, &b));
+    assert_eq!(hash(&header, &c), None);
+}
+
+#[test]
+fn closures_and_client_ips_are_extractors() {
+    let p = parts("192.0.2.7:1", &[("x-tenant", "t1")]);
+    let by_path = |parts: &Parts| Some(parts.uri.path().to_owned());
+    assert_eq!(by_path.extract(&p).as_deref(), Some(&"/".to_owned()));
+    assert_eq!(
+        ClientIp::new().extract(&p).as_deref(),
+        Some(&ip("192.0.2.7"))
+    );
+}

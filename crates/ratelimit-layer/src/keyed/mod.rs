@@ -1,0 +1,13 @@
+//! Limits per key (client IP, API key, ...) with bounded memory: [`KeyedLimiter`].
+//!
+//! [`RateLimitBuilder::key_by`](crate::RateLimitBuilder::key_by) builds one for a layer;
+//! use it directly to limit something other than HTTP requests.
+
+mod builder;
+mod map;
+#[cfg(test)]
+mod tests;
+
+pub use builder::KeyedLimiterBuilder;
+pub(crate) use builder::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, check_settings};
+pub use map::{KeyClass, KeyedLimiter};

@@ -1,0 +1,204 @@
+//! The local decision: one global limit, or one per key with the missing-key policy
+//! ([`LocalDecide`], type-erased so that the layer's type does not name the limiter, the
+//! clock or the key extractor).
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+
+use http::request::Parts;
+use overload_core::clock::Clock;
+use overload_core::telemetry::LazyMetrics;
+
+use crate::algorithm::{Decision, Limiter, QuotaStatus};
+use crate::key::{KeyExtractor, MissingKey};
+use crate::keyed::{KeyClass, KeyedLimiter};
+use crate::telemetry::KeyedLimitMetrics;
+
+/// Decides a request: the limiter with its state(s) and key extractor, type-erased.
+pub(crate) trait LocalDecide: Send + Sync + 'static {
+    /// The decision, the quota status when a rejection (always) or an admission (when
+    /// `status_on_allow`) needs it for the `RateLimit` field, and the key class; `None` when
+    /// the request has no key and the [`MissingKey`] policy is to reject it.
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)>;
+
+    /// The limiter's clock, now.
+    fn now(&self) -> u64;
+
+    /// The layer's first request: registers the decision's own metrics.
+    fn first_request(&self) {}
+
+    /// Once a tick: keeps the decision's own gauges true.
+    fn tick(&self) {}
+
+    /// The missing-key policy of a keyed limit, shared with a remote decider so that both
+    /// apply (and log, and count) the same one.
+    #[cfg(feature = "redis")]
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        None
+    }
+}
+
+/// `limiter.check`, plus its status when the response will report it.
+#[inline]
+fn check_and_status<L: Limiter>(
+    limiter: &L,
+    state: &L::State,
+    now: u64,
+    cost: u32,
+    status_on_allow: bool,
+) -> (Decision, Option<QuotaStatus>) {
+    let decision = limiter.check(state, now, cost);
+    let want = !decision.is_allowed() || status_on_allow;
+    (decision, want.then(|| limiter.status(state, now)))
+}
+
+/// One limit for every request.
+pub(crate) struct GlobalDecider<L: Limiter, C> {
+    pub(crate) limiter: L,
+    pub(crate) clock: C,
+    pub(crate) state: L::State,
+}
+
+impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
+    #[inline]
+    fn decide(
+        &self,
+        _: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        let now = self.clock.now();
+        let (decision, status) =
+            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
+        Some((decision, status, KeyClass::Global))
+    }
+
+    fn now(&self) -> u64 {
+        self.clock.now()
+    }
+}
+
+/// One limit per key, in a [`KeyedLimiter`], and what to do with a request without one.
+pub(crate) struct KeyedDecider<L: Limiter, C, E: KeyExtractor> {
+    pub(crate) map: KeyedLimiter<L, E::Key, C>,
+    pub(crate) extract: E,
+    /// The shared limit of requests without a key, under [`MissingKey::Shared`].
+    pub(crate) unkeyed: L::State,
+    pub(crate) missing: Arc<MissingKeyPolicy>,
+}
+
+impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E> {
+    #[inline]
+    fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        match self.extract.extract(parts) {
+            // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen
+            // for the first time is copied into the map.
+            Some(key) => Some(self.map.check_with_status(&*key, cost, status_on_allow)),
+            None => match self.missing.apply() {
+                MissingKey::Reject => None,
+                // NOTE: no status: nothing limits it, so no `RateLimit` field describes it.
+                MissingKey::Bypass => Some((Decision::Allow, None, KeyClass::Unkeyed)),
+                MissingKey::Shared => {
+                    let now = self.map.clock().now();
+                    let (decision, status) = check_and_status(
+                        self.map.limiter(),
+                        &self.unkeyed,
+                        now,
+                        cost,
+                        status_on_allow,
+                    );
+                    Some((decision, status, KeyClass::Unkeyed))
+                }
+            },
+        }
+    }
+
+    fn now(&self) -> u64 {
+        self.map.clock().now()
+    }
+
+    fn first_request(&self) {
+        self.report_keys();
+    }
+
+    /// Sweeps the shards that are due, so that the keys of clients that went away are
+    /// forgotten even when no new key arrives, and reports how many are left.
+    fn tick(&self) {
+        self.map.sweep_due();
+        self.report_keys();
+    }
+
+    #[cfg(feature = "redis")]
+    fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
+        Some(Arc::clone(&self.missing))
+    }
+}
+
+impl<L: Limiter, C: Clock, E: KeyExtractor> KeyedDecider<L, C, E> {
+    fn report_keys(&self) {
+        // NOTE: a gauge is a float; a key count is exact in it up to 2^53.
+        #[allow(clippy::cast_precision_loss)]
+        self.missing.metrics.get().keys.set(self.map.len() as f64);
+    }
+}
+
+/// The [`MissingKey`] policy of a keyed layer, with its one-time log, and the keyed layer's
+/// metrics (its counter, and the keys gauge).
+pub(crate) struct MissingKeyPolicy {
+    policy: MissingKey,
+    warned: AtomicBool,
+    metrics: LazyMetrics<KeyedLimitMetrics>,
+}
+
+impl MissingKeyPolicy {
+    pub(crate) const fn new(policy: MissingKey, metrics: LazyMetrics<KeyedLimitMetrics>) -> Self {
+        Self {
+            policy,
+            warned: AtomicBool::new(false),
+            metrics,
+        }
+    }
+
+    /// The policy, without applying it.
+    #[cfg(feature = "redis")]
+    pub(crate) const fn policy(&self) -> MissingKey {
+        self.policy
+    }
+
+    /// Counts a request without a key, logs the first one, and says what to do with it.
+    pub(crate) fn apply(&self) -> MissingKey {
+        self.metrics.get().missing_key(self.policy).increment(1);
+        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
+            self.warn();
+        }
+        self.policy
+    }
+
+    #[cold]
+    fn warn(&self) {
+        let action = match self.policy {
+            MissingKey::Reject => "answering 500 without calling the service",
+            MissingKey::Shared => "limiting every request without a key together, as one key",
+            MissingKey::Bypass => "admitting every request without a key, unlimited",
+        };
+        tracing::warn!(
+            name = %self.metrics.name(),
+            missing_key = self.policy.as_str(),
+            "ratelimit-layer: a request has no rate-limit key; {action} (the layer's missing-key \
+             policy). Logged once; `ratelimit_layer_missing_key_total` counts every such \
+             request. A client-IP key needs the peer address in the request's extensions: in \
+             axum, serve with `into_make_service_with_connect_info::<SocketAddr>()` and read \
+             `ConnectInfo`; in tonic, read `TcpConnectInfo`."
+        );
+    }
+}

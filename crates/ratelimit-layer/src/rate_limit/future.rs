@@ -1,0 +1,218 @@
+//! The response futures of [`RateLimit`](crate::RateLimit): [`ResponseFuture`] for a limit
+//! decided in `call`, and, with a limit kept in Redis (feature `redis`),
+//! `RemoteResponseFuture`, which awaits the decision first.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::task::{Context, Poll, ready};
+
+use http::{HeaderValue, Response};
+use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
+use pin_project_lite::pin_project;
+
+use super::response::RateLimitAnswer;
+#[cfg(feature = "redis")]
+pub use remote::RemoteResponseFuture;
+
+pin_project! {
+    /// The response future of a [`RateLimit`](crate::RateLimit) decided in `call`: the
+    /// inner service's future for an admitted request (adding the `RateLimit` fields if
+    /// configured), or a ready rejection.
+    ///
+    /// Its parameters are the inner service's future `F` and the response body `B`.
+    pub struct ResponseFuture<F, B> {
+        #[pin]
+        state: State<F, B>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F, B> {
+        Admitted {
+            #[pin]
+            future: F,
+            fields: Option<(HeaderValue, HeaderValue)>,
+        },
+        Rejected {
+            response: Option<Response<B>>,
+        },
+    }
+}
+
+impl<F, B> From<RateLimitAnswer<F, B>> for ResponseFuture<F, B> {
+    fn from(answer: RateLimitAnswer<F, B>) -> Self {
+        let state = match answer {
+            RateLimitAnswer::Called { future, fields } => State::Admitted { future, fields },
+            RateLimitAnswer::Answered(response) => State::Rejected {
+                response: Some(response),
+            },
+        };
+        Self { state }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F, B>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        match self.project().state.project() {
+            StateProj::Admitted { future, fields } => {
+                let mut response = ready!(future.poll(cx))?;
+                if let Some((policy, status)) = fields.take() {
+                    // NOTE: appended, not inserted: an inner limiter's fields stay, and the
+                    // client sees every policy that applies (the draft's list form).
+                    let headers = response.headers_mut();
+                    headers.append(RATELIMIT_POLICY, policy);
+                    headers.append(RATELIMIT, status);
+                }
+                Poll::Ready(Ok(response))
+            }
+            StateProj::Rejected { response } => Poll::Ready(Ok(response
+                .take()
+                .expect("rate limit response future polled after completion"))),
+        }
+    }
+}
+
+impl<F, B> fmt::Debug for ResponseFuture<F, B> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match &self.state {
+            State::Admitted { .. } => "admitted",
+            State::Rejected { .. } => "rejected",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}
+
+#[cfg(feature = "redis")]
+mod remote {
+    use std::fmt;
+    use std::future::Future;
+    use std::pin::Pin;
+    use std::sync::Arc;
+    use std::task::{Context, Poll, ready};
+
+    use http::request::Parts;
+    use http::{Request, Response};
+    use pin_project_lite::pin_project;
+    use tower_service::Service;
+
+    use crate::rate_limit::future::ResponseFuture;
+    use crate::rate_limit::remote_decision::RemoteDecision;
+    use crate::rate_limit::response::respond;
+    use crate::rate_limit::state::RateLimitState;
+
+    pin_project! {
+        /// The response future of a [`RateLimit`](crate::RateLimit) whose limit may be
+        /// decided elsewhere ([`Remote`](crate::Remote), a limit kept in Redis): the
+        /// decision under way, then a [`ResponseFuture`].
+        ///
+        /// Its parameters are the inner service's future `F`, the response body `B`, and the
+        /// inner service `S` with its request body `R`, which a decision under way holds
+        /// until it calls the service.
+        pub struct RemoteResponseFuture<F, B, S, R> {
+            #[pin]
+            state: RemoteFutureState<F, B, S, R>,
+        }
+    }
+
+    pin_project! {
+        #[project = RemoteFutureStateProj]
+        enum RemoteFutureState<F, B, S, R> {
+            // NOTE: boxed, so that a request decided at once (Redis away, a free request)
+            // does not carry the request and a service in its future.
+            Deciding {
+                awaiting: Option<Box<AwaitingDecision<S, R>>>,
+            },
+            Decided {
+                #[pin]
+                future: ResponseFuture<F, B>,
+            },
+        }
+    }
+
+    /// A request whose limit is being decided elsewhere, with what it needs afterwards.
+    pub(crate) struct AwaitingDecision<S, R> {
+        pub(crate) decision: RemoteDecision,
+        /// The inner service, made ready by the `poll_ready` that preceded the `call`.
+        pub(crate) service: S,
+        pub(crate) parts: Parts,
+        pub(crate) body: R,
+        pub(crate) cost: u32,
+        pub(crate) state: Arc<RateLimitState>,
+    }
+
+    impl<F, B, S, R> RemoteResponseFuture<F, B, S, R> {
+        pub(crate) fn deciding(awaiting: AwaitingDecision<S, R>) -> Self {
+            Self {
+                state: RemoteFutureState::Deciding {
+                    awaiting: Some(Box::new(awaiting)),
+                },
+            }
+        }
+
+        pub(crate) const fn decided(future: ResponseFuture<F, B>) -> Self {
+            Self {
+                state: RemoteFutureState::Decided { future },
+            }
+        }
+    }
+
+    impl<B, S, R, E> Future for RemoteResponseFuture<S::Future, B, S, R>
+    where
+        S: Service<Request<R>, Response = Response<B>, Error = E>,
+        B: Default,
+    {
+        type Output = Result<Response<B>, E>;
+
+        fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+            loop {
+                match self.as_mut().project().state.project() {
+                    RemoteFutureStateProj::Decided { future } => return future.poll(cx),
+                    RemoteFutureStateProj::Deciding { awaiting } => {
+                        let pending = awaiting
+                            .as_mut()
+                            .expect("rate limit response future polled after completion");
+                        let outcome = ready!(pending.decision.poll(cx));
+                        let AwaitingDecision {
+                            mut service,
+                            parts,
+                            body,
+                            cost,
+                            state,
+                            ..
+                        } = *awaiting.take().expect("checked above");
+                        let decided = match outcome {
+                            Ok((decision, status, class)) => Some((decision, Some(status), class)),
+                            // The remote could not answer in time: the local share decides.
+                            Err(_) => state.decide(&parts, cost),
+                        };
+                        let answer = respond(&state, &mut service, parts, body, decided);
+                        self.set(Self::decided(answer.into()));
+                    }
+                }
+            }
+        }
+    }
+
+    impl<F, B, S, R> fmt::Debug for RemoteResponseFuture<F, B, S, R> {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            let mut d = f.debug_struct("RemoteResponseFuture");
+            match &self.state {
+                RemoteFutureState::Deciding { .. } => d.field("state", &"deciding"),
+                RemoteFutureState::Decided { future } => d.field("state", future),
+            };
+            d.finish()
+        }
+    }
+}
+
+#[cfg(feature = "redis")]
+pub(crate) use remote::AwaitingDecision;

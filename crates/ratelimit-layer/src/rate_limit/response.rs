@@ -1,0 +1,120 @@
+//! What a request gets once its limit is decided: the inner service's future (admitted),
+//! or the rejection this layer answers with ([`respond`]).
+
+use std::time::Duration;
+
+use http::header::CONTENT_TYPE;
+use http::request::Parts;
+use http::{HeaderValue, Request, Response, StatusCode};
+use overload_signal::protocol::{
+    GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
+};
+use overload_signal::signal::RejectionScope;
+use tower_service::Service;
+
+use super::state::RateLimitState;
+use crate::algorithm::{Decision, QuotaStatus};
+use crate::keyed::KeyClass;
+
+/// The answer to a decided request, which a response future then drives.
+pub(crate) enum RateLimitAnswer<F, B> {
+    /// Admitted: the inner service's future, and the `RateLimit-Policy` and `RateLimit`
+    /// fields to add to its response, if the layer adds them to admitted responses.
+    Called {
+        future: F,
+        fields: Option<(HeaderValue, HeaderValue)>,
+    },
+    /// Answered by the layer: a rejection, or a request without a key that the missing-key
+    /// policy refuses.
+    Answered(Response<B>),
+}
+
+/// The answer to a request once its limit is decided, with the metrics counted; `decided`
+/// is `None` for a request without a key that the missing-key policy rejects.
+pub(crate) fn respond<S, ReqBody, ResBody>(
+    state: &RateLimitState,
+    inner: &mut S,
+    parts: Parts,
+    body: ReqBody,
+    decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
+) -> RateLimitAnswer<S::Future, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    let Some((decision, status, class)) = decided else {
+        let protocol = Protocol::of_headers(&parts.headers);
+        return RateLimitAnswer::Answered(missing_key(protocol));
+    };
+    let retry_after = match decision {
+        Decision::Allow => {
+            state.metrics.get().admitted.increment(1);
+            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
+            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
+            // no field describes it.
+            let fields = status.filter(|_| state.admitted_headers).map(|status| {
+                (
+                    state.policy_header.clone(),
+                    state.policy.status(status.remaining, status.reset),
+                )
+            });
+            let future = inner.call(Request::from_parts(parts, body));
+            return RateLimitAnswer::Called { future, fields };
+        }
+        Decision::Reject { retry_after } => retry_after,
+        Decision::OverCapacity { .. } => state.window,
+    };
+    // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
+    // reported as a full window.
+    let status = status.unwrap_or(QuotaStatus {
+        remaining: 0,
+        reset: state.window,
+    });
+    state.rejected(class, retry_after);
+    let protocol = Protocol::of_headers(&parts.headers);
+    RateLimitAnswer::Answered(rejection(state, protocol, retry_after, status, class))
+}
+
+fn rejection<B: Default>(
+    state: &RateLimitState,
+    protocol: Protocol,
+    retry_after: Duration,
+    status: QuotaStatus,
+    class: KeyClass,
+) -> Response<B> {
+    let mut response = too_many_requests_response(protocol, retry_after);
+    let headers = response.headers_mut();
+    headers.insert(RATELIMIT_POLICY, state.policy_header.clone());
+    headers.insert(
+        RATELIMIT,
+        state.policy.status(status.remaining, status.reset),
+    );
+    if class == KeyClass::Keyed {
+        // NOTE: this client is over its own quota; an overload layer outside judges the
+        // rejection on this caller's retries, not the whole server's. Shared limits (global,
+        // overflow, unkeyed) concern every client behind them, and say nothing.
+        response.extensions_mut().insert(RejectionScope::Caller);
+    }
+    response
+}
+
+/// The answer to a request without a key under [`MissingKey::Reject`]: `500`, or for gRPC
+/// `grpc-status: 13` (`INTERNAL`) in a trailers-only response.
+///
+/// [`MissingKey::Reject`]: crate::key::MissingKey::Reject
+fn missing_key<B: Default>(protocol: Protocol) -> Response<B> {
+    let mut response = Response::new(B::default());
+    match protocol {
+        Protocol::Http => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        Protocol::Grpc => {
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(GRPC_STATUS, HeaderValue::from_static("13"));
+            headers.insert(
+                GRPC_MESSAGE,
+                HeaderValue::from_static("rate limit key missing"),
+            );
+        }
+    }
+    response
+}

@@ -1,0 +1,152 @@
+//! The middleware: [`RateLimit`], and where it decides: here ([`Local`]) or possibly
+//! elsewhere ([`Remote`]).
+
+use std::fmt;
+use std::marker::PhantomData;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use tower_service::Service;
+
+use super::future::ResponseFuture;
+#[cfg(feature = "redis")]
+use super::future::{AwaitingDecision, RemoteResponseFuture};
+use super::response::respond;
+use super::state::RateLimitState;
+
+/// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit is decided in
+/// `call`, in this process: every limit but one kept in Redis. The default.
+///
+/// The inner service is called from `call` or never: any service fits, `Clone` or not (a
+/// `tower::util::BoxService` included).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Local {}
+
+/// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit may be
+/// decided elsewhere, after a round trip: a limit kept in Redis
+/// ([`RateLimitBuilder::redis`](crate::RateLimitBuilder::redis)). Only with the feature
+/// `redis`.
+///
+/// The decision comes after `call` has returned, so the response future takes the service
+/// that `poll_ready` made ready and leaves a clone in its place (tower's `mem::replace`
+/// pattern, as `tower::buffer` and `tower::filter::AsyncFilter` call their inner service
+/// later): the inner service must be `Clone`, as axum's routes and tonic's services are. A
+/// `RateLimitLayer<Local>` converts into a `RateLimitLayer<Remote>` (`From`), for a program
+/// that chooses between a local limit and one in Redis at run time and keeps either in one
+/// type.
+#[cfg(feature = "redis")]
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Remote {}
+
+/// Rejects requests above a rate before they reach the inner service; see the
+/// [crate docs](crate).
+///
+/// Built by [`RateLimitLayer`](crate::RateLimitLayer); clones share the same limits. The
+/// wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
+///
+/// Its second parameter says where the limit is decided: [`Local`] (the default) in
+/// `call`, for any inner service; `Remote` (feature `redis`) possibly in Redis, after
+/// `call` has returned, which needs a `Clone` inner service.
+pub struct RateLimit<S, M = Local> {
+    inner: S,
+    state: Arc<RateLimitState>,
+    mode: PhantomData<fn() -> M>,
+}
+
+impl<S, M> RateLimit<S, M> {
+    pub(crate) const fn new(inner: S, state: Arc<RateLimitState>) -> Self {
+        Self {
+            inner,
+            state,
+            mode: PhantomData,
+        }
+    }
+
+    overload_core::define_inner_service_accessors!();
+}
+
+impl<S: Clone, M> Clone for RateLimit<S, M> {
+    fn clone(&self) -> Self {
+        Self::new(self.inner.clone(), Arc::clone(&self.state))
+    }
+}
+
+impl<S: fmt::Debug, M> fmt::Debug for RateLimit<S, M> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RateLimit")
+            .field("inner", &self.inner)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, Local>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future, ResBody>;
+
+    /// Delegates to the inner service.
+    ///
+    /// The limit is decided in `call`, where the request is visible; this layer needs no
+    /// capacity of its own. As with every short-circuiting `tower-http` layer, a rejected
+    /// request leaves the readiness the inner service reserved for the next `call` on this
+    /// instance (or releases it when the instance is dropped, as axum and hyper do per
+    /// request).
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.state.on_request();
+        let (parts, body) = request.into_parts();
+        let state = &*self.state;
+        let cost = state.cost(&parts);
+        let decided = state.decide(&parts, cost);
+        respond(state, &mut self.inner, parts, body, decided).into()
+    }
+}
+
+#[cfg(feature = "redis")]
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for RateLimit<S, Remote>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>> + Clone,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = RemoteResponseFuture<S::Future, ResBody, S, ReqBody>;
+
+    /// Delegates to the inner service, as a [`Local`] limit does.
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        self.state.on_request();
+        let (parts, body) = request.into_parts();
+        let state = &self.state;
+        let cost = state.cost(&parts);
+        if let Some(decision) = state.remote.as_ref().and_then(|r| r.start(&parts, cost)) {
+            // NOTE: the decision comes later, so the future takes the service that was made
+            // ready and leaves an unpolled clone here (tower's `mem::replace` pattern): the
+            // next `call` on this instance comes after its own `poll_ready`.
+            let clone = self.inner.clone();
+            let service = std::mem::replace(&mut self.inner, clone);
+            return RemoteResponseFuture::deciding(AwaitingDecision {
+                decision,
+                service,
+                parts,
+                body,
+                cost,
+                state: Arc::clone(state),
+            });
+        }
+        let decided = state.decide(&parts, cost);
+        RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, decided).into())
+    }
+}

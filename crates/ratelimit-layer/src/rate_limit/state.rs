@@ -1,0 +1,232 @@
+//! What every clone of a rate limit layer, and every service it makes, shares: the local
+//! decision, the cost of a request, the `RateLimit-Policy` value, the metrics, the episode
+//! of the limit engaged, and (with a limit kept in Redis) the remote decision.
+
+use std::fmt;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use http::HeaderValue;
+use http::request::Parts;
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::{ConfigError, ConfigErrorKind};
+use overload_signal::protocol::RateLimitPolicy;
+
+use super::decide::LocalDecide;
+#[cfg(feature = "redis")]
+use super::remote_decision::RemoteDecide;
+use crate::algorithm::{Decision, Limiter, QuotaStatus};
+use crate::keyed::KeyClass;
+use crate::telemetry::{RateLimitMetrics, TICK};
+
+/// What a request costs.
+pub(crate) enum RequestCost {
+    Fixed(u32),
+    By(Box<CostFn>),
+}
+
+pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
+
+/// What every clone of a layer and its services shares.
+pub(crate) struct RateLimitState {
+    decide: Box<dyn LocalDecide>,
+    cost: RequestCost,
+    pub(crate) policy: RateLimitPolicy,
+    /// The `RateLimit-Policy` value, formatted once: it never changes.
+    pub(crate) policy_header: HeaderValue,
+    pub(crate) admitted_headers: bool,
+    /// The limiter's window: the `Retry-After` of an over-capacity request.
+    pub(crate) window: Duration,
+    pub(crate) metrics: LazyMetrics<RateLimitMetrics>,
+    /// The limit rejecting: begun by a rejection, over after `quiet` without one.
+    engaged: Episode,
+    /// How long without a rejection before the episode is over.
+    quiet: Duration,
+    /// Whether the first request's work is done: the metrics registered, the ticker
+    /// running.
+    started: AtomicBool,
+    /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
+    /// its local fallback. `None` for a local limit.
+    #[cfg(feature = "redis")]
+    pub(crate) remote: Option<Box<dyn RemoteDecide>>,
+}
+
+impl RateLimitState {
+    pub(crate) fn new(
+        decide: Box<dyn LocalDecide>,
+        cost: RequestCost,
+        policy: RateLimitPolicy,
+        name: LayerName,
+        admitted_headers: bool,
+        window: Duration,
+        quiet: Duration,
+    ) -> Self {
+        Self {
+            decide,
+            cost,
+            policy_header: policy.to_header_value(),
+            policy,
+            admitted_headers,
+            window,
+            metrics: LazyMetrics::new(name),
+            engaged: Episode::new(),
+            quiet,
+            started: AtomicBool::new(false),
+            #[cfg(feature = "redis")]
+            remote: None,
+        }
+    }
+
+    /// The layer's name: its metrics' `name` label, its logs' `name` field, and its
+    /// `RateLimit-Policy` name.
+    pub(crate) const fn name(&self) -> &LayerName {
+        self.metrics.name()
+    }
+
+    #[inline]
+    pub(crate) fn cost(&self, parts: &Parts) -> u32 {
+        match &self.cost {
+            RequestCost::Fixed(cost) => *cost,
+            RequestCost::By(f) => f(parts),
+        }
+    }
+
+    /// The local decision; see [`LocalDecide::decide`].
+    #[inline]
+    pub(crate) fn decide(
+        &self,
+        parts: &Parts,
+        cost: u32,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        self.decide.decide(parts, cost, self.admitted_headers)
+    }
+
+    /// Every request: the first one registers the metrics and starts the ticker.
+    #[inline]
+    pub(crate) fn on_request(self: &Arc<Self>) {
+        if !self.started.load(Ordering::Relaxed) {
+            self.start();
+        }
+    }
+
+    #[cold]
+    fn start(self: &Arc<Self>) {
+        if self
+            .started
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        // NOTE: every metric of the layer is registered now, with the recorder installed
+        // at the first request, whatever the request does.
+        self.metrics.get();
+        self.decide.first_request();
+        #[cfg(feature = "redis")]
+        if let Some(remote) = &self.remote {
+            remote.first_request();
+        }
+        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
+        if !spawn_ticker(self, TICK, Self::tick) {
+            self.started.store(false, Ordering::Release);
+        }
+    }
+
+    /// Once a [`TICK`] while the layer lives: ends the episode of a limit that has rejected
+    /// nothing for the quiet period, and lets the decision keep its gauges true.
+    fn tick(&self) {
+        if let Some(ended) = self.engaged.quiet_for(self.quiet, self.decide.now()) {
+            tracing::info!(
+                name = %self.name(),
+                lasted = ?ended.lasted,
+                quiet = ?self.quiet,
+                "rate limit released: no request rejected for the quiet period"
+            );
+        }
+        self.decide.tick();
+    }
+
+    /// Counts a rejection, and logs it at `WARN` when it begins an episode of the limit
+    /// engaged (at `TRACE` otherwise).
+    pub(crate) fn rejected(&self, class: KeyClass, retry_after: Duration) {
+        self.metrics.get().rejected(class).increment(1);
+        tracing::trace!(
+            name = %self.name(),
+            key_class = class.as_str(),
+            ?retry_after,
+            "rate limited"
+        );
+        if self.engaged.seen(self.decide.now()) {
+            self.engage(class, retry_after);
+        }
+    }
+
+    #[cold]
+    fn engage(&self, class: KeyClass, retry_after: Duration) {
+        tracing::warn!(
+            name = %self.name(),
+            key_class = class.as_str(),
+            ?retry_after,
+            quota = self.policy.quota(),
+            window = ?self.policy.window(),
+            "rate limit engaged: rejecting requests above the limit (logged once; `INFO` \
+             once no request has been rejected for {:?})",
+            self.quiet
+        );
+    }
+
+    /// The missing-key policy of a keyed limit, for a remote decider to share.
+    #[cfg(feature = "redis")]
+    pub(crate) fn missing_key_policy(&self) -> Option<Arc<super::decide::MissingKeyPolicy>> {
+        self.decide.missing_key_policy()
+    }
+
+    /// Asks `remote` first for every request, with the local decision as its fallback;
+    /// the fields then advertise `policy` and `window` (the fleet's limit), whichever
+    /// decides.
+    #[cfg(feature = "redis")]
+    pub(crate) fn with_remote(
+        mut self,
+        remote: Box<dyn RemoteDecide>,
+        policy: RateLimitPolicy,
+        window: Duration,
+    ) -> Self {
+        self.policy_header = policy.to_header_value();
+        self.policy = policy;
+        self.window = window;
+        self.remote = Some(remote);
+        self
+    }
+}
+
+impl fmt::Debug for RateLimitState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let cost: &dyn fmt::Debug = match &self.cost {
+            RequestCost::Fixed(cost) => cost,
+            RequestCost::By(_) => &"by request",
+        };
+        let mut d = f.debug_struct("RateLimitState");
+        d.field("name", self.name())
+            .field("policy", &self.policy)
+            .field("cost", cost)
+            .field("admitted_headers", &self.admitted_headers)
+            .field("engaged", &self.engaged.is_active());
+        #[cfg(feature = "redis")]
+        d.field("remote", &self.remote.is_some());
+        d.finish_non_exhaustive()
+    }
+}
+
+/// The `RateLimit-Policy` of `limiter` under the layer's `name`: formatted once. The name
+/// is a valid structured field string whenever it is a valid [`LayerName`].
+pub(crate) fn rate_limit_policy<L: Limiter>(
+    name: &LayerName,
+    limiter: &L,
+) -> Result<RateLimitPolicy, ConfigError> {
+    // NOTE: the field's `w` is whole seconds, at least 1, so a custom limiter's zero window
+    // is written as `w=1` rather than refused.
+    let window = limiter.window().max(Duration::from_nanos(1));
+    RateLimitPolicy::new(name.as_str(), limiter.quota(), window)
+        .map_err(|e| ConfigError::new("name", ConfigErrorKind::Invalid, e))
+}

@@ -1,0 +1,84 @@
+//! What the tests share: the events this crate logs, recorded.
+
+use std::fmt;
+use std::sync::{Arc, Mutex};
+
+use tracing::field::{Field, Visit};
+use tracing::{Event, Level, Subscriber};
+use tracing_subscriber::layer::{Context, SubscriberExt};
+
+/// One event this crate logged: its level, its message and its `name` field.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub(crate) struct Logged {
+    pub(crate) level: Level,
+    pub(crate) message: String,
+    pub(crate) name: Option<String>,
+}
+
+/// Records the events this crate logs at `INFO` and above, while its guard lives (on this
+/// thread, so under a current-thread runtime: the layer's ticks included).
+#[derive(Clone, Default)]
+pub(crate) struct Logs(Arc<Mutex<Vec<Logged>>>);
+
+impl Logs {
+    /// Records from now until the guard is dropped.
+    pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        let logs = Self::default();
+        let guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+        (logs, guard)
+    }
+
+    /// The events at `level` whose message contains `text`.
+    pub(crate) fn at(&self, level: Level, text: &str) -> Vec<Logged> {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|l| l.level == level && l.message.contains(text))
+            .cloned()
+            .collect()
+    }
+}
+
+struct Fields {
+    message: String,
+    name: Option<String>,
+}
+
+impl Visit for Fields {
+    fn record_debug(&mut self, field: &Field, value: &dyn fmt::Debug) {
+        match field.name() {
+            "message" => self.message = format!("{value:?}"),
+            "name" => self.name = Some(format!("{value:?}")),
+            _ => {}
+        }
+    }
+
+    fn record_str(&mut self, field: &Field, value: &str) {
+        if field.name() == "name" {
+            self.name = Some(value.to_owned());
+        } else {
+            self.record_debug(field, &value);
+        }
+    }
+}
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for Logs {
+    fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
+        let level = *event.metadata().level();
+        if !event.metadata().target().starts_with("ratelimit_layer") || level > Level::INFO {
+            return;
+        }
+        let mut fields = Fields {
+            message: String::new(),
+            name: None,
+        };
+        event.record(&mut fields);
+        self.0.lock().unwrap().push(Logged {
+            level,
+            message: fields.message,
+            name: fields.name,
+        });
+    }
+}
