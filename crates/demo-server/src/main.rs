@@ -606,9 +606,6 @@ async fn status_lines(
         let now = stats.snapshot();
         let second = now.since(&before);
         before = now;
-        if let Some(h) = &histogram {
-            h.snapshot().export_metrics();
-        }
         if quiet {
             continue;
         }

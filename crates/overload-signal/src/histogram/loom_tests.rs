@@ -10,8 +10,8 @@ use loom::sync::atomic::{AtomicU64, Ordering};
 use loom::thread;
 
 use super::{AttemptClass, AttemptHistogram};
-use overload_core::clock::Clock;
 use crate::protocol::Attempt;
+use overload_core::clock::Clock;
 
 #[derive(Clone)]
 struct LoomClock(Arc<AtomicU64>);
