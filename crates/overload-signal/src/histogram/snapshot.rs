@@ -6,7 +6,7 @@ use overload_core::telemetry::{LayerName, NAME_LABEL};
 use super::attempts::AttemptClass;
 use crate::metric_names;
 
-/// The counts of one window of an [`AttemptHistogram`].
+/// The counts of one window of an [`AttemptHistogram`](super::AttemptHistogram).
 ///
 /// ```
 /// use overload_signal::{AttemptClass, AttemptHistogram};

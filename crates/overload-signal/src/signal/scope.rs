@@ -1,7 +1,8 @@
 //! Whom a rejection concerns: what a limiter tells the layer about its rejection.
 
 /// Whom a rejection concerns: the limiter that rejects says so in the response's extensions,
-/// and the [`OverloadSignalLayer`] judges the rejection accordingly.
+/// and the [`OverloadSignalLayer`](super::OverloadSignalLayer) judges the rejection
+/// accordingly.
 ///
 /// - [`Server`](Self::Server) (also what a rejection without this extension is): the server
 ///   as a whole is over its limit (a global rate limit, a load shedder, an adaptive
