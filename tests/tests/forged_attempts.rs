@@ -151,8 +151,8 @@ async fn drive(url: &str) -> (Arc<Tally>, Arc<Tally>) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_forging_client_cannot_stop_the_honest_ones() {
     // A fixed hashing key: the same clients share classes on every run.
-    let (keyed_url, keyed_window) = server(signal().caller_seed(13).build()).await;
-    let (unkeyed_url, _) = server(signal().key_by(|_: &Parts| None::<()>).build()).await;
+    let (keyed_url, keyed_window) = server(signal().caller_seed(13).build().unwrap()).await;
+    let (unkeyed_url, _) = server(signal().key_by(|_: &Parts| None::<()>).build().unwrap()).await;
     let ((honest, forger), (honest_unkeyed, _)) =
         tokio::time::timeout(Duration::from_secs(60), async {
             tokio::join!(drive(&keyed_url), drive(&unkeyed_url))

@@ -45,7 +45,8 @@ async fn tonic_rejections_become_the_grpc_stop_signal_in_a_retry_storm() {
                 .build()
                 .unwrap(),
         )
-        .build();
+        .build()
+        .unwrap();
     let histogram = signal.histogram().clone();
     let (_reporter, health) = tonic_health::server::health_reporter();
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();

@@ -120,7 +120,8 @@ async fn tonic_fires_the_stop_signal_behind_the_combined_layer() {
                 .remote_addr()
                 .map(|a| a.ip())
         })
-        .build();
+        .build()
+        .unwrap();
     let histogram = signal.histogram().clone();
     let protection = OverloadProtectionLayer::builder(admits(1).build().unwrap())
         .signal(signal)
@@ -141,7 +142,10 @@ async fn tonic_with_the_axum_order_never_fires() {
     // The README's former axum stack, `.layer(limit).layer(signal)`, copied onto tonic:
     // tonic's `Server::layer` makes the first call the outermost, so the limiter answers
     // first and the overload layer only ever sees the one request it admits.
-    let signal = OverloadSignalLayer::builder().rule(quick_rule()).build();
+    let signal = OverloadSignalLayer::builder()
+        .rule(quick_rule())
+        .build()
+        .unwrap();
     let histogram = signal.histogram().clone();
     let mut client = tonic_server!(admits(1).build().unwrap(), signal);
     let codes = ten_retries(&mut client).await;
@@ -210,7 +214,12 @@ async fn get_with(client: &HttpClient, url: &str, attempt: u32) -> (StatusCode, 
 async fn axum_fires_the_stop_signal_behind_the_combined_layer() {
     // A global limit that admits one request; retries pile up behind it.
     let protection = OverloadProtectionLayer::builder(admits(1).build().unwrap())
-        .signal(OverloadSignalLayer::builder().rule(quick_rule()).build())
+        .signal(
+            OverloadSignalLayer::builder()
+                .rule(quick_rule())
+                .build()
+                .unwrap(),
+        )
         .build();
     let url = axum_server(protection, true).await;
     let client = client_from(Ipv4Addr::LOCALHOST);
@@ -243,7 +252,8 @@ async fn axum_per_client_limits_stop_only_the_client_that_storms() {
                 // The same classes on every run (two clients share one with a chance of 1 in
                 // 128 under a random key).
                 .caller_seed(1)
-                .build(),
+                .build()
+                .unwrap(),
         )
         .build();
     let url = axum_server(protection, true).await;

@@ -132,7 +132,7 @@ impl TestServer {
             .clock(clock.clone())
             .build()
             .unwrap();
-        let signal = OverloadSignalLayer::builder().rule(rule).build();
+        let signal = OverloadSignalLayer::builder().rule(rule).build().unwrap();
         let seen = Arc::default();
         let record = Record {
             seen: Arc::clone(&seen),

@@ -54,7 +54,8 @@
 //! // Defaults: a 10-second window; stop signal above a 5 % retry share over 200 requests.
 //! let layer = OverloadSignalLayer::new();
 //!
-//! // Customised: a 30-second window in 30 buckets; above 10 % over 500 requests.
+//! // Customised: a 30-second window in 30 buckets; above 10 % over 500 requests; named
+//! // `api` in its metrics and logs.
 //! let histogram = AttemptHistogram::builder()
 //!     .window(Duration::from_secs(30))
 //!     .buckets(30)
@@ -62,7 +63,8 @@
 //! let layer = OverloadSignalLayer::builder()
 //!     .histogram(histogram.clone())
 //!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
-//!     .build();
+//!     .name("api")
+//!     .build()?;
 //!
 //! let service = ServiceBuilder::new()
 //!     .layer(layer)
@@ -87,17 +89,26 @@
 //! # Metrics
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade; this crate never installs a
-//! recorder. All names start with `overload_signal_`; see [`metric_names`] for the list.
+//! recorder. All names start with `overload_signal_`, and every metric carries the label
+//! `name`: the layer's [name](OverloadSignalLayerBuilder::name) (`"default"` unless set;
+//! name your layers when a process has more than one). An [`OverloadSignalLayer`] registers
+//! its metrics on its **first request**, not when it is built, so a recorder installed
+//! after the layer is built (and before traffic) sees every one. See [`metric_names`] for
+//! what each one means.
 //!
-//! | name | kind |
-//! |---|---|
-//! | `overload_signal_stop_signals_total{scope}` | counter |
-//! | `overload_signal_rejections_passed_total{scope}` | counter |
-//! | `overload_signal_propagated_total{via}` | counter |
-//! | `overload_signal_window_requests{attempt}` | gauge |
-//! | `overload_signal_window_retry_share` | gauge |
-//! | `overload_signal_window_retry_pressure` | gauge |
-//! | `overload_signal_window_per_caller_pressure` | gauge |
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `overload_signal_stop_signals_total` | counter | `name`, `scope` (`server`, `caller`) |
+//! | `overload_signal_rejections_passed_total` | counter | `name`, `scope` (`server`, `caller`) |
+//! | `overload_signal_propagated_total` | counter | `name`, `via` (`marker`, `response`) |
+//! | `overload_signal_window_requests` | gauge | `name`, `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`) |
+//! | `overload_signal_window_retry_share` | gauge | `name` |
+//! | `overload_signal_window_retry_pressure` | gauge | `name` |
+//! | `overload_signal_window_per_caller_pressure` | gauge | `name` |
+//!
+//! The window gauges are kept true while no request comes: they fall to 0 within a window
+//! (and two buckets) of the last request. The layer also logs, once each, when it starts and
+//! stops answering with the stop signal (see [`signal`](signal#logs)).
 //!
 //! # Feature flags
 //!
@@ -130,6 +141,7 @@ pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 #[doc(no_inline)]
 pub use overload_core::clock;
+pub use overload_core::telemetry::LayerName;
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use signal::{
     OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,

@@ -1,45 +1,52 @@
 //! The names of the metrics this crate emits through the [`metrics`] facade.
 //!
-//! The crate never installs a recorder: without one, every metric is a no-op.
+//! The crate never installs a recorder: without one, every metric is a no-op. Every metric
+//! carries the label `name` ([`NAME_LABEL`](overload_core::telemetry::NAME_LABEL)): the
+//! [name](crate::OverloadSignalLayerBuilder::name) of the layer that wrote it, `"default"`
+//! unless set. An [`OverloadSignalLayer`](crate::OverloadSignalLayer) registers every metric
+//! on its **first request** (not when it is built) and keeps the handles.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `overload_signal_stop_signals_total` | counter | `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
-//! | `overload_signal_rejections_passed_total` | counter | `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
-//! | `overload_signal_propagated_total` | counter | `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
-//! | `overload_signal_window_requests` | gauge | `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
-//! | `overload_signal_window_retry_share` | gauge | | the window's retry share, 0 when empty |
-//! | `overload_signal_window_retry_pressure` | gauge | | the window's [retry pressure](crate::AttemptSnapshot::retry_pressure) (retries and requests told to stop), 0 when empty |
-//! | `overload_signal_window_per_caller_pressure` | gauge | | the same with each caller class's weight capped ([`signal`](crate::signal#trust-what-callers-can-and-cannot-do)), 0 when empty |
+//! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
+//! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
+//! | `overload_signal_propagated_total` | counter | `name`; `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
+//! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
+//! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
+//! | `overload_signal_window_retry_pressure` | gauge | `name` | the window's [retry pressure](crate::AttemptSnapshot::retry_pressure) (retries and requests told to stop), 0 when empty |
+//! | `overload_signal_window_per_caller_pressure` | gauge | `name` | the same with each caller class's weight capped ([`signal`](crate::signal#trust-what-callers-can-and-cannot-do)), 0 when empty |
 //!
-//! [`OverloadSignal`](crate::OverloadSignal) sets the window gauges with the first request
-//! of each bucket (once a second by default), for the window that ended with the previous
-//! bucket; when traffic stops they keep their last value.
-//! [`AttemptSnapshot::export_metrics`](crate::AttemptSnapshot::export_metrics) sets the same
-//! gauges from any snapshot.
+//! [`OverloadSignal`](crate::OverloadSignal) sets the window gauges once per bucket (once a
+//! second by default), for the window that ended with the previous bucket: with the first
+//! request of the bucket, or, when none comes, from a task the layer starts on its first
+//! request. So when traffic stops they fall to the empty window's figures (0) once the last
+//! request's bucket has left the window: within one window and two buckets of that request.
+//! [`AttemptSnapshot::export_metrics`](crate::AttemptSnapshot::export_metrics) sets the
+//! same gauges (but the per-caller one) from any snapshot, under a name of your choice.
 
-/// Counter, label `scope` (`server` or `caller`): rejections answered with the stop signal
-/// because the decision rule fired.
+/// Counter, labels `name` and `scope` (`server` or `caller`): rejections answered with
+/// the stop signal because the decision rule fired.
 pub const STOP_SIGNALS: &str = "overload_signal_stop_signals_total";
 
-/// Counter, label `scope` (`server` or `caller`): rejections passed through because the
-/// decision rule did not fire.
+/// Counter, labels `name` and `scope` (`server` or `caller`): rejections passed through
+/// because the decision rule did not fire.
 pub const REJECTIONS_PASSED: &str = "overload_signal_rejections_passed_total";
 
-/// Counter, label `via` (`marker` or `response`): downstream stop signals passed up.
+/// Counter, labels `name` and `via` (`marker` or `response`): downstream stop signals passed
+/// up.
 pub const PROPAGATED: &str = "overload_signal_propagated_total";
 
-/// Gauge, label `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`): requests in the
-/// histogram's window.
+/// Gauge, labels `name` and `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`):
+/// requests in the histogram's window.
 pub const WINDOW_REQUESTS: &str = "overload_signal_window_requests";
 
-/// Gauge: the histogram window's retry share, 0 when the window is empty.
+/// Gauge, label `name`: the histogram window's retry share, 0 when the window is empty.
 pub const WINDOW_RETRY_SHARE: &str = "overload_signal_window_retry_share";
 
-/// Gauge: the histogram window's retry pressure (known retries and requests answered with the
-/// stop signal, over all requests), 0 when the window is empty.
+/// Gauge, label `name`: the histogram window's retry pressure (known retries and requests
+/// answered with the stop signal, over all requests), 0 when the window is empty.
 pub const WINDOW_RETRY_PRESSURE: &str = "overload_signal_window_retry_pressure";
 
-/// Gauge: the window's retry pressure with each caller class's weight capped at the median
-/// class's, as the layer's decision computes it; 0 when the window is empty.
+/// Gauge, label `name`: the window's retry pressure with each caller class's weight capped
+/// at the median class's, as the layer's decision computes it; 0 when the window is empty.
 pub const WINDOW_PER_CALLER_PRESSURE: &str = "overload_signal_window_per_caller_pressure";

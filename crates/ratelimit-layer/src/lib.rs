@@ -156,7 +156,7 @@
 //! let limit = RateLimitLayer::builder(TokenBucket::builder(1_000).burst(100).build()?)
 //!     .key_by_client_ip(client_ip.clone())
 //!     .build()?;
-//! let signal = OverloadSignalLayer::builder().key_by(client_ip).build();
+//! let signal = OverloadSignalLayer::builder().key_by(client_ip).build()?;
 //! let (_reporter, health) = tonic_health::server::health_reporter();
 //! Server::builder()
 //!     .layer(OverloadProtectionLayer::builder(limit).signal(signal).build())

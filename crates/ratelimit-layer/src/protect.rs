@@ -81,7 +81,7 @@
 //!                 std::net::IpAddr::V6(_) => false,
 //!             })
 //!     })
-//!     .build();
+//!     .build()?;
 //! let protection = OverloadProtectionLayer::builder(limit).signal(signal).build();
 //! # drop(protection);
 //! # Ok(())
@@ -238,7 +238,7 @@ mod tests {
             .build()
             .unwrap();
         OverloadProtectionLayer::builder(limit)
-            .signal(OverloadSignalLayer::builder().rule(rule).build())
+            .signal(OverloadSignalLayer::builder().rule(rule).build().unwrap())
             .build()
     }
 

@@ -2,7 +2,7 @@
 
 use std::time::Duration;
 
-use super::InvalidModel;
+use super::error::InvalidModel;
 
 /// The article's simulated server: a request takes `base` while at most `knee` requests are
 /// inside, then `base * growth^((c - knee) / step)` for a concurrency `c`, re-evaluated every

@@ -7,7 +7,7 @@ use rand::SeedableRng;
 use rand::rngs::SmallRng;
 use rand_distr::{Distribution, Exp1};
 
-use super::InvalidModel;
+use super::error::InvalidModel;
 
 /// The paper's server: `workers` threads take requests from one unbounded FIFO queue and
 /// serve each for an exponentially distributed time with mean `mean_service`. A request's

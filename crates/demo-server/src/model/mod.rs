@@ -53,10 +53,12 @@
 //! ```
 
 mod article;
+mod error;
 mod mmc;
 mod pause;
 
 pub use article::{ArticleModel, ArticleModelBuilder};
+pub use error::InvalidModel;
 pub use mmc::{MmcModel, MmcModelBuilder};
 pub use pause::{DEFAULT_BACKLOG, PauseSwitch, Refused};
 
@@ -105,28 +107,6 @@ impl From<MmcModel> for LatencyModel {
         Self::Mmc(m)
     }
 }
-
-/// Invalid model parameters; the message says which rule was broken.
-///
-/// The rules are listed on [`ArticleModelBuilder::build`] and [`MmcModelBuilder::build`].
-#[derive(Clone, Debug, PartialEq, Eq)]
-pub struct InvalidModel {
-    reason: &'static str,
-}
-
-impl InvalidModel {
-    const fn new(reason: &'static str) -> Self {
-        Self { reason }
-    }
-}
-
-impl fmt::Display for InvalidModel {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(self.reason)
-    }
-}
-
-impl std::error::Error for InvalidModel {}
 
 /// A running latency model: a Tower service and a cloneable handle to its state.
 ///

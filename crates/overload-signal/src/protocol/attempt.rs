@@ -4,7 +4,8 @@ use std::fmt;
 
 use http::header::{HeaderMap, HeaderValue};
 
-use super::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_REQUEST_ATTEMPT, is_grpc};
+use super::grpc::is_grpc;
+use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_REQUEST_ATTEMPT};
 
 /// The attempt counter of a request, as read from its headers.
 ///

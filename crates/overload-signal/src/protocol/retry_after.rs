@@ -4,7 +4,7 @@ use std::time::{Duration, SystemTime};
 
 use http::header::{HeaderMap, HeaderValue, RETRY_AFTER};
 
-use super::GRPC_RETRY_PUSHBACK_MS;
+use super::headers::GRPC_RETRY_PUSHBACK_MS;
 
 /// Parses a `Retry-After` value: delta-seconds (`120`) or an HTTP-date
 /// (`Wed, 21 Oct 2015 07:28:00 GMT`, and the two obsolete forms RFC 9110 still accepts).

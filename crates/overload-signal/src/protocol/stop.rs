@@ -5,10 +5,11 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::{
-    GRPC_MESSAGE, GRPC_RESOURCE_EXHAUSTED, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_UNAVAILABLE,
-    STOP_RETRYING, X_OVERLOADED, format_grpc_pushback, format_retry_after, is_grpc,
+use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, is_grpc};
+use super::headers::{
+    GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING, X_OVERLOADED,
 };
+use super::retry_after::{GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback};
 
 /// Which form of the protocol a message uses.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -40,11 +41,7 @@ impl Protocol {
 ///
 /// A client that sees it must not retry, and should surface it to its caller.
 pub fn is_stop_signal(headers: &HeaderMap) -> bool {
-    headers.contains_key(X_OVERLOADED)
-        || matches!(
-            super::grpc_pushback(headers),
-            Some(super::GrpcPushback::Stop)
-        )
+    headers.contains_key(X_OVERLOADED) || matches!(grpc_pushback(headers), Some(GrpcPushback::Stop))
 }
 
 const STOP_MESSAGE: &str = "system overloaded, stop retrying";
@@ -70,7 +67,7 @@ pub fn stop_signal_response<B: Default>(protocol: Protocol) -> Response<B> {
 pub fn set_stop_signal<B>(response: &mut Response<B>, protocol: Protocol) {
     let headers = response.headers_mut();
     headers.remove(RETRY_AFTER);
-    headers.remove(super::RATELIMIT);
+    headers.remove(RATELIMIT);
     headers.insert(X_OVERLOADED, HeaderValue::from_static(STOP_RETRYING));
     match protocol {
         Protocol::Http => {
@@ -121,7 +118,7 @@ pub fn too_many_requests_response<B: Default>(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{GrpcPushback, grpc_pushback, grpc_status, retry_after};
+    use crate::protocol::{grpc_status, retry_after};
 
     #[test]
     fn http_stop_signal_row() {
@@ -174,12 +171,12 @@ mod tests {
         let mut r =
             too_many_requests_response::<String>(Protocol::Http, Duration::from_millis(1500));
         r.headers_mut()
-            .insert(crate::protocol::RATELIMIT, HeaderValue::from_static("x"));
+            .insert(RATELIMIT, HeaderValue::from_static("x"));
         *r.body_mut() = "slow down".to_owned();
         set_stop_signal(&mut r, Protocol::Http);
         assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
         assert!(r.headers().get(RETRY_AFTER).is_none());
-        assert!(r.headers().get(crate::protocol::RATELIMIT).is_none());
+        assert!(r.headers().get(RATELIMIT).is_none());
         assert!(is_stop_signal(r.headers()));
         assert_eq!(r.body(), "slow down");
     }

@@ -59,8 +59,9 @@ const LEDGER_COUNTERS: usize = 2 * LANES;
 ///
 /// let layer = OverloadSignalLayer::builder()
 ///     .key_by(|parts: &Parts| parts.extensions.get::<Identity>().map(|id| id.0.clone()))
-///     .build();
+///     .build()?;
 /// # drop(layer);
+/// # Ok::<(), overload_core::ConfigError>(())
 /// ```
 pub trait CallerKey: Send + Sync + 'static {
     /// Feeds the request's caller key to `state` and returns `true`, or returns `false`
@@ -198,7 +199,7 @@ pub(crate) struct CallerLedger<C: Clock> {
     trust: Option<Arc<TrustFn>>,
     /// Whether the first request without a caller key has been logged.
     warned: AtomicBool,
-    /// The last per-caller verdict of the server-wide rule (see `Verdict`).
+    /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
 }
 
@@ -315,14 +316,14 @@ impl<C: Clock> CallerLedger<C> {
     /// each move it by about 3 points), and the stale verdict then holds for the rest of the
     /// bucket (1 s by default). The next bucket, or more growth, reads the window again.
     pub(crate) fn per_caller_fires(&self, rule: &StopRule, bucket: u64, requests: u64) -> bool {
-        let kept = Verdict::unpack(self.verdict.load(Ordering::Relaxed));
+        let kept = CallerVerdict::unpack(self.verdict.load(Ordering::Relaxed));
         if let Some(fires) = kept.reuse(bucket, requests) {
             return fires;
         }
         let fires = self
             .per_caller_pressure(bucket)
             .is_some_and(|share| share > rule.retry_share());
-        let fresh = Verdict::new(bucket, requests, fires);
+        let fresh = CallerVerdict::new(bucket, requests, fires);
         self.verdict.store(fresh.pack(), Ordering::Relaxed);
         fires
     }
@@ -341,13 +342,13 @@ impl<C: Clock> fmt::Debug for CallerLedger<C> {
 /// bits), the window's requests when it was computed (31 bits, saturating; 0 means none
 /// kept) and the verdict (lowest bit).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-struct Verdict {
+struct CallerVerdict {
     bucket: u32,
     requests: u64,
     fires: bool,
 }
 
-impl Verdict {
+impl CallerVerdict {
     const REQUESTS_MAX: u64 = (1 << 31) - 1;
 
     fn new(bucket: u64, requests: u64, fires: bool) -> Self {
@@ -505,8 +506,8 @@ mod tests {
 
     #[test]
     fn a_kept_verdict_holds_within_a_bucket_and_a_sixteenth() {
-        let v = Verdict::new(7, 1600, true);
-        assert_eq!(Verdict::unpack(v.pack()), v);
+        let v = CallerVerdict::new(7, 1600, true);
+        assert_eq!(CallerVerdict::unpack(v.pack()), v);
         assert_eq!(v.reuse(7, 1600), Some(true));
         assert_eq!(v.reuse(7, 1700), Some(true));
         assert_eq!(v.reuse(7, 1701), None, "grown by more than a sixteenth");
@@ -517,12 +518,12 @@ mod tests {
             "fewer requests: not the same window"
         );
         // Nothing kept yet.
-        assert_eq!(Verdict::unpack(0).reuse(0, 0), None);
-        assert_eq!(Verdict::unpack(0).reuse(0, 5), None);
+        assert_eq!(CallerVerdict::unpack(0).reuse(0, 0), None);
+        assert_eq!(CallerVerdict::unpack(0).reuse(0, 5), None);
         // Small windows are judged afresh on every new request.
-        assert_eq!(Verdict::new(3, 15, false).reuse(3, 16), None);
-        let big = Verdict::new(u64::MAX, u64::MAX, false);
-        assert_eq!(Verdict::unpack(big.pack()), big);
+        assert_eq!(CallerVerdict::new(3, 15, false).reuse(3, 16), None);
+        let big = CallerVerdict::new(u64::MAX, u64::MAX, false);
+        assert_eq!(CallerVerdict::unpack(big.pack()), big);
     }
 
     #[test]

@@ -10,7 +10,7 @@ use http::Response;
 use pin_project_lite::pin_project;
 
 use super::callers::Caller;
-use super::shared::Shared;
+use super::state::SignalState;
 use crate::propagation::{self, Scoped};
 use crate::protocol::Protocol;
 use overload_core::clock::{Clock, TokioClock};
@@ -24,7 +24,7 @@ pin_project! {
         inner: Scoped<F>,
         protocol: Protocol,
         caller: Caller,
-        shared: Arc<Shared<C>>,
+        state: Arc<SignalState<C>>,
     }
 }
 
@@ -33,13 +33,13 @@ impl<F, C: Clock> ResponseFuture<F, C> {
         inner: Scoped<F>,
         protocol: Protocol,
         caller: Caller,
-        shared: Arc<Shared<C>>,
+        state: Arc<SignalState<C>>,
     ) -> Self {
         Self {
             inner,
             protocol,
             caller,
-            shared,
+            state,
         }
     }
 }
@@ -65,7 +65,7 @@ where
         let result = ready!(this.inner.as_mut().poll(cx));
         let downstream_stop = propagation::stop_received(this.inner);
         Poll::Ready(result.map(|r| {
-            this.shared
+            this.state
                 .respond(r, *this.protocol, downstream_stop, *this.caller)
         }))
     }

@@ -4,12 +4,15 @@ use std::sync::Arc;
 use http::request::Parts;
 use tower_layer::Layer;
 
-use super::StopRule;
-use super::callers::{self, CallerKey, KeyHashing, PeerIp, TrustFn};
-use super::service::OverloadSignal;
-use super::shared::Shared;
-use crate::histogram::AttemptHistogram;
+use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
+use overload_core::telemetry::LayerName;
+
+use super::callers::{self, CallerKey};
+use super::rule::StopRule;
+use super::service::OverloadSignal;
+use super::state::{SignalSettings, SignalState};
+use crate::histogram::AttemptHistogram;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
 /// rejections into the stop signal when the fleet is drowning in retries, and propagates a
@@ -25,12 +28,14 @@ use overload_core::clock::{Clock, TokioClock};
 ///   the SRE book's retry-budget window;
 /// - the default [`StopRule`]: retry pressure above 5 % (half the usual 10 % client budget)
 ///   with at least 200 requests in the window, sustained while the server keeps rejecting;
-/// - callers keyed by their peer's IP address ([`PeerIp`]), each caller class weighing at
-///   most as much as the median class in the decision (see the
+/// - callers keyed by their peer's IP address ([`PeerIp`](super::PeerIp)), each caller class
+///   weighing at most as much as the median class in the decision (see the
 ///   [module docs](crate::signal#trust-what-callers-can-and-cannot-do));
-/// - every caller's attempt counter counts (no trust predicate).
+/// - every caller's attempt counter counts (no trust predicate);
+/// - named `"default"` ([`LayerName::DEFAULT`]) in its metrics and logs: name each layer
+///   when a process has more than one.
 pub struct OverloadSignalLayer<C: Clock = TokioClock> {
-    shared: Arc<Shared<C>>,
+    state: Arc<SignalState<C>>,
 }
 
 impl OverloadSignalLayer {
@@ -47,19 +52,18 @@ impl OverloadSignalLayer {
     pub const CALLER_CLASSES: usize = callers::CLASSES;
 
     /// A layer with the defaults: the default [`AttemptHistogram`] and [`StopRule`], callers
-    /// keyed by [`PeerIp`], no trust predicate.
+    /// keyed by [`PeerIp`](super::PeerIp), no trust predicate, named `"default"`.
     pub fn new() -> Self {
-        Self::builder().build()
+        Self {
+            state: Arc::new(SignalState::new(SignalSettings::new())),
+        }
     }
 
     /// A builder that starts from the defaults.
     pub fn builder() -> OverloadSignalLayerBuilder {
         OverloadSignalLayerBuilder {
-            histogram: AttemptHistogram::new(),
-            rule: StopRule::new(),
-            key: Arc::new(PeerIp),
-            trust: None,
-            hashing: KeyHashing::random(),
+            name: None,
+            settings: SignalSettings::new(),
         }
     }
 }
@@ -74,19 +78,24 @@ impl Default for OverloadSignalLayer {
 impl<C: Clock> OverloadSignalLayer<C> {
     /// The histogram this layer records into.
     pub fn histogram(&self) -> &AttemptHistogram<C> {
-        &self.shared.histogram
+        &self.state.histogram
     }
 
     /// The rule this layer decides with.
     pub fn rule(&self) -> &StopRule {
-        &self.shared.rule
+        &self.state.rule
+    }
+
+    /// The layer's name: the `name` label of its metrics and the `name` field of its logs.
+    pub fn name(&self) -> &LayerName {
+        self.state.name()
     }
 }
 
 impl<C: Clock> Clone for OverloadSignalLayer<C> {
     fn clone(&self) -> Self {
         Self {
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -94,9 +103,10 @@ impl<C: Clock> Clone for OverloadSignalLayer<C> {
 impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadSignalLayer")
-            .field("histogram", &self.shared.histogram)
-            .field("rule", &self.shared.rule)
-            .field("trust", &self.shared.callers.has_trust())
+            .field("name", self.state.name())
+            .field("histogram", &self.state.histogram)
+            .field("rule", &self.state.rule)
+            .field("trust", &self.state.callers.has_trust())
             .finish_non_exhaustive()
     }
 }
@@ -105,22 +115,31 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
     type Service = OverloadSignal<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        OverloadSignal::from_shared(inner, Arc::clone(&self.shared))
+        OverloadSignal::from_state(inner, Arc::clone(&self.state))
     }
 }
 
-/// Builds an [`OverloadSignalLayer`] from a histogram and a rule, both already validated, a
-/// caller key and a trust predicate; each starts at its default. [`build`](Self::build)
-/// cannot fail.
+/// Builds an [`OverloadSignalLayer`] from a name, a histogram and a rule (both already
+/// validated), a caller key and a trust predicate; each starts at its default.
+/// [`build`](Self::build) checks the name.
 pub struct OverloadSignalLayerBuilder<C: Clock = TokioClock> {
-    histogram: AttemptHistogram<C>,
-    rule: StopRule,
-    key: Arc<dyn CallerKey>,
-    trust: Option<Arc<TrustFn>>,
-    hashing: KeyHashing,
+    /// The name as set, checked by `build`; `None`: the default.
+    name: Option<String>,
+    settings: SignalSettings<C>,
 }
 
 impl<C: Clock> OverloadSignalLayerBuilder<C> {
+    /// What the layer calls itself: the label `name` of every metric it writes, and the
+    /// field `name` of every state change it logs, so that two layers in one process (two
+    /// listeners, a public and an internal router) are told apart. Default: `"default"`
+    /// ([`LayerName::DEFAULT`]): name your layers when a process has more than one.
+    ///
+    /// Must be 1 to 128 bytes of printable ASCII; [`build`](Self::build) checks it.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// The histogram to record into. Default: [`AttemptHistogram::new`] (10 seconds in 10
     /// buckets, on tokio's clock).
     ///
@@ -131,31 +150,29 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         histogram: AttemptHistogram<C2>,
     ) -> OverloadSignalLayerBuilder<C2> {
         OverloadSignalLayerBuilder {
-            histogram,
-            rule: self.rule,
-            key: self.key,
-            trust: self.trust,
-            hashing: self.hashing,
+            name: self.name,
+            settings: self.settings.with_histogram(histogram),
         }
     }
 
     /// The rule that decides when a rejection becomes the stop signal. Default:
     /// [`StopRule::new`] (retry pressure above 5 % with at least 200 requests, sustained).
     pub fn rule(mut self, rule: StopRule) -> Self {
-        self.rule = rule;
+        self.settings.rule = rule;
         self
     }
 
     /// What identifies a request's caller: a [`CallerKey`], such as a closure
-    /// `|parts: &Parts| -> Option<K>`. Default: [`PeerIp`], the peer's IP address from a
-    /// `SocketAddr` request extension (or, with the `axum` feature, axum's `ConnectInfo`).
+    /// `|parts: &Parts| -> Option<K>`. Default: [`PeerIp`](super::PeerIp), the peer's IP
+    /// address from a `SocketAddr` request extension (or, with the `axum` feature, axum's
+    /// `ConnectInfo`).
     ///
     /// The layer hashes keys into [`OverloadSignalLayer::CALLER_CLASSES`] classes and
     /// bounds what one class weighs in the decision, so that no small set of callers can make
     /// it (see the [module docs](crate::signal#trust-what-callers-can-and-cannot-do)).
     /// Requests without a key form one class of their own; the first one is logged at `WARN`.
     pub fn key_by<K: CallerKey>(mut self, key: K) -> Self {
-        self.key = Arc::new(key);
+        self.settings.key = Arc::new(key);
         self
     }
 
@@ -181,14 +198,15 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     ///             std::net::IpAddr::V6(_) => false,
     ///         })
     ///     })
-    ///     .build();
+    ///     .build()?;
     /// # drop(layer);
+    /// # Ok::<(), overload_core::ConfigError>(())
     /// ```
     pub fn trust<F>(mut self, trust: F) -> Self
     where
         F: Fn(&Parts) -> bool + Send + Sync + 'static,
     {
-        self.trust = Some(Arc::new(trust));
+        self.settings.trust = Some(Arc::new(trust));
         self
     }
 
@@ -197,30 +215,34 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// every run. Never in production: a caller who knows the key can aim at a class.
     #[cfg(any(test, feature = "test-util"))]
     pub fn caller_seed(mut self, seed: u64) -> Self {
-        self.hashing = KeyHashing::Seeded(seed);
+        self.settings.hashing = callers::KeyHashing::Seeded(seed);
         self
     }
 
     /// Builds the layer.
-    pub fn build(self) -> OverloadSignalLayer<C> {
-        OverloadSignalLayer {
-            shared: Arc::new(Shared::new(
-                self.histogram,
-                self.rule,
-                self.key,
-                self.trust,
-                self.hashing,
-            )),
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] for the setting `name` when the name is empty, longer than 128
+    /// bytes, or holds anything but printable ASCII. Every other setting was checked when
+    /// it was built.
+    pub fn build(mut self) -> Result<OverloadSignalLayer<C>, ConfigError> {
+        if let Some(name) = self.name {
+            self.settings.name = LayerName::new(name)?;
         }
+        Ok(OverloadSignalLayer {
+            state: Arc::new(SignalState::new(self.settings)),
+        })
     }
 }
 
 impl<C: Clock> fmt::Debug for OverloadSignalLayerBuilder<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadSignalLayerBuilder")
-            .field("histogram", &self.histogram)
-            .field("rule", &self.rule)
-            .field("trust", &self.trust.is_some())
+            .field("name", &self.name)
+            .field("histogram", &self.settings.histogram)
+            .field("rule", &self.settings.rule)
+            .field("trust", &self.settings.trust.is_some())
             .finish_non_exhaustive()
     }
 }

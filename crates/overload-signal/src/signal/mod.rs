@@ -36,7 +36,8 @@
 //!
 //! Customised: a 30-second window in 30 buckets, read with the coarse clock; the stop signal
 //! above 10 % of at least 500 requests; callers keyed by an identity an authentication layer
-//! put in the request, and only the counters of callers inside the private network trusted:
+//! put in the request, and only the counters of callers inside the private network trusted;
+//! named `public-api` in its metrics and logs:
 //!
 //! ```
 //! use std::net::{IpAddr, SocketAddr};
@@ -63,7 +64,8 @@
 //!             IpAddr::V6(_) => false,
 //!         })
 //!     })
-//!     .build();
+//!     .name("public-api")
+//!     .build()?;
 //! # drop(layer);
 //! # Ok::<(), overload_core::ConfigError>(())
 //! ```
@@ -264,20 +266,51 @@
 //!
 //! # Metrics
 //!
-//! Emitted through the [`metrics`](https://docs.rs/metrics) facade; see the
-//! [crate docs](crate#metrics) for the names. The layer registers its metric handles once,
-//! on first use (its first request, or the first response it decides), and keeps them: no
-//! registry lookup per request. Install the recorder before the server takes traffic; a
-//! recorder installed after the first request does not receive this layer's metrics. (Not
-//! when the layer is built: applications often build their router before they install the
-//! recorder, and a handle registered then would stay a no-op.)
+//! Emitted through the [`metrics`](https://docs.rs/metrics) facade, every one labelled
+//! `name` with the layer's [name](OverloadSignalLayerBuilder::name); see the
+//! [crate docs](crate#metrics) for the list. The layer registers its metric handles on its
+//! **first request** and keeps them: no registry lookup per request. Install the recorder
+//! before the server takes traffic; a recorder installed after the first request does not
+//! receive this layer's metrics. (Not when the layer is built: applications often build
+//! their router before they install the recorder, and a handle registered then would stay a
+//! no-op.)
+//!
+//! The window gauges describe the window that ended with the previous bucket (whole
+//! buckets, so the figures are stable). They are set by the first request of each bucket
+//! and, from the layer's first request on, by a task that wakes every bucket (1 second by
+//! default) for as long as the layer lives: when traffic stops they fall to the empty
+//! window's figures (0) once the last request's bucket has left the window, at most one
+//! window and two buckets after that request (12 seconds by default). Without a tokio
+//! runtime the task cannot start, and the gauges move only with requests.
+//!
+//! # Logs
+//!
+//! Through [`tracing`](https://docs.rs/tracing); this crate never installs a subscriber.
+//! State changes are logged once each, never per request, with the layer's name in the
+//! field `name`:
+//!
+//! - `WARN` **stop signal engaged**: the first rejection the rule turns into the stop signal
+//!   after a quiet spell, with what it judged: `scope` (`server` or `caller`), `retry_share`
+//!   (the share the rule compared: the retry pressure when it is sustained), `requests` and
+//!   `threshold`;
+//! - `INFO` **stop signal disengaged**: no rejection has been turned into the stop signal
+//!   for one window of the histogram (10 seconds by default), with how long the episode
+//!   `lasted` (from its first stop signal to its last). Checked every bucket by the task
+//!   above;
+//! - `WARN` once per layer: the first request without a caller key (see
+//!   [Trust](#trust-what-callers-can-and-cannot-do)).
+//!
+//! Stop signals passed up from a downstream tier (propagation) are counted, not logged
+//! above `DEBUG`: the tier that decided logs its own episode.
 
 mod callers;
 pub mod future;
 mod layer;
 mod rule;
+mod scope;
 mod service;
-mod shared;
+mod state;
+mod telemetry;
 
 #[cfg(test)]
 mod tests;
@@ -285,48 +318,5 @@ mod tests;
 pub use callers::{CallerKey, PeerIp};
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
 pub use rule::{StopRule, StopRuleBuilder};
+pub use scope::RejectionScope;
 pub use service::OverloadSignal;
-
-/// Whom a rejection concerns: the limiter that rejects says so in the response's extensions,
-/// and the [`OverloadSignalLayer`] judges the rejection accordingly.
-///
-/// - [`Server`](Self::Server) (also what a rejection without this extension is): the server
-///   as a whole is over its limit (a global rate limit, a load shedder, an adaptive
-///   concurrency limit). The layer judges the whole server's window, with each caller
-///   class's weight bounded, and answers with the stop signal when the fleet is drowning in
-///   retries.
-/// - [`Caller`](Self::Caller): the rejected caller is over its own limit (a keyed rate limit
-///   rejecting one client IP, API key or tenant). The server is not overloaded, and other
-///   callers' retries say nothing about this one, so the layer judges only the rejected
-///   caller's own class: the stop signal when that caller is the one drowning the server in
-///   retries, the plain rejection otherwise.
-///
-/// `ratelimit-layer` marks its keyed rejections `Caller`; a limiter of your own inserts the
-/// extension in the rejection it returns:
-///
-/// ```
-/// use http::{Response, StatusCode};
-/// use overload_signal::signal::RejectionScope;
-///
-/// let mut rejection = Response::new(());
-/// *rejection.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-/// rejection.extensions_mut().insert(RejectionScope::Caller);
-/// ```
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
-pub enum RejectionScope {
-    /// The server as a whole is over its limit. The default.
-    #[default]
-    Server = 0,
-    /// The rejected caller is over its own limit.
-    Caller = 1,
-}
-
-impl RejectionScope {
-    /// The `scope` label of the layer's metrics: `server` or `caller`.
-    pub const fn as_str(self) -> &'static str {
-        match self {
-            Self::Server => "server",
-            Self::Caller => "caller",
-        }
-    }
-}

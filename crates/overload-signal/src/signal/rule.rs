@@ -149,12 +149,17 @@ impl StopRule {
     /// [retry share](AttemptSnapshot::retry_share) if the rule is not
     /// [sustained](Self::sustain)) strictly above [`retry_share`](Self::retry_share).
     pub fn should_stop(&self, window: &AttemptSnapshot) -> bool {
-        let share = if self.sustain {
+        self.fires(window.total(), self.judged_share(window))
+    }
+
+    /// The figure of `window` the rule compares with its threshold: the retry pressure when
+    /// it is sustained, the retry share otherwise; `None` for an empty window.
+    pub(crate) fn judged_share(&self, window: &AttemptSnapshot) -> Option<f64> {
+        if self.sustain {
             window.retry_pressure()
         } else {
             window.retry_share()
-        };
-        self.fires(window.total(), share)
+        }
     }
 
     /// The rule on bare figures: `requests` in the window, and the share of them that count

@@ -5,14 +5,15 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::StopRule;
-use super::callers::{KeyHashing, PeerIp};
+use overload_core::clock::{Clock, TokioClock};
+use overload_core::telemetry::LayerName;
+
 use super::future::ResponseFuture;
-use super::shared::Shared;
+use super::rule::StopRule;
+use super::state::{SignalSettings, SignalState};
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::Protocol;
-use overload_core::clock::{Clock, TokioClock};
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.
@@ -22,7 +23,7 @@ use overload_core::clock::{Clock, TokioClock};
 /// response. `C` is the histogram's clock.
 pub struct OverloadSignal<S, C: Clock = TokioClock> {
     inner: S,
-    shared: Arc<Shared<C>>,
+    state: Arc<SignalState<C>>,
 }
 
 impl<S> OverloadSignal<S> {
@@ -34,34 +35,32 @@ impl<S> OverloadSignal<S> {
     /// Prefer [`OverloadSignalLayer`](super::OverloadSignalLayer): the services one layer
     /// makes share one histogram, so they judge the whole server's traffic.
     pub fn new(inner: S) -> Self {
-        Self::from_shared(
-            inner,
-            Arc::new(Shared::new(
-                AttemptHistogram::new(),
-                StopRule::new(),
-                Arc::new(PeerIp),
-                None,
-                KeyHashing::random(),
-            )),
-        )
+        Self::from_state(inner, Arc::new(SignalState::new(SignalSettings::new())))
     }
 }
 
 impl<S, C: Clock> OverloadSignal<S, C> {
-    pub(super) fn from_shared(inner: S, shared: Arc<Shared<C>>) -> Self {
-        Self { inner, shared }
+    pub(super) fn from_state(inner: S, state: Arc<SignalState<C>>) -> Self {
+        Self { inner, state }
     }
 
     overload_core::define_inner_service_accessors!();
 
     /// The histogram this middleware records into.
     pub fn histogram(&self) -> &AttemptHistogram<C> {
-        &self.shared.histogram
+        &self.state.histogram
     }
 
     /// The rule this middleware decides with.
     pub fn rule(&self) -> &StopRule {
-        &self.shared.rule
+        &self.state.rule
+    }
+
+    /// The name of the layer this middleware belongs to (`"default"` for
+    /// [`OverloadSignal::new`]): the `name` label of its metrics and the `name` field of its
+    /// logs.
+    pub fn name(&self) -> &LayerName {
+        self.state.name()
     }
 }
 
@@ -69,7 +68,7 @@ impl<S: Clone, C: Clock> Clone for OverloadSignal<S, C> {
     fn clone(&self) -> Self {
         Self {
             inner: self.inner.clone(),
-            shared: Arc::clone(&self.shared),
+            state: Arc::clone(&self.state),
         }
     }
 }
@@ -78,8 +77,9 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for OverloadSignal<S, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadSignal")
             .field("inner", &self.inner)
-            .field("histogram", &self.shared.histogram)
-            .field("rule", &self.shared.rule)
+            .field("name", self.state.name())
+            .field("histogram", &self.state.histogram)
+            .field("rule", &self.state.rule)
             .finish()
     }
 }
@@ -104,9 +104,9 @@ where
         let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.
-        let caller = self.shared.record(&parts);
+        let caller = self.state.record(&parts);
         let request = Request::from_parts(parts, body);
         let inner = propagation::scope(self.inner.call(request));
-        ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.shared))
+        ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.state))
     }
 }

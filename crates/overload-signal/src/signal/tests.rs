@@ -10,12 +10,14 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{Service, ServiceExt, service_fn};
 
-use super::shared::Shared;
+use super::state::{SignalSettings, SignalState};
 use super::*;
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::metric_names;
 use crate::propagation;
 use crate::protocol::{self, Attempt, Protocol};
+
+mod telemetry_tests;
 
 type Body = Full<Bytes>;
 
@@ -29,7 +31,7 @@ fn rule(share: f64, min: u64) -> StopRule {
 
 /// A layer with the default histogram and `rule`.
 fn layer_with(rule: StopRule) -> OverloadSignalLayer {
-    OverloadSignalLayer::builder().rule(rule).build()
+    OverloadSignalLayer::builder().rule(rule).build().unwrap()
 }
 
 fn request(attempt: Option<u32>) -> Request<Body> {
@@ -216,7 +218,8 @@ async fn storm_ends_when_the_window_slides_past_it() {
     let layer = OverloadSignalLayer::builder()
         .histogram(histogram)
         .rule(rule(0.1, 10))
-        .build();
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     send(&mut svc, 30, &[Some(1)]).await;
     assert!(protocol::is_stop_signal(
@@ -516,15 +519,14 @@ fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'
     &found[0].2
 }
 
-/// A `Shared` with the default histogram, `rule`, the default key and no trust predicate.
-fn shared_with(rule: StopRule) -> Shared {
-    Shared::new(
-        AttemptHistogram::new(),
+/// A layer's state with the default histogram, `rule`, the default key and no trust
+/// predicate.
+fn shared_with(rule: StopRule) -> Arc<SignalState> {
+    Arc::new(SignalState::new(SignalSettings {
         rule,
-        Arc::new(PeerIp),
-        None,
-        callers::KeyHashing::Seeded(1),
-    )
+        hashing: callers::KeyHashing::Seeded(1),
+        ..SignalSettings::new()
+    }))
 }
 
 /// A request head with attempt counter `attempt`, from peer `peer` if given.
@@ -733,7 +735,8 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
     // alone turned the honest callers' rejections into the stop signal.
     let unkeyed = OverloadSignalLayer::builder()
         .key_by(|_: &http::request::Parts| None::<()>)
-        .build();
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&unkeyed, answering(http_429));
     let (honest, _) = forged_storm(&mut svc).await;
     assert!(
@@ -742,7 +745,10 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
     );
 
     // Keyed by peer address (the default): the forger weighs as one caller of 71.
-    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let layer = OverloadSignalLayer::builder()
+        .caller_seed(7)
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     let (honest, forger) = forged_storm(&mut svc).await;
     assert_eq!(honest.stopped, 0, "{honest:?}");
@@ -759,7 +765,10 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
 #[tokio::test(start_paused = true)]
 async fn a_storm_from_many_callers_still_makes_the_server_say_stop() {
     // The same 70 callers, each retrying its rejected requests twice (attempts 0, 1, 2).
-    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let layer = OverloadSignalLayer::builder()
+        .caller_seed(7)
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     let mut answers = Answers::default();
     for _ in 0..5 {
@@ -781,7 +790,10 @@ async fn a_storm_from_many_callers_still_makes_the_server_say_stop() {
 async fn caller_scoped_rejections_are_judged_on_the_callers_own_class() {
     // A keyed limit rejects both the forger and the honest callers (each over its own
     // quota), and says so: only the forger, whose own traffic is all retries, is told to stop.
-    let layer = OverloadSignalLayer::builder().caller_seed(7).build();
+    let layer = OverloadSignalLayer::builder()
+        .caller_seed(7)
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(|| caller_scoped(http_429())));
     let (honest, forger) = forged_storm(&mut svc).await;
     assert_eq!(honest.stopped, 0, "{honest:?}");
@@ -801,7 +813,8 @@ async fn untrusted_callers_counters_do_not_count() {
             )
         })
         .key_by(|_: &http::request::Parts| None::<()>)
-        .build();
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     let (honest, forger) = forged_storm(&mut svc).await;
     assert_eq!((honest.stopped, forger.stopped), (0, 0));
@@ -903,7 +916,8 @@ async fn an_unsustained_stop_signal_lapses_when_callers_obey() {
     // signal lapses, their retries come back, and so on.
     let layer = OverloadSignalLayer::builder()
         .rule(StopRule::builder().sustain(false).build().unwrap())
-        .build();
+        .build()
+        .unwrap();
     let mut svc = tower::Layer::layer(&layer, rejecting_tagged());
     let (retries, stops) = obeying_callers(&mut svc, 30, 0.6).await;
     assert!(stops[2..].contains(&60), "{stops:?}");

@@ -3,118 +3,159 @@
 //! Its own module so that the service (which records) and the response future (which
 //! decides) both depend on it and not on each other.
 
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Response, StatusCode};
-use metrics::{Counter, Gauge};
-
-use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn};
-use super::{RejectionScope, StopRule};
-use crate::histogram::{AttemptClass, AttemptHistogram, AttemptSnapshot};
-use crate::metric_names;
-use crate::protocol::{self, Protocol};
 use overload_core::clock::{Clock, TokioClock};
-use overload_core::sync::{AtomicU64, Ordering};
+use overload_core::sync::{AtomicBool, AtomicU64, Ordering};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
 
-/// What every service made by one layer shares.
-pub(crate) struct Shared<C: Clock = TokioClock> {
+use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, PeerIp, TrustFn};
+use super::rule::StopRule;
+use super::scope::RejectionScope;
+use super::telemetry::{SignalMetrics, StopTrigger, log_disengaged, log_engaged};
+use crate::histogram::{AttemptClass, AttemptHistogram};
+use crate::protocol::{self, Protocol};
+
+/// What every service made by one layer shares: the histogram, the rule, the caller
+/// ledger, and what the layer reports.
+pub(crate) struct SignalState<C: Clock = TokioClock> {
     pub(super) histogram: AttemptHistogram<C>,
     pub(super) rule: StopRule,
     pub(super) callers: CallerLedger<C>,
     /// One past the bucket whose window was last exported as gauges (0: never).
     exported: AtomicU64,
-    /// The metric handles, registered on first use.
-    metrics: OnceLock<Handles>,
+    /// The metric handles, registered on the first request.
+    metrics: LazyMetrics<SignalMetrics>,
+    /// The layer answering rejections with the stop signal because its rule fired.
+    stopping: Episode,
+    /// Whether the ticker that keeps the gauges true and ends the episode runs.
+    ticking: AtomicBool,
 }
 
-/// The layer's metric handles.
-///
-/// NOTE: registered on first use (the first request, or the first response decided,
-/// whichever comes first), not when the layer is built: an application often builds its
-/// router before it installs its recorder, and a handle registered before the recorder is
-/// installed is a no-op for good. A recorder installed after the first request does not
-/// receive this layer's metrics.
-struct Handles {
-    /// Indexed by scope: server, caller.
-    stop_signals: [Counter; 2],
-    rejections_passed: [Counter; 2],
-    propagated_marker: Counter,
-    propagated_response: Counter,
-    window_requests: [Gauge; AttemptClass::ALL.len()],
-    window_retry_share: Gauge,
-    window_retry_pressure: Gauge,
-    window_per_caller_pressure: Gauge,
+/// How a layer is put together: what its builder sets.
+pub(crate) struct SignalSettings<C: Clock = TokioClock> {
+    pub(crate) name: LayerName,
+    pub(crate) histogram: AttemptHistogram<C>,
+    pub(crate) rule: StopRule,
+    pub(crate) key: Arc<dyn CallerKey>,
+    pub(crate) trust: Option<Arc<TrustFn>>,
+    pub(crate) hashing: KeyHashing,
 }
 
-impl Handles {
-    fn register() -> Self {
-        let scoped = |name: &'static str| {
-            [
-                metrics::counter!(name, "scope" => "server"),
-                metrics::counter!(name, "scope" => "caller"),
-            ]
-        };
+impl SignalSettings {
+    /// The defaults: named `"default"`, the default histogram and rule, callers keyed by
+    /// their peer address, hashed with a random key, every caller trusted.
+    pub(crate) fn new() -> Self {
         Self {
-            stop_signals: scoped(metric_names::STOP_SIGNALS),
-            rejections_passed: scoped(metric_names::REJECTIONS_PASSED),
-            propagated_marker: metrics::counter!(metric_names::PROPAGATED, "via" => "marker"),
-            propagated_response: metrics::counter!(metric_names::PROPAGATED, "via" => "response"),
-            window_requests: AttemptClass::ALL.map(
-                |class| metrics::gauge!(metric_names::WINDOW_REQUESTS, "attempt" => class.label()),
-            ),
-            window_retry_share: metrics::gauge!(metric_names::WINDOW_RETRY_SHARE),
-            window_retry_pressure: metrics::gauge!(metric_names::WINDOW_RETRY_PRESSURE),
-            window_per_caller_pressure: metrics::gauge!(metric_names::WINDOW_PER_CALLER_PRESSURE),
+            name: LayerName::default(),
+            histogram: AttemptHistogram::new(),
+            rule: StopRule::new(),
+            key: Arc::new(PeerIp),
+            trust: None,
+            hashing: KeyHashing::random(),
         }
-    }
-
-    fn export(&self, window: &AttemptSnapshot, per_caller: Option<f64>) {
-        for (gauge, class) in self.window_requests.iter().zip(AttemptClass::ALL) {
-            // u64 -> f64 loses precision only above 2^53 requests.
-            gauge.set(window.count(class) as f64);
-        }
-        self.window_retry_share
-            .set(window.retry_share().unwrap_or(0.0));
-        self.window_retry_pressure
-            .set(window.retry_pressure().unwrap_or(0.0));
-        self.window_per_caller_pressure
-            .set(per_caller.unwrap_or(0.0));
     }
 }
 
-impl<C: Clock> Shared<C> {
-    pub(super) fn new(
-        histogram: AttemptHistogram<C>,
-        rule: StopRule,
-        key: Arc<dyn CallerKey>,
-        trust: Option<Arc<TrustFn>>,
-        hashing: KeyHashing,
-    ) -> Self {
+impl<C: Clock> SignalSettings<C> {
+    /// These settings with another histogram (and its clock).
+    pub(crate) fn with_histogram<C2: Clock>(
+        self,
+        histogram: AttemptHistogram<C2>,
+    ) -> SignalSettings<C2> {
+        SignalSettings {
+            name: self.name,
+            histogram,
+            rule: self.rule,
+            key: self.key,
+            trust: self.trust,
+            hashing: self.hashing,
+        }
+    }
+}
+
+impl<C: Clock> SignalState<C> {
+    pub(super) fn new(settings: SignalSettings<C>) -> Self {
+        let SignalSettings {
+            name,
+            histogram,
+            rule,
+            key,
+            trust,
+            hashing,
+        } = settings;
         Self {
             callers: CallerLedger::new(&histogram, key, trust, hashing),
             histogram,
             rule,
             exported: AtomicU64::new(0),
-            metrics: OnceLock::new(),
+            metrics: LazyMetrics::new(name),
+            stopping: Episode::new(),
+            ticking: AtomicBool::new(false),
         }
     }
 
-    fn metrics(&self) -> &Handles {
-        self.metrics.get_or_init(Handles::register)
+    /// The layer's name: the `name` label of its metrics and the `name` field of its logs.
+    pub(super) fn name(&self) -> &LayerName {
+        self.metrics.name()
+    }
+
+    /// How long the layer must not have answered with the stop signal before its episode
+    /// is logged as over: one window of the histogram, the span over which the rule judges.
+    fn quiet_period(&self) -> std::time::Duration {
+        self.histogram.window()
     }
 
     /// Records a request: its attempt counter (if its caller is trusted) in the histogram,
-    /// and in its caller class.
-    pub(super) fn record(&self, parts: &Parts) -> Caller {
+    /// and in its caller class. On the layer's first request, registers the metrics and
+    /// starts the ticker.
+    pub(super) fn record(self: &Arc<Self>, parts: &Parts) -> Caller {
         let (attempt, lane) = self.callers.identify(parts);
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);
         let caller = self.callers.record(bucket, lane, class.is_retry());
-        // The first request of each bucket refreshes the window gauges, with the window
-        // that ended with the previous bucket (whole buckets, so the figure is stable).
+        if !self.ticking.load(Ordering::Relaxed) {
+            self.start_ticking();
+        }
+        self.export_window(bucket);
+        caller
+    }
+
+    /// Starts the ticker, on the first request (where a tokio runtime is current): every
+    /// bucket it re-exports the window gauges, so that they fall back to the empty window's
+    /// figures when traffic stops, and it ends the stop signal's episode once it has been
+    /// quiet for a window. Outside a runtime, the next request tries again.
+    #[cold]
+    fn start_ticking(self: &Arc<Self>) {
+        if self
+            .ticking
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        if !spawn_ticker(self, self.histogram.bucket_width(), Self::tick) {
+            self.ticking.store(false, Ordering::Release);
+        }
+    }
+
+    /// What the ticker does every bucket.
+    fn tick(&self) {
+        self.export_window(self.histogram.bucket_now());
+        let quiet = self.quiet_period();
+        if let Some(ended) = self.stopping.quiet_for(quiet, self.histogram.clock().now()) {
+            log_disengaged(self.name(), ended, quiet);
+        }
+    }
+
+    /// Sets the window gauges, once per bucket (by the first request of the bucket, or by
+    /// the ticker), with the window that ended with the previous bucket: whole buckets, so
+    /// the figure is stable.
+    fn export_window(&self, bucket: u64) {
         let mark = bucket + 1;
         let seen = self.exported.load(Ordering::Relaxed);
         if seen < mark
@@ -126,9 +167,8 @@ impl<C: Clock> Shared<C> {
             let last = bucket.saturating_sub(1);
             let window = self.histogram.snapshot_of(last);
             let per_caller = self.callers.per_caller_pressure(last);
-            self.metrics().export(&window, per_caller);
+            self.metrics.get().export_window(&window, per_caller);
         }
-        caller
     }
 
     /// The response to send, given the inner stack's and whether a downstream call made
@@ -149,16 +189,17 @@ impl<C: Clock> Shared<C> {
         if protocol::is_stop_signal(response.headers()) {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
             // (or an inner layer sent it). Pass it on.
-            self.metrics().propagated_response.increment(1);
+            self.metrics.get().propagated(false);
             return response;
         }
         if downstream_stop {
             tracing::debug!(
+                name = self.name().as_str(),
                 status = %response.status(),
                 "downstream call received the stop signal; propagating it"
             );
             rewrite_as_stop_signal(&mut response, protocol);
-            self.metrics().propagated_marker.increment(1);
+            self.metrics.get().propagated(true);
             return response;
         }
         if is_rejection(&response, protocol) {
@@ -168,19 +209,22 @@ impl<C: Clock> Shared<C> {
                 .get::<RejectionScope>()
                 .copied()
                 .unwrap_or_default();
-            let stop = match scope {
+            let trigger = match scope {
                 RejectionScope::Server => self.server_is_drowning(bucket),
                 RejectionScope::Caller => self.caller_is_drowning(bucket, caller),
             };
-            let scope_index = scope as usize;
-            if stop {
+            if let Some(trigger) = trigger {
                 tracing::debug!(
+                    name = self.name().as_str(),
                     status = %response.status(),
                     scope = scope.as_str(),
                     "rejection under high retry pressure; answering with the stop signal"
                 );
                 rewrite_as_stop_signal(&mut response, protocol);
-                self.metrics().stop_signals[scope_index].increment(1);
+                self.metrics.get().stop_signal(scope);
+                if self.stopping.seen(self.histogram.clock().now()) {
+                    log_engaged(self.name(), trigger, &self.rule);
+                }
                 if self.rule.sustain() && !caller.retry {
                     // NOTE: the retry this answer holds back keeps the pressure up (see
                     // `StopRule::sustain`); a retry is already counted as one.
@@ -188,29 +232,38 @@ impl<C: Clock> Shared<C> {
                     self.callers.record_stopped(bucket, caller);
                 }
             } else {
-                self.metrics().rejections_passed[scope_index].increment(1);
+                self.metrics.get().rejection_passed(scope);
             }
         }
         response
     }
 
     /// The rule on the whole server's window: its retry pressure, and the same with each
-    /// caller class's weight capped, both above the threshold.
-    fn server_is_drowning(&self, bucket: u64) -> bool {
+    /// caller class's weight capped, both above the threshold. What it judged when it fires.
+    fn server_is_drowning(&self, bucket: u64) -> Option<StopTrigger> {
         let window = self.histogram.snapshot_of(bucket);
         // NOTE: the plain rule first: it is cheap, and the per-caller figure is only ever
         // needed when it fires (per-caller accounting can prevent a stop signal, never cause
         // one).
-        self.rule.should_stop(&window)
+        let fires = self.rule.should_stop(&window)
             && self
                 .callers
-                .per_caller_fires(&self.rule, bucket, window.total())
+                .per_caller_fires(&self.rule, bucket, window.total());
+        fires.then(|| StopTrigger {
+            scope: RejectionScope::Server,
+            requests: window.total(),
+            retry_share: self.rule.judged_share(&window).unwrap_or(0.0),
+        })
     }
 
-    /// The rule on the rejected caller's own class.
-    fn caller_is_drowning(&self, bucket: u64, caller: Caller) -> bool {
+    /// The rule on the rejected caller's own class. What it judged when it fires.
+    fn caller_is_drowning(&self, bucket: u64, caller: Caller) -> Option<StopTrigger> {
         let (requests, pressure) = self.callers.class_pressure(bucket, caller);
-        self.rule.fires(requests, pressure)
+        self.rule.fires(requests, pressure).then(|| StopTrigger {
+            scope: RejectionScope::Caller,
+            requests,
+            retry_share: pressure.unwrap_or(0.0),
+        })
     }
 }
 

@@ -1,0 +1,408 @@
+//! The command line: the flags, their help, and the [`Plan`] they describe once checked.
+
+use std::net::SocketAddr;
+use std::num::NonZeroUsize;
+use std::time::Duration;
+
+use axum::extract::ConnectInfo;
+use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
+use clap::{Parser, ValueEnum};
+use demo_server::app::{ARTICLE_BURST, ARTICLE_RATE_LIMIT, MMC_BURST, MMC_RATE_LIMIT, Stack};
+use demo_server::downstream::Downstream;
+use demo_server::duration::parse_duration;
+use demo_server::model::{ArticleModel, LatencyModel, MmcModel};
+use demo_server::server::{Abandoned, ServerConfig};
+use demo_server::size::parse_size;
+use overload_signal::OverloadSignalLayer;
+use ratelimit_layer::AdaptiveLimitLayer;
+use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
+use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::redis::RedisStore;
+
+#[cfg(test)]
+mod tests;
+
+const ABOUT: &str = "A demo backend that behaves like an overloaded server.";
+
+const LONG_ABOUT: &str = "\
+A demo backend that behaves like an overloaded server, so retry storms and the layers that stop
+them can be watched with any HTTP client (curl, oha, the demo-client).
+
+GET /api is served by a latency model:
+  article  (default) 100 ms while at most 30 requests are inside, then
+           100ms * 1.05^((c - 30)/15) for c requests inside, re-evaluated every 50 ms
+           (the server of the article 'Exponential backoff, or how not to crash a server')
+  mmc      10 workers, exponential service time of mean 50 ms, one FIFO queue
+           (the M/M/10 server of the paper 'Handling overloads in distributed systems')
+  instant  answers at once (to measure what the layers cost)
+
+With --stack full (the default), an overload-signal layer and a rate limiter stand in front of
+the model: above --rate-limit requests are rejected at once with 429 Too Many Requests,
+Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
+were retries (the X-Request-Attempt header), rejections become 503 with
+X-Overloaded: stop-retrying.
+--stack adaptive puts the overload-signal layer in front of an adaptive concurrency limit
+instead: no rate configured, it finds the model's capacity from its latency and rejects above
+it with 503 Service Unavailable and Retry-After. --stack none serves the bare model.
+
+Other routes: GET /healthz (never limited), GET /metrics (Prometheus text), and with --admin
+GET and PUT /admin/capacity, the model's capacity (article: the knee; mmc: the workers),
+to change it while the server runs.
+Once a second a status line is printed on standard output. Ctrl-C (SIGINT) or SIGTERM stops
+the server after in-flight requests finish; a second Ctrl-C stops it at once.";
+
+const AFTER_HELP: &str = "\
+Examples:
+  demo-server                                  the article's server behind the full stack
+  demo-server --stack none                     the article's server, bare
+  demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
+  demo-server --stack adaptive --admin         no rate: the limit adapts; then halve the capacity:
+      curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
+  demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
+                                               a tier that calls the next one
+  oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
+  demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
+      --redis-local-share 0.33 --listen 127.0.0.1:8071
+                                               one of three servers sharing 300 req/s";
+
+/// The command line. Flag names are stable: people script against them.
+#[derive(Debug, Parser)]
+// NOTE: a flag given twice takes its last value, so a script (or `demo-client scenario`,
+// which passes --abandoned and --backlog before the user's own --server-arg values) can
+// override an earlier one.
+#[command(name = "demo-server", version, about = ABOUT, long_about = LONG_ABOUT, after_help = AFTER_HELP, args_override_self = true)]
+pub(crate) struct Cli {
+    /// Address to listen on.
+    #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
+    listen: SocketAddr,
+
+    /// What stands in front of the model: `full` (overload signal + rate limiter),
+    /// `adaptive` (overload signal + adaptive limit, no rate) or `none`.
+    #[arg(long, value_enum, default_value_t = StackArg::Full)]
+    stack: StackArg,
+
+    /// The latency model behind GET /api.
+    #[arg(long, value_enum, default_value_t = ModelArg::Article)]
+    model: ModelArg,
+
+    /// Rate limit, requests per second [default: 250 for article and instant, 183 for mmc].
+    ///
+    /// The article model's default keeps it under its 30-request knee: a token bucket admits
+    /// at most rate x T + burst requests in any T, so while requests last their 100 ms at
+    /// most 250 x 0.1 + 5 = 30 are inside. The mmc default is the paper's: 183 req/s keeps
+    /// the M/M/10 server's mean response time under 100 ms.
+    #[arg(long, value_name = "REQ_PER_S", value_parser = clap::value_parser!(u32).range(1..))]
+    rate_limit: Option<u32>,
+
+    /// Token bucket burst: requests admitted at once above the rate [default: 5 for article and
+    /// instant, 10 for mmc]. Not allowed with the window algorithms, whose burst is their
+    /// quota.
+    #[arg(long, value_name = "N", value_parser = clap::value_parser!(u32).range(1..))]
+    burst: Option<u32>,
+
+    /// Rate limiting algorithm.
+    #[arg(long, default_value_t = Algorithm::TokenBucket, value_parser = algorithm_parser())]
+    algorithm: Algorithm,
+
+    /// What the rate limit applies to: all requests together, or each client IP address.
+    #[arg(long, default_value_t = KeyBy::Global, value_parser = key_parser())]
+    key: KeyBy,
+
+    /// Call this URL (GET, through the retrying client stack) before answering each /api
+    /// request, to chain tiers: server -> server -> server.
+    #[arg(long, value_name = "URL")]
+    downstream: Option<http::Uri>,
+
+    /// article: delay at or below the knee.
+    #[arg(long, value_name = "DURATION", default_value = "100ms", value_parser = parse_duration, help_heading = "Article model")]
+    base_delay: Duration,
+
+    /// article: concurrency up to which the delay is flat.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 30,
+        help_heading = "Article model"
+    )]
+    knee: usize,
+
+    /// article: growth factor of the delay per --step requests above the knee.
+    #[arg(
+        long,
+        value_name = "FACTOR",
+        default_value_t = 1.05,
+        help_heading = "Article model"
+    )]
+    growth: f64,
+
+    /// article: requests above the knee per growth factor.
+    #[arg(
+        long,
+        value_name = "N",
+        default_value_t = 15,
+        help_heading = "Article model"
+    )]
+    step: usize,
+
+    /// article: how often a request re-evaluates its delay.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, help_heading = "Article model")]
+    tick: Duration,
+
+    /// article: the cap on the delay (the original simulation overflowed without one).
+    #[arg(long, value_name = "DURATION", default_value = "60s", value_parser = parse_duration, help_heading = "Article model")]
+    max_delay: Duration,
+
+    /// mmc: number of workers.
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(10).expect("not zero"), help_heading = "M/M/c model")]
+    workers: NonZeroUsize,
+
+    /// mmc: mean service time.
+    #[arg(long, value_name = "DURATION", default_value = "50ms", value_parser = parse_duration, help_heading = "M/M/c model")]
+    mean_service: Duration,
+
+    /// mmc: seed of the service times [default: random].
+    #[arg(long, value_name = "N", help_heading = "M/M/c model")]
+    seed: Option<u64>,
+
+    /// Length of the listen queue: connections the kernel accepts and holds while the server
+    /// does not take them (for instance while it is stopped with SIGSTOP). The default is Go's
+    /// (the article's server): net.core.somaxconn, 4096 on current Linux, which also caps
+    /// larger values. tokio's own default is 1024.
+    #[arg(long, value_name = "N", default_value_t = 4096, value_parser = clap::value_parser!(u32).range(1..=65535))]
+    backlog: u32,
+
+    /// What to do with a request whose client went away. serve (the default): every request
+    /// that reached the server does its work to the end, as in the article's server and any
+    /// thread-pool server. cancel: the work stops when hyper sees the connection close
+    /// (hyper's behaviour), which makes the server much harder to collapse.
+    #[arg(long, value_enum, default_value_t = AbandonedArg::Serve)]
+    abandoned: AbandonedArg,
+
+    /// A connection without a request in progress must send a complete request head within
+    /// this time (from its accept, or from its previous response), or it is closed. Guards
+    /// against clients that hold connections with unfinished headers.
+    #[arg(long, value_name = "DURATION", default_value = "10s", value_parser = parse_duration, help_heading = "Limits")]
+    header_read_timeout: Duration,
+
+    /// Most connections open at once. At the cap, a new connection makes the server close
+    /// the one idle the longest (idle keep-alive, unfinished headers), so /healthz still
+    /// answers under a flood of slow connections. Lowered at startup, with a warning, to fit
+    /// the open-files limit with a tenth of it (at least 64 descriptors) kept for the rest;
+    /// the soft limit is first raised to the hard one, as Go's runtime does.
+    #[arg(long, value_name = "N", default_value_t = ServerConfig::DEFAULT_MAX_CONNECTIONS, help_heading = "Limits")]
+    max_connections: NonZeroUsize,
+
+    /// Longest --downstream response body read, in bytes (65536, 64KiB, 1MiB); a longer
+    /// one fails the call with 502 Bad Gateway. The default is Envoy's default buffer limit.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
+    max_downstream_body: usize,
+
+    /// Keep the rate limit in this Redis (redis://HOST:PORT[/DB]), shared by every
+    /// demo-server that uses it: one limit for the fleet.
+    #[arg(long, value_name = "URL", help_heading = "Fleet")]
+    redis_url: Option<String>,
+
+    /// The share of the limit this server applies on its own while Redis is away
+    /// (1/N for N servers) [default: 1].
+    #[arg(
+        long,
+        value_name = "FRACTION",
+        requires = "redis_url",
+        help_heading = "Fleet"
+    )]
+    redis_local_share: Option<f64>,
+
+    /// How long a decision may wait for Redis before the local share decides [default: 5ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
+    redis_budget: Option<Duration>,
+
+    /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
+    /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
+    /// reach the server could change it.
+    #[arg(long)]
+    admin: bool,
+
+    /// Do not print the status line.
+    #[arg(long)]
+    quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum AbandonedArg {
+    /// Finish its work; it keeps counting toward the concurrency.
+    Serve,
+    /// Stop working on it.
+    Cancel,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum StackArg {
+    /// Overload signal and rate limiter in front of the model.
+    Full,
+    /// Overload signal and an adaptive concurrency limit (no rate) in front of the model.
+    Adaptive,
+    /// The bare model.
+    None,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ModelArg {
+    /// The article's server.
+    Article,
+    /// The paper's M/M/c server.
+    Mmc,
+    /// No latency at all.
+    Instant,
+}
+
+/// `--algorithm`: the library's names, parsed by the library, listed with their help.
+fn algorithm_parser() -> impl TypedValueParser<Value = Algorithm> {
+    let values = Algorithm::ALL.map(|algorithm| {
+        PossibleValue::new(algorithm.as_str()).help(match algorithm {
+            Algorithm::TokenBucket => "Token bucket (GCRA): the rate, with bursts of --burst",
+            Algorithm::FixedWindow => "Fixed window of one second",
+            Algorithm::SlidingWindow => "Sliding window of one second",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<Algorithm>())
+}
+
+/// `--key`: the library's names, parsed by the library, listed with their help.
+fn key_parser() -> impl TypedValueParser<Value = KeyBy> {
+    let values = KeyBy::ALL.map(|key| {
+        PossibleValue::new(key.as_str()).help(match key {
+            KeyBy::Global => "One limit for all clients",
+            KeyBy::Ip => "One limit per client IP address",
+        })
+    });
+    PossibleValuesParser::new(values).try_map(|name| name.parse::<KeyBy>())
+}
+
+/// Everything the flags describe, validated.
+pub(crate) struct Plan {
+    pub(crate) listen: SocketAddr,
+    pub(crate) backlog: u32,
+    pub(crate) server: ServerConfig,
+    pub(crate) latency: LatencyModel,
+    pub(crate) stack: Stack,
+    pub(crate) downstream: Option<Downstream>,
+    pub(crate) admin: bool,
+    pub(crate) redis: Option<RedisStore>,
+    pub(crate) quiet: bool,
+}
+
+impl Cli {
+    /// Validates the flags; the error says which flag is wrong.
+    pub(crate) fn plan(&self) -> Result<Plan, String> {
+        let latency = match self.model {
+            ModelArg::Article => ArticleModel::builder()
+                .base(self.base_delay)
+                .knee(self.knee)
+                .growth(self.growth)
+                .step(self.step)
+                .tick(self.tick)
+                .max_delay(self.max_delay)
+                .build()
+                .map_err(|e| e.to_string())?
+                .into(),
+            ModelArg::Mmc => {
+                let mut b = MmcModel::builder()
+                    .workers(self.workers)
+                    .mean_service(self.mean_service);
+                if let Some(seed) = self.seed {
+                    b = b.seed(seed);
+                }
+                b.build().map_err(|e| e.to_string())?.into()
+            }
+            ModelArg::Instant => LatencyModel::Instant,
+        };
+        let redis = self.redis_config()?;
+        if redis.is_some() && self.stack != StackArg::Full {
+            return Err(format!(
+                "--redis-url keeps the rate limit of --stack full in Redis; --stack {} has none",
+                self.stack
+                    .to_possible_value()
+                    .map(|v| v.get_name().to_owned())
+                    .unwrap_or_default()
+            ));
+        }
+        let stack = match self.stack {
+            StackArg::None => Stack::None,
+            StackArg::Full => Stack::Full {
+                overload: OverloadSignalLayer::default(),
+                rate_limit: match &redis {
+                    None => self.rate_limit_config().layer().map(Into::into),
+                    Some(redis) => self.rate_limit_config().redis_layer(redis),
+                }
+                .map_err(|e| e.to_string())?,
+            },
+            StackArg::Adaptive => Stack::Adaptive {
+                overload: OverloadSignalLayer::default(),
+                adaptive: AdaptiveLimitLayer::new(),
+            },
+        };
+        let downstream = self
+            .downstream
+            .clone()
+            .map(|uri| Downstream::with_max_body(uri, self.max_downstream_body))
+            .transpose()
+            .map_err(|e| e.to_string())?;
+        let server = ServerConfig::builder()
+            .abandoned(match self.abandoned {
+                AbandonedArg::Cancel => Abandoned::Cancel,
+                AbandonedArg::Serve => Abandoned::Serve,
+            })
+            .header_read_timeout(self.header_read_timeout)
+            .max_connections(self.max_connections)
+            .build()
+            .map_err(|e| format!("--{}", e.to_string().replace('_', "-")))?;
+        Ok(Plan {
+            listen: self.listen,
+            backlog: self.backlog,
+            server,
+            latency,
+            stack,
+            downstream,
+            admin: self.admin,
+            redis: redis.map(|r| r.store),
+            quiet: self.quiet,
+        })
+    }
+
+    /// `--redis-url` and its settings, validated.
+    fn redis_config(&self) -> Result<Option<RedisConfig>, String> {
+        let Some(url) = &self.redis_url else {
+            return Ok(None);
+        };
+        let mut config = RedisConfig::new(RedisStore::new(url).map_err(|e| e.to_string())?);
+        if let Some(share) = self.redis_local_share {
+            config.local_share = share;
+        }
+        if let Some(budget) = self.redis_budget {
+            config.budget = budget;
+        }
+        Ok(Some(config))
+    }
+
+    fn rate_limit_config(&self) -> RateLimitConfig {
+        let (rate, burst) = match self.model {
+            ModelArg::Article | ModelArg::Instant => (ARTICLE_RATE_LIMIT, ARTICLE_BURST),
+            ModelArg::Mmc => (MMC_RATE_LIMIT, MMC_BURST),
+        };
+        let algorithm = self.algorithm;
+        let burst = match algorithm {
+            Algorithm::TokenBucket => Some(self.burst.unwrap_or(burst)),
+            // NOTE: an explicit --burst with a window algorithm is kept, so the limiter's
+            // own validation refuses it with its message.
+            Algorithm::FixedWindow | Algorithm::SlidingWindow => self.burst,
+        };
+        RateLimitConfig {
+            algorithm,
+            rate: self.rate_limit.unwrap_or(rate),
+            burst,
+            key: self.key,
+            client_ip: ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0)),
+            ..RateLimitConfig::default()
+        }
+    }
+}

@@ -1,0 +1,259 @@
+use clap::CommandFactory;
+
+use super::*;
+
+fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
+    Cli::try_parse_from(std::iter::once("demo-server").chain(args.iter().copied()))
+}
+
+#[test]
+fn the_command_line_is_consistent() {
+    Cli::command().debug_assert();
+}
+
+#[test]
+fn defaults_are_the_articles_server_behind_the_full_stack() {
+    let cli = parse(&[]).unwrap();
+    assert_eq!(cli.listen, "127.0.0.1:8070".parse().unwrap());
+    assert_eq!(cli.stack, StackArg::Full);
+    let plan = cli.plan().unwrap();
+    assert_eq!(plan.latency, LatencyModel::Article(ArticleModel::default()));
+    assert!(matches!(plan.stack, Stack::Full { .. }));
+    let rl = cli.rate_limit_config();
+    assert_eq!((rl.rate, rl.burst), (250, Some(5)));
+    assert_eq!(rl.algorithm, Algorithm::TokenBucket);
+    // The article's server: abandoned work served, Go's listen queue.
+    assert_eq!(plan.backlog, 4096);
+    assert_eq!(plan.server, ServerConfig::new());
+    assert_eq!(plan.server.abandoned(), Abandoned::Serve);
+    // Under hostile peers: headers within 10 s, 10 000 connections, 1 MiB bodies.
+    assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(10));
+    assert_eq!(plan.server.max_connections().get(), 10_000);
+    assert_eq!(cli.max_downstream_body, 1 << 20);
+}
+
+#[test]
+fn limits_reach_the_plan() {
+    let cli = parse(&[
+        "--abandoned",
+        "cancel",
+        "--header-read-timeout",
+        "2s",
+        "--max-connections",
+        "50",
+        "--max-downstream-body",
+        "64KiB",
+        "--downstream",
+        "http://127.0.0.1:9/api",
+    ])
+    .unwrap();
+    let plan = cli.plan().unwrap();
+    assert_eq!(plan.server.abandoned(), Abandoned::Cancel);
+    assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(2));
+    assert_eq!(plan.server.max_connections().get(), 50);
+    assert_eq!(plan.downstream.unwrap().max_body(), 64 * 1024);
+}
+
+#[test]
+fn a_later_flag_overrides_an_earlier_one() {
+    let cli = parse(&[
+        "--backlog",
+        "16",
+        "--abandoned",
+        "serve",
+        "--backlog",
+        "1024",
+        "--abandoned",
+        "cancel",
+    ])
+    .unwrap();
+    assert_eq!(cli.backlog, 1024);
+    assert_eq!(cli.abandoned, AbandonedArg::Cancel);
+}
+
+#[test]
+fn mmc_defaults_follow_the_paper() {
+    let cli = parse(&["--model", "mmc", "--seed", "3"]).unwrap();
+    let plan = cli.plan().unwrap();
+    let LatencyModel::Mmc(m) = plan.latency else {
+        panic!("not mmc")
+    };
+    assert_eq!((m.workers().get(), m.seed()), (10, 3));
+    assert_eq!(m.mean_service(), Duration::from_millis(50));
+    let rl = cli.rate_limit_config();
+    assert_eq!((rl.rate, rl.burst), (183, Some(10)));
+}
+
+#[test]
+fn flags_reach_the_plan() {
+    let cli = parse(&[
+        "--listen",
+        "127.0.0.1:0",
+        "--stack",
+        "none",
+        "--rate-limit",
+        "40",
+        "--algorithm",
+        "sliding-window",
+        "--key",
+        "ip",
+        "--base-delay",
+        "20ms",
+        "--downstream",
+        "http://127.0.0.1:9/api",
+    ])
+    .unwrap();
+    let rl = cli.rate_limit_config();
+    assert_eq!((rl.rate, rl.burst), (40, None));
+    assert_eq!(rl.algorithm, Algorithm::SlidingWindow);
+    assert_eq!(rl.key, KeyBy::Ip);
+    let plan = cli.plan().unwrap();
+    assert!(matches!(plan.stack, Stack::None));
+    assert_eq!(
+        plan.latency,
+        LatencyModel::Article(
+            ArticleModel::builder()
+                .base(Duration::from_millis(20))
+                .build()
+                .unwrap()
+        )
+    );
+    assert!(plan.downstream.is_some());
+}
+
+#[test]
+fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    assert!(!plan.admin);
+    let cli = parse(&["--stack", "adaptive", "--admin", "--model", "mmc"]).unwrap();
+    let plan = cli.plan().unwrap();
+    assert!(plan.admin);
+    let Stack::Adaptive { adaptive, .. } = plan.stack else {
+        panic!("not the adaptive stack")
+    };
+    assert!(adaptive.status().probing, "nothing measured yet");
+    assert_eq!(
+        adaptive.status().limit,
+        AdaptiveLimitLayer::DEFAULT_MIN_LIMIT
+    );
+}
+
+#[test]
+fn the_rate_limit_flags_take_every_name_of_the_library() {
+    for algorithm in Algorithm::ALL {
+        let cli = parse(&["--algorithm", algorithm.as_str()]).unwrap();
+        assert_eq!(cli.algorithm, algorithm);
+    }
+    for key in KeyBy::ALL {
+        let cli = parse(&["--key", key.as_str()]).unwrap();
+        assert_eq!(cli.key, key);
+    }
+}
+
+#[test]
+fn bad_flags_are_clear_errors() {
+    for (args, needle) in [
+        (&["--stack", "half"][..], "invalid value 'half'"),
+        (&["--listen", "localhost"], "invalid socket address"),
+        (&["--rate-limit", "0"], "0 is not in 1.."),
+        (&["--algorithm", "leaky-bucket"], "token-bucket"),
+        (&["--base-delay", "soon"], "invalid duration \"soon\""),
+        (&["--workers", "0"], "zero"),
+        (&["--max-connections", "0"], "--max-connections"),
+        (&["--max-downstream-body", "1MB"], "invalid size \"1MB\""),
+        (&["--bogus"], "unexpected argument '--bogus'"),
+    ] {
+        let err = parse(args).unwrap_err().to_string();
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn invalid_combinations_are_refused_by_the_plan() {
+    for (args, needle) in [
+        (
+            &["--algorithm", "fixed-window", "--burst", "5"][..],
+            "burst",
+        ),
+        (&["--base-delay", "0s"], "base delay must not be zero"),
+        (&["--growth", "0.5"], "growth"),
+        (&["--model", "mmc", "--mean-service", "0s"], "mean service"),
+        (&["--downstream", "https://example.com/"], "http://"),
+        (
+            &[
+                "--stack",
+                "adaptive",
+                "--redis-url",
+                "redis://127.0.0.1:6379",
+            ],
+            "--redis-url keeps the rate limit of --stack full in Redis; --stack adaptive has none",
+        ),
+        (&["--downstream", "/api"], "http://"),
+        (
+            &["--header-read-timeout", "0s"],
+            "--header-read-timeout must be greater than zero",
+        ),
+    ] {
+        let Err(err) = parse(args).unwrap().plan() else {
+            panic!("{args:?} was accepted")
+        };
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
+
+#[test]
+fn redis_flags_reach_the_plan_and_are_checked() {
+    let cli = parse(&[
+        "--redis-url",
+        "redis://127.0.0.1:6390",
+        "--redis-local-share",
+        "0.25",
+        "--redis-budget",
+        "20ms",
+    ])
+    .unwrap();
+    let redis = cli.redis_config().unwrap().unwrap();
+    assert!((redis.local_share - 0.25).abs() < 1e-12);
+    assert_eq!(redis.budget, Duration::from_millis(20));
+    let plan = cli.plan().unwrap();
+    assert_eq!(plan.redis.unwrap().addr(), "127.0.0.1:6390");
+    // The defaults.
+    let redis = parse(&["--redis-url", "redis://127.0.0.1"])
+        .unwrap()
+        .redis_config()
+        .unwrap()
+        .unwrap();
+    assert_eq!(redis.budget, Duration::from_millis(5));
+    assert!(parse(&[]).unwrap().redis_config().unwrap().is_none());
+    // Settings without a URL, a bad URL, a bad share, a window Redis does not offer.
+    assert!(parse(&["--redis-local-share", "0.5"]).is_err());
+    for (args, needle) in [
+        (
+            &["--redis-url", "http://127.0.0.1"][..],
+            "url must be redis://",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1",
+                "--redis-local-share",
+                "3",
+            ],
+            "local_share must be within (0, 1]",
+        ),
+        (
+            &[
+                "--redis-url",
+                "redis://127.0.0.1",
+                "--algorithm",
+                "fixed-window",
+            ],
+            "token-bucket or sliding-window with Redis",
+        ),
+    ] {
+        let Err(err) = parse(args).unwrap().plan() else {
+            panic!("{args:?} was accepted")
+        };
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}

@@ -1,0 +1,73 @@
+//! gRPC's side of the protocol: recognising a gRPC message and reading its status.
+
+use http::header::HeaderMap;
+
+use super::headers::GRPC_STATUS;
+
+/// gRPC status code `RESOURCE_EXHAUSTED` (8): the protocol's node-local rejection.
+pub const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
+
+/// gRPC status code `UNAVAILABLE` (14): used with a negative pushback for the stop signal.
+pub const GRPC_UNAVAILABLE: u16 = 14;
+
+/// Whether a message with these headers is gRPC: its `content-type` is `application/grpc`
+/// or starts with `application/grpc+` / `application/grpc;` (case-insensitive).
+pub fn is_grpc(headers: &HeaderMap) -> bool {
+    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
+        return false;
+    };
+    let ct = ct.as_bytes();
+    const GRPC: &[u8] = b"application/grpc";
+    if ct.len() < GRPC.len() || !ct[..GRPC.len()].eq_ignore_ascii_case(GRPC) {
+        return false;
+    }
+    matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
+}
+
+/// The gRPC status carried in `grpc-status` in these headers, if any and well-formed.
+///
+/// Only trailers-only responses (the form rejections take) carry it in headers; a status in
+/// the trailers of a streamed body is not visible here.
+pub fn grpc_status(headers: &HeaderMap) -> Option<u16> {
+    let v = headers.get(GRPC_STATUS)?.to_str().ok()?.trim();
+    if v.is_empty() || v.len() > 5 || !v.bytes().all(|b| b.is_ascii_digit()) {
+        return None;
+    }
+    v.parse().ok()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http::HeaderValue;
+
+    fn ct(v: &'static str) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        h.insert(http::header::CONTENT_TYPE, HeaderValue::from_static(v));
+        h
+    }
+
+    #[test]
+    fn grpc_content_types() {
+        assert!(is_grpc(&ct("application/grpc")));
+        assert!(is_grpc(&ct("application/grpc+proto")));
+        assert!(is_grpc(&ct("Application/GRPC+json")));
+        assert!(is_grpc(&ct("application/grpc;charset=utf-8")));
+        assert!(!is_grpc(&ct("application/grpc-web")));
+        assert!(!is_grpc(&ct("application/json")));
+        assert!(!is_grpc(&ct("application/grp")));
+        assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn grpc_status_parsing() {
+        let mut h = HeaderMap::new();
+        assert_eq!(grpc_status(&h), None);
+        h.insert(GRPC_STATUS, HeaderValue::from_static("8"));
+        assert_eq!(grpc_status(&h), Some(8));
+        h.insert(GRPC_STATUS, HeaderValue::from_static("x"));
+        assert_eq!(grpc_status(&h), None);
+        h.insert(GRPC_STATUS, HeaderValue::from_static("999999"));
+        assert_eq!(grpc_status(&h), None);
+    }
+}

@@ -1,0 +1,37 @@
+//! The header names of the protocol, and the value this crate sends in `X-Overloaded`.
+
+use http::HeaderName;
+
+/// `X-Request-Attempt`: the attempt counter, `0` on the first try, `1` on the first retry.
+pub const X_REQUEST_ATTEMPT: HeaderName = HeaderName::from_static("x-request-attempt");
+
+/// `grpc-previous-rpc-attempts`: gRPC's own attempt counter (same meaning as ours), read only
+/// on gRPC requests that do not carry [`X_REQUEST_ATTEMPT`].
+pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
+    HeaderName::from_static("grpc-previous-rpc-attempts");
+
+/// `X-Overloaded`: its presence on a response, with any value, means "the system is
+/// overloaded, stop retrying".
+pub const X_OVERLOADED: HeaderName = HeaderName::from_static("x-overloaded");
+
+/// The value this crate sends in [`X_OVERLOADED`]. Receivers must not depend on it.
+pub const STOP_RETRYING: &str = "stop-retrying";
+
+/// `grpc-status`: the gRPC status code, in headers for trailers-only responses.
+pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
+
+/// `grpc-message`: the human-readable gRPC status message.
+pub const GRPC_MESSAGE: HeaderName = HeaderName::from_static("grpc-message");
+
+/// `grpc-retry-pushback-ms`: the gRPC server's retry delay in milliseconds; negative means
+/// "do not retry".
+pub const GRPC_RETRY_PUSHBACK_MS: HeaderName = HeaderName::from_static("grpc-retry-pushback-ms");
+
+/// `RateLimit-Policy` (IETF httpapi ratelimit-headers draft): the quota and its window.
+pub const RATELIMIT_POLICY: HeaderName = HeaderName::from_static("ratelimit-policy");
+
+/// `RateLimit` (IETF httpapi ratelimit-headers draft): what is left and when it resets.
+pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
+
+/// `Idempotency-Key`: a request carrying it may be retried whatever its method.
+pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");

@@ -1,0 +1,117 @@
+//! What the layer reports: its metric handles, and the stop signal's episodes in its logs.
+
+use std::time::Duration;
+
+use metrics::{Counter, Gauge};
+use overload_core::telemetry::{Ended, LayerName, MetricSet, NAME_LABEL};
+
+use super::rule::StopRule;
+use super::scope::RejectionScope;
+use crate::histogram::{AttemptSnapshot, AttemptWindowGauges};
+use crate::metric_names;
+
+/// The layer's metric handles, each labelled [`NAME_LABEL`] with the layer's name.
+///
+/// NOTE: registered on the layer's first request (kept in a `LazyMetrics`), not when the
+/// layer is built: an application often builds its router before it installs its recorder,
+/// and a handle registered before the recorder is installed is a no-op for good. A recorder
+/// installed after the first request does not receive this layer's metrics.
+pub(crate) struct SignalMetrics {
+    /// Indexed by [`RejectionScope`]: server, caller.
+    stop_signals: [Counter; 2],
+    rejections_passed: [Counter; 2],
+    propagated_marker: Counter,
+    propagated_response: Counter,
+    window: AttemptWindowGauges,
+    window_per_caller_pressure: Gauge,
+}
+
+impl MetricSet for SignalMetrics {
+    fn register(name: &LayerName) -> Self {
+        let scoped = |metric: &'static str| {
+            [RejectionScope::Server, RejectionScope::Caller].map(|scope| {
+                metrics::counter!(metric, NAME_LABEL => name.label(), "scope" => scope.as_str())
+            })
+        };
+        let propagated = |via: &'static str| metrics::counter!(metric_names::PROPAGATED, NAME_LABEL => name.label(), "via" => via);
+        Self {
+            stop_signals: scoped(metric_names::STOP_SIGNALS),
+            rejections_passed: scoped(metric_names::REJECTIONS_PASSED),
+            propagated_marker: propagated("marker"),
+            propagated_response: propagated("response"),
+            window: AttemptWindowGauges::register(name),
+            window_per_caller_pressure: metrics::gauge!(
+                metric_names::WINDOW_PER_CALLER_PRESSURE,
+                NAME_LABEL => name.label()
+            ),
+        }
+    }
+}
+
+impl SignalMetrics {
+    /// A rejection answered with the stop signal because the rule fired.
+    pub(super) fn stop_signal(&self, scope: RejectionScope) {
+        self.stop_signals[scope as usize].increment(1);
+    }
+
+    /// A rejection passed through because the rule did not fire.
+    pub(super) fn rejection_passed(&self, scope: RejectionScope) {
+        self.rejections_passed[scope as usize].increment(1);
+    }
+
+    /// A downstream stop signal passed up: `marker` when the layer rewrote a failure,
+    /// otherwise the response already carried it.
+    pub(super) fn propagated(&self, marker: bool) {
+        if marker {
+            self.propagated_marker.increment(1);
+        } else {
+            self.propagated_response.increment(1);
+        }
+    }
+
+    /// Sets the window gauges: `window`'s figures, and its per-caller pressure (0 when the
+    /// window is empty).
+    pub(super) fn export_window(&self, window: &AttemptSnapshot, per_caller: Option<f64>) {
+        self.window.set(window);
+        self.window_per_caller_pressure
+            .set(per_caller.unwrap_or(0.0));
+    }
+}
+
+/// What the rule judged when it fired: the figures an operator needs to see why the layer
+/// started answering with the stop signal.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct StopTrigger {
+    /// Whose window was judged.
+    pub(crate) scope: RejectionScope,
+    /// The requests of that window.
+    pub(crate) requests: u64,
+    /// The share the rule compared with its threshold (the retry pressure when the rule is
+    /// sustained, the plain retry share otherwise).
+    pub(crate) retry_share: f64,
+}
+
+/// Logs, once per episode, that the layer has started answering rejections with the stop
+/// signal.
+pub(super) fn log_engaged(name: &LayerName, trigger: StopTrigger, rule: &StopRule) {
+    tracing::warn!(
+        name = name.as_str(),
+        scope = trigger.scope.as_str(),
+        retry_share = trigger.retry_share,
+        requests = trigger.requests,
+        threshold = rule.retry_share(),
+        "overload-signal: stop signal engaged: the retry share of the last window is above \
+         the threshold, rejections are answered with `stop retrying` until none has been \
+         for a window"
+    );
+}
+
+/// Logs that the layer has not answered a rejection with the stop signal for `quiet`.
+pub(super) fn log_disengaged(name: &LayerName, ended: Ended, quiet: Duration) {
+    tracing::info!(
+        name = name.as_str(),
+        lasted = ?ended.lasted,
+        quiet = ?quiet,
+        "overload-signal: stop signal disengaged: no rejection answered with it for a window"
+    );
+}
