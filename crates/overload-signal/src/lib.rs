@@ -136,13 +136,14 @@ pub mod propagation;
 pub mod protocol;
 pub mod signal;
 
-// NOTE: not inlined: the module is `overload-core`'s, documented there.
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
-#[doc(no_inline)]
-pub use overload_core::clock;
 pub use overload_core::telemetry::LayerName;
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use signal::{
     OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,
 };
+
+// NOTE: not inlined: the module is `overload-core`'s, documented there.
+#[doc(no_inline)]
+pub use overload_core::clock;
