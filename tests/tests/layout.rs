@@ -168,9 +168,17 @@ fn is_ident(c: char) -> bool {
     c.is_alphanumeric() || c == '_'
 }
 
-/// Expands a `use` tree (`a::{b, c::{d, e}}`) into paths.
+/// Expands a `use` tree (`a::{b, c::{d, e}}`) into paths; an alias (`a::b as c`) is kept
+/// as `a::b@c`.
 fn expand(tree: &str) -> Vec<String> {
-    let tree: String = tree.chars().filter(|c| !c.is_whitespace()).collect();
+    // NOTE: the alias is marked before the whitespace goes: a name that merely contains
+    // "as" (`classify`, `GiveUpReason`) is not an alias.
+    let tree = tree.split_whitespace().collect::<Vec<_>>().join(" ");
+    let tree: String = tree
+        .replace(" as ", "@")
+        .chars()
+        .filter(|c| !c.is_whitespace())
+        .collect();
     let Some(open) = tree.find('{') else {
         return vec![tree];
     };
@@ -273,9 +281,9 @@ impl Crate {
                     continue;
                 }
                 for path in paths {
-                    let (path, alias) = match path.split_once(" as ").or(path.split_once("as")) {
-                        Some((p, a)) if !a.contains("::") => (p.to_owned(), Some(a.to_owned())),
-                        _ => (path.clone(), None),
+                    let (path, alias) = match path.split_once('@') {
+                        Some((p, a)) => (p.to_owned(), Some(a.to_owned())),
+                        None => (path.clone(), None),
                     };
                     let Some(target) = self.resolve(module, &path, &BTreeMap::new()) else {
                         continue;
@@ -362,8 +370,7 @@ impl Crate {
             let mut paths: Vec<String> = use_statements(text)
                 .into_iter()
                 .flat_map(|(_, p)| p)
-                .map(|p| p.split(" as ").next().unwrap_or_default().to_owned())
-                .map(|p| p.split("as").next().unwrap_or_default().to_owned())
+                .map(|p| p.split('@').next().unwrap_or_default().to_owned())
                 .collect();
             paths.extend(inline_paths(text));
             for path in paths {
@@ -596,4 +603,38 @@ fn the_checks_find_what_they_look_for() {
     let edges = krate.edges();
     assert!(edges.contains(&(vec!["c".into()], vec!["a".into(), "b".into()])));
     assert!(!edges.contains(&(vec!["c".into()], vec!["d".into()])));
+
+    // Names that contain "as" are not aliases; an alias is followed to what it names.
+    let mut modules = BTreeMap::new();
+    modules.insert(
+        Vec::new(),
+        strip("mod classify; mod retry; pub use classify::GiveUpReason; pub use retry::Layer;"),
+    );
+    modules.insert(
+        vec!["classify".to_owned()],
+        strip("pub struct GiveUpReason;"),
+    );
+    modules.insert(
+        vec!["retry".to_owned()],
+        strip(
+            "use crate::classify::GiveUpReason;\nuse crate::GiveUpReason as Reason;\n\
+               use crate::classify as sorting; pub struct Layer;",
+        ),
+    );
+    let krate = Crate {
+        name: "fixture".into(),
+        modules,
+    };
+    assert!(krate.cycles().is_empty(), "{:#?}", krate.cycles());
+    let edges = krate.edges();
+    let to_classify = (vec!["retry".to_owned()], vec!["classify".to_owned()]);
+    assert!(edges.contains(&to_classify), "{edges:?}");
+    assert!(
+        !edges
+            .iter()
+            .any(|(a, b)| a == &to_classify.0 && b.is_empty()),
+        "{edges:?}"
+    );
+    let reexports = krate.reexports();
+    assert_eq!(reexports[&Vec::new()]["GiveUpReason"], ["classify"]);
 }
