@@ -626,4 +626,41 @@ fn the_checks_find_what_they_look_for() {
         !edges.contains(&(vec!["f".into()], Vec::new())),
         "an external re-export is no import of the root: {edges:?}"
     );
+
+    // Names that contain "as" are not aliases; an alias is followed to what it names.
+    let mut modules = BTreeMap::new();
+    modules.insert(
+        Vec::new(),
+        strip("mod classify; mod retry; pub use classify::GiveUpReason; pub use retry::Layer;"),
+    );
+    modules.insert(
+        vec!["classify".to_owned()],
+        strip("pub struct GiveUpReason;"),
+    );
+    modules.insert(
+        vec!["retry".to_owned()],
+        strip(
+            "use crate::classify::GiveUpReason;\nuse crate::GiveUpReason as Reason;\n\
+               use crate::classify as sorting; pub struct Layer;",
+        ),
+    );
+    let krate = Crate {
+        name: "fixture".into(),
+        modules,
+    };
+    assert!(krate.cycles().is_empty(), "{:#?}", krate.cycles());
+    let edges = krate.edges();
+    let to_classify = (vec!["retry".to_owned()], vec!["classify".to_owned()]);
+    assert!(edges.contains(&to_classify), "{edges:?}");
+    assert!(
+        !edges
+            .iter()
+            .any(|(a, b)| a == &to_classify.0 && b.is_empty()),
+        "{edges:?}"
+    );
+    let reexports = krate.reexports();
+    assert_eq!(
+        reexports[&Vec::new()]["GiveUpReason"],
+        Some(vec!["classify".to_owned()])
+    );
 }

@@ -102,8 +102,8 @@ mod tonic {
         grpc_status,
     };
 
-    use super::{Adapter, sealed};
     use crate::BoxError;
+    use crate::adapter::{Adapter, sealed};
     use crate::body::ReplayBody;
     use crate::grpc::decode_message;
     use crate::outcome::{GaveUp, GiveUpReason, RetryInfo};

@@ -45,13 +45,13 @@ pin_project! {
     /// The retry layer makes every `ReplayBody`; there is no public constructor.
     pub struct ReplayBody<B> {
         #[pin]
-        kind: Kind<B>,
+        kind: BodyKind<B>,
     }
 }
 
 pin_project! {
-    #[project = KindProj]
-    enum Kind<B> {
+    #[project = BodyKindProj]
+    enum BodyKind<B> {
         // The body had no frames at all: nothing to stream or to replay.
         Empty,
         // Streamed once, never copied.
@@ -63,7 +63,7 @@ pin_project! {
 
 /// One attempt's view of a replayable body.
 struct Replay<B> {
-    shared: Arc<Mutex<Shared<B>>>,
+    shared: Arc<Mutex<ReplayBuffer<B>>>,
     /// The caller's body, while this attempt is the one reading it.
     body: Option<Pin<Box<B>>>,
     /// Index of the next copied frame this attempt must replay.
@@ -74,8 +74,9 @@ struct Replay<B> {
     yielded: u64,
 }
 
-/// What every attempt of one request shares.
-pub(crate) struct Shared<B> {
+/// The replay buffer every attempt of one request shares: the copy of the body read so far,
+/// and the caller's body itself while no attempt is reading it.
+pub(crate) struct ReplayBuffer<B> {
     /// The caller's body, when no attempt is reading it.
     rest: Option<Pin<Box<B>>>,
     /// Every data frame read from the caller's body so far, in order, unless `overflowed`.
@@ -99,7 +100,7 @@ pub(crate) struct Shared<B> {
     waiter: Option<Waker>,
 }
 
-impl<B> Shared<B> {
+impl<B> ReplayBuffer<B> {
     fn wake_waiter(&mut self) {
         if let Some(waker) = self.waiter.take() {
             waker.wake();
@@ -135,10 +136,10 @@ pub(crate) enum BodySource<B> {
     /// Streamed without a copy: no attempt after the first.
     Streamed,
     /// Copied while streaming.
-    Shared(Arc<Mutex<Shared<B>>>),
+    Shared(Arc<Mutex<ReplayBuffer<B>>>),
 }
 
-fn lock<B>(m: &Mutex<Shared<B>>) -> MutexGuard<'_, Shared<B>> {
+fn lock<B>(m: &Mutex<ReplayBuffer<B>>) -> MutexGuard<'_, ReplayBuffer<B>> {
     // NOTE: no code panics while holding the lock except a panicking inner body, after which
     // the state is still consistent (each update is a single assignment or push).
     m.lock().unwrap_or_else(PoisonError::into_inner)
@@ -148,7 +149,7 @@ impl<B: Body> ReplayBody<B> {
     /// A body streamed once, never copied.
     pub(crate) fn streamed(body: B) -> Self {
         Self {
-            kind: Kind::Streamed { body },
+            kind: BodyKind::Streamed { body },
         }
     }
 
@@ -157,13 +158,18 @@ impl<B: Body> ReplayBody<B> {
         if body.is_end_stream() {
             // NOTE: `is_end_stream` promises that polling would yield nothing, not even
             // trailers, so dropping the body loses nothing.
-            return (Self { kind: Kind::Empty }, BodySource::Empty);
+            return (
+                Self {
+                    kind: BodyKind::Empty,
+                },
+                BodySource::Empty,
+            );
         }
         let hint = body.size_hint();
         if usize::try_from(hint.lower()).map_or(true, |lower| lower > limit) {
             return (Self::streamed(body), BodySource::Streamed);
         }
-        let shared = Arc::new(Mutex::new(Shared {
+        let shared = Arc::new(Mutex::new(ReplayBuffer {
             rest: None,
             frames: Vec::new(),
             buffered: 0,
@@ -184,7 +190,7 @@ impl<B: Body> ReplayBody<B> {
         };
         (
             Self {
-                kind: Kind::Replay { replay: first },
+                kind: BodyKind::Replay { replay: first },
             },
             BodySource::Shared(shared),
         )
@@ -195,7 +201,9 @@ impl<B> BodySource<B> {
     /// A body for the next attempt, or `None` if the body cannot be sent again.
     pub(crate) fn replay(&self) -> Option<ReplayBody<B>> {
         match self {
-            BodySource::Empty => Some(ReplayBody { kind: Kind::Empty }),
+            BodySource::Empty => Some(ReplayBody {
+                kind: BodyKind::Empty,
+            }),
             BodySource::Streamed => None,
             BodySource::Shared(shared) => {
                 let s = lock(shared);
@@ -204,7 +212,7 @@ impl<B> BodySource<B> {
                 }
                 drop(s);
                 Some(ReplayBody {
-                    kind: Kind::Replay {
+                    kind: BodyKind::Replay {
                         replay: Replay {
                             shared: Arc::clone(shared),
                             body: None,
@@ -243,21 +251,21 @@ where
         cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, BoxError>>> {
         match self.project().kind.project() {
-            KindProj::Empty => Poll::Ready(None),
-            KindProj::Streamed { body } => match ready!(body.poll_frame(cx)) {
+            BodyKindProj::Empty => Poll::Ready(None),
+            BodyKindProj::Streamed { body } => match ready!(body.poll_frame(cx)) {
                 Some(Ok(frame)) => Poll::Ready(Some(Ok(frame.map_data(to_bytes)))),
                 Some(Err(e)) => Poll::Ready(Some(Err(e.into()))),
                 None => Poll::Ready(None),
             },
-            KindProj::Replay { replay } => replay.poll_frame(cx),
+            BodyKindProj::Replay { replay } => replay.poll_frame(cx),
         }
     }
 
     fn is_end_stream(&self) -> bool {
         match &self.kind {
-            Kind::Empty => true,
-            Kind::Streamed { body } => body.is_end_stream(),
-            Kind::Replay { replay } => {
+            BodyKind::Empty => true,
+            BodyKind::Streamed { body } => body.is_end_stream(),
+            BodyKind::Replay { replay } => {
                 replay.done || {
                     let s = lock(&replay.shared);
                     s.ended
@@ -271,9 +279,9 @@ where
 
     fn size_hint(&self) -> SizeHint {
         match &self.kind {
-            Kind::Empty => SizeHint::with_exact(0),
-            Kind::Streamed { body } => body.size_hint(),
-            Kind::Replay { replay } => {
+            BodyKind::Empty => SizeHint::with_exact(0),
+            BodyKind::Streamed { body } => body.size_hint(),
+            BodyKind::Replay { replay } => {
                 // Every attempt sends the whole body, so the hint is the original hint less
                 // what this attempt has already sent.
                 let initial = lock(&replay.shared).initial_hint;
@@ -384,9 +392,9 @@ fn to_bytes<D: Buf>(mut data: D) -> Bytes {
 impl<B> fmt::Debug for ReplayBody<B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let kind = match &self.kind {
-            Kind::Empty => "empty",
-            Kind::Streamed { .. } => "streamed",
-            Kind::Replay { .. } => "replayable",
+            BodyKind::Empty => "empty",
+            BodyKind::Streamed { .. } => "streamed",
+            BodyKind::Replay { .. } => "replayable",
         };
         f.debug_struct("ReplayBody").field("kind", &kind).finish()
     }
@@ -489,7 +497,7 @@ mod tests {
     #[test]
     fn a_size_hint_over_the_limit_is_never_copied() {
         let (body, source) = ReplayBody::first_of(Full::new(Bytes::from(vec![0u8; 9])), 8);
-        assert!(matches!(body.kind, Kind::Streamed { .. }));
+        assert!(matches!(body.kind, BodyKind::Streamed { .. }));
         assert!(source.replay().is_none());
         assert_eq!(body.size_hint().exact(), Some(9));
     }

@@ -77,12 +77,12 @@ use std::error::Error;
 use std::fmt;
 
 use http::{HeaderMap, Method, StatusCode};
+use overload_core::ConfigError;
 use overload_signal::Overloaded;
 use overload_signal::protocol::{
     GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, grpc_status, is_grpc,
 };
 
-use crate::ConfigError;
 use crate::outcome::{AttemptTimedOut, GaveUp};
 
 /// What an attempt's outcome calls for.

@@ -18,22 +18,29 @@
 //!   above the strategy's own maximum, up to
 //!   [`max_retry_after`](RetryBuilder::max_retry_after) (30 s by default): a longer hint gives
 //!   up at once rather than park the request;
-//! - an overall **deadline** that holds in every state: no wait passes it and no attempt is
-//!   sent after it, a wait for the inner service's readiness included;
+//! - an overall **deadline**, 15 s by default (Envoy's default route timeout), that holds in
+//!   every state: no wait passes it and no attempt is sent after it, a wait for the inner
+//!   service's readiness included. It bounds the wait for the final response's head, never
+//!   a response body, and only one you set is sent to a gRPC server;
 //! - a **per-attempt timeout** whose expiry is a retryable failure;
 //! - **gRPC by gRPC's rules**: requests with `content-type: application/grpc...` are retried
 //!   on retryable status codes (`UNAVAILABLE` and `RESOURCE_EXHAUSTED` by default), whatever
-//!   their method, with the pushback honoured and the time left sent as `grpc-timeout`;
+//!   their method, with the pushback honoured and the time left of a deadline you set sent
+//!   as `grpc-timeout`;
 //! - **body replay**: request bodies up to 64 KiB are kept while they stream, and sent again
 //!   byte for byte ([`ReplayBody`]); larger bodies are sent once and never retried;
 //! - **tonic as a first-class user** (the `tonic` feature): `RetryLayer::new().for_tonic()`
 //!   wraps a `Channel` for a generated client, with the stop signal as a matchable
-//!   `Status::unavailable`.
+//!   `Status::unavailable`;
+//! - **an operator can tell layers apart**: every metric carries the layer's
+//!   [`name`](RetryBuilder::name), and a state change (the budget refusing retries, the
+//!   downstream saying stop) is logged once when it begins and once when it ends.
 //!
 //! # Examples
 //!
 //! With every default (3 attempts, the article's backoff, a 10% retry budget, the default
-//! classification, server hints waited for up to 30 s, 64 KiB replay buffer):
+//! classification, a 15 s deadline, server hints waited for up to 30 s, 64 KiB replay
+//! buffer, the name `"default"`):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -55,9 +62,9 @@
 //! # }
 //! ```
 //!
-//! Customised: five attempts, decorrelated jitter, a 2 s timeout per attempt, a 10 s
-//! deadline, server hints waited for up to 5 s, and a budget shared by every client of one
-//! downstream:
+//! Customised: named after its downstream, five attempts, decorrelated jitter, a 2 s timeout
+//! per attempt, a 10 s deadline, server hints waited for up to 5 s, and a budget shared by
+//! every client of one downstream, named after it:
 //!
 //! ```
 //! use std::sync::Arc;
@@ -66,12 +73,14 @@
 //! use backoff_layer::budget::{Budget, RetryBudget};
 //! use backoff_layer::RetryLayer;
 //!
-//! let budget: Arc<dyn Budget> = Arc::new(RetryBudget::builder().ratio(0.2).build()?);
+//! let budget: Arc<dyn Budget> =
+//!     Arc::new(RetryBudget::builder().name("payments").ratio(0.2).build()?);
 //! let backoff = Decorrelated::builder()
 //!     .base(Duration::from_millis(50))
 //!     .cap(Duration::from_secs(5))
 //!     .build()?;
 //! let layer = RetryLayer::builder()
+//!     .name("payments")
 //!     .max_attempts(5)
 //!     .backoff(backoff)
 //!     .attempt_timeout(Duration::from_secs(2))
@@ -82,6 +91,22 @@
 //! # let _ = layer;
 //! # Ok::<(), Box<dyn std::error::Error>>(())
 //! ```
+//!
+//! # Defaults
+//!
+//! | setting | default | source |
+//! |---|---|---|
+//! | [`name`](RetryBuilder::name) | `"default"` | |
+//! | [`max_attempts`](RetryBuilder::max_attempts) | 3, the first included | SRE book, AWS SDKs, Polly |
+//! | [`deadline`](RetryBuilder::deadline) | 15 s until the final response's head, never sent as `grpc-timeout`; [`no_deadline`](RetryBuilder::no_deadline) removes it | Envoy's default route timeout |
+//! | [`attempt_timeout`](RetryBuilder::attempt_timeout) | none | hyper-util's client |
+//! | [`max_retry_after`](RetryBuilder::max_retry_after) | 30 s, and never past the deadline | Envoy, gRPC |
+//! | [`backoff`](RetryBuilder::backoff) | [`Exponential`](backoff::Exponential): 100 ms, x2, jitter 0.1, at most 15 min | the article |
+//! | [`budget`](RetryBuilder::budget) | a [`RetryBudget`](budget::RetryBudget), named after the layer: retries at most 10% of first attempts over 10 s, plus 1 per second | paper, SRE book |
+//! | [`classifier`](RetryBuilder::classifier) | [`DefaultClassifier`](classify::DefaultClassifier) | RFC 9110, Envoy, .NET, gRPC |
+//! | [`body_limit`](RetryBuilder::body_limit) | 64 KiB | linkerd |
+//!
+//! [`RetryBuilder`] says more about each, with its associated constant.
 //!
 //! # Configuration
 //!
@@ -155,8 +180,10 @@
 //! [`RetryBuilder::grpc_retryable_codes`]) read from the response headers, where every
 //! rejection puts them (a status in trailers comes after the response has started, and is
 //! final); `grpc-retry-pushback-ms` as a lower bound on the wait, a negative one as the stop
-//! signal; and, with a deadline or a per-attempt timeout, the time the attempt may still
-//! take sent as `grpc-timeout` (or the caller's own, if shorter).
+//! signal; and, with a deadline set by [`RetryBuilder::deadline`] or a per-attempt timeout,
+//! the time the attempt may still take sent as `grpc-timeout` (or the caller's own, if
+//! shorter). The default deadline is never sent: it bounds how long the layer waits for a
+//! response's head, and a server told it would end a long server-streaming call at 15 s.
 //!
 //! # What is retried
 //!
@@ -181,6 +208,7 @@
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
+//! | no response head before the deadline (15 s by default): a downstream that never answers | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
 //! | the deadline passed while the inner service was not ready for the next attempt | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
 //! | what a retry layer below returned after giving up (a [`GaveUp`], an [`Overloaded`], a response whose `RetryInfo` has a reason) | returned unchanged |
 //!
@@ -190,26 +218,48 @@
 //! # Metrics
 //!
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade (install any recorder;
-//! none is installed here). Each layer registers its metrics once, with the recorder
-//! installed when it serves its first request, and keeps the handles: install the recorder
-//! before the first request (building the layer before it is fine). Every
-//! `backoff_layer_gave_up_total` series is registered at zero with the others.
+//! none is installed here). Every metric carries the label `name`, the layer's
+//! [`name`](RetryBuilder::name) (`"default"` unless set), so two layers of one process (one
+//! per downstream, say) are two series; the budget's carry the budget's name, which is the
+//! layer's for the budget a layer makes itself (see [`budget`](budget#whose-name)).
 //!
-//! | name | kind | meaning |
-//! |---|---|---|
-//! | `backoff_layer_requests_total` | counter | requests (first attempts) |
-//! | `backoff_layer_attempts_total` | counter | attempts sent, first ones included |
-//! | `backoff_layer_retries_total` | counter | attempts after the first |
-//! | `backoff_layer_gave_up_total` | counter | give-ups, label `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable`, `retry_after_too_long` |
-//! | `backoff_layer_stop_signals_total` | counter | failures carrying the stop signal |
-//! | `backoff_layer_retry_delay_seconds` | histogram | the wait before each retry |
+//! **Where they register:** a layer registers its metrics, and its default budget its own,
+//! on its **first request**, with the recorder installed then, and keeps the handles (no
+//! lookup per request): install the recorder before the first request; building the layer
+//! before the recorder is fine. Every series is registered at zero then, every
+//! `backoff_layer_gave_up_total` reason included.
+//!
+//! | name | kind | labels | meaning |
+//! |---|---|---|---|
+//! | `backoff_layer_requests_total` | counter | `name` | requests (first attempts) |
+//! | `backoff_layer_attempts_total` | counter | `name` | attempts sent, first ones included |
+//! | `backoff_layer_retries_total` | counter | `name` | attempts after the first |
+//! | `backoff_layer_gave_up_total` | counter | `name`, `reason` | give-ups, `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable`, `retry_after_too_long` |
+//! | `backoff_layer_stop_signals_total` | counter | `name` | failures carrying the stop signal |
+//! | `backoff_layer_retry_delay_seconds` | histogram | `name` | the wait before each retry |
+//! | `backoff_layer_budget_retries_allowed_total` | counter | `name` (the budget's) | retries the [`RetryBudget`](budget::RetryBudget) let through |
+//! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
+//!
+//! # Logs
+//!
+//! Through [`tracing`](https://docs.rs/tracing), a state change is logged once when it
+//! begins, at `WARN`, and once when it ends, at `INFO` with `lasted_ms` (from its first
+//! occurrence to its last), never once per request; each event has the field `name`:
+//!
+//! | state | begins | ends | `name` |
+//! |---|---|---|---|
+//! | the retry budget refusing retries | at the first refusal | after a whole budget window (10 s by default) without one | the budget's |
+//! | the downstream saying stop retrying | at the first failure carrying the stop signal | after [`RetryLayer::STOP_SIGNAL_QUIET`] (10 s) without one | the layer's |
+//!
+//! An end is noticed by the **next request** after the quiet period (no task runs for it):
+//! a client that stops sending logs the end when it sends again, its `lasted_ms` unchanged.
 //!
 //! # Tracing
 //!
-//! Each attempt runs in a `debug` span named `attempt` with the field `attempt` (the
-//! `X-Request-Attempt` value); the layer emits `debug` events when it schedules a retry
-//! (with `delay_ms`), when an attempt times out, when it sees the stop signal and when it
-//! gives up (with `reason`).
+//! Besides those logs, each attempt runs in a `debug` span named `attempt` with the field
+//! `attempt` (the `X-Request-Attempt` value); the layer emits `debug` events when it
+//! schedules a retry (with `delay_ms`), when an attempt times out, when it sees the stop
+//! signal and when it gives up (with `reason`).
 //!
 //! # Feature flags
 //!
@@ -226,17 +276,19 @@ pub mod backoff;
 pub mod body;
 pub mod budget;
 pub mod classify;
+mod error;
 mod grpc;
 mod outcome;
 mod retry;
 
 pub use body::ReplayBody;
+pub use error::BoxError;
 pub use outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
+// NOTE: not inlined: the module is `overload-core`'s, documented there. The retry budget
+// takes a clock (`RetryBudgetBuilder::clock`): a user names one without naming that crate.
+#[doc(no_inline)]
+pub use overload_core::clock;
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
 pub use retry::{Retry, RetryBuilder, RetryLayer};
-
-/// The boxed error type the retry layer returns: `Box<dyn Error + Send + Sync>`, the same as
-/// `tower::BoxError`.
-pub type BoxError = Box<dyn std::error::Error + Send + Sync>;

@@ -265,7 +265,7 @@ async fn the_default_cap_refuses_a_hint_of_31_seconds() {
 }
 
 /// A hint just within the cap is honoured in full (the default backoff's maximum, 15 min,
-/// does not cut it).
+/// does not cut it) when no deadline comes first.
 #[tokio::test(start_paused = true)]
 async fn a_hint_within_the_cap_is_waited_out() {
     let mock = Mock::new(vec![
@@ -274,6 +274,7 @@ async fn a_hint_within_the_cap_is_waited_out() {
     ]);
     let service = RetryLayer::builder()
         .seeds(Seeds::from_seed(1))
+        .no_deadline()
         .build()
         .unwrap()
         .layer(mock.clone());
@@ -283,6 +284,29 @@ async fn a_hint_within_the_cap_is_waited_out() {
     assert_eq!(seen.len(), 2);
     assert!(seen[1].at - seen[0].at >= 30 * SECOND);
     assert!(seen[1].at - seen[0].at < 31 * SECOND);
+}
+
+/// Under the default deadline (15 s), a hint within the cap that would end after the
+/// deadline is given up on at once, as Envoy never waits past its route timeout.
+#[tokio::test(start_paused = true)]
+async fn a_hint_past_the_default_deadline_gives_up_at_once() {
+    let mock = Mock::new(vec![
+        Reply::Status(503, vec![("retry-after", "20")]),
+        status(200),
+    ]);
+    let started = Instant::now();
+    let response = RetryLayer::new()
+        .layer(mock.clone())
+        .oneshot(get())
+        .await
+        .unwrap();
+    assert_eq!(info(&response).gave_up, Some(GiveUpReason::Deadline));
+    assert_eq!(mock.seen().len(), 1);
+    assert_eq!(
+        started.elapsed(),
+        Duration::ZERO,
+        "no wait towards the deadline"
+    );
 }
 
 // --- 4. The deadline holds while waiting for readiness. --------------------------------------

@@ -1,4 +1,5 @@
-//! The layer's metrics, recorded through the `metrics` facade.
+//! The layer's metrics, recorded through the `metrics` facade, each labelled with the
+//! layer's name (`"default"` here).
 //!
 //! One test only: it installs a global recorder for this test binary.
 
@@ -69,31 +70,52 @@ async fn counters_by_name_and_reason() {
                 counters.insert(name, n);
             }
             DebugValue::Histogram(values) => {
-                assert_eq!(name, "backoff_layer_retry_delay_seconds");
+                assert_eq!(name, "backoff_layer_retry_delay_seconds{name=default}");
                 delays.extend(values.into_iter().map(|v| v.into_inner()));
             }
             DebugValue::Gauge(_) => panic!("no gauges expected: {name}"),
         }
     }
     let expected: HashMap<String, u64> = [
-        ("backoff_layer_requests_total", 4),
-        ("backoff_layer_attempts_total", 6),
-        ("backoff_layer_retries_total", 2),
-        ("backoff_layer_stop_signals_total", 1),
-        ("backoff_layer_gave_up_total{reason=max_attempts}", 1),
-        ("backoff_layer_gave_up_total{reason=budget}", 1),
+        ("backoff_layer_requests_total{name=default}", 4),
+        ("backoff_layer_attempts_total{name=default}", 6),
+        ("backoff_layer_retries_total{name=default}", 2),
+        ("backoff_layer_stop_signals_total{name=default}", 1),
         (
-            "backoff_layer_gave_up_total{reason=retry_after_too_long}",
+            "backoff_layer_gave_up_total{name=default}{reason=max_attempts}",
+            1,
+        ),
+        (
+            "backoff_layer_gave_up_total{name=default}{reason=budget}",
+            1,
+        ),
+        (
+            "backoff_layer_gave_up_total{name=default}{reason=retry_after_too_long}",
             1,
         ),
         // Every reason's series exists from the first request on, at zero until used.
-        ("backoff_layer_gave_up_total{reason=deadline}", 0),
-        ("backoff_layer_gave_up_total{reason=body_not_replayable}", 0),
-        ("backoff_layer_gave_up_total{reason=not_retryable}", 0),
+        (
+            "backoff_layer_gave_up_total{name=default}{reason=deadline}",
+            0,
+        ),
+        (
+            "backoff_layer_gave_up_total{name=default}{reason=body_not_replayable}",
+            0,
+        ),
+        (
+            "backoff_layer_gave_up_total{name=default}{reason=not_retryable}",
+            0,
+        ),
         // The default budget's own counters: it granted both retries of the first request
         // (the floor allows 10 per window) and refused none.
-        ("backoff_layer_budget_retries_allowed_total", 2),
-        ("backoff_layer_budget_retries_refused_total", 0),
+        (
+            "backoff_layer_budget_retries_allowed_total{name=default}",
+            2,
+        ),
+        (
+            "backoff_layer_budget_retries_refused_total{name=default}",
+            0,
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

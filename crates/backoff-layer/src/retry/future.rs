@@ -18,7 +18,7 @@ use rand::rngs::SmallRng;
 use tokio::time::{Instant, Sleep, sleep_until};
 use tower_service::Service;
 
-use super::Config;
+use super::config::RetryConfig;
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
@@ -42,6 +42,10 @@ pin_project! {
         #[pin]
         timer: Option<Sleep>,
         timer_is_deadline: bool,
+        // When the first attempt must end, until its timer is armed: at the attempt's first
+        // `Pending`, so that an attempt that completes at once (an in-process service, a
+        // cache) costs no timer. The instant itself was fixed when the request was called.
+        first_end: Option<Instant>,
         // A clone of the inner service for the retries; `None` when the request may not be
         // retried.
         service: Option<S>,
@@ -66,7 +70,7 @@ pin_project! {
 
 /// Per-request bookkeeping, apart from the pinned parts.
 struct RetryState<B> {
-    config: Arc<Config>,
+    config: Arc<RetryConfig>,
     /// The request's parts, to rebuild each retry; `None` when the request may not be
     /// retried.
     template: Option<Parts>,
@@ -79,7 +83,7 @@ struct RetryState<B> {
     attempts: u32,
     deadline: Option<Instant>,
     /// Whether each attempt carries its time left in `grpc-timeout` (a gRPC request with a
-    /// deadline or a per-attempt timeout).
+    /// deadline set by `RetryBuilder::deadline` or a per-attempt timeout).
     grpc_timeout: bool,
     /// The previous delay the backoff strategy returned.
     previous_delay: Option<Duration>,
@@ -96,7 +100,7 @@ enum Next<R> {
 
 /// What the layer makes of an attempt's outcome, before it decides whether a retry is
 /// possible.
-enum Verdict {
+enum AttemptVerdict {
     /// A failure carrying the stop signal.
     Stop,
     /// Final by the classifier: returned as it is (with its `RetryInfo`).
@@ -120,14 +124,14 @@ where
     pub(crate) fn new(
         future: S::Future,
         span: tracing::Span,
-        config: Arc<Config>,
+        config: Arc<RetryConfig>,
         retry: Option<(Parts, S)>,
         body: BodySource<B>,
         timing: Timing,
     ) -> Self {
         let (template, service) = retry.unzip();
-        let (timer, timer_is_deadline) = match timing.window {
-            Some((at, is_deadline)) => (Some(sleep_until(at)), is_deadline),
+        let (first_end, timer_is_deadline) = match timing.window {
+            Some((at, is_deadline)) => (Some(at), is_deadline),
             None => (None, false),
         };
         // NOTE: `attempts` starts at 1: the first attempt was sent by `Retry::call`.
@@ -144,8 +148,9 @@ where
         };
         Self {
             state: State::Called { future, span },
-            timer,
+            timer: None,
             timer_is_deadline,
+            first_end,
             service,
             retry,
             adapter: PhantomData,
@@ -168,7 +173,11 @@ impl Timing {
     /// (given when a timer is needed: a deadline or a per-attempt timeout is set); sets the
     /// attempt's `grpc-timeout` for a gRPC request.
     #[inline]
-    pub(crate) fn first(config: &Config, now: Option<Instant>, headers: &mut HeaderMap) -> Self {
+    pub(crate) fn first(
+        config: &RetryConfig,
+        now: Option<Instant>,
+        headers: &mut HeaderMap,
+    ) -> Self {
         let Some(now) = now else {
             return Self {
                 deadline: None,
@@ -178,8 +187,12 @@ impl Timing {
         };
         // NOTE: a deadline too far to represent is no deadline.
         let deadline = config.deadline.and_then(|d| now.checked_add(d));
-        // NOTE: an empty map is checked first: a lookup in it is not free.
-        let grpc_timeout = !headers.is_empty() && is_grpc(headers);
+        // NOTE: only limits the user set go on the wire: the default deadline bounds the
+        // wait for a response head, and would cut a long server-streaming call if a server
+        // were told it. An empty map is checked first: a lookup in it is not free.
+        let grpc_timeout = (config.deadline_on_wire || config.attempt_timeout.is_some())
+            && !headers.is_empty()
+            && is_grpc(headers);
         let window = attempt_window(config, deadline, grpc_timeout, now, headers);
         Self {
             deadline,
@@ -190,11 +203,12 @@ impl Timing {
 }
 
 /// When an attempt starting `now` must end (its timeout or the deadline, whichever is
-/// first), and whether that is the deadline; sets `grpc-timeout` in its headers to the time
-/// until then when `grpc_timeout`. `None` when the attempt has no end.
+/// first), and whether that is the deadline; when `grpc_timeout`, sets `grpc-timeout` in its
+/// headers to the time until the end the server may know of: the same, or only the
+/// timeout when the deadline is the default one. `None` when the attempt has no end.
 #[inline]
 fn attempt_window(
-    config: &Config,
+    config: &RetryConfig,
     deadline: Option<Instant>,
     grpc_timeout: bool,
     now: Instant,
@@ -208,7 +222,14 @@ fn attempt_window(
         (None, None) => return None,
     };
     if grpc_timeout {
-        grpc::set_timeout(headers, window.0.saturating_duration_since(now));
+        let on_wire = if config.deadline_on_wire {
+            Some(window.0)
+        } else {
+            timeout
+        };
+        if let Some(end) = on_wire {
+            grpc::set_timeout(headers, end.saturating_duration_since(now));
+        }
     }
     Some(window)
 }
@@ -235,37 +256,37 @@ impl<B> RetryState<B> {
                 // whatever its headers (any proxy may add `X-Overloaded`).
                 let failure = is_failure(status, headers);
                 if failure && protocol::is_stop_signal(headers) {
-                    Verdict::Stop
+                    AttemptVerdict::Stop
                 } else if failure && self.deadline_passed() {
-                    Verdict::GiveUp(GiveUpReason::Deadline)
+                    AttemptVerdict::GiveUp(GiveUpReason::Deadline)
                 } else if classifier.classify_response(status, headers) == Classification::Final {
-                    Verdict::Final
+                    AttemptVerdict::Final
                 } else if gave_up_below(response) {
-                    Verdict::GivenUpBelow
+                    AttemptVerdict::GivenUpBelow
                 } else {
-                    Verdict::Retryable(server_hint(headers))
+                    AttemptVerdict::Retryable(server_hint(headers))
                 }
             }
             Err(e) => {
                 if is_final(&**e) {
-                    Verdict::GivenUpBelow
+                    AttemptVerdict::GivenUpBelow
                 } else if self.deadline_passed() {
-                    Verdict::GiveUp(GiveUpReason::Deadline)
+                    AttemptVerdict::GiveUp(GiveUpReason::Deadline)
                 } else if classifier.classify_error(&**e) == Classification::Final {
-                    Verdict::Final
+                    AttemptVerdict::Final
                 } else {
-                    Verdict::Retryable(None)
+                    AttemptVerdict::Retryable(None)
                 }
             }
         };
         let hint = match verdict {
-            Verdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
-            Verdict::Final => return Next::Return(self.finish::<A, _>(outcome, None)),
-            Verdict::GivenUpBelow => return Next::Return(outcome),
-            Verdict::GiveUp(reason) => {
+            AttemptVerdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
+            AttemptVerdict::Final => return Next::Return(self.finish::<A, _>(outcome, None)),
+            AttemptVerdict::GivenUpBelow => return Next::Return(outcome),
+            AttemptVerdict::GiveUp(reason) => {
                 return Next::Return(self.finish::<A, _>(outcome, Some(reason)));
             }
-            Verdict::Retryable(hint) => hint,
+            AttemptVerdict::Retryable(hint) => hint,
         };
         // NOTE: cloned only on the retry path; the happy path touches the shared count once
         // per request (in `Retry::call`).
@@ -351,7 +372,7 @@ impl<B> RetryState<B> {
         &self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Result<Response<ResBody>, BoxError> {
-        self.config.metrics().stop_signals.increment(1);
+        self.config.stop_signal_seen();
         propagation::mark_stop_received();
         tracing::debug!(attempts = self.attempts, "stop signal received");
         let headers = match outcome {
@@ -430,6 +451,9 @@ where
                     let outcome = match polled {
                         Poll::Ready(outcome) => outcome.map_err(Into::into),
                         Poll::Pending => {
+                            if let Some(at) = this.first_end.take() {
+                                this.timer.set(Some(sleep_until(at)));
+                            }
                             let Some(timer) = this.timer.as_mut().as_pin_mut() else {
                                 return Poll::Pending;
                             };
@@ -456,6 +480,7 @@ where
                             return Poll::Ready(output);
                         }
                         Next::Retry(at) => {
+                            *this.first_end = None;
                             match this.timer.as_mut().as_pin_mut() {
                                 Some(timer) => timer.reset(at),
                                 None => this.timer.set(Some(sleep_until(at))),

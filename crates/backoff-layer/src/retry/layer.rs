@@ -1,12 +1,16 @@
 use std::fmt;
 use std::marker::PhantomData;
-use std::sync::{Arc, OnceLock};
+use std::sync::Arc;
 use std::time::Duration;
 
 use overload_core::ConfigError;
+use overload_core::clock::TokioClock;
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use tower_layer::Layer;
 
-use super::{Config, Retry};
+use super::config::RetryConfig;
+use super::service::Retry;
+use super::telemetry::STOP_SIGNAL_QUIET;
 use crate::adapter::Direct;
 use crate::backoff::{Backoff, Exponential, Seeds};
 use crate::budget::{Budget, RetryBudget};
@@ -23,11 +27,14 @@ use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
 /// use backoff_layer::RetryLayer;
 /// use backoff_layer::backoff::FullJitter;
 ///
-/// // Every default: 3 attempts, the article's backoff, the default retry budget.
+/// // Every default: 3 attempts, the article's backoff, the default retry budget, a 15 s
+/// // deadline.
 /// let layer = RetryLayer::new();
 ///
-/// // Customised: 5 attempts, full jitter, a 2 s timeout per attempt.
+/// // Customised: named after its downstream, 5 attempts, full jitter, a 2 s timeout per
+/// // attempt.
 /// let layer = RetryLayer::builder()
+///     .name("payments")
 ///     .max_attempts(5)
 ///     .backoff(FullJitter::new())
 ///     .attempt_timeout(Duration::from_secs(2))
@@ -40,7 +47,7 @@ use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
 /// service it wraps. [`Direct`] by default; `RetryLayer::for_tonic` (with the `tonic`
 /// feature) makes a layer for a tonic `Channel`.
 pub struct RetryLayer<A = Direct> {
-    config: Arc<Config>,
+    config: Arc<RetryConfig>,
     // NOTE: `fn() -> A` keeps the layer `Send + Sync + Clone` whatever `A` is.
     adapter: PhantomData<fn() -> A>,
 }
@@ -70,10 +77,24 @@ impl RetryLayer {
     /// Default body replay limit: 64 KiB (linkerd).
     pub const DEFAULT_BODY_LIMIT: usize = 64 * 1024;
 
-    /// Default overall deadline per request: none. The attempts, the backoff, the budget and
-    /// [`DEFAULT_MAX_RETRY_AFTER`](Self::DEFAULT_MAX_RETRY_AFTER) bound a request's time; a
-    /// caller with a time limit of its own sets one.
-    pub const DEFAULT_DEADLINE: Option<Duration> = None;
+    /// Default overall deadline per request: 15 seconds, Envoy's default route timeout (the
+    /// time Envoy waits for an upstream's response, retries included).
+    ///
+    /// Without it, a downstream that accepts a request and never answers would hold the
+    /// request, its buffered body and its caller forever. What it bounds, and what it does
+    /// not:
+    ///
+    /// - it bounds the time until the final response's **head**: attempts, backoff waits and
+    ///   waits for the inner service's readiness. A response whose head came in time is
+    ///   returned, and its **body streams for as long as it lasts**: the layer never cuts a
+    ///   body, by this deadline or any other;
+    /// - it is **never sent on the wire**: a gRPC request under the default deadline carries
+    ///   no `grpc-timeout` (only one set with [`RetryBuilder::deadline`] is sent, as the time
+    ///   left), since a server would otherwise end a long server-streaming call at 15 s.
+    ///
+    /// [`RetryBuilder::deadline`] sets another (which gRPC requests then carry);
+    /// [`RetryBuilder::no_deadline`] removes it.
+    pub const DEFAULT_DEADLINE: Duration = Duration::from_secs(15);
 
     /// Default timeout per attempt: none, as in hyper-util's client. A stack that needs one
     /// sets it here or puts a timeout layer under the retry layer.
@@ -84,22 +105,33 @@ impl RetryLayer {
     ///
     /// Envoy discards a rate-limit reset header longer than its `max_interval` (300 s by
     /// default) and, in any case, never waits past the route's timeout (15 s by default);
-    /// gRPC honours any pushback but never past the call's deadline. This layer has no
-    /// deadline by default, so the cap is what bounds a request's wait: tens of seconds, as
-    /// the workspace's design asks, twice Envoy's default route timeout, and well above the
-    /// waits this workspace's rate limiter asks for (`Retry-After` of a second or a few).
+    /// gRPC honours any pushback but never past the call's deadline. This layer does the
+    /// same: a hint up to this cap is still given up on at once (with
+    /// [`GiveUpReason::Deadline`](crate::GiveUpReason::Deadline)) when the wait would end
+    /// after the deadline, 15 s by default. The cap is what bounds a wait when the deadline
+    /// is off ([`RetryBuilder::no_deadline`]): tens of seconds, as the workspace's design
+    /// asks, twice Envoy's default route timeout, and well above the waits this workspace's
+    /// rate limiter asks for (`Retry-After` of a second or a few).
     pub const DEFAULT_MAX_RETRY_AFTER: Duration = Duration::from_secs(30);
+
+    /// How long a layer must go without receiving the stop signal before it logs that its
+    /// downstream no longer says stop retrying: 10 seconds, the window over which
+    /// `overload-signal` decides to send the signal (its attempt histogram's default), and
+    /// the retry budget's default window. Not a setting: see the crate docs' Logs section.
+    pub const STOP_SIGNAL_QUIET: Duration = STOP_SIGNAL_QUIET;
 
     /// A layer with every default; see [`RetryBuilder`] for what they are.
     pub fn new() -> Self {
-        Self::builder().finish()
+        Self::builder().finish(LayerName::default())
     }
 
     /// A builder starting from the defaults.
     pub const fn builder() -> RetryBuilder {
         RetryBuilder {
+            name: None,
             max_attempts: Self::DEFAULT_MAX_ATTEMPTS,
-            deadline: Self::DEFAULT_DEADLINE,
+            deadline: Some(Self::DEFAULT_DEADLINE),
+            deadline_on_wire: false,
             attempt_timeout: Self::DEFAULT_ATTEMPT_TIMEOUT,
             max_retry_after: Self::DEFAULT_MAX_RETRY_AFTER,
             backoff: None,
@@ -172,12 +204,13 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 ///
 /// | setting | default | source |
 /// |---|---|---|
+/// | [`name`](Self::name) | `"default"` | |
 /// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt included) | SRE book, AWS SDKs, Polly |
-/// | [`deadline`](Self::deadline) | none | |
+/// | [`deadline`](Self::deadline) | 15 s, until the final response's head; never sent as `grpc-timeout`; [`no_deadline`](Self::no_deadline) removes it | Envoy's default route timeout |
 /// | [`attempt_timeout`](Self::attempt_timeout) | none | hyper-util's client |
 /// | [`max_retry_after`](Self::max_retry_after) | 30 s | Envoy's rate-limited retry back-off, bounded by its 15 s route timeout; gRPC's deadline |
 /// | [`backoff`](Self::backoff) | [`Exponential::new()`]: 100 ms, x2, jitter 0.1, at most 15 min | the article |
-/// | [`budget`](Self::budget) | [`RetryBudget::default()`]: retries at most 10% of first attempts over 10 s, plus 1 retry per second | paper, SRE book |
+/// | [`budget`](Self::budget) | a [`RetryBudget`] with its defaults, named after the layer: retries at most 10% of first attempts over 10 s, plus 1 retry per second | paper, SRE book |
 /// | [`classifier`](Self::classifier) | [`DefaultClassifier`]: connect errors, timeouts, 429, 502, 503, 504; idempotent methods, `Idempotency-Key` or gRPC | RFC 9110, Envoy, .NET, gRPC |
 /// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6) |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
@@ -185,6 +218,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 ///
 /// [`build`](Self::build) checks the settings:
 ///
+/// - `name` is non-empty printable ASCII, at most 128 bytes;
 /// - `max_attempts` is at least 1 (1 turns retries off);
 /// - `deadline`, if set, is greater than zero;
 /// - `attempt_timeout`, if set, is greater than zero;
@@ -192,8 +226,12 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 ///   `grpc_retryable_codes` is not set together with a `classifier` of your own.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryBuilder {
+    name: Option<String>,
     max_attempts: u32,
     deadline: Option<Duration>,
+    /// Whether `deadline` was set with [`RetryBuilder::deadline`] (and is sent as
+    /// `grpc-timeout`).
+    deadline_on_wire: bool,
     attempt_timeout: Option<Duration>,
     max_retry_after: Duration,
     backoff: Option<Arc<dyn Backoff>>,
@@ -208,8 +246,10 @@ impl fmt::Debug for RetryBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         // NOTE: `Budget` is not `Debug`; it is left out.
         f.debug_struct("RetryBuilder")
+            .field("name", &self.name)
             .field("max_attempts", &self.max_attempts)
             .field("deadline", &self.deadline)
+            .field("deadline_on_wire", &self.deadline_on_wire)
             .field("attempt_timeout", &self.attempt_timeout)
             .field("max_retry_after", &self.max_retry_after)
             .field("backoff", &self.backoff)
@@ -221,6 +261,18 @@ impl fmt::Debug for RetryBuilder {
 }
 
 impl RetryBuilder {
+    /// What the layer calls itself: the label `name` of every metric it records
+    /// (`backoff_layer_requests_total{name="payments"}`, ...) and the field `name` of every
+    /// state change it logs; also the name of the retry budget the layer makes when it is
+    /// given none (a budget you pass in keeps its own, see
+    /// [`RetryBudgetBuilder::name`](crate::budget::RetryBudgetBuilder::name)). Name each
+    /// layer after its downstream when a process has more than one, so an operator can tell
+    /// them apart. Non-empty printable ASCII, at most 128 bytes. Default: `"default"`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
     /// The most attempts per request, the first included: `1` turns retries off. Must be at
     /// least 1. Default: 3 (SRE book, AWS SDKs, Polly).
     pub const fn max_attempts(mut self, max_attempts: u32) -> Self {
@@ -228,14 +280,31 @@ impl RetryBuilder {
         self
     }
 
-    /// An overall deadline per request, from the call to the retry layer. It holds in every
-    /// state: no attempt is sent after it (a wait for the inner service to be ready included),
-    /// a wait that would end after it is not started (the layer gives up at once), an attempt
-    /// still running at the deadline is cut short, and a failure that comes back after it
-    /// ends the request. gRPC requests carry what is left of it in `grpc-timeout`. Must be
-    /// greater than zero. Default: none.
+    /// An overall deadline per request, from the call to the retry layer until the final
+    /// response's head. It holds in every state: no attempt is sent after it (a wait for the
+    /// inner service to be ready included), a wait that would end after it is not started
+    /// (the layer gives up at once), an attempt still running at the deadline is cut short,
+    /// and a failure that comes back after it ends the request; the outcome is
+    /// [`GiveUpReason::Deadline`](crate::GiveUpReason::Deadline). A response body is never
+    /// cut: once the head is returned, the body streams for as long as it lasts.
+    ///
+    /// gRPC requests carry what is left of a deadline set here in `grpc-timeout` (the
+    /// server then ends the call, streaming or not, when it passes). Must be greater than
+    /// zero. Default: 15 s ([`RetryLayer::DEFAULT_DEADLINE`], Envoy's default route
+    /// timeout), which is never sent on the wire.
     pub const fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
+        self.deadline_on_wire = true;
+        self
+    }
+
+    /// No overall deadline: a request lasts as long as its attempts, its backoff waits and
+    /// the inner service take. For a caller with a deadline of its own above the layer, or a
+    /// stack with a per-attempt timeout that bounds every attempt. Without a deadline nor a
+    /// timeout, an attempt to a downstream that never answers never ends.
+    pub const fn no_deadline(mut self) -> Self {
+        self.deadline = None;
+        self.deadline_on_wire = false;
         self
     }
 
@@ -276,9 +345,10 @@ impl RetryBuilder {
         self
     }
 
-    /// The retry budget; every layer built from this builder shares it. Default:
-    /// [`RetryBudget::default()`] (10% of first attempts over 10 s, plus 1 retry per second,
-    /// from the paper and the SRE book);
+    /// The retry budget; every layer built from this builder shares it. It keeps its own
+    /// name ([`RetryBudgetBuilder::name`](crate::budget::RetryBudgetBuilder::name)).
+    /// Default: a [`RetryBudget`] with its defaults (10% of first attempts over 10 s, plus 1
+    /// retry per second, from the paper and the SRE book), named after the layer;
     /// [`Unlimited`](crate::budget::Unlimited) turns it off.
     pub fn budget(mut self, budget: impl Budget) -> Self {
         self.budget = Some(Arc::new(budget));
@@ -286,7 +356,8 @@ impl RetryBuilder {
     }
 
     /// A retry budget shared with other layers (for example one budget per downstream
-    /// service, shared by every client of it).
+    /// service, shared by every client of it). It keeps its own name, whichever layers share
+    /// it: name it after the downstream.
     pub fn shared_budget(mut self, budget: Arc<dyn Budget>) -> Self {
         self.budget = Some(budget);
         self
@@ -331,6 +402,10 @@ impl RetryBuilder {
     /// A [`ConfigError`] naming the first setting that breaks one of the rules listed on
     /// [`RetryBuilder`].
     pub fn build(mut self) -> Result<RetryLayer, ConfigError> {
+        let name = match self.name.take() {
+            Some(name) => LayerName::new(name)?,
+            None => LayerName::default(),
+        };
         if self.max_attempts == 0 {
             return Err(ConfigError::out_of_range(
                 "max_attempts",
@@ -360,27 +435,34 @@ impl RetryBuilder {
             }
             self.classifier = Some(Arc::new(DefaultClassifier::from_grpc_codes(codes)));
         }
-        Ok(self.finish())
+        Ok(self.finish(name))
     }
 
-    /// The layer, without checks: for [`build`](Self::build) and for the defaults.
-    fn finish(self) -> RetryLayer {
+    /// The layer named `name`, without checks: for [`build`](Self::build) and for the
+    /// defaults.
+    fn finish(self, name: LayerName) -> RetryLayer {
+        // NOTE: the layer's own budget is named after it; nothing is registered with a
+        // metrics recorder here, neither by the layer nor by its budget.
+        let budget = self
+            .budget
+            .unwrap_or_else(|| Arc::new(RetryBudget::named(name.clone())));
         RetryLayer {
-            config: Arc::new(Config {
+            config: Arc::new(RetryConfig {
                 max_attempts: self.max_attempts,
                 deadline: self.deadline,
+                deadline_on_wire: self.deadline_on_wire && self.deadline.is_some(),
                 attempt_timeout: self.attempt_timeout,
                 max_retry_after: self.max_retry_after,
                 backoff: self.backoff.unwrap_or_else(|| Arc::new(Exponential::new())),
-                budget: self
-                    .budget
-                    .unwrap_or_else(|| Arc::new(RetryBudget::default())),
+                budget,
                 classifier: self
                     .classifier
                     .unwrap_or_else(|| Arc::new(DefaultClassifier::new())),
                 body_limit: self.body_limit,
                 seeds: self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os())),
-                metrics: OnceLock::new(),
+                metrics: LazyMetrics::new(name),
+                stop_signals: Episode::new(),
+                clock: TokioClock::new(),
             }),
             adapter: PhantomData,
         }
@@ -473,7 +555,10 @@ mod tests {
         assert_eq!(c.max_attempts, RetryLayer::DEFAULT_MAX_ATTEMPTS);
         assert_eq!(c.body_limit, 64 * 1024);
         assert_eq!(c.body_limit, RetryLayer::DEFAULT_BODY_LIMIT);
-        assert_eq!(c.deadline, None);
+        assert_eq!(c.name().as_str(), "default");
+        assert_eq!(c.deadline, Some(Duration::from_secs(15)));
+        assert_eq!(c.deadline, Some(RetryLayer::DEFAULT_DEADLINE));
+        assert!(!c.deadline_on_wire, "the default deadline is never sent");
         assert_eq!(c.attempt_timeout, None);
         assert_eq!(c.backoff.max_delay(), Duration::from_secs(15 * 60));
         assert_eq!(
@@ -502,6 +587,41 @@ mod tests {
             assert_send_sync_clone::<RetryLayer<crate::adapter::Tonic>>();
             assert_send_sync_clone::<Retry<(), crate::adapter::Tonic>>();
         }
+    }
+
+    #[test]
+    fn a_name_is_checked_and_given_to_the_layers_own_budget() {
+        for bad in ["", "caf\u{e9}", "tab\there"] {
+            let err = RetryLayer::builder().name(bad).build().unwrap_err();
+            assert_eq!(err.field(), "name", "{bad:?}");
+        }
+        let layer = RetryLayer::builder().name("payments").build().unwrap();
+        assert_eq!(layer.config.name().as_str(), "payments");
+        assert!(format!("{:?}", layer.config).contains("name: \"payments\""));
+    }
+
+    #[test]
+    fn only_an_explicit_deadline_goes_on_the_wire_and_no_deadline_removes_it() {
+        let config = |b: RetryBuilder| {
+            let c = b.build().unwrap().config;
+            (c.deadline, c.deadline_on_wire)
+        };
+        let s = Duration::from_secs;
+        assert_eq!(config(RetryLayer::builder()), (Some(s(15)), false));
+        assert_eq!(
+            config(RetryLayer::builder().deadline(s(3))),
+            (Some(s(3)), true)
+        );
+        assert_eq!(config(RetryLayer::builder().no_deadline()), (None, false));
+        // The last call wins.
+        assert_eq!(
+            config(RetryLayer::builder().deadline(s(3)).no_deadline()),
+            (None, false)
+        );
+        assert_eq!(
+            config(RetryLayer::builder().no_deadline().deadline(s(3))),
+            (Some(s(3)), true)
+        );
     }
 
     #[test]

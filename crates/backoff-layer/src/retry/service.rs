@@ -9,7 +9,7 @@ use overload_signal::protocol::Attempt;
 use tokio::time::Instant;
 use tower_service::Service;
 
-use super::Config;
+use super::config::RetryConfig;
 use super::future::{ResponseFuture, Timing};
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
@@ -22,7 +22,7 @@ use crate::body::{BodySource, ReplayBody};
 /// ([`Direct`] by default; `Tonic` for a tonic `Channel`).
 pub struct Retry<S, A = Direct> {
     inner: S,
-    config: Arc<Config>,
+    config: Arc<RetryConfig>,
     adapter: PhantomData<fn() -> A>,
 }
 
@@ -47,7 +47,7 @@ impl<S: fmt::Debug, A> fmt::Debug for Retry<S, A> {
 }
 
 impl<S, A> Retry<S, A> {
-    pub(crate) const fn new(inner: S, config: Arc<Config>) -> Self {
+    pub(crate) const fn new(inner: S, config: Arc<RetryConfig>) -> Self {
         Self {
             inner,
             config,
@@ -94,8 +94,8 @@ where
         } else {
             (ReplayBody::streamed(body), BodySource::Streamed)
         };
-        // The clock is read only when a timer will be armed: the happy path of a layer
-        // without deadline or timeout does not read it.
+        // The clock is read only when a timer may be needed: the happy path of a layer
+        // without deadline or timeout (`no_deadline()`) does not read it.
         // NOTE: before the attempt header is set: a request without headers is then seen not
         // to be gRPC without a lookup.
         let timed = config.deadline.is_some() || config.attempt_timeout.is_some();
@@ -106,6 +106,7 @@ where
         let metrics = config.metrics();
         metrics.requests.increment(1);
         metrics.attempts.increment(1);
+        config.end_quiet_episodes();
         let span = tracing::debug_span!("attempt", attempt = 0u32);
         let future = {
             let _entered = span.enter();

@@ -1,4 +1,5 @@
-//! A scripted mock inner service that records what every attempt carried.
+//! A scripted mock inner service that records what every attempt carried; what the layer
+//! logs and records, captured.
 
 #![allow(dead_code, unreachable_pub)]
 
@@ -170,4 +171,110 @@ pub fn info(r: &Response<Empty<Bytes>>) -> backoff_layer::RetryInfo {
 pub fn gave_up(e: &BoxError) -> &backoff_layer::GaveUp {
     e.downcast_ref::<backoff_layer::GaveUp>()
         .unwrap_or_else(|| panic!("expected GaveUp, got {e:?}"))
+}
+
+/// One event the layer logged: its level, message and fields (`name`, `lasted_ms`, ...).
+#[derive(Clone, Debug)]
+pub struct Logged {
+    pub level: tracing::Level,
+    pub message: String,
+    pub fields: std::collections::BTreeMap<String, String>,
+}
+
+/// The events logged on this thread (a `current_thread` test's, tasks included) while the
+/// guard [`Logs::capture`] returns lives.
+#[derive(Clone, Default)]
+pub struct Logs(Arc<Mutex<Vec<Logged>>>);
+
+impl Logs {
+    pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        use tracing_subscriber::layer::SubscriberExt;
+
+        let logs = Self::default();
+        let guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+        (logs, guard)
+    }
+
+    /// The events at `level` (`WARN`, `INFO`, ...), in order.
+    pub fn at(&self, level: tracing::Level) -> Vec<Logged> {
+        let events = self.0.lock().unwrap();
+        events
+            .iter()
+            .filter(|e| e.level == level)
+            .cloned()
+            .collect()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logs {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Fields<'a>(&'a mut Logged);
+
+        impl tracing::field::Visit for Fields<'_> {
+            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+                self.0
+                    .fields
+                    .insert(field.name().to_owned(), value.to_owned());
+            }
+
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                let value = format!("{value:?}");
+                if field.name() == "message" {
+                    self.0.message = value;
+                } else {
+                    self.0.fields.insert(field.name().to_owned(), value);
+                }
+            }
+        }
+
+        let mut logged = Logged {
+            level: *event.metadata().level(),
+            message: String::new(),
+            fields: std::collections::BTreeMap::new(),
+        };
+        event.record(&mut Fields(&mut logged));
+        self.0.lock().unwrap().push(logged);
+    }
+}
+
+/// The counters and histograms recorded on this thread while the guard lives, as
+/// `name{label=value}...` (labels in the order the metric was registered with).
+pub struct Recorded {
+    snapshotter: metrics_util::debugging::Snapshotter,
+    _guard: metrics::LocalRecorderGuard<'static>,
+}
+
+impl Recorded {
+    /// Installs a recorder for this thread; the layers built before it are fine, as long as
+    /// they have not served a request yet.
+    pub fn install() -> Self {
+        let recorder: &'static _ =
+            Box::leak(Box::new(metrics_util::debugging::DebuggingRecorder::new()));
+        Self {
+            snapshotter: recorder.snapshotter(),
+            _guard: metrics::set_default_local_recorder(recorder),
+        }
+    }
+
+    /// Every counter's value, and every histogram's number of values.
+    pub fn snapshot(&self) -> std::collections::BTreeMap<String, u64> {
+        use metrics_util::debugging::DebugValue;
+
+        let mut out = std::collections::BTreeMap::new();
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            let key = key.key();
+            let mut name = key.name().to_owned();
+            for label in key.labels() {
+                name.push_str(&format!("{{{}={}}}", label.key(), label.value()));
+            }
+            let value = match value {
+                DebugValue::Counter(n) => n,
+                DebugValue::Histogram(values) => values.len() as u64,
+                DebugValue::Gauge(_) => panic!("no gauges expected: {name}"),
+            };
+            out.insert(name, value);
+        }
+        out
+    }
 }
