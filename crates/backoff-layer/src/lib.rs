@@ -292,3 +292,8 @@ pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
 pub use retry::{Retry, RetryBuilder, RetryLayer};
+
+// The README's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}

@@ -62,3 +62,8 @@ pub mod telemetry;
 pub mod window;
 
 pub use config_error::{ConfigError, ConfigErrorKind};
+
+// The README's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}

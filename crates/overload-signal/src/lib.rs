@@ -147,3 +147,8 @@ pub use signal::{
 // NOTE: not inlined: the module is `overload-core`'s, documented there.
 #[doc(no_inline)]
 pub use overload_core::clock;
+
+// The README's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}

@@ -258,3 +258,8 @@ pub use protect::{OverloadProtectionLayer, OverloadProtectionLayerBuilder};
 pub use rate_limit::Remote;
 pub use rate_limit::future;
 pub use rate_limit::{Local, RateLimit, RateLimitBuilder, RateLimitLayer};
+
+// The README's examples, compiled and run as doctests so that they stay true.
+#[cfg(doctest)]
+#[doc = include_str!("../README.md")]
+mod readme {}
