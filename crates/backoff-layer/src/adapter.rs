@@ -20,6 +20,7 @@ use overload_signal::Overloaded;
 use crate::BoxError;
 use crate::body::ReplayBody;
 use crate::outcome::RetryInfo;
+use crate::throttle::Throttled;
 
 mod sealed {
     // NOTE: public in a private module, so that `Adapter` can name it as a supertrait while
@@ -53,6 +54,9 @@ pub trait Adapter<B>: sealed::Sealed + Send + Sync + 'static {
     /// What the caller gets for a failure carrying the stop signal, from the headers of that
     /// failure after `attempts` attempts.
     fn stop_signal(headers: HeaderMap, attempts: u32) -> BoxError;
+
+    /// What the caller gets for a request the client-side throttle refused (not sent).
+    fn throttled(refused: Throttled) -> BoxError;
 }
 
 /// The default [`Adapter`]: the wrapped service takes [`ReplayBody<B>`] as it is, and
@@ -83,6 +87,10 @@ impl<B> Adapter<B> for Direct {
     fn stop_signal(_: HeaderMap, _: u32) -> BoxError {
         Box::new(Overloaded::new())
     }
+
+    fn throttled(refused: Throttled) -> BoxError {
+        Box::new(refused)
+    }
 }
 
 #[cfg(feature = "tonic")]
@@ -107,6 +115,7 @@ mod tonic {
     use crate::body::ReplayBody;
     use crate::grpc::decode_message;
     use crate::outcome::{GaveUp, GiveUpReason, RetryInfo};
+    use crate::throttle::Throttled;
 
     /// `grpc-status-details-bin`: a status's binary details, not carried over to statuses
     /// this adapter makes.
@@ -124,6 +133,7 @@ mod tonic {
     /// | a success | `Ok(response)`; [`RetryInfo`] in `response.extensions()` |
     /// | the stop signal | `Err(status)`, `status.code() == Code::Unavailable`, the failure's metadata (`x-overloaded` always, `grpc-retry-pushback-ms` when sent); [`is_overloaded`](crate::is_overloaded)`(&status)` holds |
     /// | the deadline passed, or the next wait would pass it | `Err(status)`, `Code::DeadlineExceeded`; its source is a [`GaveUp`] |
+    /// | refused by the client-side throttle (not sent) | `Err(status)`, `Code::Unavailable`, the message saying so; its source is a [`Throttled`]: [`is_throttled`](crate::is_throttled)`(&status)` holds |
     /// | any other failure | `Err(status)` as tonic makes it from the last attempt's response or error |
     ///
     /// After more than one attempt, every `Err(status)` carries gRPC's own retry metadata,
@@ -228,6 +238,14 @@ mod tonic {
             }
             let mut status = Status::with_metadata(Code::Unavailable, message, metadata);
             status.set_source(Arc::new(Overloaded::new()));
+            Box::new(status)
+        }
+
+        fn throttled(refused: Throttled) -> BoxError {
+            // NOTE: UNAVAILABLE, as gRPC's own client-side throttling (in its RLS balancer)
+            // fails a throttled call; the source tells it apart from a server's.
+            let mut status = Status::unavailable(refused.to_string());
+            status.set_source(Arc::new(refused));
             Box::new(status)
         }
     }
@@ -422,6 +440,22 @@ mod tonic {
             assert_eq!(s.code(), Code::DeadlineExceeded);
             assert_eq!(Tonic::attempts(s), 1);
             assert!(crate::classify::is_timeout(&*err));
+        }
+
+        #[test]
+        fn a_refusal_is_unavailable_and_says_it_was_not_sent() {
+            let err = <A as Adapter<Body>>::throttled(Throttled::new(0.9));
+            let s = status(&err);
+            assert_eq!(s.code(), Code::Unavailable);
+            assert!(
+                s.message().starts_with("request not sent"),
+                "{}",
+                s.message()
+            );
+            assert!(crate::is_throttled(s));
+            assert!(crate::is_throttled(&*err));
+            assert!(!crate::is_overloaded(&*err));
+            assert!(crate::classify::is_final(&*err));
         }
 
         #[test]

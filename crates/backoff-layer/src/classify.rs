@@ -84,6 +84,7 @@ use overload_signal::protocol::{
 };
 
 use crate::outcome::{AttemptTimedOut, GaveUp};
+use crate::throttle::Throttled;
 
 /// What an attempt's outcome calls for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -301,8 +302,8 @@ pub(crate) fn is_failure(status: StatusCode, headers: &HeaderMap) -> bool {
 }
 
 /// Whether `error` is final for any retry layer: a retry layer below gave up on it
-/// ([`GaveUp`]), or a server said to stop retrying
-/// ([`Overloaded`]), anywhere in its `source()` chain.
+/// ([`GaveUp`]), a server said to stop retrying ([`Overloaded`]), or a client-side
+/// throttle refused to send it ([`Throttled`]), anywhere in its `source()` chain.
 ///
 /// The retry layer never retries such an error, whatever its classifier says, so retry
 /// layers nested in one process (a library that retries, called by an application that
@@ -310,7 +311,7 @@ pub(crate) fn is_failure(status: StatusCode, headers: &HeaderMap) -> bool {
 /// should ask it too, before [`is_timeout`] or [`is_connect_error`], which look through a
 /// `GaveUp` to the error it holds.
 pub fn is_final(error: &(dyn Error + 'static)) -> bool {
-    chain(error).any(|e| e.is::<GaveUp>() || e.is::<Overloaded>())
+    chain(error).any(|e| e.is::<GaveUp>() || e.is::<Overloaded>() || e.is::<Throttled>())
 }
 
 /// Whether `method` is idempotent per RFC 9110 section 9.2.2: `GET`, `HEAD`, `OPTIONS`,

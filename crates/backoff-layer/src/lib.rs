@@ -280,6 +280,7 @@ mod error;
 mod grpc;
 mod outcome;
 mod retry;
+pub mod throttle;
 
 pub use body::ReplayBody;
 pub use error::BoxError;
@@ -292,6 +293,7 @@ pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
 pub use retry::{Retry, RetryBuilder, RetryLayer};
+pub use throttle::{Throttled, is_throttled};
 
 // The README's examples, compiled and run as doctests so that they stay true.
 #[cfg(doctest)]

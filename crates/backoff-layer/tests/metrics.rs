@@ -116,6 +116,11 @@ async fn counters_by_name_and_reason() {
             "backoff_layer_budget_retries_refused_total{name=default}",
             0,
         ),
+        // The layer's own throttle's counters, registered on the first request too: nothing
+        // refused (a destination failing this little is never throttled), every destination
+        // tracked.
+        ("backoff_layer_throttle_refused_total{name=default}", 0),
+        ("backoff_layer_throttle_untracked_total{name=default}", 0),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

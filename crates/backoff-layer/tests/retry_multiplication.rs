@@ -185,11 +185,17 @@ fn server(model: Arc<Mutex<Server>>) -> Hop {
 }
 
 /// A tier's retry layer: immediate retries, at most `max_attempts` per request.
+///
+/// Without the client-side throttle: the paper's experiment measures what retries (and a
+/// retry budget) do to the load, and its clients send every first attempt. (With the
+/// throttle, a tier whose attempts are mostly rejected would refuse most of its first
+/// attempts too: another experiment.)
 fn retry_layer(max_attempts: u32, budget: Arc<dyn Budget>, seed: u64) -> RetryLayer {
     RetryLayer::builder()
         .max_attempts(max_attempts)
         .backoff(Immediate)
         .shared_budget(budget)
+        .no_throttle()
         .seeds(Seeds::from_seed(seed))
         .build()
         .expect("valid retry layer")
@@ -529,6 +535,7 @@ async fn the_layer_budgets_retries_by_default() {
     let layer = RetryLayer::builder()
         .max_attempts(u32::MAX)
         .backoff(Immediate)
+        .no_throttle()
         .seeds(Seeds::from_seed(6))
         .build()
         .expect("valid retry layer");

@@ -78,9 +78,22 @@ fn series(
     out
 }
 
+/// [`series`] and the counters of the layer's own throttle, at zero: nothing refused,
+/// every destination tracked.
+fn with_throttle(mut series: BTreeMap<String, u64>, name: &str) -> BTreeMap<String, u64> {
+    for metric in [
+        "backoff_layer_throttle_refused_total",
+        "backoff_layer_throttle_untracked_total",
+    ] {
+        series.insert(format!("{metric}{{name={name}}}"), 0);
+    }
+    series
+}
+
 /// Two retry layers in one process, 10 requests each, one downstream failing: two series
 /// per metric, told apart by `name`, each with its own layer's counts, the budgets' included
-/// (each layer made its own budget, named after it).
+/// (each layer made its own budget, named after it). The failing one has no client-side
+/// throttle, which would refuse some of its requests (`throttle.rs` tests that).
 #[tokio::test(start_paused = true)]
 async fn two_layers_are_told_apart_by_name() {
     let recorded = Recorded::install();
@@ -95,6 +108,7 @@ async fn two_layers_are_told_apart_by_name() {
     let search = RetryLayer::builder()
         .name("search")
         .seeds(Seeds::from_seed(2))
+        .no_throttle()
         .build()
         .unwrap()
         .layer(service_fn(|_: Req| async {
@@ -106,7 +120,7 @@ async fn two_layers_are_told_apart_by_name() {
         let failed = search.clone().oneshot(get()).await.unwrap();
         assert_eq!(failed.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
-    let mut expected = series("payments", 10, 10, 0, 0, 0, 0, 0);
+    let mut expected = with_throttle(series("payments", 10, 10, 0, 0, 0, 0, 0), "payments");
     // The failing layer's default budget: 10% of its first attempts plus a floor of 10 per
     // 10 s window. Requests 1 to 5 take their two retries each (10, the floor) and give up
     // on max attempts; requests 6 to 9 are refused their first retry; the 10th deposit
@@ -125,7 +139,10 @@ async fn a_recorder_installed_after_the_layer_sees_every_metric() {
     }));
     let recorded = Recorded::install();
     service.oneshot(get()).await.unwrap();
-    assert_eq!(recorded.snapshot(), series("default", 1, 1, 0, 0, 0, 0, 0));
+    assert_eq!(
+        recorded.snapshot(),
+        with_throttle(series("default", 1, 1, 0, 0, 0, 0, 0), "default")
+    );
 }
 
 /// 100 retries refused by the budget: one `WARN` when the refusals begin, with the budget's
@@ -153,10 +170,13 @@ async fn a_hundred_refusals_log_one_warning() {
         .min_retries_per_sec(0)
         .build()
         .unwrap();
+    // No client-side throttle: it would refuse most of these requests to a downstream that
+    // fails every one (and log that, once).
     let service = RetryLayer::builder()
         .name("search")
         .budget(budget)
         .seeds(Seeds::from_seed(3))
+        .no_throttle()
         .build()
         .unwrap()
         .layer(downstream);
@@ -204,9 +224,11 @@ async fn stop_signals_log_once_per_episode() {
             async move { Ok::<_, Infallible>(respond(if ok { 200 } else { 503 }, !ok)) }
         }
     });
+    // No client-side throttle: it would refuse most of these requests (see above).
     let service = RetryLayer::builder()
         .name("search")
         .seeds(Seeds::from_seed(4))
+        .no_throttle()
         .build()
         .unwrap()
         .layer(downstream);

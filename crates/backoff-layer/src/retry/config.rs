@@ -11,6 +11,7 @@ use super::telemetry::{RetryMetrics, STOP_SIGNAL_QUIET, stop_signals_began, stop
 use crate::backoff::{Backoff, Seeds};
 use crate::budget::Budget;
 use crate::classify::Classify;
+use crate::throttle::Throttle;
 
 /// Everything a [`Retry`](super::Retry) needs, shared by all its clones and requests.
 pub(crate) struct RetryConfig {
@@ -27,6 +28,9 @@ pub(crate) struct RetryConfig {
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) body_limit: usize,
     pub(crate) seeds: Arc<Seeds>,
+    /// The client-side throttle, shared by every clone of the layer; `None` when turned
+    /// off.
+    pub(crate) throttle: Option<Throttle>,
     /// The layer's name and its metric handles, registered on the first request; read
     /// through [`RetryConfig::metrics`].
     pub(crate) metrics: LazyMetrics<RetryMetrics>,
@@ -97,6 +101,7 @@ impl fmt::Debug for RetryConfig {
             .field("backoff", &self.backoff)
             .field("classifier", &self.classifier)
             .field("body_limit", &self.body_limit)
+            .field("throttle", &self.throttle)
             .finish_non_exhaustive()
     }
 }

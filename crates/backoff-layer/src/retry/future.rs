@@ -25,6 +25,7 @@ use crate::body::{BodySource, ReplayBody};
 use crate::classify::{Classification, is_failure, is_final};
 use crate::grpc;
 use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
+use crate::throttle::{self, ThrottleTicket};
 
 pin_project! {
     /// The response future of [`Retry`](crate::Retry): one request, all its attempts and the
@@ -63,6 +64,8 @@ pin_project! {
         Waiting,
         // Waiting for the inner service to be ready for the next attempt.
         Polling,
+        // The throttle refused the request: nothing was sent, this is the output.
+        Refused { error: Option<BoxError> },
         // The output was returned.
         Done,
     }
@@ -89,6 +92,9 @@ struct RetryState<B> {
     previous_delay: Option<Duration>,
     /// The request's own generator, made at its first retry.
     rng: Option<SmallRng>,
+    /// Where the throttle counts this request's outcomes; `None` without a throttle (or for
+    /// a destination it has no room for).
+    ticket: Option<ThrottleTicket>,
 }
 
 /// What to do with an attempt's outcome.
@@ -128,6 +134,7 @@ where
         retry: Option<(Parts, S)>,
         body: BodySource<B>,
         timing: Timing,
+        ticket: Option<ThrottleTicket>,
     ) -> Self {
         let (template, service) = retry.unzip();
         let (first_end, timer_is_deadline) = match timing.window {
@@ -145,6 +152,7 @@ where
             grpc_timeout: timing.grpc_timeout,
             previous_delay: None,
             rng: None,
+            ticket,
         };
         Self {
             state: State::Called { future, span },
@@ -153,6 +161,37 @@ where
             first_end,
             service,
             retry,
+            adapter: PhantomData,
+        }
+    }
+}
+
+impl<S, B, A> ResponseFuture<S, B, A>
+where
+    A: Adapter<B>,
+    S: Service<Request<A::Body>>,
+{
+    /// The future of a request the throttle refused: it resolves at once to `error`.
+    #[cold]
+    pub(crate) fn refused(config: Arc<RetryConfig>, error: BoxError) -> Self {
+        Self {
+            state: State::Refused { error: Some(error) },
+            timer: None,
+            timer_is_deadline: false,
+            first_end: None,
+            service: None,
+            retry: RetryState {
+                config,
+                template: None,
+                body: BodySource::Streamed,
+                next_body: None,
+                attempts: 0,
+                deadline: None,
+                grpc_timeout: false,
+                previous_delay: None,
+                rng: None,
+                ticket: None,
+            },
             adapter: PhantomData,
         }
     }
@@ -243,11 +282,24 @@ impl<B> RetryState<B> {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
+    /// Tells the throttle how an attempt ended.
+    #[inline]
+    fn observe<ResBody>(&self, outcome: &Result<Response<ResBody>, BoxError>) {
+        if let (Some(ticket), Some(throttle)) = (self.ticket, &self.config.throttle) {
+            let outcome = match outcome {
+                Ok(response) => Some(throttle::of_response(response.status(), response.headers())),
+                Err(e) => throttle::of_error(&**e),
+            };
+            throttle.record(ticket, outcome);
+        }
+    }
+
     /// Decides what an attempt's outcome calls for.
     fn next<A: Adapter<B>, ResBody>(
         &mut self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Next<Response<ResBody>> {
+        self.observe(&outcome);
         let classifier = &*self.config.classifier;
         let verdict = match &outcome {
             Ok(response) => {
@@ -459,18 +511,18 @@ where
                             };
                             ready!(timer.poll(cx));
                             this.timer.set(None);
-                            let timed_out: BoxError = Box::new(AttemptTimedOut::new());
+                            let timed_out: Result<Response<ResBody>, BoxError> =
+                                Err(Box::new(AttemptTimedOut::new()));
                             if *this.timer_is_deadline {
+                                this.retry.observe(&timed_out);
                                 this.state.set(State::Done);
                                 return Poll::Ready(
-                                    this.retry.finish::<A, _>(
-                                        Err(timed_out),
-                                        Some(GiveUpReason::Deadline),
-                                    ),
+                                    this.retry
+                                        .finish::<A, _>(timed_out, Some(GiveUpReason::Deadline)),
                                 );
                             }
                             tracing::debug!(attempt = this.retry.attempts - 1, "attempt timed out");
-                            Err(timed_out)
+                            timed_out
                         }
                     };
                     match this.retry.next::<A, _>(outcome) {
@@ -545,6 +597,13 @@ where
                     }
                     *this.timer_is_deadline = window.is_some_and(|(_, is_deadline)| is_deadline);
                     this.state.set(State::Called { future, span });
+                }
+                StateProj::Refused { error } => {
+                    let Some(error) = error.take() else {
+                        unreachable!("the refused state holds its error until it is returned");
+                    };
+                    this.state.set(State::Done);
+                    return Poll::Ready(Err(error));
                 }
                 StateProj::Done => panic!("retry response future polled after completion"),
             }

@@ -15,6 +15,7 @@ use crate::adapter::Direct;
 use crate::backoff::{Backoff, Exponential, Seeds};
 use crate::budget::{Budget, RetryBudget};
 use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
+use crate::throttle::Throttle;
 
 /// Applies [`Retry`] to a service. Cheap to clone: the configuration is shared.
 ///
@@ -28,7 +29,7 @@ use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
 /// use backoff_layer::backoff::FullJitter;
 ///
 /// // Every default: 3 attempts, the article's backoff, the default retry budget, a 15 s
-/// // deadline.
+/// // deadline, a client-side throttle per destination.
 /// let layer = RetryLayer::new();
 ///
 /// // Customised: named after its downstream, 5 attempts, full jitter, a 2 s timeout per
@@ -140,6 +141,7 @@ impl RetryLayer {
             grpc_retryable_codes: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
             seeds: None,
+            throttle: ThrottleChoice::Default,
         }
     }
 
@@ -215,6 +217,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6) |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
+/// | [`throttle`](Self::throttle) | a [`Throttle`] with its defaults, named after the layer: per destination, 2 s window, K = 2, at most 90 % refused; [`no_throttle`](Self::no_throttle) turns it off | the SRE book, Envoy, gRPC-Go; see [`throttle`](crate::throttle) |
 ///
 /// [`build`](Self::build) checks the settings:
 ///
@@ -240,6 +243,18 @@ pub struct RetryBuilder {
     grpc_retryable_codes: Option<GrpcCodes>,
     body_limit: usize,
     seeds: Option<Arc<Seeds>>,
+    throttle: ThrottleChoice,
+}
+
+/// The throttle a builder gives its layer.
+#[derive(Debug)]
+enum ThrottleChoice {
+    /// A throttle of the layer's own, with the defaults, named after it.
+    Default,
+    /// This one (shared with its other clones).
+    Given(Throttle),
+    /// None.
+    Off,
 }
 
 impl fmt::Debug for RetryBuilder {
@@ -256,6 +271,7 @@ impl fmt::Debug for RetryBuilder {
             .field("classifier", &self.classifier)
             .field("grpc_retryable_codes", &self.grpc_retryable_codes)
             .field("body_limit", &self.body_limit)
+            .field("throttle", &self.throttle)
             .finish_non_exhaustive()
     }
 }
@@ -395,6 +411,24 @@ impl RetryBuilder {
         self
     }
 
+    /// The client-side throttle: when a destination keeps failing, most of its requests fail
+    /// at once with [`Throttled`](crate::Throttled), without being sent, and the rest probe
+    /// it. A throttle is shared by its clones: give clones of one to several layers and it
+    /// sees their whole load. Default: a [`Throttle`] with its defaults, named after the
+    /// layer (per destination, a 2 s window, K = 2, at most 90 % refused; the
+    /// [`throttle`](crate::throttle) module says why and how).
+    pub fn throttle(mut self, throttle: Throttle) -> Self {
+        self.throttle = ThrottleChoice::Given(throttle);
+        self
+    }
+
+    /// No client-side throttle: every request is sent, however its destination has been
+    /// failing (retries are still bounded by the budget).
+    pub fn no_throttle(mut self) -> Self {
+        self.throttle = ThrottleChoice::Off;
+        self
+    }
+
     /// Checks the settings and builds the layer.
     ///
     /// # Errors
@@ -446,6 +480,13 @@ impl RetryBuilder {
         let budget = self
             .budget
             .unwrap_or_else(|| Arc::new(RetryBudget::named(name.clone())));
+        // NOTE: the layer's own throttle is named after it too; its table is made on the
+        // first request.
+        let throttle = match self.throttle {
+            ThrottleChoice::Default => Some(Throttle::named(name.clone())),
+            ThrottleChoice::Given(throttle) => Some(throttle),
+            ThrottleChoice::Off => None,
+        };
         RetryLayer {
             config: Arc::new(RetryConfig {
                 max_attempts: self.max_attempts,
@@ -460,6 +501,7 @@ impl RetryBuilder {
                     .unwrap_or_else(|| Arc::new(DefaultClassifier::new())),
                 body_limit: self.body_limit,
                 seeds: self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os())),
+                throttle,
                 metrics: LazyMetrics::new(name),
                 stop_signals: Episode::new(),
                 clock: TokioClock::new(),
@@ -571,6 +613,11 @@ mod tests {
         );
         assert_eq!(c.max_retry_after, Duration::from_secs(30));
         assert_eq!(c.max_retry_after, RetryLayer::DEFAULT_MAX_RETRY_AFTER);
+        let throttle = c.throttle.as_ref().expect("throttled by default");
+        assert_eq!(throttle.name(), "default", "named after the layer");
+        assert_eq!(throttle.window(), Throttle::DEFAULT_WINDOW);
+        assert!((throttle.multiplier() - 2.0).abs() < 1e-12);
+        assert!((throttle.max_probability() - 0.9).abs() < 1e-12);
         // `build()` of an untouched builder is the same as `new()`.
         let built = RetryLayer::builder().build().unwrap();
         assert_eq!(format!("{:?}", built.config), format!("{c:?}"));
@@ -597,6 +644,7 @@ mod tests {
         }
         let layer = RetryLayer::builder().name("payments").build().unwrap();
         assert_eq!(layer.config.name().as_str(), "payments");
+        assert_eq!(layer.config.throttle.as_ref().unwrap().name(), "payments");
         assert!(format!("{:?}", layer.config).contains("name: \"payments\""));
     }
 
@@ -622,6 +670,29 @@ mod tests {
             config(RetryLayer::builder().no_deadline().deadline(s(3))),
             (Some(s(3)), true)
         );
+    }
+
+    #[test]
+    fn the_throttle_can_be_given_shared_or_turned_off() {
+        assert!(
+            RetryLayer::builder()
+                .no_throttle()
+                .build()
+                .unwrap()
+                .config
+                .throttle
+                .is_none()
+        );
+        let mine = Throttle::builder().name("inventory").build().unwrap();
+        let layer = RetryLayer::builder()
+            .name("reads")
+            .throttle(mine.clone())
+            .build()
+            .unwrap();
+        // A throttle given keeps its own name; the last call wins.
+        assert_eq!(layer.config.throttle.as_ref().unwrap().name(), "inventory");
+        let off_then_on = RetryLayer::builder().no_throttle().throttle(mine).build();
+        assert!(off_then_on.unwrap().config.throttle.is_some());
     }
 
     #[test]

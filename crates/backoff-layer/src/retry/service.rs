@@ -77,6 +77,18 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = Arc::clone(&self.config);
         let (mut parts, body) = request.into_parts();
+        // The client-side throttle decides first: a refused request is never sent, earns
+        // nothing in the budget and fails at once.
+        let ticket = match &config.throttle {
+            Some(throttle) => match throttle.admit(&parts.uri, &config.seeds) {
+                Ok(ticket) => ticket,
+                Err(refused) => {
+                    let refused = A::throttled(refused);
+                    return ResponseFuture::refused(config, refused);
+                }
+            },
+            None => None,
+        };
         let may_retry =
             config.max_attempts > 1 && config.classifier.may_retry(&parts.method, &parts.headers);
 
@@ -114,6 +126,6 @@ where
             self.inner
                 .call(Request::from_parts(parts, A::attempt_body(body)))
         };
-        ResponseFuture::new(future, span, config, retry, source, timing)
+        ResponseFuture::new(future, span, config, retry, source, timing, ticket)
     }
 }

@@ -1,0 +1,271 @@
+//! [`ThrottleShared`]: one throttle's settings and state, shared by every clone of it and
+//! every layer it was given to: the request path (`admit`, `record`) and the tick.
+
+use std::fmt;
+use std::sync::mpsc::{Sender, channel};
+use std::sync::{Arc, Mutex, OnceLock, PoisonError};
+use std::time::Duration;
+
+use http::Uri;
+use overload_core::clock::Clock;
+use overload_core::sync::{AtomicU64, Ordering};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
+
+use crate::backoff::Seeds;
+use crate::throttle::refused::Throttled;
+use crate::throttle::rule::{ThrottleRule, from_units};
+use crate::throttle::scope::{DestinationKeys, ThrottleScope};
+use crate::throttle::table::{Claim, DestinationTable, ThrottleOutcome, ThrottleTicket};
+use crate::throttle::telemetry::{ThrottleMetrics, untracked_began, untracked_ended};
+use crate::throttle::tick::{ClaimedLabel, TickReport, TickState};
+
+/// A throttle's settings, checked by its builder.
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub(crate) struct ThrottleSettings {
+    pub(crate) rule: ThrottleRule,
+    pub(crate) window: Duration,
+    pub(crate) slots: u32,
+    pub(crate) max_destinations: usize,
+    pub(crate) scope: ThrottleScope,
+}
+
+/// Windows without a request after which a destination's slot is released.
+pub(crate) const IDLE_WINDOWS: u64 = 10;
+
+/// Slots of time without a tick after which the refusal path deems the ticker gone (its
+/// runtime shut down) and admits the request.
+const STALE_SLOTS: u64 = 10;
+
+/// The table and the tick's state, made on the first request.
+struct ThrottleState {
+    table: DestinationTable,
+    names: Sender<ClaimedLabel>,
+    tick: Mutex<TickState>,
+}
+
+/// One throttle; see the [module docs](self).
+pub(crate) struct ThrottleShared {
+    settings: ThrottleSettings,
+    slot_nanos: u64,
+    keys: DestinationKeys,
+    clock: Box<dyn Clock>,
+    metrics: LazyMetrics<ThrottleMetrics>,
+    state: OnceLock<ThrottleState>,
+    /// The ticker that may tick: each spawned ticker ends once this moves past its own.
+    /// 0 until the first ticker is spawned.
+    ticker: AtomicU64,
+    /// When the last tick ran, in the clock's nanoseconds.
+    last_tick: AtomicU64,
+    /// Requests sent to a destination the table had no room for.
+    untracked: Episode,
+}
+
+impl fmt::Debug for ThrottleShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Throttle")
+            .field("name", self.name())
+            .field("settings", &self.settings)
+            .finish_non_exhaustive()
+    }
+}
+
+impl ThrottleShared {
+    pub(crate) fn new(settings: ThrottleSettings, name: LayerName, clock: Box<dyn Clock>) -> Self {
+        let slot_nanos = overload_core::clock::saturating_nanos(settings.window)
+            / u64::from(settings.slots).max(1);
+        Self {
+            slot_nanos: slot_nanos.max(1),
+            keys: DestinationKeys::new(settings.scope),
+            settings,
+            clock,
+            metrics: LazyMetrics::new(name),
+            state: OnceLock::new(),
+            ticker: AtomicU64::new(0),
+            last_tick: AtomicU64::new(0),
+            untracked: Episode::new(),
+        }
+    }
+
+    pub(crate) const fn settings(&self) -> &ThrottleSettings {
+        &self.settings
+    }
+
+    pub(crate) const fn name(&self) -> &LayerName {
+        self.metrics.name()
+    }
+
+    /// The table, made (and the metrics registered) on the first request.
+    #[inline]
+    fn state(&self) -> &ThrottleState {
+        self.state.get_or_init(|| self.make_state())
+    }
+
+    #[cold]
+    fn make_state(&self) -> ThrottleState {
+        let _ = self.metrics.get();
+        let table = DestinationTable::new(match self.settings.scope {
+            ThrottleScope::Layer => 1,
+            _ => self.settings.max_destinations,
+        });
+        let (names, received) = channel();
+        let now = self.clock.now();
+        self.last_tick.store(now, Ordering::Relaxed);
+        let slots = self.settings.slots as usize;
+        let tick = TickState::new(
+            table.capacity(),
+            slots,
+            self.slot_nanos,
+            IDLE_WINDOWS * slots as u64,
+            now,
+            received,
+        );
+        ThrottleState {
+            table,
+            names,
+            tick: Mutex::new(tick),
+        }
+    }
+
+    /// Decides whether a request to `uri` is sent: `Ok(Some(ticket))` to record its
+    /// attempts' outcomes with, `Ok(None)` for a destination the table has no room for
+    /// (sent, not throttled), or `Err` when the throttle refuses it. `seeds` gives the
+    /// random draw of a destination being throttled.
+    #[inline]
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        uri: &Uri,
+        seeds: &Seeds,
+    ) -> Result<Option<ThrottleTicket>, Throttled> {
+        let state = self.state();
+        if self.ticker.load(Ordering::Relaxed) == 0 {
+            self.spawn_ticker();
+        }
+        let key = self.keys.key(uri);
+        let ticket = match state.table.find(key) {
+            Some(ticket) => ticket,
+            None => match self.claim(state, key, uri) {
+                Some(ticket) => ticket,
+                None => return Ok(None),
+            },
+        };
+        let probability = state.table.probability(ticket);
+        if probability == 0 {
+            return Ok(Some(ticket));
+        }
+        self.draw(state, ticket, probability, seeds)
+    }
+
+    /// A slot for a destination not in the table yet.
+    #[cold]
+    fn claim(&self, state: &ThrottleState, key: u64, uri: &Uri) -> Option<ThrottleTicket> {
+        match state.table.claim(key) {
+            Claim::Known(ticket) => Some(ticket),
+            Claim::New(ticket) => {
+                // NOTE: the tick names the destination's gauge and logs with it; a send
+                // fails only once the tick's state is gone with the throttle.
+                let _ = state
+                    .names
+                    .send((ticket.index(), key, self.keys.label(uri)));
+                Some(ticket)
+            }
+            Claim::Full => {
+                self.metrics.get().untracked.increment(1);
+                if self.untracked.seen(self.clock.now()) {
+                    untracked_began(self.name(), state.table.capacity());
+                }
+                None
+            }
+        }
+    }
+
+    /// The decision for a destination being throttled: refused with `probability`.
+    #[cold]
+    fn draw(
+        self: &Arc<Self>,
+        state: &ThrottleState,
+        ticket: ThrottleTicket,
+        probability: u64,
+        seeds: &Seeds,
+    ) -> Result<Option<ThrottleTicket>, Throttled> {
+        let now = self.clock.now();
+        let last = self.last_tick.load(Ordering::Relaxed);
+        if now.saturating_sub(last) > STALE_SLOTS.saturating_mul(self.slot_nanos) {
+            // NOTE: no tick for ten slots: the ticker's runtime is gone. The probability
+            // would never move again, so admit, and start a ticker here.
+            self.spawn_ticker();
+            return Ok(Some(ticket));
+        }
+        if seeds.next_seed() >> 32 < probability {
+            state.table.refused(ticket);
+            self.metrics.get().refused.increment(1);
+            return Err(Throttled::new(from_units(probability)));
+        }
+        Ok(Some(ticket))
+    }
+
+    /// Counts an attempt's outcome for its destination (`None`: nothing to count).
+    #[inline]
+    pub(crate) fn record(&self, ticket: ThrottleTicket, outcome: Option<ThrottleOutcome>) {
+        if let (Some(outcome), Some(state)) = (outcome, self.state.get()) {
+            state.table.record(ticket, outcome);
+        }
+    }
+
+    /// The refusal probability of `uri`'s destination now (0 when it is not tracked).
+    pub(crate) fn probability(&self, uri: &Uri) -> f64 {
+        let Some(state) = self.state.get() else {
+            return 0.0;
+        };
+        state
+            .table
+            .find(self.keys.key(uri))
+            .map_or(0.0, |ticket| from_units(state.table.probability(ticket)))
+    }
+
+    /// One tick at the clock's time: see [`TickState::run`].
+    pub(crate) fn tick(&self) -> TickReport {
+        let Some(state) = self.state.get() else {
+            return TickReport::default();
+        };
+        let now = self.clock.now();
+        self.last_tick.store(now, Ordering::Relaxed);
+        let report = state
+            .tick
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .run(now, &state.table, &self.settings.rule, self.name());
+        if self.untracked.is_active() {
+            let quiet = self.settings.window.saturating_mul(IDLE_WINDOWS as u32);
+            if let Some(ended) = self.untracked.quiet_for(quiet, now) {
+                untracked_ended(self.name(), ended);
+            }
+        }
+        report
+    }
+
+    /// Spawns the task that ticks every slot of time on the current tokio runtime, for as
+    /// long as the throttle lives; nothing outside a runtime (the next request tries again).
+    /// A ticker spawned later ends the earlier ones.
+    #[cold]
+    fn spawn_ticker(self: &Arc<Self>) {
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return;
+        };
+        let me = self.ticker.fetch_add(1, Ordering::AcqRel) + 1;
+        let weak = Arc::downgrade(self);
+        let period = Duration::from_nanos(self.slot_nanos);
+        runtime.spawn(async move {
+            let start = tokio::time::Instant::now() + period;
+            let mut interval = tokio::time::interval_at(start, period);
+            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
+            loop {
+                interval.tick().await;
+                let Some(shared) = weak.upgrade() else { break };
+                if shared.ticker.load(Ordering::Relaxed) != me {
+                    break;
+                }
+                shared.tick();
+            }
+        });
+    }
+}

@@ -1,0 +1,658 @@
+//! The throttle's rules, each on a fake clock, ticked by hand every slot of time; the
+//! ticker itself is tested under paused tokio time.
+
+use std::time::Duration;
+
+use http::Uri;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use overload_core::clock::FakeClock;
+
+use super::table::ThrottleOutcome::{Accepted, Failed};
+use super::*;
+use crate::backoff::Seeds;
+
+const SLOT: Duration = Duration::from_millis(200);
+
+/// A throttle with the defaults on a fake clock.
+fn throttle(clock: &FakeClock) -> Throttle {
+    Throttle::builder().clock(clock.clone()).build().unwrap()
+}
+
+fn uri(s: &'static str) -> Uri {
+    Uri::from_static(s)
+}
+
+/// A destination under test: its requests at `rate` per second, each answered with the
+/// outcome `answer` gives it, ticked every slot. Counts what was sent and refused.
+struct Traffic<'a> {
+    throttle: &'a Throttle,
+    clock: &'a FakeClock,
+    seeds: Seeds,
+    sent: u64,
+    refused: u64,
+    /// Nanoseconds since the start: when the next slot closes.
+    next_tick: Duration,
+    now: Duration,
+}
+
+impl<'a> Traffic<'a> {
+    fn new(throttle: &'a Throttle, clock: &'a FakeClock) -> Self {
+        Self {
+            throttle,
+            clock,
+            seeds: Seeds::from_seed(7),
+            sent: 0,
+            refused: 0,
+            next_tick: SLOT,
+            now: Duration::ZERO,
+        }
+    }
+
+    /// `per_second` requests a second to `to` for `secs`, each answered with `answer(i)`
+    /// at once (`None`: no answer in this call, still in flight); calls `each_slot` after
+    /// every tick with the time since the start.
+    fn run(
+        &mut self,
+        to: &Uri,
+        per_second: u32,
+        for_: Duration,
+        mut answer: impl FnMut(u64) -> Option<table::ThrottleOutcome>,
+        mut each_slot: impl FnMut(Duration, f64),
+    ) {
+        let gap = Duration::from_secs(1) / per_second;
+        let end = self.now + for_;
+        let mut i = 0;
+        while self.now < end {
+            self.now += gap;
+            self.clock.set(self.now);
+            if self.now >= self.next_tick {
+                self.throttle.tick();
+                self.next_tick += SLOT;
+                each_slot(self.now, self.throttle.probability(to));
+            }
+            match self.throttle.admit(to, &self.seeds) {
+                Ok(ticket) => {
+                    self.sent += 1;
+                    if let (Some(ticket), Some(outcome)) = (ticket, answer(i)) {
+                        self.throttle.record(ticket, Some(outcome));
+                    }
+                }
+                Err(_) => self.refused += 1,
+            }
+            i += 1;
+        }
+    }
+}
+
+#[test]
+fn a_healthy_destination_is_never_refused() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://healthy:80/");
+    traffic.run(
+        &to,
+        500,
+        Duration::from_secs(60),
+        |_| Some(Accepted),
+        |_, p| {
+            assert!(p <= 0.0, "{p}");
+        },
+    );
+    assert_eq!((traffic.sent, traffic.refused), (30_000, 0));
+}
+
+#[test]
+fn twenty_percent_rejections_are_never_refused() {
+    // A rate limit at 80 % of the load: one request in five fails, steadily, for ten
+    // minutes at 100 requests a second.
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://limited:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(600),
+        |i| Some(if i % 5 == 4 { Failed } else { Accepted }),
+        |_, _| {},
+    );
+    assert_eq!(traffic.refused, 0);
+    // And at random, not in a neat pattern: the seeded draws decide.
+    let mut rng = Seeds::from_seed(3).rng();
+    let mut traffic = Traffic::new(&t, &clock);
+    traffic.now = clock_now(&clock);
+    traffic.next_tick = traffic.now + SLOT;
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(600),
+        |_| {
+            let draw = rand::RngCore::next_u32(&mut rng);
+            Some(if draw < u32::MAX / 5 {
+                Failed
+            } else {
+                Accepted
+            })
+        },
+        |_, _| {},
+    );
+    assert_eq!(traffic.refused, 0);
+}
+
+fn clock_now(clock: &FakeClock) -> Duration {
+    Duration::from_nanos(overload_core::clock::Clock::now(clock))
+}
+
+/// When a destination starts failing after a window full of successes, how long until
+/// the throttle refuses: within the window (2 s) however long the successes lasted.
+#[test]
+fn it_reacts_within_seconds_after_a_long_run_of_successes() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://flaky:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(300),
+        |_| Some(Accepted),
+        |_, _| {},
+    );
+    let failing_from = traffic.now;
+    let mut throttled_at = None;
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(5),
+        |_| Some(Failed),
+        |now, p| {
+            if p > 0.0 && throttled_at.is_none() {
+                throttled_at = Some(now - failing_from);
+            }
+        },
+    );
+    let after = throttled_at.expect("throttled");
+    // Failures outnumber the window's successes after half the window, and the next slot
+    // closes on it.
+    assert!(after <= Duration::from_millis(1_200), "after {after:?}");
+    assert!((t.probability(&to) - 0.9).abs() < 1e-6, "at the cap");
+}
+
+/// A destination that goes silent (its requests hang, then time out after 2 s) is
+/// throttled as soon as the timeouts come: the silence has emptied the window of
+/// successes.
+#[test]
+fn a_silent_destination_is_throttled_at_its_first_timeouts() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://stopped:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(30),
+        |_| Some(Accepted),
+        |_, _| {},
+    );
+    // Stopped: for 2 s nothing comes back.
+    let mut in_flight = Vec::new();
+    let seeds = Seeds::from_seed(1);
+    let stopped_at = traffic.now;
+    let mut throttled_at = None;
+    for step in 1..=500u32 {
+        traffic.now += Duration::from_millis(10);
+        clock.set(traffic.now);
+        if traffic.now >= traffic.next_tick {
+            t.tick();
+            traffic.next_tick += SLOT;
+            if t.probability(&to) > 0.0 && throttled_at.is_none() {
+                throttled_at = Some(traffic.now - stopped_at);
+            }
+        }
+        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+            in_flight.push((step, ticket));
+        }
+        // Each attempt times out 2 s (200 steps) after it was sent.
+        while in_flight
+            .first()
+            .is_some_and(|(sent, _)| step - sent >= 200)
+        {
+            let (_, ticket) = in_flight.remove(0);
+            t.record(ticket, Some(Failed));
+        }
+    }
+    let after = throttled_at.expect("throttled");
+    // 2 s of silence, then the first slot that holds 10 timeouts.
+    assert!(
+        (Duration::from_secs(2)..=Duration::from_millis(2_400)).contains(&after),
+        "after {after:?}"
+    );
+}
+
+#[test]
+fn it_starts_only_at_min_failures_and_stays_with_fewer() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let to = uri("http://few:80/");
+    let seeds = Seeds::from_seed(1);
+    let fail = |n: u32| {
+        for _ in 0..n {
+            if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+                t.record(ticket, Some(Failed));
+            }
+        }
+    };
+    fail(9);
+    clock.advance(SLOT);
+    t.tick();
+    assert!(
+        t.probability(&to) <= 0.0,
+        "9 failures in the window: not yet"
+    );
+    fail(1);
+    clock.advance(SLOT);
+    t.tick();
+    assert!(
+        (t.probability(&to) - 0.9).abs() < 1e-6,
+        "10: (10 - 0) / 11, capped"
+    );
+    // A window later the ten have left it; two probes failing keep it throttled.
+    for _ in 0..10 {
+        clock.advance(SLOT);
+        t.tick();
+    }
+    fail(50);
+    clock.advance(SLOT);
+    t.tick();
+    let p = t.probability(&to);
+    assert!(p > 0.5, "{p}");
+}
+
+#[test]
+fn refusals_stop_at_the_cap_so_probes_always_go() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://down:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(60),
+        |_| Some(Failed),
+        |_, _| {},
+    );
+    // 6000 requests: 20 before the first slot closed, then 9 in 10 refused.
+    let share = traffic.refused as f64 / 6_000.0;
+    assert!((0.87..=0.91).contains(&share), "refused {share}");
+    assert!(traffic.sent >= 500, "probes: {}", traffic.sent);
+}
+
+/// Throttled at the cap, its window full of failures: once the probes succeed, the
+/// throttle lets everything through within a second.
+#[test]
+fn it_reopens_within_a_second_of_recovery() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://back:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(20),
+        |_| Some(Failed),
+        |_, _| {},
+    );
+    assert!((t.probability(&to) - 0.9).abs() < 1e-6);
+    let recovered_at = traffic.now;
+    let mut open_at = None;
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(3),
+        |_| Some(Accepted),
+        |now, p| {
+            if p <= 0.0 && open_at.is_none() {
+                open_at = Some(now - recovered_at);
+            }
+        },
+    );
+    let after = open_at.expect("reopened");
+    assert!(after <= Duration::from_secs(1), "after {after:?}");
+}
+
+#[test]
+fn a_destination_half_up_is_not_forgiven_and_stays_throttled() {
+    // A third of what is sent is accepted: under 1 / K, so the throttle refuses some, and
+    // no slot forgives the failures (it would need K accepts per failure).
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://third:80/");
+    let mut seen = Vec::new();
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(30),
+        |i| Some(if i % 3 == 0 { Accepted } else { Failed }),
+        |now, p| {
+            if now > Duration::from_secs(10) {
+                seen.push(p);
+            }
+        },
+    );
+    let mean = seen.iter().sum::<f64>() / seen.len() as f64;
+    // (sent - 2 * sent / 3) / sent = 1 / 3 at the sent outcomes' share, whatever is
+    // refused.
+    assert!((0.25..=0.4).contains(&mean), "mean probability {mean}");
+    assert!(seen.iter().all(|p| *p > 0.0), "{seen:?}");
+}
+
+#[test]
+fn no_evidence_keeps_the_probability_and_an_idle_destination_is_released() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://quiet:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(5),
+        |_| Some(Failed),
+        |_, _| {},
+    );
+    assert!((t.probability(&to) - 0.9).abs() < 1e-6);
+    // Requests still go (90 % refused) but none comes back: the failures leave the window
+    // (the probability follows them down to (1 - 0) / 2), then, with no outcome in the
+    // window, it holds.
+    let mut seen = Vec::new();
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(5),
+        |_| None,
+        |_, p| seen.push(p),
+    );
+    let emptied = &seen[10..];
+    assert!(
+        emptied.iter().all(|p| (p - emptied[0]).abs() < 1e-12),
+        "{seen:?}"
+    );
+    assert!(emptied[0] >= 0.5, "{seen:?}");
+    // No request at all for 10 windows (20 s): the slot is given up, and with it the
+    // probability. (The first tick closes the slot of the last requests.)
+    clock.advance(SLOT);
+    t.tick();
+    let mut released = 0;
+    for _ in 0..99 {
+        clock.advance(SLOT);
+        released += t.tick().released;
+    }
+    assert_eq!(released, 0, "not before 100 idle slots");
+    assert!(t.probability(&to) > 0.0);
+    clock.advance(SLOT);
+    assert_eq!(t.tick().released, 1);
+    assert!(t.probability(&to) <= 0.0);
+}
+
+#[test]
+fn a_failing_destination_never_throttles_a_healthy_one() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let seeds = Seeds::from_seed(5);
+    let (bad, good) = (uri("http://bad:80/x"), uri("http://good:80/y"));
+    let mut refused_good = 0;
+    let mut refused_bad = 0;
+    for step in 1..=6_000u32 {
+        clock.advance(Duration::from_millis(10));
+        if step % 20 == 0 {
+            t.tick();
+        }
+        match t.admit(&bad, &seeds) {
+            Ok(Some(ticket)) => t.record(ticket, Some(Failed)),
+            Ok(None) => unreachable!("room for two"),
+            Err(_) => refused_bad += 1,
+        }
+        match t.admit(&good, &seeds) {
+            Ok(Some(ticket)) => t.record(ticket, Some(Accepted)),
+            Ok(None) => unreachable!("room for two"),
+            Err(_) => refused_good += 1,
+        }
+    }
+    assert_eq!(refused_good, 0);
+    assert!(refused_bad > 5_000, "{refused_bad}");
+}
+
+#[test]
+fn destinations_beyond_the_table_are_sent_unthrottled_and_counted() {
+    let clock = FakeClock::new();
+    let t = Throttle::builder()
+        .max_destinations(8)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let seeds = Seeds::from_seed(1);
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let untracked = metrics::with_local_recorder(&recorder, || {
+        let uris: Vec<Uri> = (0..9)
+            .map(|i| format!("http://host{i}:80/").parse().unwrap())
+            .collect();
+        // One bucket of 8: the ninth destination finds no room.
+        let tickets: Vec<_> = uris.iter().map(|u| t.admit(u, &seeds).unwrap()).collect();
+        let untracked: Vec<usize> = (0..9).filter(|&i| tickets[i].is_none()).collect();
+        // Failing, the untracked one is never refused.
+        for _ in 0..10 {
+            for _ in 0..100 {
+                let u = &uris[untracked[0]];
+                assert!(matches!(t.admit(u, &seeds), Ok(None)));
+            }
+            clock.advance(SLOT);
+            t.tick();
+        }
+        untracked
+    });
+    assert_eq!(untracked.len(), 1);
+    let counted = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(key, ..)| key.key().name() == "backoff_layer_throttle_untracked_total")
+        .map(|(.., value)| value);
+    assert_eq!(counted, Some(DebugValue::Counter(1_001)));
+}
+
+#[test]
+fn a_throttle_whose_ticker_stopped_fails_open() {
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let mut traffic = Traffic::new(&t, &clock);
+    let to = uri("http://down:80/");
+    traffic.run(
+        &to,
+        100,
+        Duration::from_secs(5),
+        |_| Some(Failed),
+        |_, _| {},
+    );
+    assert!((t.probability(&to) - 0.9).abs() < 1e-6);
+    // No tick for 10 slots: the probability would never move again.
+    clock.advance(SLOT * 11);
+    let seeds = Seeds::from_seed(1);
+    for _ in 0..100 {
+        assert!(t.admit(&to, &seeds).is_ok(), "admitted while no tick runs");
+    }
+}
+
+#[test]
+fn refusals_and_the_probability_are_reported_by_name_and_destination() {
+    let clock = FakeClock::new();
+    let t = Throttle::builder()
+        .name("inventory")
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let (sent, refused) = metrics::with_local_recorder(&recorder, || {
+        let mut traffic = Traffic::new(&t, &clock);
+        let to = uri("http://10.0.0.7:8080/api");
+        traffic.run(
+            &to,
+            100,
+            Duration::from_secs(5),
+            |_| Some(Failed),
+            |_, _| {},
+        );
+        (traffic.sent, traffic.refused)
+    });
+    assert!(refused > 0 && sent > 0);
+    let mut seen = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let labels: Vec<String> = key
+            .key()
+            .labels()
+            .map(|l| format!("{}={}", l.key(), l.value()))
+            .collect();
+        seen.insert(format!("{}{labels:?}", key.key().name()), value);
+    }
+    assert_eq!(
+        seen.get("backoff_layer_throttle_refused_total[\"name=inventory\"]"),
+        Some(&DebugValue::Counter(refused))
+    );
+    assert_eq!(
+        seen.get("backoff_layer_throttle_untracked_total[\"name=inventory\"]"),
+        Some(&DebugValue::Counter(0))
+    );
+    let gauge = seen.get(
+        "backoff_layer_throttle_probability[\"name=inventory\", \"destination=http://10.0.0.7:8080\"]",
+    );
+    assert!(
+        matches!(gauge, Some(DebugValue::Gauge(p)) if (p.into_inner() - 0.9).abs() < 1e-6),
+        "{seen:?}"
+    );
+}
+
+#[test]
+fn a_layer_scope_throttles_every_destination_together() {
+    let clock = FakeClock::new();
+    let t = Throttle::builder()
+        .scope(ThrottleScope::Layer)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    let mut traffic = Traffic::new(&t, &clock);
+    traffic.run(
+        &uri("http://a:1/"),
+        100,
+        Duration::from_secs(5),
+        |_| Some(Failed),
+        |_, _| {},
+    );
+    assert!(t.probability(&uri("http://b:2/")) > 0.0);
+}
+
+#[test]
+fn invalid_settings_are_refused_by_name() {
+    let refused = |b: ThrottleBuilder| {
+        let e = b.build().unwrap_err();
+        (e.field(), e.to_string())
+    };
+    assert_eq!(
+        refused(Throttle::builder().max_probability(1.0)),
+        (
+            "max_probability",
+            "max_probability must be within 0..1, both excluded, got 1.0".to_owned()
+        )
+    );
+    assert_eq!(
+        refused(Throttle::builder().max_probability(0.0)).0,
+        "max_probability"
+    );
+    assert_eq!(
+        refused(Throttle::builder().max_probability(f64::NAN)).1,
+        "max_probability must be a finite number, got NaN"
+    );
+    assert_eq!(
+        refused(Throttle::builder().multiplier(0.5)).1,
+        "multiplier must be within 1..=100, got 0.5"
+    );
+    assert_eq!(
+        refused(Throttle::builder().multiplier(f64::INFINITY)).0,
+        "multiplier"
+    );
+    assert_eq!(
+        refused(Throttle::builder().slots(0)).1,
+        "slots must be within 1..=64, got 0"
+    );
+    assert_eq!(
+        refused(Throttle::builder().window(Duration::from_millis(50))).1,
+        "window / slots must be at least 10ms, got 50ms / 10 = 5ms"
+    );
+    assert_eq!(
+        refused(Throttle::builder().window(Duration::from_secs(601))).0,
+        "window"
+    );
+    assert_eq!(
+        refused(Throttle::builder().max_destinations(0)).0,
+        "max_destinations"
+    );
+    assert_eq!(
+        refused(Throttle::builder().max_destinations(65_537)).0,
+        "max_destinations"
+    );
+    assert_eq!(refused(Throttle::builder().name("")).0, "name");
+    assert!(
+        Throttle::builder()
+            .window(Duration::from_millis(100))
+            .slots(10)
+            .multiplier(1.0)
+            .max_probability(0.99)
+            .min_failures(0)
+            .max_destinations(1)
+            .build()
+            .is_ok()
+    );
+}
+
+#[test]
+fn defaults_are_the_documented_ones() {
+    let t = Throttle::new();
+    assert_eq!(t.name(), "default");
+    assert_eq!(t.window(), Duration::from_secs(2));
+    assert_eq!(t.slots(), 10);
+    assert!((t.multiplier() - 2.0).abs() < 1e-12);
+    assert!((t.max_probability() - 0.9).abs() < 1e-12);
+    assert_eq!(t.min_failures(), 10);
+    assert_eq!(t.max_destinations(), 256);
+    assert_eq!(t.scope(), ThrottleScope::Destination);
+    assert_eq!(
+        format!("{:?}", Throttle::builder().build().unwrap()),
+        format!("{t:?}")
+    );
+}
+
+/// The ticker: spawned by the first request on its runtime, it closes a slot every 200 ms
+/// of (paused) time by itself.
+#[tokio::test(start_paused = true)]
+async fn the_ticker_closes_slots_by_itself() {
+    let t = Throttle::new();
+    let seeds = Seeds::from_seed(1);
+    let to = uri("http://down:80/");
+    for _ in 0..20 {
+        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+            t.record(ticket, Some(Failed));
+        }
+    }
+    assert!(t.probability(&to) <= 0.0, "no slot closed yet");
+    tokio::time::sleep(Duration::from_millis(250)).await;
+    assert!((t.probability(&to) - 0.9).abs() < 1e-6);
+    // Accepts reopen it, at the next slots.
+    for _ in 0..200 {
+        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+            t.record(ticket, Some(Accepted));
+        }
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert!(t.probability(&to) <= 0.0);
+}
