@@ -100,12 +100,14 @@ pub struct RunArgs {
     /// The URL every request goes to.
     #[arg(long, default_value = crate::load::DEFAULT_URL)]
     pub url: Uri,
-    /// How clients retry: fixed, exponential or full.
+    /// How clients retry: fixed, exponential, exponential-program, full or full-no-throttle.
     ///
-    /// `fixed` (every 100 ms) and `exponential` (the article's backoff) are the article's
-    /// clients: every failure retried without end, no attempt header, the stop signal
-    /// retried too. `full` is backoff-layer's retry layer: 3 attempts, a retry budget, the
-    /// attempt header, no retry after a stop signal.
+    /// `fixed` (every 100 ms), `exponential` (the article's backoff, from 100 ms) and
+    /// `exponential-program` (the article's program: the backoff grows from the think time
+    /// just slept, x2.7) are the article's clients: every failure retried without end, no
+    /// attempt header, the stop signal retried too. `full` is backoff-layer's retry layer: 3
+    /// attempts, a retry budget, the attempt header, no retry after a stop signal, and the
+    /// client-side throttle; `full-no-throttle` is the same without the throttle.
     #[arg(long, default_value = "full")]
     pub strategy: Strategy,
     /// Stop after this long instead of at Ctrl-C.
@@ -153,7 +155,7 @@ pub struct ExperimentArgs {
     #[arg(
         long,
         value_delimiter = ',',
-        default_value = "fixed:none,exponential:none,full:full,fixed:full"
+        default_value = "fixed:none,exponential:none,full:none,full:full,fixed:full"
     )]
     pub runs: Vec<RunSpec>,
     /// What the server does with a request whose client gave up: serve it to the end (the
@@ -335,7 +337,10 @@ mod tests {
         let err = parse(&["run", "--strategy", "random"])
             .unwrap_err()
             .to_string();
-        assert!(err.contains("expected fixed, exponential or full"), "{err}");
+        assert!(
+            err.contains("expected fixed, exponential, exponential-program, full or"),
+            "{err}"
+        );
         let err = parse(&["run", "--clients", "0"]).unwrap_err().to_string();
         assert!(err.contains("--clients"), "{err}");
         let err = parse(&["run", "--max-body", "1MB"])

@@ -25,7 +25,7 @@ use tokio::time::Instant;
 use tower::{BoxError, ServiceExt};
 use tower_service::Service;
 
-use crate::client::{AttemptCounter, DemoBody, Outcome};
+use crate::client::{AttemptCounter, DemoBody, Outcome, ThinkTime};
 use crate::record::{Event, Recorder, Second};
 
 /// The demo's default number of clients: 1000, from the article's simulation client.
@@ -187,18 +187,24 @@ where
             let slot = &started[index];
             loop {
                 let pause: f64 = think.sample(&mut rng);
-                tokio::time::sleep(Duration::from_secs_f64(pause.min(86_400.0))).await;
+                let pause = Duration::from_secs_f64(pause.min(86_400.0));
+                tokio::time::sleep(pause).await;
                 recorder.record(Event::Request);
                 let mut request = Request::get(url.clone())
                     .body(DemoBody::default())
                     .unwrap_or_else(|_| unreachable!("a GET of a valid Uri is a valid request"));
                 request.extensions_mut().insert(AttemptCounter::new());
+                request.extensions_mut().insert(ThinkTime(pause));
                 let start = Instant::now();
                 let since_origin = u64::try_from((start - origin).as_nanos()).unwrap_or(u64::MAX);
                 slot.store(since_origin.saturating_add(1), Ordering::Release);
                 let result = service.clone().oneshot(request).await;
                 let latency = start.elapsed();
-                recorder.record(match Outcome::of(&result) {
+                let outcome = Outcome::of(&result);
+                if outcome == Outcome::Throttled {
+                    recorder.record(Event::Throttled);
+                }
+                recorder.record(match outcome {
                     Outcome::Ok => Event::Ok { latency },
                     outcome => Event::Failed {
                         latency,

@@ -42,8 +42,8 @@ impl RunRecord {
 
 /// The CSV header written by [`write_csv`].
 pub const CSV_HEADER: &str = "run,second,phase,requests,ok,failed,errors,timeouts,attempts,\
-retries,rejected,budget_refusals,stop_signals,refused,p50_ms,p99_ms,p99_outcome_ms,\
-server_concurrency";
+retries,rejected,budget_refusals,stop_signals,refused,throttled,p50_ms,p99_ms,\
+p99_outcome_ms,server_concurrency";
 
 /// Writes every second of every run as CSV, one row per (run, second), seconds counted from
 /// the start of each run. `p50_ms` and `p99_ms` are of the requests that succeeded in the
@@ -67,7 +67,7 @@ pub fn write_csv<W: Write>(mut out: W, runs: &[RunRecord]) -> io::Result<()> {
             };
             writeln!(
                 out,
-                "{label},{s},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
+                "{label},{s},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{},{}",
                 run.phases.phase_of(s),
                 row.requests,
                 row.ok,
@@ -80,6 +80,7 @@ pub fn write_csv<W: Write>(mut out: W, runs: &[RunRecord]) -> io::Result<()> {
                 row.budget_refusals,
                 row.stop_signals,
                 row.refused,
+                row.throttled,
                 ms(&latencies, 0.5),
                 ms(&latencies, 0.99),
                 ms(&outcomes, 0.99),
@@ -101,8 +102,10 @@ fn csv_field(text: &str) -> String {
 }
 
 /// The plot of a scenario: one panel per run, successful requests (green), failed requests
-/// (orange) and timed-out attempts (red) per second over time, the pause shaded in grey.
-/// Every panel has the same y scale, so the runs compare at a glance.
+/// (orange) and timed-out attempts (red) per second over time, and, in a run whose
+/// client-side throttle refused any, the requests it refused (purple, part of the failed
+/// ones); the pause shaded in grey. Every panel has the same y scale, so the runs compare at
+/// a glance.
 pub fn outage_svg(runs: &[RunRecord]) -> String {
     let top = runs
         .iter()
@@ -148,7 +151,14 @@ pub fn outage_svg(runs: &[RunRecord]) -> String {
                         color: "#d62728".to_owned(),
                         points: series(|r| r.timeouts),
                     },
-                ],
+                ]
+                .into_iter()
+                .chain((r.throttled > 0).then(|| Line {
+                    label: "refused locally".to_owned(),
+                    color: "#9467bd".to_owned(),
+                    points: series(|r| r.throttled),
+                }))
+                .collect(),
                 shade: Some((
                     run.phases.pause_at as f64,
                     run.phases.resume_at() as f64,
@@ -247,11 +257,11 @@ mod tests {
         assert_eq!(lines[0], CSV_HEADER);
         assert_eq!(
             lines[1],
-            "a,0,steady,0,10,0,0,0,11,0,0,0,0,0,100.0,300.0,300.0,"
+            "a,0,steady,0,10,0,0,0,11,0,0,0,0,0,0,100.0,300.0,300.0,"
         );
         assert_eq!(
             lines[5],
-            "a,4,paused,0,10,1,0,1,11,0,0,0,0,0,100.0,300.0,4000.0,"
+            "a,4,paused,0,10,1,0,1,11,0,0,0,0,0,0,100.0,300.0,4000.0,"
         );
         assert!(lines[7].ends_with(",12"), "{}", lines[7]);
         assert!(lines[11].starts_with("\"b, \"\"quoted\"\"\",0,steady"));
@@ -284,6 +294,18 @@ mod tests {
         assert!(svg.contains("fixed: "));
         assert!(svg.contains("full: "));
         assert_eq!(svg.matches("<path").count(), 6);
+    }
+
+    #[test]
+    fn a_run_that_refused_requests_locally_shows_them() {
+        let mut throttled = run("full");
+        throttled.seconds[4].throttled = 7;
+        throttled.seconds[4].failed = 8;
+        let throttled = RunRecord::new("full", throttled.seconds, Vec::new(), PHASES);
+        assert_eq!(throttled.report.throttled, 7);
+        let svg = outage_svg(&[run("fixed"), throttled]);
+        assert_eq!(svg.matches("<path").count(), 7);
+        assert_eq!(svg.matches("refused locally").count(), 1);
     }
 
     #[test]

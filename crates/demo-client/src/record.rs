@@ -37,6 +37,9 @@ pub struct Second {
     pub rejected: u64,
     /// Attempts whose connection was refused (nothing listening).
     pub refused: u64,
+    /// Requests the client-side throttle refused: never sent, failed at once (part of
+    /// [`failed`](Self::failed)).
+    pub throttled: u64,
     /// End-to-end latencies (from the start of the request, retries included) of the
     /// requests that succeeded in this second.
     pub latencies: Vec<Duration>,
@@ -62,6 +65,7 @@ impl Second {
         self.stop_signals += other.stop_signals;
         self.rejected += other.rejected;
         self.refused += other.refused;
+        self.throttled += other.throttled;
         self.latencies.extend_from_slice(&other.latencies);
         self.failure_latencies
             .extend_from_slice(&other.failure_latencies);
@@ -104,6 +108,8 @@ pub enum Event {
     BudgetRefusal,
     /// A response carried the stop signal.
     StopSignal,
+    /// The client-side throttle refused a request (it is also [`Event::Failed`]).
+    Throttled,
     /// The server reported this many requests in flight.
     ServerConcurrency(u64),
 }
@@ -177,6 +183,7 @@ impl Recorder {
             Event::Refused => row.refused += 1,
             Event::BudgetRefusal => row.budget_refusals += 1,
             Event::StopSignal => row.stop_signals += 1,
+            Event::Throttled => row.throttled += 1,
             Event::ServerConcurrency(c) => {
                 row.server_concurrency = Some(row.server_concurrency.map_or(c, |m| m.max(c)));
             }
@@ -247,6 +254,7 @@ mod tests {
         recorder.record(Event::StopSignal);
         recorder.record(Event::Rejected);
         recorder.record(Event::Refused);
+        recorder.record(Event::Throttled);
 
         let rows = recorder.snapshot();
         assert_eq!(rows.len(), 4);
@@ -267,8 +275,9 @@ mod tests {
                 rows[3].stop_signals,
                 rows[3].rejected,
                 rows[3].refused,
+                rows[3].throttled,
             ),
-            (1, 2, 1, 1, 1, 1, 1)
+            (1, 2, 1, 1, 1, 1, 1, 1)
         );
         assert_eq!(
             rows[3].failure_latencies,

@@ -24,6 +24,8 @@
 //!   failure (an error status, a stop signal, a retry the budget refused, a refused
 //!   connection, a last attempt that timed out) and those still waiting for an outcome when
 //!   the run ended; with their share of all the requests the clients started;
+//! - **throttled**: the requests of the whole run that the client-side throttle refused
+//!   (never sent; part of **failed**);
 //! - **p50 / p99 latency** of the requests that succeeded after resume;
 //! - **p99 time to outcome** of every request that ended after resume, failures included,
 //!   and of those still waiting at the end (counted until the end, a lower bound): what a
@@ -134,6 +136,9 @@ pub struct RunReport {
     pub failed: u64,
     /// Requests still waiting for an outcome when the run ended.
     pub unfinished: u64,
+    /// Requests of the whole run the client-side throttle refused (part of
+    /// [`failed`](Self::failed)).
+    pub throttled: u64,
     /// 99th percentile time to outcome of the requests that ended after resume (successes
     /// and failures) and of those still waiting at the end.
     pub p99_outcome: Option<Duration>,
@@ -198,9 +203,10 @@ impl RunReport {
         let p99_outcome = percentile(&outcomes, 0.99);
         after_resume.latencies = latencies;
 
-        let (requests, ended_failed) = (0..phases.end())
-            .map(row)
-            .fold((0, 0), |(r, f), s| (r + s.requests, f + s.failed));
+        let (requests, ended_failed, throttled) =
+            (0..phases.end()).map(row).fold((0, 0, 0), |(r, f, t), s| {
+                (r + s.requests, f + s.failed, t + s.throttled)
+            });
         let unfinished_count = unfinished.len() as u64;
 
         Self {
@@ -215,6 +221,7 @@ impl RunReport {
             requests,
             failed: ended_failed + unfinished_count,
             unfinished: unfinished_count,
+            throttled,
             p99_outcome,
             after_resume,
         }
@@ -320,13 +327,14 @@ impl fmt::Display for Table<'_> {
             .max(3);
         writeln!(
             f,
-            "{:<width$}  {:>10}  {:>8}  {:>13}  {:>9}  {:>14}  {:>8}  {:>9}  {:>9}",
+            "{:<width$}  {:>10}  {:>8}  {:>13}  {:>9}  {:>14}  {:>9}  {:>8}  {:>9}  {:>9}",
             "run",
             "baseline/s",
             "recovery",
             "amplification",
             "peak conc",
             "failed",
+            "throttled",
             "p50 ok",
             "p99 ok",
             "p99 all",
@@ -350,13 +358,14 @@ impl fmt::Display for Table<'_> {
             };
             writeln!(
                 f,
-                "{:<width$}  {:>10.1}  {:>8}  {:>13}  {:>9}  {:>14}  {:>8}  {:>9}  {:>9}",
+                "{:<width$}  {:>10.1}  {:>8}  {:>13}  {:>9}  {:>14}  {:>9}  {:>8}  {:>9}  {:>9}",
                 r.label,
                 r.baseline,
                 recovery,
                 amplification,
                 peak,
                 failed,
+                r.throttled,
                 ms(r.p50),
                 ms(r.p99),
                 ms(r.p99_outcome),

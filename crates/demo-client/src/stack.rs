@@ -4,23 +4,32 @@
 //! retry (strategy) ─► Record ─► Timeout (per attempt) ─► Collect ─► transport
 //! ```
 //!
-//! | strategy | retry layer | wait before a retry | attempts | budget | source |
-//! |---|---|---|---|---|---|
-//! | `fixed` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms | no limit | none | the article's simulation client |
-//! | `exponential` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
-//! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | the article, the paper, the SRE book |
+//! | strategy | retry layer | wait before a retry | attempts | budget | client-side throttle | source |
+//! |---|---|---|---|---|---|---|
+//! | `fixed` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms | no limit | none | none | the article's simulation client |
+//! | `exponential` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | none | the article's pseudo-code |
+//! | `exponential-program` | [`NaiveRetry`](crate::client::NaiveRetry), carrying the think time | the think time just slept x2.7 (about 27 s), then x2.7 each, jitter 0.1 fed back, at most 10 min | no limit | none | none | the article's program |
+//! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | per destination, `backoff-layer`'s defaults | the article, the paper, the SRE book |
+//! | `full-no-throttle` | the same | the same | 3 | the same | none | `full` before the throttle |
 //!
-//! `fixed` and `exponential` are the article's clients, and know nothing of the overload
-//! protocol. They retry every failure (a refused connection, a timed-out attempt, any
+//! `fixed`, `exponential` and `exponential-program` are the article's clients, and know
+//! nothing of the overload protocol. They retry every failure (a refused connection, a timed-out attempt, any
 //! status but `2xx`) after their wait, for as long as it takes; they send no
 //! `X-Request-Attempt` header (so a server counts their attempts as "unknown", never as
 //! retries), and they retry a response carrying the stop signal like any other failure. The
 //! waits are `backoff-layer`'s [`Fixed::new()`] and [`Exponential::new()`], each request
 //! drawing its jitter from its own generator.
 //!
+//! `exponential` follows the article's pseudo-code (each request's backoff starts at 100 ms);
+//! `exponential-program` its program, whose backoff starts from the think time the client
+//! just slept (see [`CarriedDelay`](crate::client::CarriedDelay)).
+//!
 //! `full` is everything this workspace offers: `backoff-layer`'s retry layer with its
 //! defaults (it retries connect errors, timeouts, `429`, `502`, `503` and `504`), a retry
-//! budget, `X-Request-Attempt` on every attempt, and no retry after a stop signal.
+//! budget, `X-Request-Attempt` on every attempt, no retry after a stop signal, and its
+//! client-side throttle: one for the whole stack, so shared by every client of a run, which
+//! refuses most requests to a destination that keeps failing (at once, unsent) and sends
+//! the rest as probes. `full-no-throttle` is the same without the throttle.
 //!
 //! So `fixed vs --stack full` is what the server side achieves alone: its clients neither
 //! tell the server which requests are retries nor listen when it says stop.
@@ -41,7 +50,9 @@ use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;
 
-use crate::client::{CollectLayer, CountingBudget, DemoBody, NaiveRetryLayer, RecordLayer};
+use crate::client::{
+    CarriedDelay, CollectLayer, CountingBudget, DemoBody, NaiveRetryLayer, RecordLayer,
+};
 use crate::record::Recorder;
 use crate::strategy::Strategy;
 
@@ -53,9 +64,9 @@ pub type DemoService = BoxCloneSyncService<Request<DemoBody>, Response<DemoBody>
 /// The retry layer of one strategy; see the [module docs](self).
 #[derive(Debug, Clone)]
 pub enum StrategyRetry {
-    /// The article's clients, `fixed` and `exponential`.
+    /// The article's clients, `fixed`, `exponential` and `exponential-program`.
     Naive(NaiveRetryLayer),
-    /// `full`: `backoff-layer`'s retry layer.
+    /// `full` and `full-no-throttle`: `backoff-layer`'s retry layer.
     Full(RetryLayer),
 }
 
@@ -70,15 +81,25 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> Strate
         Strategy::Exponential => {
             StrategyRetry::Naive(NaiveRetryLayer::new(Exponential::new(), seeds))
         }
-        Strategy::Full => {
-            let built = RetryLayer::builder()
+        // The article's program: the backoff grows from the think time.
+        Strategy::ExponentialProgram => StrategyRetry::Naive(NaiveRetryLayer::carrying_think_time(
+            CarriedDelay::article_program(),
+            seeds,
+        )),
+        Strategy::Full | Strategy::FullNoThrottle => {
+            let builder = RetryLayer::builder()
                 .seeds(seeds)
                 .backoff(Exponential::new())
                 .budget(CountingBudget::new(
                     RetryBudget::default(),
                     recorder.clone(),
-                ))
-                .build();
+                ));
+            // NOTE: `full` keeps the layer's own throttle, with its defaults.
+            let built = if strategy == Strategy::FullNoThrottle {
+                builder.no_throttle().build()
+            } else {
+                builder.build()
+            };
             // NOTE: every setting above is a constant that satisfies the builder's rules
             // (max attempts >= 1, no zero timeout or deadline); the unit tests build it.
             StrategyRetry::Full(
@@ -372,6 +393,35 @@ mod tests {
             start.elapsed()
         );
         assert_eq!(recorder.totals(0, 100).attempts, 3);
+    }
+
+    /// `full` against a server that fails every attempt: after the first slots of failures
+    /// most requests fail at once, never sent; `full-no-throttle` sends every one.
+    #[tokio::test(start_paused = true)]
+    async fn full_refuses_locally_once_the_server_keeps_failing_and_full_no_throttle_does_not() {
+        for (strategy, throttled) in [(Strategy::Full, true), (Strategy::FullNoThrottle, false)] {
+            let recorder = Recorder::new();
+            let (server, seen) = flaky(u32::MAX);
+            let stack = test_stack(server, strategy, &recorder);
+            let mut outcomes = Vec::new();
+            for _ in 0..500 {
+                let result = stack.clone().oneshot(request()).await;
+                outcomes.push(Outcome::of(&result));
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            let refused = outcomes
+                .iter()
+                .filter(|o| **o == Outcome::Throttled)
+                .count();
+            if throttled {
+                assert!(refused > 300, "{strategy}: {refused} refused");
+                // Refused requests never reached the server.
+                let sent = seen.load(Ordering::SeqCst) as usize;
+                assert!(sent < 500 - refused + 100, "{strategy}: {sent} attempts");
+            } else {
+                assert_eq!(refused, 0, "{strategy}");
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

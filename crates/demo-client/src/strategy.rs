@@ -5,9 +5,9 @@ use std::str::FromStr;
 
 /// How a demo client retries a failed attempt.
 ///
-/// `fixed` and `exponential` are the article's clients, built on
-/// [`NaiveRetry`](crate::client::NaiveRetry); `full` is `backoff-layer`'s retry layer. See
-/// [`stack`](crate::stack) for each configuration.
+/// `fixed`, `exponential` and `exponential-program` are the article's clients, built on
+/// [`NaiveRetry`](crate::client::NaiveRetry); `full` and `full-no-throttle` are
+/// `backoff-layer`'s retry layer. See [`stack`](crate::stack) for each configuration.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Strategy {
     /// The article's simulation client: retries every failure (a refused connection, a
@@ -15,25 +15,42 @@ pub enum Strategy {
     /// `X-Request-Attempt` header and retries the stop signal like any other failure: the
     /// strategy that keeps a resumed server down.
     Fixed,
-    /// The article's exponential client: the same, with the article's exponential backoff
-    /// between attempts (100 ms, x2, normal jitter 0.1, at most 15 minutes) and nothing else.
+    /// The article's exponential client, as its pseudo-code has it: the same, with the
+    /// article's exponential backoff between attempts (100 ms, x2, normal jitter 0.1, at
+    /// most 15 minutes) and nothing else.
     Exponential,
+    /// The exponential client of the article's program: its backoff grows from the think
+    /// time it just slept (x2.7, normal jitter 0.1 fed back, at most 10 minutes), so its
+    /// first retry waits about 27 s. See
+    /// [`CarriedDelay`](crate::client::CarriedDelay).
+    ExponentialProgram,
     /// Everything this workspace offers: the article's exponential backoff with jitter, a
-    /// retry budget, at most 3 attempts, the `X-Request-Attempt` header, and no retry after
-    /// a stop signal.
+    /// retry budget, at most 3 attempts, the `X-Request-Attempt` header, no retry after a
+    /// stop signal, and the client-side throttle.
     Full,
+    /// `full` without the client-side throttle (`RetryBuilder::no_throttle`): the client
+    /// stack before it existed, for comparison.
+    FullNoThrottle,
 }
 
 impl Strategy {
-    /// Every strategy, in the order the experiment runs them.
-    pub const ALL: [Strategy; 3] = [Strategy::Fixed, Strategy::Exponential, Strategy::Full];
+    /// Every strategy.
+    pub const ALL: [Strategy; 5] = [
+        Strategy::Fixed,
+        Strategy::Exponential,
+        Strategy::ExponentialProgram,
+        Strategy::Full,
+        Strategy::FullNoThrottle,
+    ];
 
     /// The name used on the command line.
     pub const fn name(self) -> &'static str {
         match self {
             Strategy::Fixed => "fixed",
             Strategy::Exponential => "exponential",
+            Strategy::ExponentialProgram => "exponential-program",
             Strategy::Full => "full",
+            Strategy::FullNoThrottle => "full-no-throttle",
         }
     }
 }
@@ -44,7 +61,7 @@ impl fmt::Display for Strategy {
     }
 }
 
-/// A strategy name that is not `fixed`, `exponential` or `full`.
+/// A strategy name that is not one of [`Strategy::ALL`]'s.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct UnknownStrategy(String);
 
@@ -52,7 +69,8 @@ impl fmt::Display for UnknownStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown strategy {:?}: expected fixed, exponential or full",
+            "unknown strategy {:?}: expected fixed, exponential, exponential-program, full or \
+             full-no-throttle",
             self.0
         )
     }
@@ -83,7 +101,8 @@ mod tests {
         let err = "Full".parse::<Strategy>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown strategy \"Full\": expected fixed, exponential or full"
+            "unknown strategy \"Full\": expected fixed, exponential, exponential-program, full \
+             or full-no-throttle"
         );
     }
 }

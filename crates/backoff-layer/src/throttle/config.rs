@@ -169,7 +169,7 @@ impl Throttle {
 
     /// One tick now, as the ticker does every slot of time: for the tests, which move a fake
     /// clock.
-    #[cfg(test)]
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn tick(&self) -> crate::throttle::tick::TickReport {
         self.shared.tick()
     }

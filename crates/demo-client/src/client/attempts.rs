@@ -159,6 +159,8 @@ pub enum Outcome {
     Ok,
     /// The last attempt timed out.
     Timeout,
+    /// The client-side throttle refused it: never sent.
+    Throttled,
     /// Anything else: an error status, a stop signal, a retry the budget refused, a refused
     /// connection, a body over the cap.
     Error,
@@ -171,6 +173,7 @@ impl Outcome {
             Ok(response) if response.status().is_success() => Outcome::Ok,
             Ok(_) => Outcome::Error,
             Err(err) if is_timeout(err.as_ref()) => Outcome::Timeout,
+            Err(err) if backoff_layer::is_throttled(err.as_ref()) => Outcome::Throttled,
             Err(_) => Outcome::Error,
         }
     }

@@ -31,7 +31,7 @@ pub use attempts::{
 };
 pub use budget::CountingBudget;
 pub use loopback::{Abandoned, Gate, Loopback, LoopbackFuture};
-pub use naive::{NaiveRetry, NaiveRetryFuture, NaiveRetryLayer};
+pub use naive::{CarriedDelay, NaiveRetry, NaiveRetryFuture, NaiveRetryLayer, ThinkTime};
 pub use transport::{
     BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, TransportBody,
     http_transport,

@@ -21,6 +21,18 @@
 //! It exists for the outage experiment, to show what such clients do to a server, with and
 //! without protection; `backoff-layer`'s `RetryLayer` is the client to use.
 //!
+//! # The article's program
+//!
+//! The article's pseudo-code starts each request's backoff at `MinDelay` (100 ms), which
+//! [`Exponential`] follows. Its program does not: each client keeps one `delay` variable for
+//! its think time and its backoff, so after a failure it multiplies **the think time it just
+//! slept** (10 s on average) by the factor, and feeds the jitter back:
+//! `delay = min(delay * Factor, MaxDelay); delay += normal(0, delay * Jitter)`.
+//! [`NaiveRetryLayer::carrying_think_time`] with [`CarriedDelay`] is that client: it reads the
+//! think time from the request's [`ThinkTime`] extension (the load generator sets it). With
+//! the program's factor of 2.7, a first retry waits about 27 s, so during a 20 s outage each
+//! client sends about one attempt.
+//!
 //! # Replay
 //!
 //! Every attempt is a clone of the caller's request: method, URI, version, headers,
@@ -60,6 +72,60 @@ pub struct NaiveRetryLayer {
 struct Config {
     backoff: Box<dyn Backoff>,
     seeds: Seeds,
+    /// Whether a request's first wait starts from its [`ThinkTime`] (the article's program).
+    carry_think_time: bool,
+}
+
+/// The think time a client slept before sending a request, in the request's extensions:
+/// what the article's program starts its backoff from.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ThinkTime(pub Duration);
+
+/// The article's program's backoff: each delay grows from the previous one, **jitter
+/// included**, `delay = min(previous * factor, max); delay += normal(0, delay * jitter)`,
+/// never below zero; the first from the request's think time when the layer carries it
+/// ([`NaiveRetryLayer::carrying_think_time`]), else from 100 ms.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct CarriedDelay {
+    factor: f64,
+    max: Duration,
+    jitter: f64,
+}
+
+impl CarriedDelay {
+    /// The program's parameters, the article's blue curve: factor 2.7, jitter 0.1, at most
+    /// 10 minutes.
+    pub const fn article_program() -> Self {
+        Self {
+            factor: 2.7,
+            max: Duration::from_secs(600),
+            jitter: 0.1,
+        }
+    }
+
+    /// The delay that a wait of `previous` grows into, before jitter.
+    fn grown(&self, previous: Duration) -> Duration {
+        let grown = previous.as_secs_f64() * self.factor;
+        Duration::from_secs_f64(grown.min(self.max.as_secs_f64()))
+    }
+}
+
+impl Backoff for CarriedDelay {
+    fn next_delay(
+        &self,
+        _retry: u32,
+        previous: Option<Duration>,
+        rng: &mut dyn rand::RngCore,
+    ) -> Duration {
+        let delay = self.grown(previous.unwrap_or(Duration::from_millis(100)));
+        let noise: f64 = rand_distr::Distribution::sample(&rand_distr::StandardNormal, rng);
+        let jittered = delay.as_secs_f64() * (1.0 + noise * self.jitter);
+        Duration::from_secs_f64(jittered.clamp(0.0, self.max.as_secs_f64() * 2.0))
+    }
+
+    fn max_delay(&self) -> Duration {
+        self.max
+    }
 }
 
 impl NaiveRetryLayer {
@@ -70,6 +136,20 @@ impl NaiveRetryLayer {
             config: Arc::new(Config {
                 backoff: Box::new(backoff),
                 seeds,
+                carry_think_time: false,
+            }),
+        }
+    }
+
+    /// The same, with each request's first wait grown from its [`ThinkTime`] extension (as
+    /// `previous`), as the article's program does; see the [module
+    /// docs](self#the-articles-program). A request without one starts from `None`.
+    pub fn carrying_think_time(backoff: impl Backoff, seeds: Seeds) -> Self {
+        Self {
+            config: Arc::new(Config {
+                backoff: Box::new(backoff),
+                seeds,
+                carry_think_time: true,
             }),
         }
     }
@@ -146,6 +226,11 @@ where
         // clone, not ready, goes with the future and is polled ready before each retry, as
         // tower's readiness contract requires.
         let service = self.inner.clone();
+        let previous = if self.config.carry_think_time {
+            request.extensions().get::<ThinkTime>().map(|t| t.0)
+        } else {
+            None
+        };
         let future = self.inner.call(request.clone());
         NaiveRetryFuture {
             state: State::Called { future },
@@ -153,7 +238,7 @@ where
             request,
             config: Arc::clone(&self.config),
             retries: 0,
-            previous: None,
+            previous,
             rng: None,
         }
     }
@@ -521,6 +606,54 @@ mod tests {
         handle.send_error("the service is gone");
         let err = response.await.unwrap().unwrap_err();
         assert_eq!(err.to_string(), "the service is gone");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn the_articles_program_grows_its_first_wait_from_the_think_time() {
+        let (svc, seen) = server(unavailable(2));
+        let layer = NaiveRetryLayer::carrying_think_time(
+            CarriedDelay::article_program(),
+            Seeds::from_seed(4),
+        );
+        let mut request = get();
+        request
+            .extensions_mut()
+            .insert(ThinkTime(Duration::from_secs(10)));
+        layer.layer(svc).oneshot(request).await.unwrap();
+        let at = arrivals(&seen);
+        let waits: Vec<Duration> = at.windows(2).map(|w| w[1] - w[0]).collect();
+        // 10 s x 2.7 = 27 s, moved by its normal jitter (sd 2.7 s); then that wait, jitter
+        // included, x 2.7 again: the draws of the request's own generator.
+        let program = CarriedDelay::article_program();
+        let mut rng = Seeds::from_seed(4).rng();
+        let first = program.next_delay(0, Some(Duration::from_secs(10)), &mut rng);
+        let second = program.next_delay(1, Some(first), &mut rng);
+        for (wait, delay) in waits.iter().zip([first, second]) {
+            // NOTE: tokio's timer rounds a deadline up to the next millisecond.
+            assert!(
+                delay <= *wait && *wait <= delay + Duration::from_millis(1),
+                "waited {wait:?} for {delay:?}"
+            );
+        }
+        assert!(
+            (Duration::from_secs(13)..=Duration::from_secs(41)).contains(&first),
+            "27 s within 5 standard deviations: {first:?}"
+        );
+        let growth = second.as_secs_f64() / first.as_secs_f64();
+        assert!(
+            (1.35..=4.05).contains(&growth),
+            "grown from the previous wait: {growth}"
+        );
+        // Without the extension, or from the plain layer, it starts from 100 ms.
+        let (svc, seen) = server(unavailable(1));
+        let plain = NaiveRetryLayer::new(CarriedDelay::article_program(), Seeds::from_seed(4));
+        let mut request = get();
+        request
+            .extensions_mut()
+            .insert(ThinkTime(Duration::from_secs(10)));
+        plain.layer(svc).oneshot(request).await.unwrap();
+        let at = arrivals(&seen);
+        assert!(at[1] - at[0] < Duration::from_millis(500), "{at:?}");
     }
 
     async fn ready<S: Service<Request<Body>>>(svc: &mut S)
