@@ -11,7 +11,10 @@
 //!   for the abandoned requests to drain, so its run observes for four minutes;
 //! - `fixed` against the full server stack: the server side alone brings it back within a
 //!   few seconds, though its clients (the article's: no attempt header, deaf to the stop
-//!   signal, never giving up) keep retrying the limiter's `429`s.
+//!   signal, never giving up) keep retrying the limiter's `429`s;
+//! - `full` against the bare server: the client stack alone brings it back within 2 s, its
+//!   throttle refusing most requests of the pause locally; without the throttle
+//!   (`full-no-throttle`, the client stack before issue 21) the server never comes back.
 
 use std::num::NonZeroUsize;
 use std::sync::OnceLock;
@@ -40,6 +43,12 @@ fn run_observing(
     seed: u64,
     observe: Duration,
 ) -> RunRecord {
+    let timing = Timing::new(Duration::from_secs(6), Duration::from_secs(10), observe).unwrap();
+    run_timed(strategy, stack, seed, timing)
+}
+
+/// [`run`], with the phases of `timing`.
+fn run_timed(strategy: Strategy, stack: ServerStack, seed: u64, timing: Timing) -> RunRecord {
     let load = LoadConfig::new(
         NonZeroUsize::new(1000).unwrap(),
         Duration::from_secs(10),
@@ -48,7 +57,7 @@ fn run_observing(
     )
     .unwrap();
     let run = SimulatedRun {
-        timing: Timing::new(Duration::from_secs(6), Duration::from_secs(10), observe).unwrap(),
+        timing,
         load,
         timeout: Duration::from_secs(2),
         max_body: 1 << 20,
@@ -83,6 +92,14 @@ fn full() -> &'static RunRecord {
     RUN.get_or_init(|| run(Strategy::Full, ServerStack::Full, SEED))
 }
 
+/// `full` against the bare server, with the article's timing (`simulate`'s default): the
+/// issue's figures are of a 20 s pause, which a server without protection does not survive
+/// (a 10 s pause it does, without the throttle too).
+fn full_against_none() -> &'static RunRecord {
+    static RUN: OnceLock<RunRecord> = OnceLock::new();
+    RUN.get_or_init(|| run_timed(Strategy::Full, ServerStack::None, SEED, Timing::DEFAULT))
+}
+
 fn fixed_against_full() -> &'static RunRecord {
     static RUN: OnceLock<RunRecord> = OnceLock::new();
     RUN.get_or_init(|| run(Strategy::Fixed, ServerStack::Full, SEED))
@@ -91,7 +108,13 @@ fn fixed_against_full() -> &'static RunRecord {
 #[test]
 fn every_run_reaches_the_articles_baseline() {
     // 1000 clients with a 10 s mean think time offer about 100 requests per second.
-    for r in [fixed(), exponential(), full(), fixed_against_full()] {
+    for r in [
+        fixed(),
+        exponential(),
+        full(),
+        fixed_against_full(),
+        full_against_none(),
+    ] {
         let b = r.report.baseline;
         assert!(
             (80.0..=120.0).contains(&b),
@@ -147,6 +170,46 @@ fn the_server_side_alone_brings_the_server_back_from_fixed_clients() {
         r.unfinished,
         r.requests
     );
+}
+
+/// Issue 21: the client stack alone lets the article's server (no protection, abandoned
+/// work served to the end) rise. Regression: without the throttle it never did (81.9 % of
+/// a default run's requests failed).
+#[test]
+fn the_client_stack_alone_brings_the_bare_server_back() {
+    let r = &full_against_none().report;
+    let recovery = r.recovery.expect("full vs --stack none recovers");
+    assert!(recovery <= 2, "recovered after {recovery} s");
+    // The pause is 20 s of 95: its requests fail (refused at once, or timed out before the
+    // throttle started); few others do. The issue's bar: at most 25 %.
+    let failed = r.failed_share().unwrap();
+    assert!(failed <= 0.25, "{:.1} % failed", failed * 100.0);
+    // The throttle refused most of the pause's requests locally, so the clients sent far
+    // fewer attempts than their load while the server was stopped...
+    assert!(r.throttled > 500, "{} refused locally", r.throttled);
+    let amplification = r.amplification.unwrap();
+    assert!(amplification < 0.5, "amplification {amplification}");
+    // ...and the server's model stayed under the concurrency (951) past which a request
+    // takes longer than the clients' timeout.
+    let peak = r.peak_concurrency.unwrap();
+    assert!(peak < 951, "peak concurrency {peak}");
+    // Nothing is refused once it is back: none in the last 10 s.
+    let record = full_against_none();
+    let end = record.phases.end();
+    let tail = &record.seconds[end - 10..end];
+    assert_eq!(tail.iter().map(|s| s.throttled).sum::<u64>(), 0);
+
+    // The same clients without the throttle: the server never comes back.
+    let without = run_timed(
+        Strategy::FullNoThrottle,
+        ServerStack::None,
+        SEED,
+        Timing::DEFAULT,
+    )
+    .report;
+    assert_eq!(without.recovery, None, "never: {:?}", without.recovery);
+    let failed = without.failed_share().unwrap();
+    assert!(failed > 0.5, "{:.1} % failed", failed * 100.0);
 }
 
 #[test]

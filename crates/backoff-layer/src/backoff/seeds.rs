@@ -52,6 +52,12 @@ impl Seeds {
         splitmix64(n.wrapping_add(self.key.wrapping_mul(0x9E37_79B9_7F4A_7C15)))
     }
 
+    /// Another source, keyed by this one's key and `salt`: for a part of the layer (its
+    /// throttle) whose draws must not shift the requests' seeds, yet be as reproducible.
+    pub(crate) const fn derive(&self, salt: u64) -> Self {
+        Self::from_seed(splitmix64(self.key ^ salt))
+    }
+
     /// A new generator, seeded with [`next_seed`](Seeds::next_seed): what each request gets.
     pub fn rng(&self) -> SmallRng {
         SmallRng::seed_from_u64(self.next_seed())

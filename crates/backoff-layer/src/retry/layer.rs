@@ -17,6 +17,9 @@ use crate::budget::{Budget, RetryBudget};
 use crate::classify::{Classify, DefaultClassifier, GrpcCodes};
 use crate::throttle::Throttle;
 
+/// What the layer's own throttle's seed source is derived with (any constant: "throttle").
+const THROTTLE_SEEDS_SALT: u64 = 0x7468_726f_7474_6c65;
+
 /// Applies [`Retry`] to a service. Cheap to clone: the configuration is shared.
 ///
 /// [`RetryLayer::new`] (or `default()`) uses every default; [`RetryLayer::builder`] changes
@@ -480,10 +483,15 @@ impl RetryBuilder {
         let budget = self
             .budget
             .unwrap_or_else(|| Arc::new(RetryBudget::named(name.clone())));
-        // NOTE: the layer's own throttle is named after it too; its table is made on the
-        // first request.
+        let seeds = self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os()));
+        // NOTE: the layer's own throttle is named after it too, and draws from a source
+        // derived from the layer's (a seeded layer refuses the same requests every run,
+        // without shifting its requests' jitter); its table is made on the first request.
         let throttle = match self.throttle {
-            ThrottleChoice::Default => Some(Throttle::named(name.clone())),
+            ThrottleChoice::Default => Some(Throttle::named(
+                name.clone(),
+                seeds.derive(THROTTLE_SEEDS_SALT),
+            )),
             ThrottleChoice::Given(throttle) => Some(throttle),
             ThrottleChoice::Off => None,
         };
@@ -500,7 +508,7 @@ impl RetryBuilder {
                     .classifier
                     .unwrap_or_else(|| Arc::new(DefaultClassifier::new())),
                 body_limit: self.body_limit,
-                seeds: self.seeds.unwrap_or_else(|| Arc::new(Seeds::from_os())),
+                seeds,
                 throttle,
                 metrics: LazyMetrics::new(name),
                 stop_signals: Episode::new(),

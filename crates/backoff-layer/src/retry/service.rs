@@ -80,7 +80,7 @@ where
         // The client-side throttle decides first: a refused request is never sent, earns
         // nothing in the budget and fails at once.
         let ticket = match &config.throttle {
-            Some(throttle) => match throttle.admit(&parts.uri, &config.seeds) {
+            Some(throttle) => match throttle.admit(&parts.uri) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
                     let refused = A::throttled(refused);

@@ -90,12 +90,14 @@ impl Throttle {
             max_destinations: Self::DEFAULT_MAX_DESTINATIONS,
             scope: ThrottleScope::Destination,
             clock: None,
+            seeds: None,
         }
     }
 
-    /// The default throttle of a retry layer named `name`.
-    pub(crate) fn named(name: LayerName) -> Self {
-        Self::builder().finish(name)
+    /// The default throttle of a retry layer named `name`, drawing from `seeds` (derived
+    /// from the layer's, so a seeded layer's throttle is seeded too).
+    pub(crate) fn named(name: LayerName, seeds: Seeds) -> Self {
+        Self::builder().seeds(seeds).finish(name)
     }
 
     /// The throttle's name: the label `name` of its metrics and the field `name` of its
@@ -154,12 +156,8 @@ impl Throttle {
     }
 
     #[inline]
-    pub(crate) fn admit(
-        &self,
-        uri: &Uri,
-        seeds: &Seeds,
-    ) -> Result<Option<ThrottleTicket>, Throttled> {
-        self.shared.admit(uri, seeds)
+    pub(crate) fn admit(&self, uri: &Uri) -> Result<Option<ThrottleTicket>, Throttled> {
+        self.shared.admit(uri)
     }
 
     #[inline]
@@ -195,6 +193,7 @@ impl Default for Throttle {
 /// | [`max_destinations`](Self::max_destinations) | 256, beyond them not throttled | |
 /// | [`scope`](Self::scope) | [`ThrottleScope::Destination`]: scheme and authority | the per-destination scope |
 /// | [`clock`](Self::clock) | [`TokioClock`] | |
+/// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
 ///
 /// [`build`](Self::build) checks the settings:
 ///
@@ -218,6 +217,7 @@ pub struct ThrottleBuilder {
     max_destinations: usize,
     scope: ThrottleScope,
     clock: Option<Box<dyn Clock>>,
+    seeds: Option<Seeds>,
 }
 
 impl fmt::Debug for ThrottleBuilder {
@@ -302,6 +302,15 @@ impl ThrottleBuilder {
     /// paused time in tests. The ticker still runs on tokio's timers, at every slot.
     pub fn clock(mut self, clock: impl Clock) -> Self {
         self.clock = Some(Box::new(clock));
+        self
+    }
+
+    /// Where the random draws that decide which requests to a throttled destination are
+    /// refused come from. Default: [`Seeds::from_os()`]; tests and simulations pass
+    /// [`Seeds::from_seed`] to make refusals reproducible. (The throttle a retry layer makes
+    /// draws from a source derived from the layer's [`seeds`](crate::RetryBuilder::seeds).)
+    pub fn seeds(mut self, seeds: Seeds) -> Self {
+        self.seeds = Some(seeds);
         self
     }
 
@@ -394,8 +403,9 @@ impl ThrottleBuilder {
             scope: self.scope,
         };
         let clock = self.clock.unwrap_or_else(|| Box::new(TokioClock::new()));
+        let seeds = self.seeds.unwrap_or_else(Seeds::from_os);
         Throttle {
-            shared: Arc::new(ThrottleShared::new(settings, name, clock)),
+            shared: Arc::new(ThrottleShared::new(settings, name, clock, seeds)),
         }
     }
 }

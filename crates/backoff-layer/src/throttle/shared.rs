@@ -49,6 +49,8 @@ pub(crate) struct ThrottleShared {
     slot_nanos: u64,
     keys: DestinationKeys,
     clock: Box<dyn Clock>,
+    /// The draws of throttled destinations' requests.
+    seeds: Seeds,
     metrics: LazyMetrics<ThrottleMetrics>,
     state: OnceLock<ThrottleState>,
     /// The ticker that may tick: each spawned ticker ends once this moves past its own.
@@ -70,7 +72,12 @@ impl fmt::Debug for ThrottleShared {
 }
 
 impl ThrottleShared {
-    pub(crate) fn new(settings: ThrottleSettings, name: LayerName, clock: Box<dyn Clock>) -> Self {
+    pub(crate) fn new(
+        settings: ThrottleSettings,
+        name: LayerName,
+        clock: Box<dyn Clock>,
+        seeds: Seeds,
+    ) -> Self {
         let slot_nanos = overload_core::clock::saturating_nanos(settings.window)
             / u64::from(settings.slots).max(1);
         Self {
@@ -78,6 +85,7 @@ impl ThrottleShared {
             keys: DestinationKeys::new(settings.scope),
             settings,
             clock,
+            seeds,
             metrics: LazyMetrics::new(name),
             state: OnceLock::new(),
             ticker: AtomicU64::new(0),
@@ -128,14 +136,9 @@ impl ThrottleShared {
 
     /// Decides whether a request to `uri` is sent: `Ok(Some(ticket))` to record its
     /// attempts' outcomes with, `Ok(None)` for a destination the table has no room for
-    /// (sent, not throttled), or `Err` when the throttle refuses it. `seeds` gives the
-    /// random draw of a destination being throttled.
+    /// (sent, not throttled), or `Err` when the throttle refuses it.
     #[inline]
-    pub(crate) fn admit(
-        self: &Arc<Self>,
-        uri: &Uri,
-        seeds: &Seeds,
-    ) -> Result<Option<ThrottleTicket>, Throttled> {
+    pub(crate) fn admit(self: &Arc<Self>, uri: &Uri) -> Result<Option<ThrottleTicket>, Throttled> {
         let state = self.state();
         if self.ticker.load(Ordering::Relaxed) == 0 {
             self.spawn_ticker();
@@ -152,7 +155,7 @@ impl ThrottleShared {
         if probability == 0 {
             return Ok(Some(ticket));
         }
-        self.draw(state, ticket, probability, seeds)
+        self.draw(state, ticket, probability)
     }
 
     /// A slot for a destination not in the table yet.
@@ -185,7 +188,6 @@ impl ThrottleShared {
         state: &ThrottleState,
         ticket: ThrottleTicket,
         probability: u64,
-        seeds: &Seeds,
     ) -> Result<Option<ThrottleTicket>, Throttled> {
         let now = self.clock.now();
         let last = self.last_tick.load(Ordering::Relaxed);
@@ -195,7 +197,7 @@ impl ThrottleShared {
             self.spawn_ticker();
             return Ok(Some(ticket));
         }
-        if seeds.next_seed() >> 32 < probability {
+        if self.seeds.next_seed() >> 32 < probability {
             state.table.refused(ticket);
             self.metrics.get().refused.increment(1);
             return Err(Throttled::new(from_units(probability)));

@@ -13,9 +13,15 @@ use crate::backoff::Seeds;
 
 const SLOT: Duration = Duration::from_millis(200);
 
-/// A throttle with the defaults on a fake clock.
+/// A throttle with the defaults on a fake clock, seeded.
 fn throttle(clock: &FakeClock) -> Throttle {
-    Throttle::builder().clock(clock.clone()).build().unwrap()
+    builder(clock).build().unwrap()
+}
+
+fn builder(clock: &FakeClock) -> ThrottleBuilder {
+    Throttle::builder()
+        .clock(clock.clone())
+        .seeds(Seeds::from_seed(7))
 }
 
 fn uri(s: &'static str) -> Uri {
@@ -27,7 +33,6 @@ fn uri(s: &'static str) -> Uri {
 struct Traffic<'a> {
     throttle: &'a Throttle,
     clock: &'a FakeClock,
-    seeds: Seeds,
     sent: u64,
     refused: u64,
     /// Nanoseconds since the start: when the next slot closes.
@@ -40,7 +45,6 @@ impl<'a> Traffic<'a> {
         Self {
             throttle,
             clock,
-            seeds: Seeds::from_seed(7),
             sent: 0,
             refused: 0,
             next_tick: SLOT,
@@ -70,7 +74,7 @@ impl<'a> Traffic<'a> {
                 self.next_tick += SLOT;
                 each_slot(self.now, self.throttle.probability(to));
             }
-            match self.throttle.admit(to, &self.seeds) {
+            match self.throttle.admit(to) {
                 Ok(ticket) => {
                     self.sent += 1;
                     if let (Some(ticket), Some(outcome)) = (ticket, answer(i)) {
@@ -197,7 +201,6 @@ fn a_silent_destination_is_throttled_at_its_first_timeouts() {
     );
     // Stopped: for 2 s nothing comes back.
     let mut in_flight = Vec::new();
-    let seeds = Seeds::from_seed(1);
     let stopped_at = traffic.now;
     let mut throttled_at = None;
     for step in 1..=500u32 {
@@ -210,7 +213,7 @@ fn a_silent_destination_is_throttled_at_its_first_timeouts() {
                 throttled_at = Some(traffic.now - stopped_at);
             }
         }
-        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+        if let Ok(Some(ticket)) = t.admit(&to) {
             in_flight.push((step, ticket));
         }
         // Each attempt times out 2 s (200 steps) after it was sent.
@@ -235,10 +238,9 @@ fn it_starts_only_at_min_failures_and_stays_with_fewer() {
     let clock = FakeClock::new();
     let t = throttle(&clock);
     let to = uri("http://few:80/");
-    let seeds = Seeds::from_seed(1);
     let fail = |n: u32| {
         for _ in 0..n {
-            if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+            if let Ok(Some(ticket)) = t.admit(&to) {
                 t.record(ticket, Some(Failed));
             }
         }
@@ -399,7 +401,6 @@ fn no_evidence_keeps_the_probability_and_an_idle_destination_is_released() {
 fn a_failing_destination_never_throttles_a_healthy_one() {
     let clock = FakeClock::new();
     let t = throttle(&clock);
-    let seeds = Seeds::from_seed(5);
     let (bad, good) = (uri("http://bad:80/x"), uri("http://good:80/y"));
     let mut refused_good = 0;
     let mut refused_bad = 0;
@@ -408,12 +409,12 @@ fn a_failing_destination_never_throttles_a_healthy_one() {
         if step % 20 == 0 {
             t.tick();
         }
-        match t.admit(&bad, &seeds) {
+        match t.admit(&bad) {
             Ok(Some(ticket)) => t.record(ticket, Some(Failed)),
             Ok(None) => unreachable!("room for two"),
             Err(_) => refused_bad += 1,
         }
-        match t.admit(&good, &seeds) {
+        match t.admit(&good) {
             Ok(Some(ticket)) => t.record(ticket, Some(Accepted)),
             Ok(None) => unreachable!("room for two"),
             Err(_) => refused_good += 1,
@@ -426,12 +427,7 @@ fn a_failing_destination_never_throttles_a_healthy_one() {
 #[test]
 fn destinations_beyond_the_table_are_sent_unthrottled_and_counted() {
     let clock = FakeClock::new();
-    let t = Throttle::builder()
-        .max_destinations(8)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
-    let seeds = Seeds::from_seed(1);
+    let t = builder(&clock).max_destinations(8).build().unwrap();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let untracked = metrics::with_local_recorder(&recorder, || {
@@ -439,13 +435,13 @@ fn destinations_beyond_the_table_are_sent_unthrottled_and_counted() {
             .map(|i| format!("http://host{i}:80/").parse().unwrap())
             .collect();
         // One bucket of 8: the ninth destination finds no room.
-        let tickets: Vec<_> = uris.iter().map(|u| t.admit(u, &seeds).unwrap()).collect();
+        let tickets: Vec<_> = uris.iter().map(|u| t.admit(u).unwrap()).collect();
         let untracked: Vec<usize> = (0..9).filter(|&i| tickets[i].is_none()).collect();
         // Failing, the untracked one is never refused.
         for _ in 0..10 {
             for _ in 0..100 {
                 let u = &uris[untracked[0]];
-                assert!(matches!(t.admit(u, &seeds), Ok(None)));
+                assert!(matches!(t.admit(u), Ok(None)));
             }
             clock.advance(SLOT);
             t.tick();
@@ -478,20 +474,15 @@ fn a_throttle_whose_ticker_stopped_fails_open() {
     assert!((t.probability(&to) - 0.9).abs() < 1e-6);
     // No tick for 10 slots: the probability would never move again.
     clock.advance(SLOT * 11);
-    let seeds = Seeds::from_seed(1);
     for _ in 0..100 {
-        assert!(t.admit(&to, &seeds).is_ok(), "admitted while no tick runs");
+        assert!(t.admit(&to).is_ok(), "admitted while no tick runs");
     }
 }
 
 #[test]
 fn refusals_and_the_probability_are_reported_by_name_and_destination() {
     let clock = FakeClock::new();
-    let t = Throttle::builder()
-        .name("inventory")
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let t = builder(&clock).name("inventory").build().unwrap();
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let (sent, refused) = metrics::with_local_recorder(&recorder, || {
@@ -536,11 +527,7 @@ fn refusals_and_the_probability_are_reported_by_name_and_destination() {
 #[test]
 fn a_layer_scope_throttles_every_destination_together() {
     let clock = FakeClock::new();
-    let t = Throttle::builder()
-        .scope(ThrottleScope::Layer)
-        .clock(clock.clone())
-        .build()
-        .unwrap();
+    let t = builder(&clock).scope(ThrottleScope::Layer).build().unwrap();
     let mut traffic = Traffic::new(&t, &clock);
     traffic.run(
         &uri("http://a:1/"),
@@ -637,10 +624,9 @@ fn defaults_are_the_documented_ones() {
 #[tokio::test(start_paused = true)]
 async fn the_ticker_closes_slots_by_itself() {
     let t = Throttle::new();
-    let seeds = Seeds::from_seed(1);
     let to = uri("http://down:80/");
     for _ in 0..20 {
-        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+        if let Ok(Some(ticket)) = t.admit(&to) {
             t.record(ticket, Some(Failed));
         }
     }
@@ -649,7 +635,7 @@ async fn the_ticker_closes_slots_by_itself() {
     assert!((t.probability(&to) - 0.9).abs() < 1e-6);
     // Accepts reopen it, at the next slots.
     for _ in 0..200 {
-        if let Ok(Some(ticket)) = t.admit(&to, &seeds) {
+        if let Ok(Some(ticket)) = t.admit(&to) {
             t.record(ticket, Some(Accepted));
         }
     }
