@@ -72,6 +72,13 @@ fn happy_path(c: &mut Criterion) {
     // timer armed when an attempt first returns `Pending` (never here: `Answer` answers at
     // once). `no_deadline` is the layer without it, the defaults before issue 20.
     let defaults = RetryLayer::new().layer(Answer);
+    // The defaults without the client-side throttle (issue 21): the defaults before it, so
+    // the throttle's cost on the happy path is the difference in the same run.
+    let no_throttle = RetryLayer::builder()
+        .no_throttle()
+        .build()
+        .unwrap()
+        .layer(Answer);
     let no_deadline = RetryLayer::builder()
         .no_deadline()
         .build()
@@ -95,6 +102,9 @@ fn happy_path(c: &mut Criterion) {
     });
     g.bench_function("retry_defaults", |b| {
         b.iter(|| now(defaults.clone().oneshot(black_box(get()))).unwrap());
+    });
+    g.bench_function("retry_no_throttle", |b| {
+        b.iter(|| now(no_throttle.clone().oneshot(black_box(get()))).unwrap());
     });
     g.bench_function("retry_no_deadline", |b| {
         b.iter(|| now(no_deadline.clone().oneshot(black_box(get()))).unwrap());

@@ -21,7 +21,8 @@ const RUN_ABOUT: &str = "\
 Send load to a server until Ctrl-C (or --duration), printing one line per second: a
 timestamp, then per second the requests that succeeded, the attempts rejected with 429, the
 stop signals, the attempts that timed out, the requests that failed (given up for any reason,
-budget refusals included) and the attempts sent.
+budget refusals included), the requests the client-side throttle refused (never sent; part of
+the failed) and the attempts sent.
 
 To measure a recovery, let the scenario pause and resume the server for you:
   demo-client scenario --url http://HOST:PORT/api --pause-pid PID

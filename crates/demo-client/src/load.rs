@@ -224,16 +224,18 @@ where
 
 /// The status line of `demo-client run` for `seconds` seconds summed in `totals`, per
 /// second: successful requests, attempts rejected with `429`, stop signals, attempts timed
-/// out, requests failed (given up for any reason, budget refusals included), attempts sent.
+/// out, requests failed (given up for any reason, budget refusals and local refusals
+/// included), requests the client-side throttle refused (never sent), attempts sent.
 pub fn status_line(totals: &Second, seconds: usize) -> String {
     let per = |n: u64| n as f64 / seconds.max(1) as f64;
     format!(
-        "OK {:6.1}/s  rejected {:6.1}/s  stop signals {:6.1}/s  timed out {:6.1}/s  failed {:6.1}/s  attempts {:6.1}/s",
+        "OK {:6.1}/s  rejected {:6.1}/s  stop signals {:6.1}/s  timed out {:6.1}/s  failed {:6.1}/s  throttled {:6.1}/s  attempts {:6.1}/s",
         per(totals.ok),
         per(totals.rejected),
         per(totals.stop_signals),
         per(totals.timeouts),
         per(totals.failed),
+        per(totals.throttled),
         per(totals.attempts),
     )
 }
@@ -359,13 +361,14 @@ mod tests {
             stop_signals: 2,
             timeouts: 10,
             failed: 5,
+            throttled: 3,
             attempts: 540,
             ..Second::default()
         };
         let line = status_line(&totals, 5);
         assert_eq!(
             line,
-            "OK  100.0/s  rejected    5.0/s  stop signals    0.4/s  timed out    2.0/s  failed    1.0/s  attempts  108.0/s"
+            "OK  100.0/s  rejected    5.0/s  stop signals    0.4/s  timed out    2.0/s  failed    1.0/s  throttled    0.6/s  attempts  108.0/s"
         );
     }
 }

@@ -152,11 +152,12 @@ fn print_summary(total: &Second, unfinished: &[Duration], elapsed: Duration) {
         percentile(values, q).map_or_else(|| "-".to_owned(), |d| format!("{} ms", d.as_millis()))
     };
     println!(
-        "summary after {:.1} s: {} requests, {} OK, {} failed, {} still waiting; {} attempts ({} retries), {} rejected (429/503), {} timed out, {} budget refusals, {} stop signals; OK p50 {}, p99 {}; every outcome p99 {}",
+        "summary after {:.1} s: {} requests, {} OK, {} failed ({} refused locally by the client-side throttle), {} still waiting; {} attempts ({} retries), {} rejected (429/503), {} timed out, {} budget refusals, {} stop signals; OK p50 {}, p99 {}; every outcome p99 {}",
         elapsed.as_secs_f64(),
         total.requests,
         total.ok,
         total.failed,
+        total.throttled,
         unfinished.len(),
         total.attempts,
         total.retries,
