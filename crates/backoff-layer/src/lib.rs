@@ -32,6 +32,10 @@
 //! - **tonic as a first-class user** (the `tonic` feature): `RetryLayer::new().for_tonic()`
 //!   wraps a `Channel` for a generated client, with the stop signal as a matchable
 //!   `Status::unavailable`;
+//! - a **client-side throttle** per destination ([`throttle`]): when a destination keeps
+//!   failing, most of its requests fail at once with [`Throttled`], never sent, and a few
+//!   probe it, so a failed server is not buried under work its callers gave up on; a
+//!   destination that accepts at least half of what it is sent is never refused anything;
 //! - **an operator can tell layers apart**: every metric carries the layer's
 //!   [`name`](RetryBuilder::name), and a state change (the budget refusing retries, the
 //!   downstream saying stop) is logged once when it begins and once when it ends.
@@ -40,7 +44,7 @@
 //!
 //! With every default (3 attempts, the article's backoff, a 10% retry budget, the default
 //! classification, a 15 s deadline, server hints waited for up to 30 s, 64 KiB replay
-//! buffer, the name `"default"`):
+//! buffer, a client-side throttle per destination, the name `"default"`):
 //!
 //! ```
 //! # #[tokio::main(flavor = "current_thread")]
@@ -105,6 +109,7 @@
 //! | [`budget`](RetryBuilder::budget) | a [`RetryBudget`](budget::RetryBudget), named after the layer: retries at most 10% of first attempts over 10 s, plus 1 per second | paper, SRE book |
 //! | [`classifier`](RetryBuilder::classifier) | [`DefaultClassifier`](classify::DefaultClassifier) | RFC 9110, Envoy, .NET, gRPC |
 //! | [`body_limit`](RetryBuilder::body_limit) | 64 KiB | linkerd |
+//! | [`throttle`](RetryBuilder::throttle) | a [`Throttle`](throttle::Throttle) named after the layer: per destination, 2 s window, K = 2, at most 90 % refused; [`no_throttle`](RetryBuilder::no_throttle) removes it | the SRE book, gRPC-Go, Envoy; see [`throttle`] |
 //!
 //! [`RetryBuilder`] says more about each, with its associated constant.
 //!
@@ -210,7 +215,8 @@
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
 //! | no response head before the deadline (15 s by default): a downstream that never answers | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
 //! | the deadline passed while the inner service was not ready for the next attempt | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
-//! | what a retry layer below returned after giving up (a [`GaveUp`], an [`Overloaded`], a response whose `RetryInfo` has a reason) | returned unchanged |
+//! | refused by the client-side throttle: its destination keeps failing | `Err`, a [`Throttled`] (`err.is::<Throttled>()`, or [`is_throttled`] in a source chain), at once: the request was never sent |
+//! | what a retry layer below returned after giving up (a [`GaveUp`], an [`Overloaded`], a [`Throttled`], a response whose `RetryInfo` has a reason) | returned unchanged |
 //!
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
 //! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
@@ -221,17 +227,19 @@
 //! none is installed here). Every metric carries the label `name`, the layer's
 //! [`name`](RetryBuilder::name) (`"default"` unless set), so two layers of one process (one
 //! per downstream, say) are two series; the budget's carry the budget's name, which is the
-//! layer's for the budget a layer makes itself (see [`budget`](budget#whose-name)).
+//! layer's for the budget a layer makes itself (see [`budget`](budget#whose-name)), and the
+//! throttle's the throttle's, likewise.
 //!
-//! **Where they register:** a layer registers its metrics, and its default budget its own,
-//! on its **first request**, with the recorder installed then, and keeps the handles (no
-//! lookup per request): install the recorder before the first request; building the layer
-//! before the recorder is fine. Every series is registered at zero then, every
-//! `backoff_layer_gave_up_total` reason included.
+//! **Where they register:** a layer registers its metrics, and its default budget and
+//! throttle their own, on its **first request**, with the recorder installed then, and keeps
+//! the handles (no lookup per request): install the recorder before the first request;
+//! building the layer before the recorder is fine. Every series is registered at zero then,
+//! every `backoff_layer_gave_up_total` reason included; a destination's
+//! `backoff_layer_throttle_probability` is registered the first time it is throttled.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `backoff_layer_requests_total` | counter | `name` | requests (first attempts) |
+//! | `backoff_layer_requests_total` | counter | `name` | requests (first attempts sent; a request the throttle refused is not one) |
 //! | `backoff_layer_attempts_total` | counter | `name` | attempts sent, first ones included |
 //! | `backoff_layer_retries_total` | counter | `name` | attempts after the first |
 //! | `backoff_layer_gave_up_total` | counter | `name`, `reason` | give-ups, `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable`, `retry_after_too_long` |
@@ -239,6 +247,9 @@
 //! | `backoff_layer_retry_delay_seconds` | histogram | `name` | the wait before each retry |
 //! | `backoff_layer_budget_retries_allowed_total` | counter | `name` (the budget's) | retries the [`RetryBudget`](budget::RetryBudget) let through |
 //! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
+//! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's) | requests the client-side throttle refused, never sent |
+//! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
+//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` | a destination's refusal probability; registered the first time it is throttled |
 //!
 //! # Logs
 //!
@@ -250,9 +261,12 @@
 //! |---|---|---|---|
 //! | the retry budget refusing retries | at the first refusal | after a whole budget window (10 s by default) without one | the budget's |
 //! | the downstream saying stop retrying | at the first failure carrying the stop signal | after [`RetryLayer::STOP_SIGNAL_QUIET`] (10 s) without one | the layer's |
+//! | a destination throttled by the client (with the field `destination`) | the first slot its refusal probability is above 0 | the first slot it is 0 again | the throttle's |
 //!
 //! An end is noticed by the **next request** after the quiet period (no task runs for it):
 //! a client that stops sending logs the end when it sends again, its `lasted_ms` unchanged.
+//! The throttle's are noticed by its ticker, a task that closes its window's slots every
+//! 200 ms while the throttle lives.
 //!
 //! # Tracing
 //!

@@ -22,7 +22,7 @@
 //!
 //! `exponential` follows the article's pseudo-code (each request's backoff starts at 100 ms);
 //! `exponential-program` its program, whose backoff starts from the think time the client
-//! just slept (see [`CarriedDelay`](crate::client::CarriedDelay)).
+//! just slept (see [`CarriedDelay`]).
 //!
 //! `full` is everything this workspace offers: `backoff-layer`'s retry layer with its
 //! defaults (it retries connect errors, timeouts, `429`, `502`, `503` and `504`), a retry

@@ -681,29 +681,6 @@ mod tests {
     }
 
     #[test]
-    fn the_throttle_can_be_given_shared_or_turned_off() {
-        assert!(
-            RetryLayer::builder()
-                .no_throttle()
-                .build()
-                .unwrap()
-                .config
-                .throttle
-                .is_none()
-        );
-        let mine = Throttle::builder().name("inventory").build().unwrap();
-        let layer = RetryLayer::builder()
-            .name("reads")
-            .throttle(mine.clone())
-            .build()
-            .unwrap();
-        // A throttle given keeps its own name; the last call wins.
-        assert_eq!(layer.config.throttle.as_ref().unwrap().name(), "inventory");
-        let off_then_on = RetryLayer::builder().no_throttle().throttle(mine).build();
-        assert!(off_then_on.unwrap().config.throttle.is_some());
-    }
-
-    #[test]
     fn grpc_retryable_codes_configure_the_default_classifier() {
         let layer = RetryLayer::builder()
             .grpc_retryable_codes(&[14, 4])

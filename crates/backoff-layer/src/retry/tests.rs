@@ -121,3 +121,36 @@ async fn the_inner_service_is_cloned_only_for_a_request_that_may_be_retried() {
         "max_attempts(1) never retries"
     );
 }
+
+/// A layer makes its own throttle, named after it, unless given one (which keeps its own
+/// name and is shared) or told to have none; the last call wins.
+#[test]
+fn the_throttle_can_be_given_shared_or_turned_off() {
+    let debug = |layer: &RetryLayer| format!("{layer:?}");
+    let own = RetryLayer::builder().name("reads").build().unwrap();
+    assert!(
+        debug(&own).contains("throttle: Some(Throttle { name: \"reads\""),
+        "{own:?}"
+    );
+    let off = RetryLayer::builder().no_throttle().build().unwrap();
+    assert!(debug(&off).contains("throttle: None"), "{off:?}");
+    let mine = crate::throttle::Throttle::builder()
+        .name("inventory")
+        .build()
+        .unwrap();
+    let given = RetryLayer::builder()
+        .name("reads")
+        .throttle(mine.clone())
+        .build()
+        .unwrap();
+    assert!(
+        debug(&given).contains("throttle: Some(Throttle { name: \"inventory\""),
+        "{given:?}"
+    );
+    let on_again = RetryLayer::builder()
+        .no_throttle()
+        .throttle(mine)
+        .build()
+        .unwrap();
+    assert!(debug(&on_again).contains("throttle: Some("), "{on_again:?}");
+}

@@ -15,6 +15,7 @@ const GRPC_DEADLINE_EXCEEDED: u16 = 4;
 /// and a gRPC status in the headers of `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or
 /// `DEADLINE_EXCEEDED`; an accept for anything else (a success, another `4xx`, another gRPC
 /// status: the destination answered).
+#[inline]
 pub(crate) fn of_response(status: StatusCode, headers: &HeaderMap) -> ThrottleOutcome {
     let failed = status == StatusCode::TOO_MANY_REQUESTS
         || status.is_server_error()
