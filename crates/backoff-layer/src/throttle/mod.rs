@@ -91,8 +91,9 @@
 //! destination.
 //!
 //! The table is fixed at the first request: `max_destinations` (256) slots in buckets of 8,
-//! about 160 bytes each (a 256-destination throttle takes about 40 KiB). A destination takes
-//! a free slot of its bucket, found by a keyed hash of its scheme and authority. **Beyond
+//! about 300 bytes each with the tick's window and names (a 256-destination throttle takes
+//! about 75 KiB, allocated on its first request). A destination takes a free slot of its
+//! bucket, found by a keyed hash of its scheme and authority. **Beyond
 //! the bound**, a destination whose bucket holds 8 others is sent **without throttling**
 //! (it fails open: never refused, never counted), counted in
 //! `backoff_layer_throttle_untracked_total` and logged once; a destination without a request
