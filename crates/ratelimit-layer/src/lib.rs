@@ -244,6 +244,10 @@ pub mod protect;
 mod rate_limit;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "redis", loom))]
+mod remote_health;
+#[cfg(any(feature = "redis", loom))]
+mod reservation;
 mod telemetry;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.

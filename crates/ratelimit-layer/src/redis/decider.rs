@@ -1,29 +1,32 @@
 //! A limit kept in Redis as the layer's remote decision ([`RedisDecider`]): the time
-//! budget, the fallback to the local share, the way back, and the health of Redis followed
-//! while no request asks it.
+//! budget, the fallback to the local share, the cap on new keys, the local reservation,
+//! and the probe that follows Redis while it is away (and while no request asks it).
 
 use std::borrow::Cow;
 use std::fmt;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Weak};
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, PoisonError, Weak};
 use std::time::Duration;
 
 use http::request::Parts;
-use overload_core::clock::{Clock, saturating_nanos};
+use overload_core::clock::Clock;
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
-use redis::aio::ConnectionManager;
-use redis::{Cmd, ErrorKind, RedisError};
+use redis::{Arg, Cmd, ErrorKind, RedisError};
 
 use super::command::{RedisKeyName, command, evalsha};
+use super::connection::RedisConnection;
 use super::key::RedisKey;
-use super::script::ScriptedLimit;
+use super::script::{ScriptArgs, ScriptReply, ScriptedLimit};
 use super::store::RedisStore;
+use crate::algorithm::{Decision, Limiter, QuotaStatus, TokenBucket};
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::KeyClass;
 use crate::rate_limit::decide::MissingKeyPolicy;
 use crate::rate_limit::remote_decision::{
-    RemoteDecide, RemoteDecision, RemoteFallback, RemoteOutcome,
+    RemoteDecide, RemoteDecision, RemoteFallback, RemoteOutcome, RemoteStart,
 };
+use crate::remote_health::RemoteHealth;
+use crate::reservation::{LocalReservation, ReservedDecision};
 use crate::telemetry::{RedisFallbackReason, RedisLimitMetrics};
 
 /// What a layer's Redis limit needs besides its limiter and key extractor.
@@ -33,12 +36,19 @@ pub(crate) struct RedisSettings {
     /// `{prefix}:{name}:{algorithm}:`.
     pub(crate) namespace: Vec<u8>,
     pub(crate) budget: Duration,
-    /// How often, while Redis is away, one request asks it again; and how often, while no
+    /// How often, while Redis is away, the layer probes it; and how often, while no
     /// request asks it, the layer checks it.
     pub(crate) recheck: Duration,
     pub(crate) capacity: u64,
+    /// New keys per second this process may make in Redis (keyed limits).
+    pub(crate) max_new_keys: u32,
+    /// The local reservation's largest batch and its lease, if any.
+    pub(crate) reservation: Option<(u32, Duration)>,
     pub(crate) name: LayerName,
 }
+
+/// How long the episode of new keys over the cap lasts without one: 10 s.
+const OVERFLOW_QUIET: Duration = Duration::from_secs(10);
 
 /// A limit kept in Redis: [`RemoteDecide`] for the layer.
 pub(crate) struct RedisDecider<E, C> {
@@ -49,27 +59,32 @@ pub(crate) struct RedisDecider<E, C> {
     missing: Option<Arc<MissingKeyPolicy>>,
 }
 
-/// What every decision in flight, and the health checks, share.
+/// What every decision in flight, and the probes, share.
 struct RedisDeciderState<C> {
     settings: RedisSettings,
     clock: C,
-    /// `UP` while Redis decides; otherwise the clock time (nanoseconds) from which one
-    /// request may ask Redis again.
-    health: AtomicU64,
-    /// Redis away: begun by the first failure (`WARN`), ended by the first answer (`INFO`).
+    /// Whether Redis decides, with an epoch per return.
+    health: RemoteHealth,
+    /// Redis away: begun by the first failure (`WARN`), ended by the probe (`INFO`).
     away: Episode,
+    /// The key of the decision whose failure turned Redis away: what the probe asks about,
+    /// so that a Cluster is back when that key's slot answers.
+    probe_key: Mutex<Option<Vec<u8>>>,
     /// Whether a request asked Redis since the last tick.
     asked: AtomicBool,
-    /// Whether a health check is under way.
-    checking: AtomicBool,
+    /// Whether a probe is under way.
+    probing: AtomicBool,
     /// Whether the ticker runs.
     started: AtomicBool,
+    /// The cap on new keys: a token bucket of `max_new_keys` per second.
+    new_keys: (TokenBucket, <TokenBucket as Limiter>::State),
+    /// New keys over the cap: begun by the first (`WARN`), over after `OVERFLOW_QUIET`.
+    overflowing: Episode,
+    reservation: Option<LocalReservation>,
     metrics: LazyMetrics<RedisLimitMetrics>,
-    /// This state, for the health checks the ticker spawns.
+    /// This state, for the probes.
     this: Weak<Self>,
 }
-
-const UP: u64 = 0;
 
 impl<E, C: Clock> RedisDecider<E, C> {
     pub(crate) fn new(
@@ -77,24 +92,48 @@ impl<E, C: Clock> RedisDecider<E, C> {
         clock: C,
         extract: Option<E>,
         missing: Option<Arc<MissingKeyPolicy>>,
-    ) -> Self {
+    ) -> Result<Self, overload_core::ConfigError> {
         let metrics = LazyMetrics::new(settings.name.clone());
-        Self {
+        let new_keys = TokenBucket::builder(settings.max_new_keys)
+            .burst(settings.max_new_keys)
+            .build()
+            .map_err(|e| {
+                overload_core::ConfigError::new("max_new_keys", e.kind(), e.to_string())
+            })?;
+        let reservation = settings.reservation.map(|(batch, lease)| {
+            LocalReservation::new(batch, overload_core::clock::saturating_nanos(lease))
+        });
+        Ok(Self {
             state: Arc::new_cyclic(|this| RedisDeciderState {
                 settings,
                 clock,
-                health: AtomicU64::new(UP),
+                health: RemoteHealth::new(),
                 away: Episode::new(),
+                probe_key: Mutex::new(None),
                 asked: AtomicBool::new(false),
-                checking: AtomicBool::new(false),
+                probing: AtomicBool::new(false),
                 started: AtomicBool::new(false),
+                new_keys: (new_keys, Default::default()),
+                overflowing: Episode::new(),
+                reservation,
                 metrics,
                 this: Weak::clone(this),
             }),
             extract,
             missing,
-        }
+        })
     }
+}
+
+/// What a decision under way needs to know besides its command.
+#[derive(Clone, Copy)]
+struct Call {
+    cost: u32,
+    class: KeyClass,
+    /// The health when the request started.
+    observed: u64,
+    /// Units asked for the local reservation.
+    extra: u32,
 }
 
 impl<E, C> RemoteDecide for RedisDecider<E, C>
@@ -103,13 +142,13 @@ where
     E::Lookup: RedisKey,
     C: Clock,
 {
-    fn start(&self, parts: &Parts, cost: u32) -> Option<RemoteDecision> {
+    fn start(&self, parts: &Parts, cost: u32) -> RemoteStart {
         let state = &*self.state;
         let settings = &state.settings;
         if cost == 0 || u64::from(cost) > settings.capacity {
             // NOTE: free, or never admissible: the local decision is the same as Redis's,
             // without the round trip. Not a fallback.
-            return None;
+            return RemoteStart::Local;
         }
         // NOTE: the key first: a request that the missing-key policy decides without a
         // limit (rejected, or admitted) never asks Redis, so it is not a fallback either
@@ -120,36 +159,71 @@ where
                 Some(key) => RedisTarget::Keyed(key),
                 None => match self.missing.as_deref() {
                     // The local decision applies the policy (and logs and counts it, once).
-                    Some(m) if m.policy() != MissingKey::Shared => return None,
+                    Some(m) if m.policy() != MissingKey::Shared => return RemoteStart::Local,
                     _ => RedisTarget::Unkeyed,
                 },
             },
         };
-        if !state.may_ask() {
+        let observed = state.health.observe();
+        if !RemoteHealth::is_up(observed) {
             state
                 .metrics
                 .get()
                 .fallback(RedisFallbackReason::Unavailable)
                 .increment(1);
-            return None;
+            return RemoteStart::Local;
+        }
+        let mut extra = 0;
+        if let (RedisTarget::Global, Some(reservation)) = (&target, &state.reservation) {
+            let now = state.clock.now();
+            match reservation.decide(now, cost) {
+                Some(ReservedDecision::Allow { remaining, reset }) => {
+                    let status = QuotaStatus {
+                        remaining,
+                        reset: Duration::from_nanos(reset),
+                    };
+                    return RemoteStart::Decided(Decision::Allow, status, KeyClass::Global);
+                }
+                Some(ReservedDecision::Reject { retry_after }) => {
+                    let retry_after = Duration::from_nanos(retry_after);
+                    let status = QuotaStatus {
+                        remaining: 0,
+                        reset: retry_after,
+                    };
+                    return RemoteStart::Decided(
+                        Decision::Reject { retry_after },
+                        status,
+                        KeyClass::Global,
+                    );
+                }
+                None => extra = reservation.claim_refill(now),
+            }
         }
         let connection = match settings.store.connection() {
-            Ok(connection) => connection,
+            Ok((connection, _)) => connection,
             Err(e) => {
-                state.failed(RedisFallbackReason::Error, &e);
-                return None;
+                state.failed(RedisFallbackReason::Error, &e, observed, None);
+                if extra > 0 {
+                    state.refill_failed();
+                }
+                return RemoteStart::Local;
             }
         };
         let (scripted, namespace) = (&settings.scripted, settings.namespace.as_slice());
+        let mut args = ScriptArgs::cost(cost);
+        args.extra = extra;
         let (cmd, class) = match target {
             RedisTarget::Global => (
-                command::<()>(scripted, namespace, RedisKeyName::Global, cost, None),
+                command::<()>(scripted, namespace, &RedisKeyName::Global, args),
                 KeyClass::Global,
             ),
-            RedisTarget::Keyed(key) => (
-                command(scripted, namespace, RedisKeyName::Keyed(&*key), cost, None),
-                KeyClass::Keyed,
-            ),
+            RedisTarget::Keyed(key) => {
+                args.may_create = state.may_make_key();
+                (
+                    command(scripted, namespace, &RedisKeyName::Keyed(&*key), args),
+                    KeyClass::Keyed,
+                )
+            }
             RedisTarget::Unkeyed => {
                 // NOTE: counted here; if Redis then fails to answer, the local fallback
                 // counts the request a second time.
@@ -157,7 +231,7 @@ where
                     missing.apply();
                 }
                 (
-                    command::<()>(scripted, namespace, RedisKeyName::Unkeyed, cost, None),
+                    command::<()>(scripted, namespace, &RedisKeyName::Unkeyed, args),
                     KeyClass::Unkeyed,
                 )
             }
@@ -166,12 +240,17 @@ where
         if !state.asked.load(Ordering::Relaxed) {
             state.asked.store(true, Ordering::Relaxed);
         }
-        Some(RemoteDecision::new(decide(
+        let call = Call {
+            cost,
+            class,
+            observed,
+            extra,
+        };
+        RemoteStart::Pending(RemoteDecision::new(decide(
             Arc::clone(&self.state),
             connection,
             cmd,
-            cost,
-            class,
+            call,
         )))
     }
 
@@ -185,7 +264,7 @@ where
             return;
         }
         // NOTE: decisions go to Redis until one fails, so the gauge starts at 1.
-        let up = state.health.load(Ordering::Acquire) == UP;
+        let up = RemoteHealth::is_up(state.health.observe());
         state.metrics.get().up.set(if up { 1.0 } else { 0.0 });
         if !spawn_ticker(state, state.settings.recheck, RedisDeciderState::tick) {
             state.started.store(false, Ordering::Release);
@@ -203,73 +282,131 @@ enum RedisTarget<'a, L: ?Sized + ToOwned> {
     Unkeyed,
 }
 
-/// One decision: the script within the budget, its reply read, the health updated.
+/// One decision: the script within the budget (and, for a new key over the cap, the
+/// overflow limit's within what is left of it), its reply read.
 async fn decide<C: Clock>(
     state: Arc<RedisDeciderState<C>>,
-    mut connection: ConnectionManager,
+    mut connection: RedisConnection,
     cmd: Cmd,
-    cost: u32,
-    class: KeyClass,
+    call: Call,
 ) -> RemoteOutcome {
     let settings = &state.settings;
-    let reply = tokio::time::timeout(
-        settings.budget,
-        evalsha(&mut connection, &cmd, settings.scripted.code),
-    )
-    .await;
-    match reply {
-        Ok(Ok(value)) => match settings.scripted.read_reply(&value, cost) {
-            Ok((decision, status)) => {
-                state.answered();
-                Ok((decision, status, class))
-            }
-            Err(unexpected) => {
-                let e = RedisError::from((
-                    ErrorKind::Client,
-                    "unexpected reply from the rate limit script",
-                    unexpected.0,
-                ));
-                state.failed(RedisFallbackReason::Error, &e);
-                Err(RemoteFallback)
-            }
-        },
-        Ok(Err(e)) => {
-            state.failed(RedisFallbackReason::Error, &e);
-            Err(RemoteFallback)
+    let deadline = tokio::time::Instant::now() + settings.budget;
+    let mut class = call.class;
+    let mut reply = state.ask(&mut connection, &cmd, deadline, call).await?;
+    if reply == ScriptReply::NoSuchKey {
+        // NOTE: a new key over the cap: the request is decided against the one overflow
+        // limit, as the local map does at its cap.
+        let now = state.clock.now();
+        if state.overflowing.seen(now) {
+            tracing::warn!(
+                name = %settings.name,
+                max_new_keys = settings.max_new_keys,
+                "ratelimit-layer: more new rate-limit keys than the cap allows; their requests \
+                 share one overflow limit in Redis (logged once; `INFO` once none has come \
+                 for {OVERFLOW_QUIET:?})"
+            );
         }
-        Err(_elapsed) => {
-            state.failed(RedisFallbackReason::Timeout, &state.over_budget());
-            Err(RemoteFallback)
+        class = KeyClass::Overflow;
+        let overflow = command::<()>(
+            &settings.scripted,
+            &settings.namespace,
+            &RedisKeyName::Overflow,
+            ScriptArgs::cost(call.cost),
+        );
+        reply = state
+            .ask(&mut connection, &overflow, deadline, call)
+            .await?;
+    }
+    let ScriptReply::Decided {
+        decision,
+        mut status,
+        extra,
+        made,
+    } = reply
+    else {
+        let e = RedisError::from((
+            ErrorKind::Client,
+            "the overflow key does not exist and may not be made",
+        ));
+        state.failed(RedisFallbackReason::Error, &e, call.observed, Some(&cmd));
+        return Err(RemoteFallback);
+    };
+    let now = state.clock.now();
+    if made && class == KeyClass::Keyed {
+        let (bucket, taken) = &state.new_keys;
+        // NOTE: a unit of the cap, whether there is one or not: requests that found one
+        // left while others made keys overshoot the cap by at most their number.
+        let _ = bucket.check(taken, now, 1);
+    }
+    if let Some(reservation) = &state.reservation {
+        if call.extra > 0 {
+            reservation.refilled(
+                now,
+                extra,
+                status.remaining,
+                overload_core::clock::saturating_nanos(status.reset),
+            );
+            // NOTE: the units this process now holds are the fleet's too.
+            status.remaining = status.remaining.saturating_add(u64::from(extra));
+        }
+        if let (Decision::Reject { retry_after }, KeyClass::Global) = (decision, class) {
+            reservation.rejected(
+                now,
+                overload_core::clock::saturating_nanos(retry_after),
+                call.cost,
+            );
         }
     }
+    Ok((decision, status, class))
 }
 
 impl<C: Clock> RedisDeciderState<C> {
-    /// Whether this request may ask Redis: always while it is up; while it is away, one
-    /// request per recheck interval, which claims the turn.
-    #[inline]
-    fn may_ask(&self) -> bool {
-        let health = self.health.load(Ordering::Acquire);
-        if health == UP {
-            return true;
+    /// One script call within the deadline; its failure is counted, and may turn Redis
+    /// away.
+    async fn ask(
+        &self,
+        connection: &mut RedisConnection,
+        cmd: &Cmd,
+        deadline: tokio::time::Instant,
+        call: Call,
+    ) -> Result<ScriptReply, RemoteFallback> {
+        let scripted = &self.settings.scripted;
+        let reply =
+            tokio::time::timeout_at(deadline, evalsha(connection, cmd, scripted.code)).await;
+        let failure = match reply {
+            Ok(Ok(value)) => match scripted.read_reply(&value, call.cost) {
+                Ok(reply) => return Ok(reply),
+                Err(unexpected) => (
+                    RedisFallbackReason::Error,
+                    RedisError::from((
+                        ErrorKind::Client,
+                        "unexpected reply from the rate limit script",
+                        unexpected.0,
+                    )),
+                ),
+            },
+            Ok(Err(e)) => (RedisFallbackReason::Error, e),
+            Err(_elapsed) => (RedisFallbackReason::Timeout, self.over_budget()),
+        };
+        self.failed(failure.0, &failure.1, call.observed, Some(cmd));
+        if call.extra > 0 {
+            self.refill_failed();
         }
-        let now = self.clock.now();
-        now >= health
-            && self
-                .health
-                .compare_exchange(
-                    health,
-                    self.next_recheck(now),
-                    Ordering::AcqRel,
-                    Ordering::Acquire,
-                )
-                .is_ok()
+        Err(RemoteFallback)
     }
 
-    /// Never `UP`, so that "away" cannot be mistaken for "up" at the clock's origin.
-    fn next_recheck(&self, now: u64) -> u64 {
-        now.saturating_add(saturating_nanos(self.settings.recheck))
-            .max(1)
+    /// Whether a keyed request may make its key in Redis: while the cap on new keys has a
+    /// unit left.
+    fn may_make_key(&self) -> bool {
+        let (bucket, taken) = &self.new_keys;
+        bucket.status(taken, self.clock.now()).remaining >= 1
+    }
+
+    fn refill_failed(&self) {
+        if let Some(reservation) = &self.reservation {
+            reservation.refill_failed();
+        }
     }
 
     fn over_budget(&self) -> RedisError {
@@ -280,12 +417,66 @@ impl<C: Clock> RedisDeciderState<C> {
         ))
     }
 
-    /// Redis answered: decisions go to Redis again, and the episode of Redis away ends.
-    fn answered(&self) {
-        // NOTE: read first, so that the usual case (already up) writes nothing shared.
-        if self.health.load(Ordering::Acquire) != UP && self.health.swap(UP, Ordering::AcqRel) != UP
-        {
+    /// A request that started at `observed` could not be decided in Redis: it falls back,
+    /// counted; and Redis is away, unless it came back since the request started.
+    fn failed(
+        &self,
+        reason: RedisFallbackReason,
+        error: &RedisError,
+        observed: u64,
+        cmd: Option<&Cmd>,
+    ) {
+        self.metrics.get().fallback(reason).increment(1);
+        if self.turned_away(reason, error, observed) {
+            // NOTE: the key (the command's fourth argument) is what the probe asks about.
+            let key = cmd.and_then(|cmd| match cmd.args_iter().nth(3) {
+                Some(Arg::Simple(key)) => Some(key.to_vec()),
+                _ => None,
+            });
+            *self
+                .probe_key
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = key;
+            self.spawn_probe();
+        }
+    }
+
+    /// Turns Redis away after a failure seen by something that started at `observed`;
+    /// `true` if this did (and logged it).
+    fn turned_away(&self, reason: RedisFallbackReason, error: &RedisError, observed: u64) -> bool {
+        if !self.health.fail(observed) {
+            tracing::debug!(
+                name = %self.settings.name,
+                reason = reason.as_str(),
+                error = %error,
+                "Redis did not decide a request (already away, or back since it started)"
+            );
+            return false;
+        }
+        self.metrics.get().up.set(0.0);
+        let now = self.clock.now();
+        if self.away.seen(now) {
+            tracing::warn!(
+                name = %self.settings.name,
+                redis = %self.settings.store.addr(),
+                reason = reason.as_str(),
+                error = %error,
+                "Redis cannot decide the rate limit: each process applies its local share \
+                 until Redis answers again (logged once; `INFO` when it does)"
+            );
+        }
+        true
+    }
+
+    /// Redis answered the probe within the budget: decisions go to Redis again, and the
+    /// episode of Redis away ends.
+    fn recovered(&self) {
+        if self.health.recover() {
             self.metrics.get().up.set(1.0);
+            *self
+                .probe_key
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner) = None;
             if let Some(ended) = self.away.end_now(self.clock.now()) {
                 tracing::info!(
                     name = %self.settings.name,
@@ -297,80 +488,110 @@ impl<C: Clock> RedisDeciderState<C> {
         }
     }
 
-    /// Redis could not decide a request: it falls back, counted, and Redis is away.
-    fn failed(&self, reason: RedisFallbackReason, error: &RedisError) {
-        self.metrics.get().fallback(reason).increment(1);
-        self.unreachable(reason, error);
-    }
-
-    /// Redis did not answer: from now on requests are decided locally, but for one per
-    /// recheck interval; the first failure of an episode is logged at `WARN`.
-    fn unreachable(&self, reason: RedisFallbackReason, error: &RedisError) {
-        let now = self.clock.now();
-        if self
-            .health
-            .compare_exchange(
-                UP,
-                self.next_recheck(now),
-                Ordering::AcqRel,
-                Ordering::Acquire,
-            )
-            .is_ok()
-        {
-            self.metrics.get().up.set(0.0);
-            if self.away.seen(now) {
-                tracing::warn!(
-                    name = %self.settings.name,
-                    redis = %self.settings.store.addr(),
-                    reason = reason.as_str(),
-                    error = %error,
-                    "Redis cannot decide the rate limit: each process applies its local share \
-                     until Redis answers again (logged once; `INFO` when it does)"
-                );
-            }
-        } else {
-            tracing::debug!(
+    /// Once a recheck interval while the layer lives: probes Redis while it is away, and
+    /// while it is up but no request asked it since the last tick, so that its loss and
+    /// its return are seen, logged and reported without traffic.
+    fn tick(&self) {
+        let asked = self.asked.swap(false, Ordering::Relaxed);
+        if let Some(ended) = self.overflowing.quiet_for(OVERFLOW_QUIET, self.clock.now()) {
+            tracing::info!(
                 name = %self.settings.name,
-                reason = reason.as_str(),
-                error = %error,
-                "Redis still away"
+                lasted = ?ended.lasted,
+                "ratelimit-layer: new rate-limit keys within the cap again"
             );
         }
+        if asked && RemoteHealth::is_up(self.health.observe()) {
+            // NOTE: requests asked it: their failures would have turned it away.
+            return;
+        }
+        self.spawn_probe();
     }
 
-    /// Once a recheck interval while the layer lives: when no request asked Redis since
-    /// the last tick (no traffic, or Redis away), checks it with a `PING`, so that its loss
-    /// and its return are seen, logged and reported without traffic.
-    fn tick(&self) {
-        if self.asked.swap(false, Ordering::Relaxed) {
-            // NOTE: requests asked it: their answers keep the health true.
+    fn spawn_probe(&self) {
+        if self.probing.swap(true, Ordering::AcqRel) {
             return;
         }
-        if self.checking.swap(true, Ordering::AcqRel) {
-            return;
-        }
-        let Some(this) = self.this.upgrade() else {
+        let (Some(this), Ok(runtime)) =
+            (self.this.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            self.probing.store(false, Ordering::Release);
             return;
         };
-        tokio::spawn(async move {
-            this.check().await;
-            this.checking.store(false, Ordering::Release);
+        runtime.spawn(async move {
+            this.probe().await;
+            this.probing.store(false, Ordering::Release);
         });
     }
 
-    /// `PING` within the budget.
-    async fn check(&self) {
-        let mut connection = match self.settings.store.connection() {
-            Ok(connection) => connection,
-            Err(e) => return self.unreachable(RedisFallbackReason::Error, &e),
+    /// Asks Redis about the key whose decision failed (`EXISTS`, which goes to that key's
+    /// node in a Cluster), or `PING`s it: an answer within the budget brings it back. A
+    /// connection that does not answer within the response timeout is replaced at once (a
+    /// black hole), and the new one asked.
+    async fn probe(&self) {
+        let observed = self.health.observe();
+        let key = self
+            .probe_key
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .clone();
+        let probe = match &key {
+            Some(key) => {
+                let mut exists = redis::cmd("EXISTS");
+                exists.arg(key.as_slice());
+                exists
+            }
+            None => redis::cmd("PING"),
         };
-        let ping = redis::cmd("PING");
-        let reply =
-            tokio::time::timeout(self.settings.budget, connection.send_packed_command(&ping)).await;
-        match reply.map(|r| r.and_then(redis::Value::extract_error)) {
-            Ok(Ok(_)) => self.answered(),
-            Ok(Err(e)) => self.unreachable(RedisFallbackReason::Error, &e),
-            Err(_elapsed) => self.unreachable(RedisFallbackReason::Timeout, &self.over_budget()),
+        let store = &self.settings.store;
+        let response_timeout = store.response_timeout();
+        // NOTE: at most three rounds: a silent connection replaced, a new connection's
+        // first answer (which includes its set-up), and one more.
+        let mut fresh = false;
+        for _ in 0..3 {
+            let (mut connection, generation) = match store.connection() {
+                Ok(connection) => connection,
+                Err(e) => {
+                    self.turned_away(RedisFallbackReason::Error, &e, observed);
+                    return;
+                }
+            };
+            let sent = tokio::time::Instant::now();
+            let reply = tokio::time::timeout(response_timeout, connection.send(&probe)).await;
+            match reply.map(|r| r.and_then(redis::Value::extract_error)) {
+                Ok(Ok(_)) if sent.elapsed() <= self.settings.budget => {
+                    self.recovered();
+                    return;
+                }
+                Ok(Ok(_)) if fresh => fresh = false,
+                Ok(Ok(_)) => {
+                    self.turned_away(RedisFallbackReason::Timeout, &self.over_budget(), observed);
+                    return;
+                }
+                Ok(Err(e)) => {
+                    self.turned_away(RedisFallbackReason::Error, &e, observed);
+                    return;
+                }
+                Err(_elapsed) => {
+                    let e = RedisError::from((
+                        ErrorKind::Io,
+                        "no answer within the response timeout: connection replaced",
+                        format!("{response_timeout:?}"),
+                    ));
+                    self.turned_away(RedisFallbackReason::Timeout, &e, observed);
+                    tracing::info!(
+                        name = %self.settings.name,
+                        redis = %store.addr(),
+                        ?response_timeout,
+                        "ratelimit-layer: the connection to Redis left a command unanswered \
+                         for the response timeout; a new connection replaces it"
+                    );
+                    if let Err(e) = store.replace(generation) {
+                        self.turned_away(RedisFallbackReason::Error, &e, observed);
+                        return;
+                    }
+                    fresh = true;
+                }
+            }
         }
     }
 }
@@ -380,7 +601,8 @@ impl<E, C> fmt::Debug for RedisDecider<E, C> {
         f.debug_struct("RedisDecider")
             .field("store", &self.state.settings.store)
             .field("budget", &self.state.settings.budget)
-            .field("up", &(self.state.health.load(Ordering::Relaxed) == UP))
+            .field("up", &RemoteHealth::is_up(self.state.health.observe()))
+            .field("reservation", &self.state.reservation.is_some())
             .finish_non_exhaustive()
     }
 }

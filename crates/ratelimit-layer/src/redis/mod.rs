@@ -131,6 +131,7 @@
 
 mod builder;
 mod command;
+mod connection;
 mod decider;
 mod key;
 mod script;

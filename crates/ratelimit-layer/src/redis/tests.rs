@@ -3,10 +3,9 @@
 
 use std::time::Duration;
 
-use redis::aio::ConnectionManager;
-
 use super::command::{RedisKeyName, command, evalsha};
-use super::script::{ScriptedLimit, Sealed};
+use super::connection::RedisConnection;
+use super::script::{ScriptArgs, ScriptReply, ScriptedLimit, Sealed};
 use super::store::RedisStore;
 use super::testing::RedisServer;
 use crate::algorithm::{Decision, Limiter, QuotaStatus, SlidingWindow, TokenBucket};
@@ -26,25 +25,47 @@ fn settings<L: Limiter + Sealed>(limiter: &L) -> TestLimit {
     }
 }
 
-/// One decision in Redis for `key` at `now_micros`.
-async fn remote(
+/// The arguments of a call of `cost` at `now_micros`.
+fn at(cost: u32, now_micros: u64) -> ScriptArgs {
+    ScriptArgs {
+        now_micros: Some(now_micros),
+        ..ScriptArgs::cost(cost)
+    }
+}
+
+/// One call in Redis for `key`, and its reply.
+async fn call(
     settings: &TestLimit,
-    connection: &mut ConnectionManager,
+    connection: &mut RedisConnection,
     key: &str,
-    cost: u32,
-    now_micros: u64,
-) -> (Decision, QuotaStatus) {
+    args: ScriptArgs,
+) -> ScriptReply {
     let cmd = command(
         &settings.scripted,
         &settings.namespace,
-        RedisKeyName::Keyed(key),
-        cost,
-        Some(now_micros),
+        &RedisKeyName::Keyed(key),
+        args,
     );
     let reply = evalsha(connection, &cmd, settings.scripted.code)
         .await
         .unwrap();
-    settings.scripted.read_reply(&reply, cost).unwrap()
+    settings.scripted.read_reply(&reply, args.cost).unwrap()
+}
+
+/// One decision in Redis for `key` at `now_micros`.
+async fn remote(
+    settings: &TestLimit,
+    connection: &mut RedisConnection,
+    key: &str,
+    cost: u32,
+    now_micros: u64,
+) -> (Decision, QuotaStatus) {
+    match call(settings, connection, key, at(cost, now_micros)).await {
+        ScriptReply::Decided {
+            decision, status, ..
+        } => (decision, status),
+        ScriptReply::NoSuchKey => panic!("the key may be made"),
+    }
 }
 
 /// A small deterministic generator (xorshift), so a failing sequence can be replayed.
@@ -65,7 +86,7 @@ async fn agree<L: Limiter + Sealed>(limiter: L, seed: u64, max_step_micros: u64,
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
     let settings = settings(&limiter);
-    let mut connection = store.connection().unwrap();
+    let (mut connection, _) = store.connection().unwrap();
     let state = L::State::default();
     let mut steps = Steps(seed);
     // An arbitrary origin in the server's range of times (microseconds since 1970).
@@ -122,7 +143,7 @@ async fn fractional_emission_intervals_keep_the_rate() {
     let store = RedisStore::new(&server.url()).unwrap();
     let bucket = TokenBucket::builder(300).burst(30).build().unwrap();
     let settings = settings(&bucket);
-    let mut connection = store.connection().unwrap();
+    let (mut connection, _) = store.connection().unwrap();
     let state = Default::default();
     let origin = 1_700_000_000_000_000_u64;
     let (mut remote_admitted, mut local_admitted) = (0, 0);
@@ -145,16 +166,15 @@ async fn fractional_emission_intervals_keep_the_rate() {
 async fn keys_are_namespaced_and_expire_on_their_own() {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
-    let mut connection = store.connection().unwrap();
+    let (mut connection, _) = store.connection().unwrap();
 
     // On the server's clock. 10 per second, burst 5: five units put the TAT 500 ms ahead.
     let bucket = settings(&TokenBucket::builder(10).burst(5).build().unwrap());
     let cmd = command(
         &bucket.scripted,
         &bucket.namespace,
-        RedisKeyName::Keyed("192.0.2.1"),
-        5,
-        None,
+        &RedisKeyName::Keyed("192.0.2.1"),
+        ScriptArgs::cost(5),
     );
     evalsha(&mut connection, &cmd, bucket.scripted.code)
         .await
@@ -174,9 +194,8 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     let cmd = command::<()>(
         &window.scripted,
         &window.namespace,
-        RedisKeyName::Global,
-        1,
-        None,
+        &RedisKeyName::Global,
+        ScriptArgs::cost(1),
     );
     evalsha(&mut connection, &cmd, window.scripted.code)
         .await
@@ -196,9 +215,8 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     let cmd = command::<()>(
         &slow.scripted,
         &slow.namespace,
-        RedisKeyName::Unkeyed,
-        2,
-        None,
+        &RedisKeyName::Unkeyed,
+        ScriptArgs::cost(2),
     );
     evalsha(&mut connection, &cmd, slow.scripted.code)
         .await
@@ -207,15 +225,20 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     let cmd = command::<()>(
         &slow.scripted,
         &slow.namespace,
-        RedisKeyName::Unkeyed,
-        1,
-        None,
+        &RedisKeyName::Unkeyed,
+        ScriptArgs::cost(1),
     );
     let reply = evalsha(&mut connection, &cmd, slow.scripted.code)
         .await
         .unwrap();
     assert!(
-        !slow.scripted.read_reply(&reply, 1).unwrap().0.is_allowed(),
+        matches!(
+            slow.scripted.read_reply(&reply, 1).unwrap(),
+            ScriptReply::Decided {
+                decision: Decision::Reject { .. },
+                ..
+            }
+        ),
         "the burst is spent"
     );
     let after = pttl("test:default:tb:u");
@@ -237,7 +260,7 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
 async fn scripts_are_loaded_again_after_a_flush() {
     let server = RedisServer::start();
     let store = RedisStore::new(&server.url()).unwrap();
-    let mut connection = store.connection().unwrap();
+    let (mut connection, _) = store.connection().unwrap();
     let bucket = settings(&TokenBucket::new(10).unwrap());
     let (decision, _) = remote(&bucket, &mut connection, "a", 1, 1).await;
     assert!(decision.is_allowed());
