@@ -27,14 +27,15 @@ const EXACT: u64 = 1 << 53;
 ///
 /// Returns {admitted (1 or 0), retry after (microseconds, rounded up), backlog TAT - now
 /// (microseconds, rounded up), units taken for the reservation, 1 if the key was made},
-/// or {2, 0, 0, 0, 0} when the key does not exist and may not be made. The key expires a millisecond after its TAT,
-/// when it holds no more than a missing key would.
+/// or {2, 0, 0, 0, 0} when the key does not exist and may not be made. The key expires a
+/// millisecond after its TAT, when it holds no more than a missing key would.
 ///
 /// A TAT never lies more than the tolerance ahead of the time it is written at, so one
 /// further ahead means that the server's clock went back since (a clock stepped, or a
 /// failover to a replica whose clock is behind): it is brought back to the tolerance, a
-/// bucket just emptied, so that a step back of D rejects for at most one emission interval
-/// rather than for D.
+/// bucket just emptied, and kept so even by a rejection, so that the bucket refills on the
+/// clock as it is now: a step back of D rejects for at most one emission interval rather
+/// than for D.
 pub(crate) const GCRA: &str = r"
 local now
 if ARGV[6] then
@@ -51,13 +52,23 @@ if not stored and ARGV[4] == '0' then
   return {2, 0, 0, 0, 0}
 end
 local tat = tonumber(stored) or now
+local stepped = false
 if tat < now then
   tat = now
 elseif tat > now + tolerance then
   tat = now + tolerance
+  stepped = true
 end
 local ahead = tat + cost * emission - now
 if ahead > tolerance then
+  if stepped then
+    -- kept, so that the bucket refills from now on, on the clock as it is now
+    if ARGV[6] then
+      redis.call('SET', KEYS[1], string.format('%.17g', tat))
+    else
+      redis.call('SET', KEYS[1], string.format('%.17g', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+    end
+  end
   return {0, math.ceil(ahead - tolerance), math.ceil(tat - now), 0, 0}
 end
 local extra = math.min(tonumber(ARGV[5]), math.floor((tolerance - ahead) / emission))
@@ -91,9 +102,13 @@ return {1, 0, math.ceil(ahead), extra, made}
 /// more while the rule holds (`quota - floor(left * p / w) - c` is what it still admits).
 /// Returns {admitted, c (with what was taken if admitted), p, left (microseconds), units
 /// taken for the reservation, 1 if the key was made}, or {2, 0, 0, 0, 0, 0} when the key
-/// does not exist and may not be made. The key expires two windows after its last admission, when both counts it
-/// holds have passed. When the server's clock goes back into an earlier window, requests
-/// count in the newer one, as if at its start.
+/// does not exist and may not be made. The key expires two windows after its last
+/// admission, when both counts it holds have passed.
+///
+/// When the server's clock goes back into an earlier window (a step, or a failover to a
+/// replica whose clock is behind), the stored window becomes the current one with its
+/// counts: the limit holds, and a full window rejects for at most a window, rather than
+/// until the clock is back where it was.
 pub(crate) const SLIDING_WINDOW: &str = r"
 local now
 if ARGV[6] then
@@ -129,8 +144,10 @@ elseif index > si then
   c = 0
   si = index
 elseif index < si then
-  -- the server's clock went back: count in the newer window, as if at its start
-  left = w
+  -- the server's clock went back: the stored window becomes the current one, kept so even
+  -- by a rejection, so that windows roll on the clock as it is now
+  si = index
+  redis.call('HSET', KEYS[1], 'i', string.format('%d', si))
 end
 if (c + cost - 1) * w + left * p < quota * w then
   c = c + cost
