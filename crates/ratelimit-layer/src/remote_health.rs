@@ -13,14 +13,14 @@ use overload_core::sync::{AtomicU64, Ordering};
 /// turns the state away only if the value has not changed since
 /// ([`fail`](Self::fail)), so a request that started before Redis went away and came back
 /// (and times out after that) does not make it flap.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct RemoteHealth {
     state: AtomicU64,
 }
 
 impl RemoteHealth {
-    /// Up, epoch 0.
-    pub(crate) const fn new() -> Self {
+    /// Up, epoch 0. Not `const`: loom's atomics are not.
+    pub(crate) fn new() -> Self {
         Self {
             state: AtomicU64::new(0),
         }

@@ -153,6 +153,11 @@ impl LocalReservation {
         u32::try_from(batch).unwrap_or(u32::MAX)
     }
 
+    /// Whether a request is asking for a batch.
+    pub(crate) fn is_refilling(&self) -> bool {
+        self.refilling.load(Ordering::Acquire)
+    }
+
     /// The remote took `units` for this process at `now`, and had `remaining` left, full
     /// again in `reset` nanoseconds.
     pub(crate) fn refilled(&self, now: u64, units: u32, remaining: u64, reset: u64) {

@@ -12,9 +12,10 @@ use overload_core::clock::Clock;
 
 use overload_core::telemetry::LayerName;
 
-use super::decider::{RedisDecider, RedisSettings};
+use super::decider::RedisDecider;
 use super::key::RedisKey;
 use super::script::RedisAlgorithm;
+use super::state::RedisSettings;
 use super::store::RedisStore;
 use crate::algorithm::Limiter;
 use crate::key::{KeyExtractor, MissingKey};

@@ -134,7 +134,9 @@ mod command;
 mod connection;
 mod decider;
 mod key;
+mod reserve;
 mod script;
+mod state;
 mod store;
 #[cfg(any(test, feature = "test-util"))]
 pub mod testing;
