@@ -310,3 +310,49 @@ async fn a_flood_of_made_up_keys_makes_a_bounded_number_in_redis() {
     // The known key kept its own limit throughout.
     assert_eq!(status("known".to_owned()).await, StatusCode::OK);
 }
+
+/// A failover behind one address (a DNS name or a proxy that follows the master, as managed
+/// services and Sentinel setups offer): the connection still reaches the old master, now a
+/// replica, whose every write answers `READONLY`. The layer falls back, replaces the
+/// connection, and the new one reaches the new master: back on Redis within a recheck.
+#[tokio::test(flavor = "current_thread")]
+async fn a_master_turned_replica_behind_one_address_is_left_for_the_new_one() {
+    let (logs, _guard) = Logs::capture();
+    let master = RedisServer::start();
+    let replica = RedisServer::start();
+    assert_eq!(
+        replica.command(&format!("REPLICAOF 127.0.0.1 {}", master.port())),
+        "+OK"
+    );
+    // The address names the replica: the old master after a failover.
+    let proxy = BlackHoleProxy::start(replica.addr());
+    let store = RedisStore::new(&proxy.url()).unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(1_000))
+            .redis(store)
+            .budget(GENEROUS)
+            .recheck_interval(Duration::from_millis(100))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    assert_eq!(send(&svc).await.status(), StatusCode::OK, "decided locally");
+    assert_eq!(
+        redis_events(&logs).0,
+        1,
+        "the replica's READONLY turned Redis away"
+    );
+    // The address now names the new master, as the service's endpoint would.
+    proxy.forward_to(master.addr());
+    let moved = Instant::now();
+    while master.command("EXISTS ratelimit:default:tb:g") != ":1" {
+        assert!(
+            moved.elapsed() < Duration::from_secs(3),
+            "still not on the new master"
+        );
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(redis_events(&logs), (1, 1));
+}

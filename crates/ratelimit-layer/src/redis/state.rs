@@ -10,7 +10,7 @@ use std::time::Duration;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, saturating_nanos};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
-use redis::{Arg, Cmd, ErrorKind, RedisError};
+use redis::{Arg, Cmd, ErrorKind, RedisError, ServerErrorKind};
 use tokio::sync::Notify;
 
 use super::command::evalsha;
@@ -56,6 +56,9 @@ pub(super) struct RedisDeciderState<C> {
     /// The key of the decision whose failure turned Redis away: what the probe asks about,
     /// so that a Cluster is back when that key's slot answers.
     pub(super) probe_key: Mutex<Option<Vec<u8>>>,
+    /// Whether a decision met a replica (`READONLY`): a failover behind one address (a DNS
+    /// name, a proxy) left the connection on the old master; the probe replaces it.
+    pub(super) read_only: AtomicBool,
     /// Whether a request asked Redis since the last tick.
     pub(super) asked: AtomicBool,
     /// Whether a probe is under way.
@@ -100,6 +103,7 @@ impl<C: Clock> RedisDeciderState<C> {
             health: RemoteHealth::new(),
             away: Episode::new(),
             probe_key: Mutex::new(None),
+            read_only: AtomicBool::new(false),
             asked: AtomicBool::new(false),
             probing: AtomicBool::new(false),
             started: AtomicBool::new(false),
@@ -167,6 +171,9 @@ impl<C: Clock> RedisDeciderState<C> {
         cmd: Option<&Cmd>,
     ) {
         self.metrics.get().fallback(reason).increment(1);
+        if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+            self.read_only.store(true, Ordering::Release);
+        }
         if self.turned_away(reason, error, observed) {
             // NOTE: the key (the command's fourth argument) is what the probe asks about.
             let key = cmd.and_then(|cmd| match cmd.args_iter().nth(3) {
@@ -289,6 +296,12 @@ impl<C: Clock> RedisDeciderState<C> {
         };
         let store = &self.settings.store;
         let response_timeout = store.response_timeout();
+        if self.read_only.swap(false, Ordering::AcqRel) {
+            // NOTE: a new connection, to whatever the address names now.
+            if let Ok((_, generation)) = store.connection() {
+                let _ = store.replace(generation);
+            }
+        }
         // NOTE: at most three rounds: a silent connection replaced, a new connection's
         // first answer (which includes its set-up), and one more.
         let mut fresh = false;
