@@ -5,7 +5,8 @@ use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::{RedisServer, pause};
+use super::process::pause;
+use super::server::RedisServer;
 
 /// How long the Cluster has to agree on its slots, at start and after a failover.
 const SETTLE_WITHIN: Duration = Duration::from_secs(30);

@@ -7,7 +7,7 @@ use std::sync::{Arc, Mutex, PoisonError};
 use std::thread::JoinHandle;
 use std::time::Duration;
 
-use super::pause;
+use super::process::pause;
 
 /// How often an idle relay thread looks at the proxy's state.
 const POLL: Duration = Duration::from_millis(10);
