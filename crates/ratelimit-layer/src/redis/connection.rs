@@ -2,14 +2,16 @@
 //! connection manager, or a Cluster through its cluster client ([`RedisConnection`]); made on
 //! first use, and replaced whole when it stops answering ([`RedisConnections`]).
 
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Arc, Mutex, PoisonError, RwLock};
 use std::time::Duration;
 
 use redis::aio::{ConnectionLike, ConnectionManager, ConnectionManagerConfig};
 use redis::cluster::{ClusterClient, ClusterConfig};
 use redis::cluster_async::ClusterConnection;
 use redis::io::tcp::{TcpSettings, socket2::TcpKeepalive};
-use redis::{Client, Cmd, ErrorKind, RedisError, RedisResult, Value};
+use redis::{
+    Client, Cmd, ConnectionAddr, ConnectionInfo, ErrorKind, RedisError, RedisResult, Value,
+};
 
 /// How long an idle connection waits before the kernel sends a keepalive probe: 10 s.
 pub(crate) const KEEPALIVE_IDLE: Duration = Duration::from_secs(10);
@@ -53,6 +55,10 @@ pub(crate) fn tcp_settings() -> TcpSettings {
     settings
 }
 
+/// Makes a Cluster client from seed nodes, with the store's settings.
+pub(crate) type ClusterClientMaker =
+    Arc<dyn Fn(Vec<ConnectionInfo>) -> RedisResult<ClusterClient> + Send + Sync>;
+
 /// How to connect: to one node, or to a Cluster through its seeds.
 pub(crate) enum RedisTopology {
     Node {
@@ -60,7 +66,13 @@ pub(crate) enum RedisTopology {
         config: ConnectionManagerConfig,
     },
     Cluster {
-        client: ClusterClient,
+        /// The seeds given.
+        seeds: Vec<ConnectionInfo>,
+        /// The nodes the Cluster said it has, last time it was asked (`CLUSTER SLOTS`):
+        /// seeds too for a connection made anew, so that a replacement does not depend on
+        /// the given seeds alone (one of which may be the node that was lost).
+        known: Mutex<Vec<(String, u16)>>,
+        make: ClusterClientMaker,
         config: ClusterConfig,
     },
 }
@@ -74,9 +86,69 @@ impl RedisTopology {
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
                     .map(RedisConnection::Node)
             }
-            Self::Cluster { client, config } => Ok(RedisConnection::Cluster(
-                client.get_pending_async_connection_with_config(config.clone()),
-            )),
+            Self::Cluster {
+                seeds,
+                known,
+                make,
+                config,
+            } => {
+                let mut nodes = seeds.clone();
+                let first = &seeds[0];
+                for (host, port) in known.lock().unwrap_or_else(PoisonError::into_inner).iter() {
+                    let addr = match first.addr().clone() {
+                        ConnectionAddr::TcpTls {
+                            insecure,
+                            tls_params,
+                            ..
+                        } => ConnectionAddr::TcpTls {
+                            host: host.clone(),
+                            port: *port,
+                            insecure,
+                            tls_params,
+                        },
+                        _ => ConnectionAddr::Tcp(host.clone(), *port),
+                    };
+                    if !nodes.iter().any(|n| *n.addr() == addr) {
+                        nodes.push(first.clone().set_addr(addr));
+                    }
+                }
+                let client = make(nodes)?;
+                Ok(RedisConnection::Cluster(
+                    client.get_pending_async_connection_with_config(config.clone()),
+                ))
+            }
+        }
+    }
+
+    /// Keeps the nodes a Cluster's `CLUSTER SLOTS` reply names, for the connections made
+    /// anew; nothing for one node, or a reply of another shape.
+    pub(crate) fn learn_nodes(&self, reply: &Value) {
+        let Self::Cluster { known, .. } = self else {
+            return;
+        };
+        let Value::Array(ranges) = reply else {
+            return;
+        };
+        let mut nodes = Vec::new();
+        for range in ranges {
+            let Value::Array(range) = range else { continue };
+            for node in range.iter().skip(2) {
+                let Value::Array(node) = node else { continue };
+                if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+                    (node.first(), node.get(1))
+                {
+                    let (Ok(host), Ok(port)) = (std::str::from_utf8(host), u16::try_from(*port))
+                    else {
+                        continue;
+                    };
+                    if !host.is_empty() && !nodes.iter().any(|(h, p)| h == host && *p == port) {
+                        nodes.push((host.to_owned(), port));
+                    }
+                }
+            }
+        }
+        if !nodes.is_empty() {
+            *known.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
         }
     }
 }

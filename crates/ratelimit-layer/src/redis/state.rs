@@ -318,6 +318,15 @@ impl<C: Clock> RedisDeciderState<C> {
             match reply.map(|r| r.and_then(redis::Value::extract_error)) {
                 Ok(Ok(_)) if sent.elapsed() <= self.settings.budget => {
                     self.recovered();
+                    if store.is_cluster() {
+                        // NOTE: the nodes as they are now, for a connection made anew.
+                        let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+                        let reply =
+                            tokio::time::timeout(response_timeout, connection.send(&slots)).await;
+                        if let Ok(Ok(reply)) = reply {
+                            store.learn_nodes(&reply);
+                        }
+                    }
                     return;
                 }
                 Ok(Ok(_)) if fresh => fresh = false,

@@ -2,7 +2,7 @@
 //! or TLS.
 
 use std::fmt;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use overload_core::{ConfigError, ConfigErrorKind};
@@ -14,7 +14,9 @@ use redis::{
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer};
 
-use super::connection::{RedisConnection, RedisConnections, RedisTopology, tcp_settings};
+use super::connection::{
+    ClusterClientMaker, RedisConnection, RedisConnections, RedisTopology, tcp_settings,
+};
 
 /// The Redis that holds a fleet's limits: one node or a Redis Cluster, over TCP or TLS,
 /// and the connection to it, which reconnects by itself.
@@ -170,6 +172,11 @@ impl RedisStore {
     /// How long a command may go unanswered before its connection is replaced.
     pub(crate) fn response_timeout(&self) -> Duration {
         self.inner.response_timeout
+    }
+
+    /// Keeps the nodes of a Cluster's `CLUSTER SLOTS` reply, for connections made anew.
+    pub(crate) fn learn_nodes(&self, reply: &redis::Value) {
+        self.inner.connections.target().learn_nodes(reply);
     }
 
     /// Connects now, if not yet connected, and waits for Redis to answer `PING` (every
@@ -437,21 +444,32 @@ impl RedisStoreBuilder {
         // NOTE: redis-rs retries a command inside the cluster client (a redirection, a
         // reconnection); a decision waits for none of it beyond its budget, so the waits
         // are kept short, and the slot map is read again at once after a failover.
-        let mut builder = ClusterClient::builder(infos)
-            .retries(4)
-            .min_retry_wait(10)
-            .max_retry_wait(u64::try_from(self.reconnect_max_delay.as_millis()).unwrap_or(500))
-            .connection_timeout(self.connect_timeout)
-            .response_timeout(self.response_timeout)
-            .tcp_settings(tcp_settings());
-        if let Some(certificates) = certificates {
-            builder = builder.certs(certificates);
-        }
-        let client = builder.build().map_err(|e| url_error("seeds", &e))?;
+        let (connect_timeout, response_timeout) = (self.connect_timeout, self.response_timeout);
+        let max_wait = u64::try_from(self.reconnect_max_delay.as_millis()).unwrap_or(500);
+        let make: ClusterClientMaker = Arc::new(move |nodes: Vec<redis::ConnectionInfo>| {
+            let mut builder = ClusterClient::builder(nodes)
+                .retries(4)
+                .min_retry_wait(10)
+                .max_retry_wait(max_wait)
+                .connection_timeout(connect_timeout)
+                .response_timeout(response_timeout)
+                .tcp_settings(tcp_settings());
+            if let Some(certificates) = &certificates {
+                builder = builder.certs(certificates.clone());
+            }
+            builder.build()
+        });
+        // NOTE: built once here, so that a mistake is an error of the builder.
+        make(infos.clone()).map_err(|e| url_error("seeds", &e))?;
         let config = ClusterConfig::new()
             .set_connection_timeout(self.connect_timeout)
             .set_response_timeout(self.response_timeout);
-        Ok(RedisTopology::Cluster { client, config })
+        Ok(RedisTopology::Cluster {
+            seeds: infos,
+            known: Mutex::new(Vec::new()),
+            make,
+            config,
+        })
     }
 
     /// The CA and the client certificate, checked, for redis-rs.
@@ -650,6 +668,50 @@ mod tests {
         assert!(!err.to_string().contains(":a@"), "{err}");
         let err = RedisStore::cluster(["redis://127.0.0.1:7000/3"]).unwrap_err();
         assert_eq!(err.field(), "url");
+    }
+
+    /// A Cluster connection made anew (after the old one went silent) starts from the
+    /// nodes the Cluster last named as well as the seeds: a seed that was the lost node
+    /// does not leave the store without a way in.
+    #[test]
+    fn a_cluster_remembers_the_nodes_it_was_told_of() {
+        use redis::Value;
+        let store = RedisStore::cluster(["redis://127.0.0.1:7000"]).unwrap();
+        let node = |host: &str, port: i64| {
+            Value::Array(vec![
+                Value::BulkString(host.as_bytes().to_vec()),
+                Value::Int(port),
+                Value::BulkString(b"id".to_vec()),
+            ])
+        };
+        let range = |start: i64, end: i64, nodes: Vec<Value>| {
+            let mut items = vec![Value::Int(start), Value::Int(end)];
+            items.extend(nodes);
+            Value::Array(items)
+        };
+        store.learn_nodes(&Value::Array(vec![
+            range(
+                0,
+                5460,
+                vec![node("127.0.0.1", 7000), node("127.0.0.1", 7003)],
+            ),
+            range(5461, 10922, vec![node("127.0.0.1", 7001), node("", 7004)]),
+            range(10923, 16383, vec![node("127.0.0.1", 7001)]),
+        ]));
+        let RedisTopology::Cluster { known, .. } = store.inner.connections.target() else {
+            panic!("a Cluster");
+        };
+        assert_eq!(
+            *known.lock().unwrap(),
+            [
+                ("127.0.0.1".to_owned(), 7000),
+                ("127.0.0.1".to_owned(), 7003),
+                ("127.0.0.1".to_owned(), 7001),
+            ]
+        );
+        // A reply of another shape changes nothing.
+        store.learn_nodes(&Value::Okay);
+        assert_eq!(known.lock().unwrap().len(), 3);
     }
 
     #[test]

@@ -103,7 +103,23 @@ impl RedisCluster {
     ///
     /// When no running node says so.
     pub fn master_of(&self, slot: u16) -> usize {
-        let nodes = self.ask_any("CLUSTER NODES");
+        let ports: Vec<u16> = self.nodes.iter().map(RedisServer::port).collect();
+        let port = Self::master_port(&ports, slot)
+            .unwrap_or_else(|| panic!("no running master serves slot {slot}"));
+        self.nodes
+            .iter()
+            .position(|n| n.port() == port)
+            .expect("a node of this cluster")
+    }
+
+    /// The port of the master that serves `slot`, as the first node of `ports` that
+    /// answers says (`CLUSTER NODES`), unless it is marked failed: for a test that watches
+    /// a failover from another thread while the Cluster is killed from its own.
+    pub fn master_port(ports: &[u16], slot: u16) -> Option<u16> {
+        let nodes = ports
+            .iter()
+            .map(|port| cli(*port, "CLUSTER NODES"))
+            .find(|answer| !answer.is_empty())?;
         // NOTE: one line per node: id, ip:port@bus-port, flags, master, ping, pong, epoch,
         // link state, then its slots (`0-5460`, `5461`).
         for line in nodes.lines() {
@@ -119,19 +135,15 @@ impl RedisCluster {
                     _ => false,
                 }
             });
-            if !serves {
-                continue;
-            }
-            let port: Option<u16> = fields[1]
-                .split(['@', ','])
-                .next()
-                .and_then(|addr| addr.rsplit(':').next())
-                .and_then(|port| port.parse().ok());
-            if let Some(index) = port.and_then(|p| self.nodes.iter().position(|n| n.port() == p)) {
-                return index;
+            if serves {
+                return fields[1]
+                    .split(['@', ','])
+                    .next()
+                    .and_then(|addr| addr.rsplit(':').next())
+                    .and_then(|port| port.parse().ok());
             }
         }
-        panic!("no running master serves slot {slot}: {nodes}");
+        None
     }
 
     /// Kills node `index` (SIGKILL), as a crash.
@@ -161,15 +173,6 @@ impl RedisCluster {
             );
             pause(Duration::from_millis(50));
         }
-    }
-
-    fn ask_any(&self, command: &str) -> String {
-        let node = self
-            .nodes
-            .iter()
-            .find(|n| n.pid().is_some())
-            .expect("a running node");
-        cli(node.port(), command)
     }
 }
 
