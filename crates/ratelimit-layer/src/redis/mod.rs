@@ -65,7 +65,8 @@
 //!   map, sends each decision to the node that holds its key (each decision touches one key,
 //!   so one slot), follows `MOVED` and `ASK`, and reads the slot map again when a master is
 //!   lost and a replica promoted. Tested with 3 masters and a replica each: a master killed
-//!   under load, each process fell back for 2.9 s, then shared the limit again.
+//!   under load, each process fell back for 2 to 3 s (back within 0.3 s of the replica
+//!   being promoted), then shared the limit again.
 //! - **TLS**: `rediss://`, verified against the system's roots or a CA you give
 //!   ([`RedisStoreBuilder::ca_certificate`]), with a client certificate
 //!   ([`RedisStoreBuilder::client_certificate`]) where the service asks for one. Checks
