@@ -60,6 +60,8 @@ pub(crate) type ClusterClientMaker =
     Arc<dyn Fn(Vec<ConnectionInfo>) -> RedisResult<ClusterClient> + Send + Sync>;
 
 /// How to connect: to one node, or to a Cluster through its seeds.
+// NOTE: one per store, made once: the size of its larger variant costs nothing.
+#[allow(clippy::large_enum_variant)]
 pub(crate) enum RedisTopology {
     Node {
         client: Client,
