@@ -6,9 +6,7 @@
 
 use std::fmt;
 use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
 use std::sync::Arc;
-use std::sync::atomic::AtomicBool;
 
 use http::request::Parts;
 
@@ -24,7 +22,7 @@ use overload_core::window::Window;
 pub(crate) const CLASSES: usize = 128;
 
 /// The class of requests without a caller key.
-const UNKEYED: usize = CLASSES;
+pub(crate) const UNKEYED: u8 = CLASSES as u8;
 
 /// Every class: the hashed ones and the unkeyed one.
 const LANES: usize = CLASSES + 1;
@@ -78,59 +76,6 @@ where
         match self(parts) {
             Some(key) => {
                 key.hash(&mut state);
-                true
-            }
-            None => false,
-        }
-    }
-}
-
-/// The default caller key: the IP address of the connection's peer.
-///
-/// It is read from a [`SocketAddr`] request extension, which a server puts there; with this
-/// crate's `axum` feature, also from axum's `ConnectInfo<SocketAddr>`, which axum inserts
-/// when the router is served with `into_make_service_with_connect_info::<SocketAddr>()`. A
-/// request with neither has no key. For tonic, key by its `TcpConnectInfo`:
-/// `|parts: &Parts| parts.extensions.get::<TcpConnectInfo>()?.remote_addr().map(|a| a.ip())`.
-///
-/// IPv6 peers are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
-/// IPv6 addresses as IPv4. Behind a load balancer every request has the balancer's address:
-/// key by the client address the balancer forwards instead (`ratelimit-layer`'s `ClientIp`
-/// with trusted proxies implements [`CallerKey`]).
-#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
-pub struct PeerIp;
-
-impl PeerIp {
-    /// The prefix IPv6 peers are keyed by: 64 bits, because one host commonly holds a whole
-    /// `/64` (RFC 6177) and could otherwise rotate addresses to become many callers.
-    pub const IPV6_PREFIX: u8 = 64;
-
-    /// The peer address of a request, IPv6 masked to its `/64`, or `None` without the
-    /// extension.
-    pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-        let peer = parts.extensions.get::<SocketAddr>().copied();
-        #[cfg(feature = "axum")]
-        let peer = peer.or_else(|| {
-            parts
-                .extensions
-                .get::<::axum::extract::ConnectInfo<SocketAddr>>()
-                .map(|info| info.0)
-        });
-        Some(match peer?.ip().to_canonical() {
-            IpAddr::V6(v6) => {
-                let kept = u128::from(v6) >> (128 - u32::from(Self::IPV6_PREFIX));
-                IpAddr::V6(Ipv6Addr::from(kept << (128 - u32::from(Self::IPV6_PREFIX))))
-            }
-            v4 => v4,
-        })
-    }
-}
-
-impl CallerKey for PeerIp {
-    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
-        match Self::peer_ip(parts) {
-            Some(ip) => {
-                ip.hash(&mut state);
                 true
             }
             None => false,
@@ -197,8 +142,6 @@ pub(crate) struct CallerLedger<C: Clock> {
     hashing: KeyHashing,
     key: Arc<dyn CallerKey>,
     trust: Option<Arc<TrustFn>>,
-    /// Whether the first request without a caller key has been logged.
-    warned: AtomicBool,
     /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
 }
@@ -221,7 +164,6 @@ impl<C: Clock> CallerLedger<C> {
             hashing,
             key,
             trust,
-            warned: AtomicBool::new(false),
             verdict: AtomicU64::new(0),
         }
     }
@@ -232,7 +174,8 @@ impl<C: Clock> CallerLedger<C> {
     }
 
     /// The request's attempt counter as far as the decision goes (unknown when its caller
-    /// is not trusted) and its caller class.
+    /// is not trusted) and its caller class ([`UNKEYED`] without a key: the caller reports
+    /// it).
     #[inline]
     pub(crate) fn identify(&self, parts: &Parts) -> (Attempt, u8) {
         let trusted = self.trust.as_ref().is_none_or(|trust| trust(parts));
@@ -245,26 +188,11 @@ impl<C: Clock> CallerLedger<C> {
         let lane = if self.key.hash_key(parts, &mut state) {
             // NOTE: CLASSES is a power of two and the hash is keyed and uniform, so the low
             // bits are as good as any.
-            (state.finish() as usize) & (CLASSES - 1)
+            ((state.finish() as usize) & (CLASSES - 1)) as u8
         } else {
-            self.warn_unkeyed_once();
             UNKEYED
         };
-        (attempt, lane as u8)
-    }
-
-    #[cold]
-    fn warn_unkeyed_once(&self) {
-        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
-            tracing::warn!(
-                "overload-signal: a request has no caller key; requests without one share one \
-                 caller class, so the stop decision cannot bound their retries per caller, and \
-                 any one of them can forge a retry storm. Give the layer a key \
-                 (`OverloadSignalLayerBuilder::key_by`), or serve with the peer address in the \
-                 request extensions (axum: `into_make_service_with_connect_info`, with the \
-                 `axum` feature). Logged once."
-            );
-        }
+        (attempt, lane)
     }
 
     /// Records a request of caller class `lane` in bucket `bucket`.
@@ -524,44 +452,5 @@ mod tests {
         assert_eq!(CallerVerdict::new(3, 15, false).reuse(3, 16), None);
         let big = CallerVerdict::new(u64::MAX, u64::MAX, false);
         assert_eq!(CallerVerdict::unpack(big.pack()), big);
-    }
-
-    #[test]
-    fn peer_ip_reads_the_socket_address_and_masks_ipv6() {
-        let parts = |addr: Option<&str>| {
-            let mut req = http::Request::new(());
-            if let Some(a) = addr {
-                req.extensions_mut()
-                    .insert(a.parse::<SocketAddr>().unwrap());
-            }
-            req.into_parts().0
-        };
-        assert_eq!(PeerIp::peer_ip(&parts(None)), None);
-        assert_eq!(
-            PeerIp::peer_ip(&parts(Some("192.0.2.7:443"))),
-            Some("192.0.2.7".parse().unwrap())
-        );
-        assert_eq!(
-            PeerIp::peer_ip(&parts(Some("[2001:db8:1:2:3:4:5:6]:443"))),
-            Some("2001:db8:1:2::".parse().unwrap())
-        );
-        assert_eq!(
-            PeerIp::peer_ip(&parts(Some("[::ffff:192.0.2.1]:443"))),
-            Some("192.0.2.1".parse().unwrap())
-        );
-        #[cfg(feature = "axum")]
-        {
-            let mut req = http::Request::new(());
-            req.extensions_mut().insert(::axum::extract::ConnectInfo(
-                "198.51.100.4:9".parse::<SocketAddr>().unwrap(),
-            ));
-            assert_eq!(
-                PeerIp::peer_ip(&req.into_parts().0),
-                Some("198.51.100.4".parse().unwrap())
-            );
-        }
-        let mut h = DefaultHasher::new();
-        assert!(!PeerIp.hash_key(&parts(None), &mut h));
-        assert!(PeerIp.hash_key(&parts(Some("192.0.2.7:1")), &mut h));
     }
 }
