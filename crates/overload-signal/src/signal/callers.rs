@@ -37,14 +37,17 @@ const LEDGER_COUNTERS: usize = 2 * LANES;
 /// a secret, per-process seed, so a caller cannot aim at a class) into one of
 /// [`OverloadSignalLayer::CALLER_CLASSES`](crate::OverloadSignalLayer::CALLER_CLASSES)
 /// classes, and bounds the weight any class carries in the decision. A key should be
-/// something a caller cannot choose freely: the peer address ([`PeerIp`], the default), a
-/// client address a trusted proxy wrote, an authenticated identity. A key the caller picks
-/// (a header it sets) lets one caller spread its requests over every class, which makes it as
-/// strong as many callers.
+/// something a caller cannot choose freely: the peer address ([`PeerIp`](super::PeerIp),
+/// the default), a client address a trusted proxy wrote, an authenticated identity. A key
+/// the caller picks (a header it sets) lets one caller spread its requests over every class,
+/// which makes it as strong as many callers. Requests for which the key returns none share
+/// one class more; the layer counts them (`overload_signal_unkeyed_requests_total`) and logs
+/// them at `WARN`, at once and then at most once a minute.
 ///
 /// Implemented by every closure `Fn(&Parts) -> Option<K>` whose key `K` is [`Hash`], by
-/// [`PeerIp`], and by `ratelimit-layer`'s `ClientIp` and `HeaderKey`, so a rate limit and
-/// this layer can key requests alike. A closure needs its argument's type written out
+/// [`PeerIp`](super::PeerIp), and by `ratelimit-layer`'s `ClientIp` and `HeaderKey`, so a
+/// rate limit and this layer can key requests alike (one `ClientIp`, trusted proxies
+/// included, passed to both). A closure needs its argument's type written out
 /// (`|parts: &Parts| ...`).
 ///
 /// ```
