@@ -974,3 +974,34 @@ async fn an_engaged_limit_is_logged_once_and_released_after_the_quiet_period() {
         2
     );
 }
+
+/// Regression (issue 23, finding 4): a gRPC-Web request (`content-type:
+/// application/grpc-web...`, browsers and Envoy's gRPC-Web filter) got `429`, an HTTP status
+/// a gRPC-Web client reads as a transport failure. It gets `RESOURCE_EXHAUSTED` in a
+/// trailers-only answer, in gRPC-Web's content type, with the pushback.
+#[tokio::test]
+async fn grpc_web_rejections_are_grpc_statuses() {
+    let svc = RateLimitLayer::builder(bucket(1, 1))
+        .clock(FakeClock::new())
+        .build()
+        .unwrap()
+        .layer(counting_service(&Calls::default()));
+    svc.clone().oneshot(request()).await.unwrap();
+    for (sent, answered) in [
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        (
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ),
+    ] {
+        let mut req = request();
+        req.headers_mut()
+            .insert(http::header::CONTENT_TYPE, HeaderValue::from_static(sent));
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{sent}");
+        assert_eq!(r.headers()[http::header::CONTENT_TYPE], answered);
+        assert_eq!(grpc_status(r.headers()), Some(8));
+        assert!(r.headers().contains_key(GRPC_RETRY_PUSHBACK_MS));
+        assert!(r.headers().contains_key(RATELIMIT));
+    }
+}
