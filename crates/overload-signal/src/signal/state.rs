@@ -220,8 +220,9 @@ impl<C: Clock> SignalState<C> {
     }
 
     /// [`respond`](Self::respond) for a failure: the stop signal passed on, propagated, or
-    /// decided; or the failure untouched.
-    #[cold]
+    /// decided; or the failure untouched. Out of line: the admitted path only checks the
+    /// status.
+    #[inline(never)]
     fn respond_to_failure<B: Default>(
         &self,
         response: &mut Response<B>,
