@@ -11,6 +11,7 @@
 //! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
 //! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
 //! | `overload_signal_propagated_total` | counter | `name`; `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
+//! | `overload_signal_unkeyed_requests_total` | counter | `name` | requests without a [caller key](crate::signal::CallerKey): they share one caller class, so one of them can forge a storm for all; a server that counts any is set up wrong (each run of them is also logged at `WARN`, at most once a minute) |
 //! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
 //! | `overload_signal_window_retry_pressure` | gauge | `name` | the window's [retry pressure](crate::AttemptSnapshot::retry_pressure) (retries and requests told to stop), 0 when empty |
@@ -35,6 +36,11 @@ pub const REJECTIONS_PASSED: &str = "overload_signal_rejections_passed_total";
 /// Counter, labels `name` and `via` (`marker` or `response`): downstream stop signals passed
 /// up.
 pub const PROPAGATED: &str = "overload_signal_propagated_total";
+
+/// Counter, label `name`: requests without a caller key (see
+/// [`CallerKey`](crate::signal::CallerKey)). Registered with the layer's other metrics, so it
+/// reads 0 on a server set up right: alert on any increase.
+pub const UNKEYED_REQUESTS: &str = "overload_signal_unkeyed_requests_total";
 
 /// Gauge, labels `name` and `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`):
 /// requests in the histogram's window.

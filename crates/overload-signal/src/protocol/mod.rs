@@ -7,12 +7,13 @@
 //!
 //! # The protocol at a glance
 //!
-//! | what | HTTP | gRPC (`content-type: application/grpc...`) |
+//! | what | HTTP | gRPC (`content-type: application/grpc...`; gRPC-Web alike, in its own `content-type`) |
 //! |---|---|---|
 //! | attempt counter, request | `X-Request-Attempt: N`, decimal, `0` on the first try, `1` on the first retry, sent on every attempt | same header; `grpc-previous-rpc-attempts` (same meaning) is read when ours is absent |
 //! | counter missing | [`Attempt::Unknown`]: not counted as a retry | same |
 //! | counter malformed (empty, not decimal, signed, whitespace inside, over 64 bits, repeated with different values) | [`Attempt::Malformed`]: treated as unknown; never an error response, never a panic. Values above [`Attempt::CLAMP`] clamp to it | same |
 //! | node-local rejection: retry later, elsewhere | `429 Too Many Requests`, `Retry-After: <whole seconds, rounded up, at least 1>`, `RateLimit-Policy: "default";q=100;w=1`, `RateLimit: "default";r=0;t=1` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms: <ms>` |
+//! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
 //! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`; the header's presence, whatever its value, is the signal | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying` |
 //!
 //! # Examples
@@ -74,7 +75,7 @@ mod retry_after;
 mod stop;
 
 pub use attempt::Attempt;
-pub use grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, grpc_status, is_grpc};
+pub use grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, grpc_status, is_grpc, is_grpc_web};
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, IDEMPOTENCY_KEY,
     RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_OVERLOADED, X_REQUEST_ATTEMPT,
@@ -85,5 +86,6 @@ pub use retry_after::{
     parse_retry_after, retry_after,
 };
 pub use stop::{
-    Protocol, is_stop_signal, set_stop_signal, stop_signal_response, too_many_requests_response,
+    Protocol, is_stop_signal, service_unavailable_response, set_stop_signal, stop_signal_response,
+    too_many_requests_response,
 };
