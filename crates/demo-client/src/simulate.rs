@@ -22,9 +22,11 @@
 //! the split of some rejections between budget refusals and stop signals can vary, because
 //! `demo-server`'s pause watcher uses an unbiased `tokio::select!`.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use demo_server::model::{LatencyModel, Model, PauseSwitch};
+use overload_core::clock::{TokioWallClock, WallClock};
 use tower::BoxError;
 
 use crate::client::{Abandoned, Gate, Loopback};
@@ -107,6 +109,9 @@ pub fn simulate_run(
             run.timeout,
             run.max_body,
             run.load.seed(),
+            // NOTE: the clients and the server read one time of day, which paused time moves
+            // (see `server::router`).
+            &(Arc::new(TokioWallClock::new()) as Arc<dyn WallClock>),
             &recorder,
         );
         let clients = spawn_clients(&stack, &run.load, &recorder);
