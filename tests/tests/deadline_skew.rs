@@ -26,9 +26,9 @@ use backoff_layer::{ReplayBody, RetryLayer};
 use bytes::Bytes;
 use http::{Request, StatusCode};
 use http_body_util::{BodyExt, Empty};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use overload_core::clock::TokioWallClock;
 use overload_signal::DeadlineLayer;
 use overload_signal::deadline::{self, RequestDeadline};
@@ -179,12 +179,16 @@ async fn a_server_ahead_beyond_the_allowance_drops_what_has_less_time_than_the_s
     // Counted as expired on arrival, with the skew as its time queued.
     let mut metrics = drain(&snapshotter);
     assert_eq!(
-        metrics.remove(&key("overload_signal_deadline_expired_total", Some("arrival"))),
+        metrics.remove(&key(
+            "overload_signal_deadline_expired_total",
+            Some("arrival")
+        )),
         Some(DebugValue::Counter(1))
     );
-    let Some(DebugValue::Histogram(queued)) =
-        metrics.remove(&key("overload_signal_deadline_expired_queued_seconds", None))
-    else {
+    let Some(DebugValue::Histogram(queued)) = metrics.remove(&key(
+        "overload_signal_deadline_expired_queued_seconds",
+        None,
+    )) else {
         panic!("the queued time is recorded");
     };
     let queued = queued[0].into_inner();

@@ -280,7 +280,10 @@ async fn the_bottom_tier_never_starts_work_after_the_top_callers_deadline() {
         reached_c.len(),
         dropped_on_the_way.len()
     );
-    assert!(ended_late.is_empty(), "calls ended past their deadline: {ended_late:?}");
+    assert!(
+        ended_late.is_empty(),
+        "calls ended past their deadline: {ended_late:?}"
+    );
     // Not vacuous: the bottom tier worked for many requests, and work the top caller gave
     // up on was dropped on the way down.
     assert!(reached_c.len() >= 10, "{reached_c:?}");
@@ -294,5 +297,8 @@ async fn the_bottom_tier_never_starts_work_after_the_top_callers_deadline() {
         .filter(|id| !served.contains(id))
         .copied()
         .collect();
-    assert!(unserved.is_empty(), "patient callers not served: {unserved:?}");
+    assert!(
+        unserved.is_empty(),
+        "patient callers not served: {unserved:?}"
+    );
 }

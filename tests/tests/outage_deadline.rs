@@ -50,8 +50,14 @@ fn the_deadline_layer_alone_brings_the_server_back_within_two_seconds() {
     let record = simulate_run(spec, &run, &mut Progress::new(false)).unwrap();
     let r = &record.report;
     eprintln!("{r:?}");
-    assert!((80.0..=120.0).contains(&r.baseline), "baseline {}", r.baseline);
-    let recovery = r.recovery.expect("the deadline layer brings the server back");
+    assert!(
+        (80.0..=120.0).contains(&r.baseline),
+        "baseline {}",
+        r.baseline
+    );
+    let recovery = r
+        .recovery
+        .expect("the deadline layer brings the server back");
     assert!(recovery <= 2, "recovered after {recovery} s");
     // The expired backlog never entered the model: it stayed far from the 951 requests at
     // which the article's model takes longer than the clients wait.

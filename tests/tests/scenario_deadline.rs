@@ -59,7 +59,9 @@ async fn the_deadline_layer_alone_drops_the_expired_backlog_and_the_server_recov
     assert!(r.baseline > 60.0, "baseline {}", r.baseline);
     // Within 2 s on a quiet machine (one second in the runs measured); 3 s of margin for a
     // loaded one.
-    let recovery = r.recovery.expect("the deadline layer brings the server back");
+    let recovery = r
+        .recovery
+        .expect("the deadline layer brings the server back");
     assert!(recovery <= 3, "recovered after {recovery} s");
     // Only the unexpired part of the backlog entered the model.
     let peak = r.peak_concurrency.expect("/metrics was sampled");

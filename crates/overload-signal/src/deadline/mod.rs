@@ -15,7 +15,7 @@
 //!   answered the same way, unless
 //!   [`cancel_at_deadline(false)`](DeadlineLayerBuilder::cancel_at_deadline);
 //! - the inner service **reads the time left**: [`time_left`] and [`current`] in the task
-//!   serving the request, or the [`RequestDeadline`] in the request's extensions;
+//!   serving the request;
 //! - a downstream call made through `backoff-layer`'s retry layer, from that task, carries
 //!   **what is left** of the deadline, never more: a lower tier drops the work the top
 //!   caller gave up on.
@@ -133,9 +133,12 @@
 //! # Limits
 //!
 //! The current deadline follows the request's future, not threads or tasks: a downstream
-//! call made from a task the handler spawns does not inherit it. Pass the
-//! [`RequestDeadline`] from the request's extensions to such a task, and put it in the
-//! extensions of the requests it sends.
+//! call made from a task the handler spawns does not inherit it. Take [`current`] before
+//! spawning, move the [`RequestDeadline`] into the task, and put it in the extensions of the
+//! requests it sends (or run the task's work inside [`scope`]).
+//!
+//! The layer does not put the deadline in the request's extensions: inserting an extension
+//! allocates, and nothing on the admitted path of this workspace's layers does.
 
 mod current;
 pub mod future;

@@ -73,7 +73,7 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (mut parts, body) = request.into_parts();
+        let (parts, body) = request.into_parts();
         let protocol = Protocol::of_headers(&parts.headers);
         match self.state.arrive(&parts, protocol) {
             Arrival::Expired { queued } => {
@@ -92,9 +92,8 @@ where
                 deadline,
                 cancel_at,
             } => {
-                // NOTE: in the extensions too, for handlers that take it as an extractor and
-                // for work the handler moves to another task, outside the task-local.
-                parts.extensions.insert(deadline);
+                // NOTE: not in the request's extensions: inserting one allocates, and the
+                // task-local is what handlers and the retry layer read.
                 let future = self.inner.call(Request::from_parts(parts, body));
                 let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
                 ResponseFuture::running(

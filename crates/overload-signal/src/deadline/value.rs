@@ -8,10 +8,8 @@ use tokio::time::Instant;
 ///
 /// The one name for a deadline across the workspace:
 ///
-/// - [`DeadlineLayer`](super::DeadlineLayer) puts the deadline of each request it admits in
-///   the request's extensions (an axum handler takes it with
-///   `Extension<RequestDeadline>`), and makes it the [current](super::current) deadline of
-///   the task that serves the request;
+/// - [`DeadlineLayer`](super::DeadlineLayer) makes the deadline of each request it admits
+///   the [current](super::current) deadline of the task that serves the request;
 /// - `backoff-layer`'s retry layer reads it from a request's extensions, and the current
 ///   one, and folds the earliest into its own deadline: a call to a downstream service
 ///   never gets more time than the caller has left.
