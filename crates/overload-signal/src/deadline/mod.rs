@@ -9,7 +9,8 @@
 //!
 //! - a request whose deadline has **passed when it reaches the layer** is answered at once,
 //!   without running the inner service: HTTP `504 Gateway Timeout`, gRPC
-//!   `DEADLINE_EXCEEDED` ([`protocol::deadline_exceeded_response`]). The cost of an
+//!   `DEADLINE_EXCEEDED`
+//!   ([`deadline_exceeded_response`](crate::protocol::deadline_exceeded_response)). The cost of an
 //!   expired request is a header read, so a backlog of thousands drains in milliseconds;
 //! - a request **still running at its deadline** is cancelled (its future dropped) and
 //!   answered the same way, unless
@@ -154,6 +155,3 @@ pub use current::{DeadlineScope, current, scope, time_left};
 pub use layer::{DeadlineLayer, DeadlineLayerBuilder};
 pub use service::Deadline;
 pub use value::RequestDeadline;
-
-#[cfg(doc)]
-use crate::protocol;
