@@ -8,6 +8,8 @@
 //!   loop (3 079 ms for 5 attempts, ending in `Unavailable`).
 //! - HTTP: the same through hyper-util's client, with the caller's deadline in the request's
 //!   extensions (`RequestDeadline`), each attempt carrying `X-Request-Deadline`.
+//! - A tonic server behind `DeadlineLayer`: the service sees the caller's `grpc-timeout` as
+//!   its time left.
 
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime};
@@ -245,4 +247,64 @@ fn grpc_timeout(value: &str) -> Duration {
         "H" => Duration::from_secs(n * 3600),
         other => panic!("unexpected unit {other}"),
     }
+}
+
+/// A tonic server behind `DeadlineLayer` (in `Server::layer`): what runs inside it reads the
+/// caller's `grpc-timeout` as its time left. (tonic's server enforces `grpc-timeout` itself,
+/// outside every user layer; the deadline layer adds the time left, for the handler and its
+/// own downstream calls.)
+#[tokio::test]
+async fn a_tonic_service_behind_the_deadline_layer_reads_the_callers_timeout_as_its_time_left() {
+    use overload_signal::DeadlineLayer;
+    use overload_signal::deadline;
+    use tonic::transport::Server;
+    use tonic::transport::server::TcpIncoming;
+
+    let seen: Arc<Mutex<Vec<Option<Duration>>>> = Arc::default();
+    let record = {
+        let seen = Arc::clone(&seen);
+        tower::layer::layer_fn(move |inner| {
+            let seen = Arc::clone(&seen);
+            tower::util::MapRequest::new(inner, move |request: Request<tonic::body::Body>| {
+                seen.lock().unwrap().push(deadline::time_left());
+                request
+            })
+        })
+    };
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    let server = tokio::spawn(async move {
+        Server::builder()
+            .layer(
+                ServiceBuilder::new()
+                    .layer(DeadlineLayer::new())
+                    .layer(record),
+            )
+            .add_service(health)
+            .serve_with_incoming(TcpIncoming::from(listener))
+            .await
+            .unwrap();
+    });
+    let channel = Channel::from_shared(format!("http://{addr}"))
+        .unwrap()
+        .connect()
+        .await
+        .unwrap();
+    let mut client = HealthClient::new(channel);
+    let mut request = tonic::Request::new(HealthCheckRequest::default());
+    request.set_timeout(Duration::from_millis(800));
+    client.check(request).await.unwrap();
+    // Without a timeout: no deadline.
+    client.check(HealthCheckRequest::default()).await.unwrap();
+    server.abort();
+
+    let seen = seen.lock().unwrap().clone();
+    assert_eq!(seen.len(), 2, "{seen:?}");
+    let left = seen[0].expect("a deadline from grpc-timeout");
+    assert!(
+        left <= Duration::from_millis(800) && left > Duration::from_millis(800) - SLACK,
+        "{left:?}"
+    );
+    assert_eq!(seen[1], None);
 }

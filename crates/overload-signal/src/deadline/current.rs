@@ -63,6 +63,13 @@ pub fn scope<F: Future>(deadline: Option<RequestDeadline>, future: F) -> Deadlin
     enter(RequestDeadline::earliest(deadline, current()), future)
 }
 
+/// Runs `f` (a service's `call`, which may read the current deadline before its future
+/// runs: a retry layer right under the deadline layer does) with exactly `deadline` as the
+/// current deadline.
+pub(super) fn call_with<R>(deadline: Option<RequestDeadline>, f: impl FnOnce() -> R) -> R {
+    CURRENT.sync_scope(deadline, f)
+}
+
 /// Runs `future` with exactly `deadline` as its current deadline.
 pub(super) fn enter<F: Future>(deadline: Option<RequestDeadline>, future: F) -> DeadlineScope<F> {
     CURRENT.scope(deadline, future)

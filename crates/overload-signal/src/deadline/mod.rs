@@ -15,8 +15,8 @@
 //! - a request **still running at its deadline** is cancelled (its future dropped) and
 //!   answered the same way, unless
 //!   [`cancel_at_deadline(false)`](DeadlineLayerBuilder::cancel_at_deadline);
-//! - the inner service **reads the time left**: [`time_left`] and [`current`] in the task
-//!   serving the request;
+//! - the inner service **reads the time left**: [`time_left`] and [`current`], in its `call`
+//!   and while its future runs;
 //! - a downstream call made through `backoff-layer`'s retry layer, from that task, carries
 //!   **what is left** of the deadline, never more: a lower tier drops the work the top
 //!   caller gave up on.
@@ -80,7 +80,9 @@
 //!   server reads after a pause is as old as the pause. See the skew allowance below;
 //! - `grpc-timeout`, on gRPC requests: gRPC's own, relative, counted from arrival at the
 //!   layer (a gRPC server's queue is unseen; HTTP/2 keeps connections open, so gRPC
-//!   requests seldom wait in a listen queue);
+//!   requests seldom wait in a listen queue). A tonic server also enforces it itself, outside
+//!   every layer of `Server::layer` (answering `CANCELLED`), so behind tonic the layer's
+//!   value is the time left it gives the handler and its downstream calls;
 //! - a [`RequestDeadline`] already in the request's extensions (an outer layer's), and the
 //!   [current](current()) deadline of the task calling the layer (one service calling
 //!   another in-process).

@@ -85,7 +85,8 @@ where
                 ResponseFuture::expired(protocol)
             }
             Arrival::Open => {
-                let future = self.inner.call(Request::from_parts(parts, body));
+                let request = Request::from_parts(parts, body);
+                let future = current::call_with(None, || self.inner.call(request));
                 ResponseFuture::running(current::enter(None, future), None, protocol, &self.state)
             }
             Arrival::Live {
@@ -93,8 +94,11 @@ where
                 cancel_at,
             } => {
                 // NOTE: not in the request's extensions: inserting one allocates, and the
-                // task-local is what handlers and the retry layer read.
-                let future = self.inner.call(Request::from_parts(parts, body));
+                // task-local is what handlers and the retry layer read: during the inner
+                // service's `call` (a retry layer right under this one reads it there) and
+                // while its future runs.
+                let request = Request::from_parts(parts, body);
+                let future = current::call_with(Some(deadline), || self.inner.call(request));
                 let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
                 ResponseFuture::running(
                     current::enter(Some(deadline), future),

@@ -368,3 +368,30 @@ fn layer_and_service_are_send_sync_clone() {
     assert_traits::<DeadlineLayer>();
     assert_traits::<Deadline<()>>();
 }
+
+#[tokio::test(start_paused = true)]
+async fn the_inner_services_call_sees_the_deadline_too() {
+    // A proxy: a service whose `call` reads the deadline before any future runs, as a
+    // retry layer right under the deadline layer does.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let inner = tower::util::MapRequest::new(
+        service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }),
+        move |req: Request<String>| {
+            log.lock().unwrap().push(time_left());
+            req
+        },
+    );
+    let svc = DeadlineLayer::new().layer(inner);
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(RequestDeadline::after(Duration::from_millis(700)));
+    svc.clone().oneshot(req).await.unwrap();
+    svc.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Some(Duration::from_millis(700)), None]
+    );
+}
