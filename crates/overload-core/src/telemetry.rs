@@ -14,9 +14,13 @@
 //! - [`Episode`]: a condition a layer enters and leaves (a limit rejecting, the stop signal
 //!   engaged, Redis away, the retry budget refusing), so that the layer logs once when it
 //!   starts (`WARN`) and once when it ends (`INFO`), never once per request.
+//! - [`LogThrottle`]: a misconfiguration that requests keep showing (a missing key),
+//!   logged again at most once per interval with the count of what it skipped, never once
+//!   and then forgotten.
 //! - [`spawn_ticker`]: a task that wakes a layer's state at a fixed period for as long as
 //!   the layer lives, so gauges that describe a window fall back to zero when traffic stops
-//!   and an episode ends when its condition has not been seen for a while.
+//!   and an episode ends when its condition has not been seen for a while; [`Ticker`]
+//!   starts it on a layer's first request, once.
 //!
 //! ```
 //! use metrics::Counter;
@@ -267,6 +271,72 @@ impl Episode {
     }
 }
 
+/// A condition that is logged every time it recurs, but at most once per interval: a
+/// misconfiguration a request shows (a request without a caller key, without a rate-limit
+/// key), which must not be reported once and then forgotten, nor once per request.
+///
+/// The layer counts every occurrence in a metric and calls [`note`](Self::note), which says
+/// when a log line is due and how many occurrences it covers. Lock-free: an occurrence costs
+/// one atomic addition and one relaxed load; one thread per interval wins the line.
+///
+/// ```
+/// use std::time::Duration;
+/// use overload_core::telemetry::LogThrottle;
+///
+/// let throttle = LogThrottle::new(Duration::from_secs(60));
+/// let s = |secs: u64| secs * 1_000_000_000;
+/// assert_eq!(throttle.note(s(0)), Some(1), "the first is logged at once");
+/// assert_eq!(throttle.note(s(10)), None);
+/// assert_eq!(throttle.note(s(59)), None);
+/// assert_eq!(throttle.note(s(60)), Some(3), "a minute later, with the two in between");
+/// ```
+#[derive(Debug)]
+pub struct LogThrottle {
+    interval: u64,
+    /// When the next line is due (clock nanoseconds); 0: at the first occurrence.
+    next: AtomicU64,
+    /// Occurrences since the last line.
+    unreported: AtomicU64,
+}
+
+impl LogThrottle {
+    /// A throttle that lets a line through at the first occurrence, then at most once per
+    /// `interval` (at least a nanosecond).
+    pub fn new(interval: Duration) -> Self {
+        Self {
+            interval: crate::clock::saturating_nanos(interval).max(1),
+            next: AtomicU64::new(0),
+            unreported: AtomicU64::new(0),
+        }
+    }
+
+    /// Records an occurrence at `now` (nanoseconds of the layer's clock). `Some(n)` when a
+    /// line is due: the caller logs it, saying that `n` occurrences (this one included)
+    /// happened since the last line; `None` otherwise.
+    #[inline]
+    pub fn note(&self, now: u64) -> Option<u64> {
+        self.unreported.fetch_add(1, Ordering::Relaxed);
+        let next = self.next.load(Ordering::Relaxed);
+        if now < next {
+            return None;
+        }
+        self.claim(next, now)
+    }
+
+    #[cold]
+    fn claim(&self, next: u64, now: u64) -> Option<u64> {
+        self.next
+            .compare_exchange(
+                next,
+                now.saturating_add(self.interval),
+                Ordering::AcqRel,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        Some(self.unreported.swap(0, Ordering::AcqRel))
+    }
+}
+
 /// Calls `tick` with `state` every `period` on the current tokio runtime, for as long as
 /// `state` has another owner; `false` (and nothing spawned) outside a runtime.
 ///
@@ -299,6 +369,67 @@ pub fn spawn_ticker<T: Send + Sync + 'static>(
         }
     });
     true
+}
+
+/// A layer's ticker, started by its first request: the one place where the "first request
+/// registers the metrics and starts the ticker" step lives.
+///
+/// [`start`](Self::start) is cheap while the ticker runs (one relaxed load). The first
+/// call claims the start, runs the layer's first-request work and [spawns](spawn_ticker)
+/// the tick; outside a tokio runtime nothing can tick, so the claim is given back and the
+/// next request tries again (running its first-request work again: keep it idempotent).
+#[derive(Debug, Default)]
+pub struct Ticker {
+    running: AtomicBool,
+}
+
+impl Ticker {
+    /// A ticker not started yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the tick task runs (a layer may leave per-request work to it then).
+    #[inline]
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// On every request: if the ticker does not run yet, `first` runs on `state` and
+    /// `tick` is spawned to run on it every `period` (see [`spawn_ticker`]).
+    #[inline]
+    pub fn start<T: Send + Sync + 'static>(
+        &self,
+        state: &Arc<T>,
+        period: Duration,
+        first: impl FnOnce(&T),
+        tick: fn(&T),
+    ) {
+        if !self.is_running() {
+            self.start_cold(state, period, first, tick);
+        }
+    }
+
+    #[cold]
+    fn start_cold<T: Send + Sync + 'static>(
+        &self,
+        state: &Arc<T>,
+        period: Duration,
+        first: impl FnOnce(&T),
+        tick: fn(&T),
+    ) {
+        if self
+            .running
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        first(state);
+        if !spawn_ticker(state, period, tick) {
+            self.running.store(false, Ordering::Release);
+        }
+    }
 }
 
 #[cfg(all(test, not(loom)))]
@@ -396,11 +527,95 @@ mod tests {
     }
 
     #[test]
+    fn a_throttled_log_recurs_once_per_interval_and_counts_what_it_skipped() {
+        let throttle = LogThrottle::new(Duration::from_secs(60));
+        let s = |secs: u64| secs * 1_000_000_000;
+        assert_eq!(throttle.note(s(5)), Some(1));
+        for t in 6..65 {
+            assert_eq!(throttle.note(s(t)), None, "at {t} s");
+        }
+        assert_eq!(throttle.note(s(65)), Some(60));
+        assert_eq!(throttle.note(s(66)), None);
+        // A clock that starts at zero logs the first occurrence too.
+        assert_eq!(LogThrottle::new(Duration::ZERO).note(0), Some(1));
+    }
+
+    #[test]
+    fn a_ticker_outside_a_runtime_is_tried_again_by_the_next_request() {
+        let ticker = Ticker::new();
+        let state = Arc::new(AtomicUsize::new(0));
+        let first = |s: &AtomicUsize| {
+            s.fetch_add(1, Ordering::Relaxed);
+        };
+        ticker.start(&state, Duration::from_secs(1), first, |_| {});
+        ticker.start(&state, Duration::from_secs(1), first, |_| {});
+        assert!(!ticker.is_running());
+        assert_eq!(state.load(Ordering::Relaxed), 2, "each request tried");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ticker_starts_once_on_the_first_request() {
+        let ticker = Ticker::new();
+        let state = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        for _ in 0..5 {
+            ticker.start(
+                &state,
+                Duration::from_secs(1),
+                |s| {
+                    s.0.fetch_add(1, Ordering::Relaxed);
+                },
+                |s| {
+                    s.1.fetch_add(1, Ordering::Relaxed);
+                },
+            );
+        }
+        assert!(ticker.is_running());
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        assert_eq!(
+            state.0.load(Ordering::Relaxed),
+            1,
+            "first-request work once"
+        );
+        assert_eq!(state.1.load(Ordering::Relaxed), 2, "one tick task");
+    }
+
+    #[test]
     fn no_ticker_outside_a_runtime() {
         assert!(!spawn_ticker(
             &Arc::new(()),
             Duration::from_secs(1),
             |()| {}
         ));
+    }
+}
+
+/// Model tests of [`LogThrottle`] under loom:
+/// `RUSTFLAGS="--cfg loom" cargo test -p overload-core --lib --release loom`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    /// Two occurrences at once when a line is due: exactly one thread logs, and the lines
+    /// (with what is left unreported) account for both occurrences.
+    #[test]
+    fn loom_throttle_one_line_per_interval_and_nothing_lost() {
+        loom::model(|| {
+            let throttle = Arc::new(LogThrottle::new(Duration::from_secs(60)));
+            let other = Arc::clone(&throttle);
+            let t = thread::spawn(move || other.note(1));
+            let here = throttle.note(1);
+            let there = t.join().unwrap();
+            let lines = [here, there];
+            assert_eq!(lines.iter().filter(|l| l.is_some()).count(), 1, "{lines:?}");
+            let reported: u64 = lines.iter().flatten().sum();
+            let left = throttle.unreported.load(Ordering::Relaxed);
+            assert_eq!(reported + left, 2);
+            // The next line, past the interval, reports what the first one left.
+            let later = throttle.note(61_000_000_000).unwrap();
+            assert_eq!(reported + later, 3);
+        });
     }
 }

@@ -109,6 +109,7 @@
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` |
 //! | `overload_signal_deadline_skewed_total` | counter | `name` |
+//! | `overload_signal_unkeyed_requests_total` | counter | `name` |
 //! | `overload_signal_window_requests` | gauge | `name`, `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`) |
 //! | `overload_signal_window_retry_share` | gauge | `name` |
 //! | `overload_signal_window_retry_pressure` | gauge | `name` |
@@ -122,10 +123,16 @@
 //!
 //! - `axum` (off by default): implements `axum::response::IntoResponse` for [`Overloaded`],
 //!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal;
-//!   and lets the default caller key ([`signal::PeerIp`]) read axum's
-//!   `ConnectInfo<SocketAddr>`.
-//!   Off by default because the crate is plain Tower over `http`, usable with tonic, hyper
-//!   or any other server; only axum users should pay for axum.
+//!   and lets the default caller key ([`signal::PeerIp`], through [`signal::peer_addr`]) read
+//!   axum's `ConnectInfo<SocketAddr>`.
+//! - `tonic` (off by default): lets the default caller key read tonic's `TcpConnectInfo`,
+//!   the peer address tonic's server puts in every request.
+//!
+//! Both are off here because the crate is plain Tower over `http`, and the client side
+//! (`backoff-layer`) needs neither. `ratelimit-layer`, whose `OverloadProtectionLayer` is how
+//! a server uses this layer, turns both on by default, so that callers are keyed in axum and
+//! tonic servers with no configuration; a server that uses this crate alone turns on the
+//! one of its framework.
 //! - `test-util` (off by default): `clock::FakeClock`, a clock that moves only when told
 //!   to, for tests of code that takes a [`clock::Clock`]; and
 //!   `OverloadSignalLayerBuilder::caller_seed`, which hashes caller keys with a fixed key so
@@ -135,7 +142,7 @@
 //! `RUSTFLAGS="--cfg loom"`; that `cfg` is not a feature and changes nothing in a normal
 //! build.
 
-#[cfg(feature = "axum")]
+#[cfg(all(feature = "axum", not(loom)))]
 mod axum;
 pub mod deadline;
 mod error;

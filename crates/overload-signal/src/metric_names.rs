@@ -16,6 +16,7 @@
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` | for each request expired on arrival, the time since it was sent (from `X-Request-Deadline`'s `t`; 0 for a deadline without a send time): how long it queued |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` | `X-Request-Deadline` or `grpc-timeout` fields that broke the protocol's rules, ignored |
 //! | `overload_signal_deadline_skewed_total` | counter | `name` | `X-Request-Deadline` fields sent further in the future than the skew allowance: the hosts' clocks disagree; the deadline was counted from arrival |
+//! | `overload_signal_unkeyed_requests_total` | counter | `name` | requests without a [caller key](crate::signal::CallerKey): they share one caller class, so one of them can forge a storm for all; a server that counts any is set up wrong (each run of them is also logged at `WARN`, at most once a minute) |
 //! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
 //! | `overload_signal_window_retry_pressure` | gauge | `name` | the window's [retry pressure](crate::AttemptSnapshot::retry_pressure) (retries and requests told to stop), 0 when empty |
@@ -54,6 +55,11 @@ pub const DEADLINE_MALFORMED: &str = "overload_signal_deadline_malformed_total";
 /// Counter, label `name`: deadline fields sent further in the future than the skew
 /// allowance, read from arrival.
 pub const DEADLINE_SKEWED: &str = "overload_signal_deadline_skewed_total";
+
+/// Counter, label `name`: requests without a caller key (see
+/// [`CallerKey`](crate::signal::CallerKey)). Registered with the layer's other metrics, so it
+/// reads 0 on a server set up right: alert on any increase.
+pub const UNKEYED_REQUESTS: &str = "overload_signal_unkeyed_requests_total";
 
 /// Gauge, labels `name` and `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`):
 /// requests in the histogram's window.

@@ -12,6 +12,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use overload_signal::protocol::{self, Attempt};
+use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use overload_signal::{OverloadSignalLayer, StopRule};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
@@ -21,7 +22,8 @@ const FIRST_TRIES_PER_SECOND: u32 = 50;
 const MAX_ATTEMPTS: u32 = 3;
 
 /// A server whose inner stack rejects each request with probability `reject` (503, as a
-/// load shedder does), behind the default `OverloadSignalLayer`.
+/// load shedder does, marked as a limiting layer's rejection), behind the default
+/// `OverloadSignalLayer`.
 fn server(
     layer: &OverloadSignalLayer,
     reject: f64,
@@ -36,6 +38,10 @@ fn server(
                 let mut r = Response::new(());
                 if rejected {
                     *r.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+                    r.extensions_mut().insert(Rejection::new(
+                        RejectionKind::AtCapacity,
+                        RejectionScope::Server,
+                    ));
                 }
                 Ok::<_, Infallible>(r)
             }

@@ -46,7 +46,7 @@
 //!
 //! [`AdaptiveLimitLayer`] needs no figure at all: it measures the latency of the requests
 //! it admits, estimates how many the service can take at once, and rejects the rest with
-//! `503` and `Retry-After` (gRPC: `RESOURCE_EXHAUSTED`). See [`adaptive`] for the
+//! `503` and `Retry-After` (gRPC: `UNAVAILABLE` with a pushback). See [`adaptive`] for the
 //! algorithm, its sources and its defaults.
 //!
 //! # Keys
@@ -56,9 +56,11 @@
 //! whatever a closure or a [`key::KeyExtractor`] extracts. A request without a key follows
 //! an explicit [`key::MissingKey`] policy, chosen at build time (`500`, one shared limit, or
 //! no limit; by default `500` for client IPs, whose absence means the server does not
-//! provide them, and one shared limit for header keys), and the first one is logged at
-//! `WARN`. A keyed rejection tells an overload layer outside that it concerns one caller
-//! (see [`protect`]). Keys live in a
+//! provide them, and one shared limit for header keys); such requests are counted, and
+//! logged at `WARN` at the first and then at most once a minute while they keep coming. A
+//! client IP is read wherever axum, tonic or hyper put the peer address
+//! ([`key::ClientIp`]). A keyed rejection tells an overload layer outside that it concerns
+//! one caller (see [`protect`]). Keys live in a
 //! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
 //! losslessly, and a hard cap beyond which new keys share one overflow limit, so memory is
 //! bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
@@ -110,13 +112,13 @@
 //! # }
 //! ```
 //!
-//! Customised, in axum: per client IP from axum's `ConnectInfo`, a sliding window, heavier
-//! uploads, and the `RateLimit` fields on every response:
+//! Customised, in axum: per client IP (axum's `ConnectInfo`, read by default), a sliding
+//! window, heavier uploads, and the `RateLimit` fields on every response:
 //!
 //! ```no_run
 //! use std::net::SocketAddr;
 //! use std::time::Duration;
-//! use axum::{Router, extract::ConnectInfo, routing::get};
+//! use axum::{Router, routing::get};
 //! use ratelimit_layer::{RateLimitLayer, SlidingWindow};
 //! use ratelimit_layer::key::ClientIp;
 //!
@@ -124,9 +126,8 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let window = SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?;
 //! let layer = RateLimitLayer::builder(window)
-//!     // axum puts the peer address in `ConnectInfo`; the layer reads it through this
-//!     // function (it does not depend on axum).
-//!     .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0)))
+//!     // axum puts the peer address in `ConnectInfo`, which `ClientIp` reads.
+//!     .key_by_client_ip(ClientIp::new())
 //!     .cost_by(|parts| if parts.method == http::Method::POST { 10 } else { 1 })
 //!     .name("api")
 //!     .admitted_headers(true)
@@ -141,25 +142,23 @@
 //!
 //! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`,
 //! behind the overload layer (one [`OverloadProtectionLayer`], so the order cannot be
-//! wrong), which tells callers apart by the same address:
+//! wrong), which tells callers apart by the same address (tonic's `TcpConnectInfo`, read by
+//! default):
 //!
 //! ```no_run
 //! use overload_signal::OverloadSignalLayer;
 //! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //! use ratelimit_layer::key::ClientIp;
 //! use tonic::transport::Server;
-//! use tonic::transport::server::TcpConnectInfo;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
-//! let client_ip = ClientIp::from_extension(|ci: &TcpConnectInfo| ci.remote_addr());
 //! let limit = RateLimitLayer::builder(TokenBucket::builder(1_000).burst(100).build()?)
-//!     .key_by_client_ip(client_ip.clone())
+//!     .key_by_client_ip(ClientIp::new())
 //!     .build()?;
-//! let signal = OverloadSignalLayer::builder().key_by(client_ip).build()?;
 //! let (_reporter, health) = tonic_health::server::health_reporter();
 //! Server::builder()
-//!     .layer(OverloadProtectionLayer::builder(limit).signal(signal).build())
+//!     .layer(OverloadProtectionLayer::new(limit))
 //!     .add_service(health)
 //!     .serve("127.0.0.1:50051".parse()?)
 //!     .await?;
@@ -196,7 +195,7 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service |
+//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service; counted per core and added to the counter once a second (by the layer's tick, and when the layer is dropped), so that the cores do not share one cache line per request |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer; idle keys are swept and the gauge set every second, so it falls when clients go away, traffic or not |
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in |
@@ -212,8 +211,9 @@
 //! rejecting is an episode, logged once when it begins (`WARN`, "rate limit engaged", at the
 //! first rejection) and once when it ends (`INFO`, "rate limit released", once nothing has
 //! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request;
-//! each rejection is logged at `TRACE`. The first request a keyed layer finds no key in is
-//! logged once at `WARN`.
+//! each rejection is logged at `TRACE`. Requests a keyed layer finds no key in are logged at
+//! `WARN` at the first, then at most once a minute while they keep coming (with their
+//! count).
 //!
 //! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
 //!
@@ -227,8 +227,27 @@
 //! [`admitted_headers`](RateLimitBuilder::admitted_headers) writes `RateLimit` on every
 //! admitted response too, at the cost of that allocation.
 //!
+//! # Rejections you can shape
+//!
+//! Every answer a limit of this crate makes itself carries an
+//! `overload_signal::signal::Rejection` in its extensions: why (`RateLimited`,
+//! `AtCapacity`, `MissingKey`), whom it concerns, the wait it asks for and the layer's name.
+//! The overload layer outside judges only such marked rejections (a `429` or `503` your
+//! handler makes, or an upstream's, passes untouched), and a response mapper outside both
+//! can give rejections a body of your own (a JSON problem, CORS headers) without guessing
+//! the reason from the status; see [`protect`] for an example. gRPC and gRPC-Web requests
+//! (`content-type: application/grpc-web...`) get gRPC statuses.
+//!
 //! # Feature flags
 //!
+//! - `axum` and `tonic` (on by default): the peer address as the client-IP key
+//!   ([`key::ClientIp::new`]) and as the overload layer's caller key, wherever axum
+//!   (`ConnectInfo<SocketAddr>`, when served with `into_make_service_with_connect_info`) and
+//!   tonic (`TcpConnectInfo`) put it, besides a plain `SocketAddr` extension. They turn on
+//!   `overload-signal`'s features of the same names, which compile `axum` (without default
+//!   features) and tonic's server transport (`tonic` without default features, `server`). A
+//!   server on one framework may turn the other off: `default-features = false, features =
+//!   ["axum"]`.
 //! - `test-util` (off by default): enables `overload-core`'s `test-util` feature, so that
 //!   `clock::FakeClock`, a clock that moves only when told to, exists for tests (and, with
 //!   `redis`, `redis::testing`).

@@ -9,6 +9,7 @@ use std::time::Duration;
 use http::{Request, Response, StatusCode};
 use overload_signal::OverloadSignalLayer;
 use overload_signal::protocol::{self, Attempt};
+use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::clock::FakeClock;
 use tokio::sync::{Notify, Semaphore};
@@ -41,10 +42,11 @@ async fn rejects_above_the_limit_with_503_and_retry_after() {
     let calls = Arc::new(AtomicUsize::new(0));
     let layer = AdaptiveLimitLayer::builder()
         .retry_after(Duration::from_millis(1500))
+        .initial_limit(3)
         .build()
         .unwrap();
     let service = layer.layer(held(Arc::clone(&release), Arc::clone(&calls)));
-    // The limit starts at the minimum, 3, while the baseline is measured.
+    // The limit starts at its initial limit, here 3.
     let mut pending = Vec::new();
     for _ in 0..3 {
         pending.push(tokio::spawn(service.clone().oneshot(Request::new(()))));
@@ -56,15 +58,32 @@ async fn rejects_above_the_limit_with_503_and_retry_after() {
     assert_eq!(rejected.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert_eq!(rejected.headers()[http::header::RETRY_AFTER], "2");
     assert!(!protocol::is_stop_signal(rejected.headers()));
+    let marker = rejected.extensions().get::<Rejection>().unwrap();
+    assert_eq!(marker.kind(), RejectionKind::AtCapacity);
+    assert_eq!(marker.retry_after(), Some(Duration::from_millis(1500)));
 
-    let grpc = Request::builder()
-        .header(http::header::CONTENT_TYPE, "application/grpc")
-        .body(())
-        .unwrap();
-    let rejected = service.clone().oneshot(grpc).await.unwrap();
-    assert_eq!(rejected.status(), StatusCode::OK);
-    assert_eq!(rejected.headers()[protocol::GRPC_STATUS], "8");
-    assert_eq!(rejected.headers()[protocol::GRPC_RETRY_PUSHBACK_MS], "1500");
+    // Regression (issue 23, finding 4): gRPC got `RESOURCE_EXHAUSTED`, the rate limit's
+    // code, where HTTP got the `503` of a server at capacity; and gRPC-Web got HTTP
+    // statuses. Both now say `UNAVAILABLE`, with a pushback that invites a retry.
+    for (content_type, answered) in [
+        ("application/grpc", "application/grpc"),
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        (
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ),
+    ] {
+        let grpc = Request::builder()
+            .header(http::header::CONTENT_TYPE, content_type)
+            .body(())
+            .unwrap();
+        let rejected = service.clone().oneshot(grpc).await.unwrap();
+        assert_eq!(rejected.status(), StatusCode::OK, "{content_type}");
+        assert_eq!(rejected.headers()[http::header::CONTENT_TYPE], answered);
+        assert_eq!(rejected.headers()[protocol::GRPC_STATUS], "14");
+        assert_eq!(rejected.headers()[protocol::GRPC_RETRY_PUSHBACK_MS], "1500");
+        assert!(!protocol::is_stop_signal(rejected.headers()));
+    }
 
     assert_eq!(
         calls.load(Ordering::SeqCst),
@@ -136,13 +155,19 @@ fn clones_share_one_limit_and_the_fake_clock_measures_latency() {
         assert!(future.as_mut().poll(&mut cx).is_ready());
     }
     let status = other.status();
-    assert!(!status.probing, "five samples end the probe");
+    assert!(
+        !status.probing,
+        "the first baseline is measured without a probe"
+    );
     let baseline = status.baseline.unwrap();
     assert!(
         baseline.abs_diff(Duration::from_millis(40)) <= Duration::from_millis(3),
         "{baseline:?}"
     );
-    assert_eq!(status.limit, 7, "back at the initial limit");
+    assert_eq!(
+        status.limit, 7,
+        "still the initial limit: it was never half in use"
+    );
 }
 
 /// A limit past its baseline measurement (ten requests of 10 ms), at 50.
@@ -239,23 +264,72 @@ async fn requests_dropped_by_a_timeout_above_still_bring_the_limit_down() {
     assert!(limit < 50, "{limit}");
 }
 
-/// A keyed limit inside the adaptive one rejects one caller over its own quota with a `429`
-/// marked `RejectionScope::Caller`: that says nothing about capacity, so it must not lower
-/// the limit for everyone, where the same `429` unmarked does.
+/// A limit inside the adaptive one rejects requests with `429`s it marks as its own (a
+/// [`Rejection`]): a keyed limit one caller over its own quota, a global rate limit the
+/// excess over its rate. Neither says anything about this service's capacity, so neither
+/// lowers the limit, where the same `429` from the service itself does.
+///
+/// Regression (issue 23, finding 3): a global rate limit's `429`s inside the adaptive limit
+/// drove it down until it, not the rate limit, shed the excess (with `503`s and no
+/// `RateLimit` fields).
 #[tokio::test(start_paused = true)]
-async fn one_callers_own_quota_rejections_leave_the_limit_alone() {
-    use overload_signal::signal::RejectionScope;
-    for (scope, lowered) in [(Some(RejectionScope::Caller), false), (None, true)] {
+async fn a_limiter_insides_own_rejections_leave_the_limit_alone() {
+    for (scope, lowered) in [
+        (Some(RejectionScope::Caller), false),
+        (Some(RejectionScope::Server), false),
+        (None, true),
+    ] {
         let limit = limit_after_failures(move || {
             let mut response = with_status(StatusCode::TOO_MANY_REQUESTS);
             if let Some(scope) = scope {
-                response.extensions_mut().insert(scope);
+                response
+                    .extensions_mut()
+                    .insert(Rejection::new(RejectionKind::RateLimited, scope));
             }
             response
         })
         .await;
         assert_eq!(limit < 50, lowered, "{scope:?}: limit {limit}");
     }
+}
+
+/// The same with a real `RateLimitLayer` inside: at three times its rate, every excess
+/// request gets the rate limit's `429` with its `RateLimit` fields, and the adaptive limit
+/// stays where the service's latency puts it.
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_inside_sheds_the_excess_itself() {
+    use ratelimit_layer::{RateLimitLayer, TokenBucket};
+    let adaptive = tracking_layer();
+    let service = ServiceBuilder::new()
+        .layer(adaptive.clone())
+        .layer(RateLimitLayer::new(
+            TokenBucket::builder(100).burst(10).build().unwrap(),
+        ))
+        .service(service_fn(|_: Request<()>| async {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok::<_, Infallible>(Response::new(()))
+        }));
+    let mut tick = tokio::time::interval(Duration::from_micros(3_333));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..1_500 {
+        tick.tick().await;
+        tasks.spawn(service.clone().oneshot(Request::new(())));
+    }
+    let (mut ok, mut limited) = (0, 0);
+    while let Some(done) = tasks.join_next().await {
+        let response = done.unwrap().unwrap();
+        match response.status() {
+            StatusCode::OK => ok += 1,
+            StatusCode::TOO_MANY_REQUESTS => {
+                assert!(response.headers().contains_key(protocol::RATELIMIT));
+                limited += 1;
+            }
+            other => panic!("{other}: only the rate limit rejects"),
+        }
+    }
+    assert!((500..=620).contains(&ok), "{ok} admitted of 1500 in 5 s");
+    assert_eq!(ok + limited, 1_500);
+    assert!(adaptive.status().limit >= 50, "{:?}", adaptive.status());
 }
 
 /// A panic in the inner service's `call` (caught outside, by a `CatchPanic` layer or the
@@ -281,7 +355,12 @@ async fn under_the_overload_layer_rejections_become_the_stop_signal_when_retries
     let calls = Arc::new(AtomicUsize::new(0));
     let service = ServiceBuilder::new()
         .layer(OverloadSignalLayer::default())
-        .layer(AdaptiveLimitLayer::new())
+        .layer(
+            AdaptiveLimitLayer::builder()
+                .initial_limit(3)
+                .build()
+                .unwrap(),
+        )
         .service(held(Arc::clone(&release), calls));
     let mut pending = Vec::new();
     for _ in 0..3 {
@@ -475,9 +554,13 @@ async fn an_engaged_limit_is_logged_once_and_released_after_the_quiet_period() {
     let (logs, _guard) = support::Logs::capture();
     let release = Arc::new(Notify::new());
     let calls = Arc::new(AtomicUsize::new(0));
-    let layer = AdaptiveLimitLayer::builder().name("api").build().unwrap();
+    let layer = AdaptiveLimitLayer::builder()
+        .name("api")
+        .initial_limit(3)
+        .build()
+        .unwrap();
     let service = layer.layer(held(Arc::clone(&release), calls));
-    // The limit starts at the minimum, 3, while the baseline is measured.
+    // The limit starts at its initial limit, here 3.
     let mut pending = Vec::new();
     for _ in 0..3 {
         pending.push(tokio::spawn(service.clone().oneshot(Request::new(()))));

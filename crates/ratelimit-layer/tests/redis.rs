@@ -115,6 +115,39 @@ impl Warnings {
     fn infos(&self) -> usize {
         self.1.load(Ordering::SeqCst)
     }
+
+    /// The counter as this thread's subscriber. tracing caches each callsite's interest
+    /// process-wide, computed on the thread that reaches it first; with one dispatcher alive
+    /// a sibling test's thread (no subscriber) would cache "never" and this test would see
+    /// nothing. A global subscriber interested in every callsite (and enabling none) keeps
+    /// two dispatchers alive, so the interest is the union of both.
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        static ANCHOR: std::sync::Once = std::sync::Once::new();
+        ANCHOR.call_once(|| {
+            let anchor = tracing_subscriber::registry().with(Anchor);
+            tracing::subscriber::set_global_default(anchor).expect("no global subscriber yet");
+        });
+        let guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()));
+        tracing::callsite::rebuild_interest_cache();
+        guard
+    }
+}
+
+/// Interested in every callsite, enabling none: see [`Warnings::install`].
+struct Anchor;
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for Anchor {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        false
+    }
 }
 
 impl<S: Subscriber> tracing_subscriber::Layer<S> for Warnings {
@@ -152,8 +185,7 @@ async fn falls_back_to_the_local_share_and_returns_when_redis_answers() {
     let snapshotter = recorder.snapshotter();
     let _metrics = metrics::set_default_local_recorder(&recorder);
     let warnings = Warnings::default();
-    let _logs =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _logs = warnings.install();
 
     let mut server = RedisServer::start();
     let svc = Svc::new(
@@ -231,8 +263,7 @@ async fn redis_lost_and_back_without_traffic_is_seen() {
     let snapshotter = recorder.snapshotter();
     let _metrics = metrics::set_default_local_recorder(&recorder);
     let warnings = Warnings::default();
-    let _logs =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _logs = warnings.install();
     let mut server = RedisServer::start();
     let svc = Svc::new(
         RateLimitLayer::builder(hourly(10))

@@ -110,6 +110,9 @@
 //! | still running at its deadline (plus the allowance), cancelling on | the same; the inner future is dropped | the same |
 //! | anything else | the inner service's response, untouched | the same |
 //!
+//! gRPC-Web requests (`application/grpc-web...`) are read and answered as gRPC, in their own
+//! `content-type`.
+//!
 //! `backoff-layer` retries a `504` from another server, as any gateway timeout, but never
 //! after its own deadline: the retry layer of a caller whose deadline passed gives up.
 //!

@@ -154,7 +154,8 @@ impl DeadlineState {
                 tracing::debug!(%malformed, "ignoring X-Request-Deadline");
             }
         }
-        if protocol == Protocol::Grpc {
+        // NOTE: gRPC-Web carries gRPC's `grpc-timeout` too.
+        if protocol.is_grpc() {
             match grpc_timeout(&parts.headers) {
                 Ok(None) => {}
                 Ok(Some(timeout)) => {

@@ -194,6 +194,30 @@ async fn grpc_reads_grpc_timeout_from_arrival_and_answers_deadline_exceeded() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn grpc_web_reads_grpc_timeout_and_answers_in_its_own_content_type() {
+    let (svc, calls) = worker(3000 * MS);
+    let svc = DeadlineLayer::new().layer(svc);
+    for (content_type, answer) in [
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        (
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ),
+    ] {
+        let mut req = grpc("1S");
+        req.headers_mut()
+            .insert("content-type", HeaderValue::from_static(content_type));
+        let start = Instant::now();
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{content_type}");
+        assert_eq!(r.headers()[GRPC_STATUS], "4", "{content_type}");
+        assert_eq!(r.headers()["content-type"], answer);
+        assert_eq!(start.elapsed(), 1000 * MS, "cancelled at its grpc-timeout");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
 async fn malformed_fields_are_ignored_and_counted_never_an_error() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();

@@ -382,7 +382,8 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "deadline exceeded before the request wa
 ///   gave up on the request in time for nobody (as a proxy answers when its upstream is too
 ///   slow).
 /// - gRPC: `200 OK`, `content-type: application/grpc`, `grpc-status: 4` (DEADLINE_EXCEEDED),
-///   `grpc-message`: what a gRPC server answers when a call's deadline passes.
+///   `grpc-message`: what a gRPC server answers when a call's deadline passes. gRPC-Web the
+///   same, with its own `content-type` ([`Protocol::content_type`]).
 ///
 /// ```
 /// use overload_signal::protocol::{Protocol, deadline_exceeded_response};
@@ -393,11 +394,11 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "deadline exceeded before the request wa
 /// ```
 pub fn deadline_exceeded_response<B: Default>(protocol: Protocol) -> Response<B> {
     let mut response = Response::new(B::default());
-    match protocol {
-        Protocol::Http => *response.status_mut() = StatusCode::GATEWAY_TIMEOUT,
-        Protocol::Grpc => {
+    match protocol.content_type() {
+        None => *response.status_mut() = StatusCode::GATEWAY_TIMEOUT,
+        Some(content_type) => {
             let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_DEADLINE_EXCEEDED));
             headers.insert(
                 GRPC_MESSAGE,
@@ -600,5 +601,15 @@ mod tests {
         assert_eq!(grpc.headers()[CONTENT_TYPE], "application/grpc");
         assert_eq!(grpc.headers()[GRPC_STATUS], "4");
         assert_eq!(grpc.headers()[GRPC_MESSAGE], DEADLINE_EXCEEDED_MESSAGE);
+        let web = deadline_exceeded_response::<()>(Protocol::GrpcWeb);
+        assert_eq!(web.status(), StatusCode::OK);
+        assert_eq!(web.headers()[CONTENT_TYPE], "application/grpc-web+proto");
+        assert_eq!(web.headers()[GRPC_STATUS], "4");
+        let text = deadline_exceeded_response::<()>(Protocol::GrpcWebText);
+        assert_eq!(
+            text.headers()[CONTENT_TYPE],
+            "application/grpc-web-text+proto"
+        );
+        assert_eq!(text.headers()[GRPC_STATUS], "4");
     }
 }

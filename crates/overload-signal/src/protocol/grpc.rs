@@ -15,16 +15,35 @@ pub const GRPC_UNAVAILABLE: u16 = 14;
 
 /// Whether a message with these headers is gRPC: its `content-type` is `application/grpc`
 /// or starts with `application/grpc+` / `application/grpc;` (case-insensitive).
+///
+/// gRPC-Web (`application/grpc-web...`) is not gRPC here: see [`is_grpc_web`].
 pub fn is_grpc(headers: &HeaderMap) -> bool {
-    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
-        return false;
-    };
-    let ct = ct.as_bytes();
-    const GRPC: &[u8] = b"application/grpc";
-    if ct.len() < GRPC.len() || !ct[..GRPC.len()].eq_ignore_ascii_case(GRPC) {
+    content_type_is(headers, b"application/grpc")
+}
+
+/// Whether a message with these headers is gRPC-Web: its `content-type` is
+/// `application/grpc-web` or `application/grpc-web-text`, alone or followed by `+` (a
+/// message format, `+proto`) or `;` (case-insensitive). gRPC-Web carries the same statuses
+/// as gRPC, over HTTP/1.1 too, as browsers and proxies such as Envoy speak it.
+pub fn is_grpc_web(headers: &HeaderMap) -> bool {
+    content_type_is(headers, b"application/grpc-web")
+        || content_type_is(headers, b"application/grpc-web-text")
+}
+
+/// Whether `content-type` is `media`, alone or followed by `+...` or `;...`.
+fn content_type_is(headers: &HeaderMap, media: &[u8]) -> bool {
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|ct| media_is(ct.as_bytes(), media))
+}
+
+/// Whether the `content-type` value `ct` is `media`, alone or followed by `+...` or `;...`
+/// (case-insensitive).
+pub(super) fn media_is(ct: &[u8], media: &[u8]) -> bool {
+    if ct.len() < media.len() || !ct[..media.len()].eq_ignore_ascii_case(media) {
         return false;
     }
-    matches!(ct.get(GRPC.len()), None | Some(b'+' | b';'))
+    matches!(ct.get(media.len()), None | Some(b'+' | b';'))
 }
 
 /// The gRPC status carried in `grpc-status` in these headers, if any and well-formed.
@@ -60,6 +79,30 @@ mod tests {
         assert!(!is_grpc(&ct("application/json")));
         assert!(!is_grpc(&ct("application/grp")));
         assert!(!is_grpc(&HeaderMap::new()));
+    }
+
+    #[test]
+    fn grpc_web_content_types() {
+        for web in [
+            "application/grpc-web",
+            "application/grpc-web+proto",
+            "Application/GRPC-Web-Text",
+            "application/grpc-web-text+proto",
+            "application/grpc-web;charset=utf-8",
+        ] {
+            assert!(is_grpc_web(&ct(web)), "{web}");
+            assert!(!is_grpc(&ct(web)), "{web}");
+        }
+        for other in [
+            "application/grpc",
+            "application/grpc+proto",
+            "application/grpc-webx",
+            "application/grpc-web-textual",
+            "application/json",
+        ] {
+            assert!(!is_grpc_web(&ct(other)), "{other}");
+        }
+        assert!(!is_grpc_web(&HeaderMap::new()));
     }
 
     #[test]

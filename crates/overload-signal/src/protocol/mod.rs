@@ -8,7 +8,7 @@
 //!
 //! # The protocol at a glance
 //!
-//! | what | HTTP | gRPC (`content-type: application/grpc...`) |
+//! | what | HTTP | gRPC (`content-type: application/grpc...`; gRPC-Web alike, in its own `content-type`) |
 //! |---|---|---|
 //! | attempt counter, request | `X-Request-Attempt: N`, decimal, `0` on the first try, `1` on the first retry, sent on every attempt | same header; `grpc-previous-rpc-attempts` (same meaning) is read when ours is absent |
 //! | counter missing | [`Attempt::Unknown`]: not counted as a retry | same |
@@ -16,6 +16,7 @@
 //! | node-local rejection: retry later, elsewhere | `429 Too Many Requests`, `Retry-After: <whole seconds, rounded up, at least 1>`, `RateLimit-Policy: "default";q=100;w=1`, `RateLimit: "default";r=0;t=1` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms: <ms>` |
 //! | how long the caller still waits | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`: when the attempt was sent, on the sender's clock, and how long from then the sender waits for the response's head ([`WireDeadline`]). A receiver measures the time the request queued from `t`, trusts `t` to within a skew allowance, and falls back on `timeout` from arrival when `t` lies further in its future. Malformed: ignored and counted, never an error response | `grpc-timeout` (gRPC's own): what is left of the caller's deadline when the attempt is sent, never more than the caller gave; read from arrival |
 //! | the deadline passed before the request was served | `504 Gateway Timeout` | HTTP `200`, `grpc-status: 4` (DEADLINE_EXCEEDED) |
+//! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
 //! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`; the header's presence, whatever its value, is the signal | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying` |
 //!
 //! # Examples
@@ -84,6 +85,7 @@ pub use deadline::{
 };
 pub use grpc::{
     GRPC_DEADLINE_EXCEEDED, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, grpc_status, is_grpc,
+    is_grpc_web,
 };
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
@@ -96,5 +98,6 @@ pub use retry_after::{
     parse_retry_after, retry_after,
 };
 pub use stop::{
-    Protocol, is_stop_signal, set_stop_signal, stop_signal_response, too_many_requests_response,
+    Protocol, is_stop_signal, service_unavailable_response, set_stop_signal, stop_signal_response,
+    too_many_requests_response,
 };

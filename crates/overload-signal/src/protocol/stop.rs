@@ -5,34 +5,81 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, is_grpc};
+use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, media_is};
 use super::headers::{
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING, X_OVERLOADED,
 };
 use super::retry_after::{GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback};
 
 /// Which form of the protocol a message uses.
+///
+/// Non-exhaustive: a form may be added (gRPC-Web was); match with a wildcard arm, or ask
+/// [`is_grpc`](Self::is_grpc) whether the outcome is a `grpc-status`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
 pub enum Protocol {
     /// Plain HTTP: status codes carry the outcome.
     Http,
     /// gRPC over HTTP/2: HTTP `200` with the outcome in `grpc-status`.
     Grpc,
+    /// gRPC-Web, binary (`content-type: application/grpc-web...`): as gRPC, HTTP `200` with
+    /// the outcome in `grpc-status` (a trailers-only answer puts it in the headers), over
+    /// HTTP/1.1 or HTTP/2.
+    GrpcWeb,
+    /// gRPC-Web, base64 text (`content-type: application/grpc-web-text...`, the default
+    /// mode of the grpc-web browser client): as [`GrpcWeb`](Self::GrpcWeb).
+    GrpcWebText,
 }
 
 impl Protocol {
-    /// The protocol of a message with these headers (gRPC when its `content-type` says so).
+    /// The protocol of a message with these headers: gRPC or gRPC-Web when its
+    /// `content-type` says so ([`is_grpc`](super::is_grpc), [`is_grpc_web`](super::is_grpc_web)), HTTP
+    /// otherwise.
+    #[inline]
     pub fn of_headers(headers: &HeaderMap) -> Self {
-        if is_grpc(headers) {
+        // NOTE: one look-up of `content-type`, then its bytes: this runs on every request.
+        match headers.get(CONTENT_TYPE) {
+            None => Protocol::Http,
+            Some(content_type) => Self::of_content_type(content_type.as_bytes()),
+        }
+    }
+
+    /// The protocol a `content-type` value names.
+    fn of_content_type(ct: &[u8]) -> Self {
+        if media_is(ct, b"application/grpc") {
             Protocol::Grpc
+        } else if media_is(ct, b"application/grpc-web-text") {
+            Protocol::GrpcWebText
+        } else if media_is(ct, b"application/grpc-web") {
+            Protocol::GrpcWeb
         } else {
             Protocol::Http
         }
     }
 
     /// The protocol of a request; see [`Protocol::of_headers`].
+    #[inline]
     pub fn of_request<B>(request: &http::Request<B>) -> Self {
         Self::of_headers(request.headers())
+    }
+
+    /// Whether the outcome of a message is a gRPC status (`grpc-status`, HTTP `200`): gRPC
+    /// and both forms of gRPC-Web.
+    #[inline]
+    pub const fn is_grpc(self) -> bool {
+        matches!(self, Self::Grpc | Self::GrpcWeb | Self::GrpcWebText)
+    }
+
+    /// The `content-type` of an answer this crate builds in this protocol: `None` for HTTP
+    /// (the body's own), `application/grpc`, `application/grpc-web+proto` or
+    /// `application/grpc-web-text+proto`.
+    pub const fn content_type(self) -> Option<&'static str> {
+        match self {
+            Self::Http => None,
+            Self::Grpc => Some("application/grpc"),
+            Self::GrpcWeb => Some("application/grpc-web+proto"),
+            Self::GrpcWebText => Some("application/grpc-web-text+proto"),
+        }
     }
 }
 
@@ -46,12 +93,14 @@ pub fn is_stop_signal(headers: &HeaderMap) -> bool {
 
 const STOP_MESSAGE: &str = "system overloaded, stop retrying";
 const RESOURCE_EXHAUSTED_MESSAGE: &str = "rate limit exceeded, retry later";
+const AT_CAPACITY_MESSAGE: &str = "server at capacity, retry later";
 
 /// A new response carrying the stop signal, with an empty (default) body.
 ///
 /// - HTTP: `503 Service Unavailable`, `X-Overloaded: stop-retrying`.
-/// - gRPC: `200 OK`, `content-type: application/grpc`, `grpc-status: 14`,
-///   `grpc-message`, `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying`.
+/// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `content-type:
+///   application/grpc`, `grpc-status: 14`, `grpc-message`, `grpc-retry-pushback-ms: -1`,
+///   `x-overloaded: stop-retrying`.
 pub fn stop_signal_response<B: Default>(protocol: Protocol) -> Response<B> {
     let mut response = Response::new(B::default());
     set_stop_signal(&mut response, protocol);
@@ -69,12 +118,12 @@ pub fn set_stop_signal<B>(response: &mut Response<B>, protocol: Protocol) {
     headers.remove(RETRY_AFTER);
     headers.remove(RATELIMIT);
     headers.insert(X_OVERLOADED, HeaderValue::from_static(STOP_RETRYING));
-    match protocol {
-        Protocol::Http => {
+    match protocol.content_type() {
+        None => {
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
         }
-        Protocol::Grpc => {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        Some(content_type) => {
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_UNAVAILABLE));
             headers.insert(GRPC_MESSAGE, HeaderValue::from_static(STOP_MESSAGE));
             headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
@@ -86,8 +135,9 @@ pub fn set_stop_signal<B>(response: &mut Response<B>, protocol: Protocol) {
 /// A new node-local rejection ("retry later, elsewhere") with an empty (default) body.
 ///
 /// - HTTP: `429 Too Many Requests`, `Retry-After` in whole seconds, rounded up, at least 1.
-/// - gRPC: `200 OK`, `content-type: application/grpc`, `grpc-status: 8`, `grpc-message`,
-///   `grpc-retry-pushback-ms` in whole milliseconds, rounded up.
+/// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `content-type:
+///   application/grpc`, `grpc-status: 8`, `grpc-message`, `grpc-retry-pushback-ms` in whole
+///   milliseconds, rounded up.
 ///
 /// The IETF `RateLimit` fields are the caller's to add; see
 /// [`RateLimitPolicy`](super::RateLimitPolicy) and [`RateLimitStatus`](super::RateLimitStatus).
@@ -97,22 +147,69 @@ pub fn too_many_requests_response<B: Default>(
 ) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
-    match protocol {
-        Protocol::Http => {
+    match protocol.content_type() {
+        None => {
             headers.insert(RETRY_AFTER, format_retry_after(retry_after));
             *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
         }
-        Protocol::Grpc => {
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
-            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_RESOURCE_EXHAUSTED));
-            headers.insert(
-                GRPC_MESSAGE,
-                HeaderValue::from_static(RESOURCE_EXHAUSTED_MESSAGE),
+        Some(content_type) => {
+            grpc_retry_later(
+                headers,
+                content_type,
+                GRPC_RESOURCE_EXHAUSTED,
+                RESOURCE_EXHAUSTED_MESSAGE,
+                retry_after,
             );
-            headers.insert(GRPC_RETRY_PUSHBACK_MS, format_grpc_pushback(retry_after));
         }
     }
     response
+}
+
+/// A new node-local rejection because the server is at its capacity (a concurrency limit:
+/// "retry later, elsewhere", not "stop retrying"), with an empty (default) body.
+///
+/// - HTTP: `503 Service Unavailable`, `Retry-After` in whole seconds, rounded up, at least
+///   1, and no `X-Overloaded`.
+/// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `grpc-status: 14`
+///   (UNAVAILABLE, gRPC's code for HTTP 503), `grpc-message`, and a non-negative
+///   `grpc-retry-pushback-ms` in whole milliseconds, rounded up: a retry is welcome after it
+///   (a negative one would be the stop signal).
+pub fn service_unavailable_response<B: Default>(
+    protocol: Protocol,
+    retry_after: Duration,
+) -> Response<B> {
+    let mut response = Response::new(B::default());
+    let headers = response.headers_mut();
+    match protocol.content_type() {
+        None => {
+            headers.insert(RETRY_AFTER, format_retry_after(retry_after));
+            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+        }
+        Some(content_type) => {
+            grpc_retry_later(
+                headers,
+                content_type,
+                GRPC_UNAVAILABLE,
+                AT_CAPACITY_MESSAGE,
+                retry_after,
+            );
+        }
+    }
+    response
+}
+
+/// A trailers-only gRPC answer inviting a retry after `retry_after`.
+fn grpc_retry_later(
+    headers: &mut HeaderMap,
+    content_type: &'static str,
+    status: u16,
+    message: &'static str,
+    retry_after: Duration,
+) {
+    headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+    headers.insert(GRPC_STATUS, HeaderValue::from(status));
+    headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
+    headers.insert(GRPC_RETRY_PUSHBACK_MS, format_grpc_pushback(retry_after));
 }
 
 #[cfg(test)]
@@ -215,5 +312,56 @@ mod tests {
         assert_eq!(Protocol::of_request(&req), Protocol::Grpc);
         let req = http::Request::builder().body(()).unwrap();
         assert_eq!(Protocol::of_request(&req), Protocol::Http);
+        let ct = |v: &'static str| {
+            let req = http::Request::builder()
+                .header(CONTENT_TYPE, v)
+                .body(())
+                .unwrap();
+            Protocol::of_request(&req)
+        };
+        assert_eq!(ct("application/grpc-web+proto"), Protocol::GrpcWeb);
+        assert_eq!(ct("application/grpc-web-text"), Protocol::GrpcWebText);
+        assert_eq!(ct("application/json"), Protocol::Http);
+        assert!(Protocol::GrpcWeb.is_grpc() && Protocol::GrpcWebText.is_grpc());
+        assert!(!Protocol::Http.is_grpc());
+    }
+
+    /// Regression (issue 23, finding 4): gRPC-Web requests were answered with HTTP statuses
+    /// (`429`, `503`), which a gRPC-Web client reads as a transport failure; they get the
+    /// gRPC statuses, in gRPC-Web's own content type.
+    #[test]
+    fn grpc_web_answers_carry_grpc_statuses_in_their_own_content_type() {
+        for (protocol, content_type) in [
+            (Protocol::GrpcWeb, "application/grpc-web+proto"),
+            (Protocol::GrpcWebText, "application/grpc-web-text+proto"),
+        ] {
+            let limited = too_many_requests_response::<()>(protocol, Duration::from_millis(250));
+            let full = service_unavailable_response::<()>(protocol, Duration::from_secs(1));
+            let stop = stop_signal_response::<()>(protocol);
+            for (r, code) in [(&limited, 8), (&full, 14), (&stop, 14)] {
+                assert_eq!(r.status(), StatusCode::OK, "{protocol:?}");
+                assert_eq!(r.headers()[CONTENT_TYPE], content_type);
+                assert_eq!(grpc_status(r.headers()), Some(code));
+            }
+            assert!(!is_stop_signal(limited.headers()) && !is_stop_signal(full.headers()));
+            assert!(is_stop_signal(stop.headers()));
+        }
+    }
+
+    #[test]
+    fn at_capacity_rows_invite_a_retry() {
+        let r = service_unavailable_response::<()>(Protocol::Http, Duration::from_millis(1));
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert_eq!(r.headers()[RETRY_AFTER], "1");
+        assert!(!is_stop_signal(r.headers()));
+        let r = service_unavailable_response::<()>(Protocol::Grpc, Duration::from_millis(1500));
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc");
+        assert_eq!(grpc_status(r.headers()), Some(14));
+        assert_eq!(
+            grpc_pushback(r.headers()),
+            Some(GrpcPushback::Delay(Duration::from_millis(1500)))
+        );
+        assert!(!is_stop_signal(r.headers()));
     }
 }

@@ -32,6 +32,8 @@ use crate::histogram::AttemptHistogram;
 ///   weighing at most as much as the median class in the decision (see the
 ///   [module docs](crate::signal#trust-what-callers-can-and-cannot-do));
 /// - every caller's attempt counter counts (no trust predicate);
+/// - only rejections a limiting layer marked with a [`Rejection`](super::Rejection) are
+///   judged: the application's own `429`/`503` pass untouched;
 /// - named `"default"` ([`LayerName::DEFAULT`]) in its metrics and logs: name each layer
 ///   when a process has more than one.
 pub struct OverloadSignalLayer<C: Clock = TokioClock> {
@@ -163,14 +165,17 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     }
 
     /// What identifies a request's caller: a [`CallerKey`], such as a closure
-    /// `|parts: &Parts| -> Option<K>`. Default: [`PeerIp`](super::PeerIp), the peer's IP
-    /// address from a `SocketAddr` request extension (or, with the `axum` feature, axum's
-    /// `ConnectInfo`).
+    /// `|parts: &Parts| -> Option<K>`, or `ratelimit-layer`'s `ClientIp` (the same key as a
+    /// per-client limit, trusted proxies included). Default: [`PeerIp`](super::PeerIp), the
+    /// peer's IP address wherever the server put it ([`peer_addr`](super::peer_addr): a
+    /// `SocketAddr` extension, axum's `ConnectInfo`, tonic's `TcpConnectInfo`).
     ///
     /// The layer hashes keys into [`OverloadSignalLayer::CALLER_CLASSES`] classes and
     /// bounds what one class weighs in the decision, so that no small set of callers can make
     /// it (see the [module docs](crate::signal#trust-what-callers-can-and-cannot-do)).
-    /// Requests without a key form one class of their own; the first one is logged at `WARN`.
+    /// Requests without a key form one class of their own: each is counted in
+    /// `overload_signal_unkeyed_requests_total`, and logged at `WARN` at the first and then
+    /// at most once a minute while they keep coming.
     pub fn key_by<K: CallerKey>(mut self, key: K) -> Self {
         self.settings.key = Arc::new(key);
         self
@@ -186,14 +191,14 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// load balancer that sets a header of its own (and strips it from what clients send).
     ///
     /// ```
-    /// use std::net::SocketAddr;
     /// use http::request::Parts;
     /// use overload_signal::OverloadSignalLayer;
+    /// use overload_signal::signal::peer_addr;
     ///
     /// // Only callers on the private network 10.0.0.0/8 can make the server say "stop".
     /// let layer = OverloadSignalLayer::builder()
     ///     .trust(|parts: &Parts| {
-    ///         parts.extensions.get::<SocketAddr>().is_some_and(|peer| match peer.ip() {
+    ///         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
     ///             std::net::IpAddr::V4(v4) => v4.octets()[0] == 10,
     ///             std::net::IpAddr::V6(_) => false,
     ///         })
@@ -210,12 +215,28 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         self
     }
 
+    /// Whether rejections that no limiting layer marked are judged too. Default: `false`:
+    /// only a rejection carrying a [`Rejection`](super::Rejection) in its extensions (which
+    /// every limit of `ratelimit-layer` inserts, and a limiter of your own can) may become
+    /// the stop signal; a `429` or `503` your handler makes, or an upstream's that a gateway
+    /// passes on, goes through untouched, headers and body included.
+    ///
+    /// `true` judges every HTTP `429` and `503` and every gRPC `RESOURCE_EXHAUSTED` and
+    /// `UNAVAILABLE` as the server's own rejection, as this layer did before it read the
+    /// marker: for a limiter outside this workspace that cannot mark its answers. Under
+    /// retry pressure such an answer then loses its `Retry-After` and `RateLimit` fields to
+    /// the stop signal, whoever made it.
+    pub const fn judge_every_rejection(mut self, judge: bool) -> Self {
+        self.settings.judge_every = judge;
+        self
+    }
+
     /// Hashes caller keys into classes with a fixed key and `seed`, rather than a random key
     /// drawn for each layer, so that a test puts the same callers in the same classes on
     /// every run. Never in production: a caller who knows the key can aim at a class.
     #[cfg(any(test, feature = "test-util"))]
     pub fn caller_seed(mut self, seed: u64) -> Self {
-        self.settings.hashing = callers::KeyHashing::Seeded(seed);
+        self.settings.hashing = callers::KeyHashing::seeded(seed);
         self
     }
 
@@ -243,6 +264,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayerBuilder<C> {
             .field("histogram", &self.settings.histogram)
             .field("rule", &self.settings.rule)
             .field("trust", &self.settings.trust.is_some())
+            .field("judge_every_rejection", &self.settings.judge_every)
             .finish_non_exhaustive()
     }
 }

@@ -40,10 +40,11 @@
 //! named `public-api` in its metrics and logs:
 //!
 //! ```
-//! use std::net::{IpAddr, SocketAddr};
+//! use std::net::IpAddr;
 //! use std::time::Duration;
 //! use http::request::Parts;
 //! use overload_core::clock::CoarseClock;
+//! use overload_signal::signal::peer_addr;
 //! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
 //!
 //! #[derive(Clone)]
@@ -59,7 +60,7 @@
 //!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
 //!     .key_by(|parts: &Parts| parts.extensions.get::<Tenant>().map(|t| t.0))
 //!     .trust(|parts: &Parts| {
-//!         parts.extensions.get::<SocketAddr>().is_some_and(|peer| match peer.ip() {
+//!         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
 //!             IpAddr::V4(v4) => v4.is_private(),
 //!             IpAddr::V6(_) => false,
 //!         })
@@ -89,19 +90,27 @@
 //!      **answered with the stop signal**, counted as propagated. (A success or a deliberate
 //!      4xx is never rewritten, marker or not: the handler recovered, with a fallback or a
 //!      cached answer, or chose its answer, and neither is retried anyway);
-//!    - it is a **rejection** (HTTP 429 or 503; gRPC `grpc-status` 8 or 14): the
-//!      [`StopRule`] judges the window. **Answered with the stop signal** when it fires,
-//!      passed through otherwise. A rejection that concerns the whole server (the default)
-//!      is judged on the whole server's window, and the rule must fire both on the plain
-//!      figures and with each caller class's weight capped; a rejection the limiter marked
-//!      [`RejectionScope::Caller`] (the caller is over its own quota) is judged on that
-//!      caller's class alone;
-//!    - anything else, and every `Err` of the inner service, passes through untouched.
+//!    - it is a **limiter's rejection**: it carries a [`Rejection`] marker of kind
+//!      [`RateLimited`](RejectionKind::RateLimited) or
+//!      [`AtCapacity`](RejectionKind::AtCapacity) in its extensions, which every limit of
+//!      `ratelimit-layer` inserts in the answers it makes. The [`StopRule`] judges the
+//!      window: **answered with the stop signal** when it fires, passed through otherwise.
+//!      A rejection that concerns the whole server ([`RejectionScope::Server`]) is judged on
+//!      the whole server's window, and the rule must fire both on the plain figures and with
+//!      each caller class's weight capped; one that concerns a caller over its own quota
+//!      ([`RejectionScope::Caller`]) is judged on that caller's class alone;
+//!    - anything else passes through untouched, headers and body included: every `Err` of
+//!      the inner service, and a `429` or `503` (gRPC 8 or 14) that no limiting layer
+//!      marked: the handler's own, or an upstream's passed on by a gateway. (Unless the
+//!      layer is told to [judge every rejection](OverloadSignalLayerBuilder::judge_every_rejection),
+//!      for a limiter that cannot mark its answers.)
 //!
 //! Answering with the stop signal rewrites the response in place with
 //! [`set_stop_signal`](crate::protocol::set_stop_signal): HTTP `503` with `X-Overloaded`, and
-//! the retry invitations (`Retry-After`, `RateLimit`) removed; for gRPC, `grpc-status: 14`,
-//! `grpc-retry-pushback-ms: -1`, and an empty body (trailers-only).
+//! the retry invitations (`Retry-After`, `RateLimit`) removed; for gRPC and gRPC-Web,
+//! `grpc-status: 14`, `grpc-retry-pushback-ms: -1`, and an empty body (trailers-only). The
+//! response's [`Rejection`] then says [`StopRetrying`](RejectionKind::StopRetrying), so a
+//! response mapper outside can shape the answer (see [`Rejection`]).
 //!
 //! # Trust: what callers can and cannot do
 //!
@@ -110,7 +119,7 @@
 //! an admitted request) with "do not retry". The layer bounds what a lying caller can do:
 //!
 //! - **Caller classes.** Each request's [caller key](CallerKey) (by default its peer's IP
-//!   address, [`PeerIp`]) is hashed, with a secret per-process seed, into one of
+//!   address, [`PeerIp`], read from wherever the server put it: [`peer_addr`]) is hashed, with a secret per-process seed, into one of
 //!   [`OverloadSignalLayer::CALLER_CLASSES`] (128) classes; requests without a key form one
 //!   more class. Each class's requests and retry pressure are counted over the same window
 //!   as the histogram.
@@ -164,9 +173,11 @@
 //!   control.
 //! - **When every request comes from one key** (behind a load balancer that is the peer,
 //!   or a server that does not put the peer address in the request), there is one class,
-//!   and the decision is the plain one: any caller can forge a storm. The layer logs the
-//!   first request without a key at `WARN`. Key by the client address the balancer
-//!   forwards, or trust only what it vouches for.
+//!   and the decision is the plain one: any caller can forge a storm. The default key reads
+//!   the peer address wherever axum, tonic and hyper put it ([`peer_addr`]); a request
+//!   without one is counted (`overload_signal_unkeyed_requests_total`) and logged at `WARN`,
+//!   at once and then at most once a minute while such requests keep coming. Key by the
+//!   client address the balancer forwards, or trust only what it vouches for.
 //! - Whatever they send, callers cannot grow the layer's memory: the classes are fixed.
 //!
 //! # Limits
@@ -210,16 +221,20 @@
 //! use http::{Request, Response, StatusCode};
 //! use overload_signal::{OverloadSignalLayer, propagation};
 //! use overload_signal::protocol::{self, Attempt};
+//! use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 //! use tower::{Service, ServiceBuilder, ServiceExt, service_fn};
 //!
 //! # #[tokio::main(flavor = "current_thread")]
 //! # async fn main() {
-//! // The bottom tier: overloaded, every request is rejected by its (here, stand-in) limiter.
+//! // The bottom tier: overloaded, every request is rejected by its (here, stand-in) limiter,
+//! // which marks its rejections as `ratelimit-layer`'s limits do.
 //! let bottom = ServiceBuilder::new()
 //!     .layer(OverloadSignalLayer::new())
 //!     .service(service_fn(|_req: Request<()>| async {
 //!         let mut r = Response::new(());
 //!         *r.status_mut() = StatusCode::TOO_MANY_REQUESTS;
+//!         r.extensions_mut()
+//!             .insert(Rejection::new(RejectionKind::RateLimited, RejectionScope::Server));
 //!         Ok::<_, Infallible>(r)
 //!     }));
 //!
@@ -297,8 +312,10 @@
 //!   for one window of the histogram (10 seconds by default), with how long the episode
 //!   `lasted` (from its first stop signal to its last). Checked every bucket by the task
 //!   above;
-//! - `WARN` once per layer: the first request without a caller key (see
-//!   [Trust](#trust-what-callers-can-and-cannot-do)).
+//! - `WARN` **requests without a caller key**: at the first, then at most once a minute
+//!   while they keep coming, with how many came since the last line (see
+//!   [Trust](#trust-what-callers-can-and-cannot-do)): a server set up so that one caller
+//!   can forge a storm is a misconfiguration to fix, not a state that passes.
 //!
 //! Stop signals passed up from a downstream tier (propagation) are counted, not logged
 //! above `DEBUG`: the tier that decided logs its own episode.
@@ -306,8 +323,9 @@
 mod callers;
 pub mod future;
 mod layer;
+mod peer;
+mod rejection;
 mod rule;
-mod scope;
 mod service;
 mod state;
 mod telemetry;
@@ -315,8 +333,9 @@ mod telemetry;
 #[cfg(test)]
 mod tests;
 
-pub use callers::{CallerKey, PeerIp};
+pub use callers::CallerKey;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
+pub use peer::{PeerIp, peer_addr};
+pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
-pub use scope::RejectionScope;
 pub use service::OverloadSignal;

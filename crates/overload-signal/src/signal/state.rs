@@ -9,13 +9,14 @@ use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Response, StatusCode};
 use overload_core::clock::{Clock, TokioClock};
-use overload_core::sync::{AtomicBool, AtomicU64, Ordering};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::sync::{AtomicU64, Ordering};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
 
-use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, PeerIp, TrustFn};
+use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn, UNKEYED};
+use super::peer::PeerIp;
+use super::rejection::{Rejection, RejectionKind, RejectionScope};
 use super::rule::StopRule;
-use super::scope::RejectionScope;
-use super::telemetry::{SignalMetrics, StopTrigger, log_disengaged, log_engaged};
+use super::telemetry::{SignalMetrics, StopTrigger, log_disengaged, log_engaged, log_unkeyed};
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::protocol::{self, Protocol};
 
@@ -25,14 +26,19 @@ pub(crate) struct SignalState<C: Clock = TokioClock> {
     pub(super) histogram: AttemptHistogram<C>,
     pub(super) rule: StopRule,
     pub(super) callers: CallerLedger<C>,
+    /// Whether rejections without a [`Rejection`] marker are judged too.
+    pub(super) judge_every: bool,
+    /// Requests without a caller key: logged again at most once per interval.
+    unkeyed: LogThrottle,
     /// One past the bucket whose window was last exported as gauges (0: never).
     exported: AtomicU64,
     /// The metric handles, registered on the first request.
     metrics: LazyMetrics<SignalMetrics>,
     /// The layer answering rejections with the stop signal because its rule fired.
     stopping: Episode,
-    /// Whether the ticker that keeps the gauges true and ends the episode runs.
-    ticking: AtomicBool,
+    /// The ticker that keeps the gauges true and ends the episode, started by the first
+    /// request.
+    ticker: Ticker,
 }
 
 /// How a layer is put together: what its builder sets.
@@ -43,7 +49,12 @@ pub(crate) struct SignalSettings<C: Clock = TokioClock> {
     pub(crate) key: Arc<dyn CallerKey>,
     pub(crate) trust: Option<Arc<TrustFn>>,
     pub(crate) hashing: KeyHashing,
+    pub(crate) judge_every: bool,
 }
+
+/// How often a layer that keeps receiving requests without a caller key logs it again: at
+/// most once a minute, each line with the count since the previous one.
+pub(crate) const UNKEYED_LOG_INTERVAL: std::time::Duration = std::time::Duration::from_secs(60);
 
 impl SignalSettings {
     /// The defaults: named `"default"`, the default histogram and rule, callers keyed by
@@ -56,6 +67,7 @@ impl SignalSettings {
             key: Arc::new(PeerIp),
             trust: None,
             hashing: KeyHashing::random(),
+            judge_every: false,
         }
     }
 }
@@ -73,6 +85,7 @@ impl<C: Clock> SignalSettings<C> {
             key: self.key,
             trust: self.trust,
             hashing: self.hashing,
+            judge_every: self.judge_every,
         }
     }
 }
@@ -86,15 +99,18 @@ impl<C: Clock> SignalState<C> {
             key,
             trust,
             hashing,
+            judge_every,
         } = settings;
         Self {
             callers: CallerLedger::new(&histogram, key, trust, hashing),
+            judge_every,
+            unkeyed: LogThrottle::new(UNKEYED_LOG_INTERVAL),
             histogram,
             rule,
             exported: AtomicU64::new(0),
             metrics: LazyMetrics::new(name),
             stopping: Episode::new(),
-            ticking: AtomicBool::new(false),
+            ticker: Ticker::new(),
         }
     }
 
@@ -112,34 +128,30 @@ impl<C: Clock> SignalState<C> {
     /// Records a request: its attempt counter (if its caller is trusted) in the histogram,
     /// and in its caller class. On the layer's first request, registers the metrics and
     /// starts the ticker.
-    pub(super) fn record(self: &Arc<Self>, parts: &Parts) -> Caller {
-        let (attempt, lane) = self.callers.identify(parts);
+    pub(super) fn record(self: &Arc<Self>, parts: &Parts, protocol: Protocol) -> Caller {
+        let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc());
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);
         let caller = self.callers.record(bucket, lane, class.is_retry());
-        if !self.ticking.load(Ordering::Relaxed) {
-            self.start_ticking();
+        self.ticker
+            .start(self, self.histogram.bucket_width(), |_| {}, Self::tick);
+        if lane == UNKEYED {
+            self.report_unkeyed();
         }
         self.export_window(bucket);
         caller
     }
 
-    /// Starts the ticker, on the first request (where a tokio runtime is current): every
-    /// bucket it re-exports the window gauges, so that they fall back to the empty window's
-    /// figures when traffic stops, and it ends the stop signal's episode once it has been
-    /// quiet for a window. Outside a runtime, the next request tries again.
+    /// A request without a caller key: counted, and logged at `WARN` at the first one and
+    /// then at most once per [`UNKEYED_LOG_INTERVAL`] while they keep coming, because the
+    /// server is then set up so that one caller can forge a storm for every caller without
+    /// a key.
     #[cold]
-    fn start_ticking(self: &Arc<Self>) {
-        if self
-            .ticking
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        if !spawn_ticker(self, self.histogram.bucket_width(), Self::tick) {
-            self.ticking.store(false, Ordering::Release);
+    fn report_unkeyed(&self) {
+        self.metrics.get().unkeyed();
+        if let Some(count) = self.unkeyed.note(self.histogram.clock().now()) {
+            log_unkeyed(self.name(), count, UNKEYED_LOG_INTERVAL);
         }
     }
 
@@ -173,24 +185,38 @@ impl<C: Clock> SignalState<C> {
 
     /// The response to send, given the inner stack's and whether a downstream call made
     /// while producing it received the stop signal.
+    #[inline]
     pub(super) fn respond<B: Default>(
         &self,
-        mut response: Response<B>,
+        response: &mut Response<B>,
         protocol: Protocol,
         downstream_stop: bool,
         caller: Caller,
-    ) -> Response<B> {
+    ) {
         // NOTE: every case below is a failure (rejections and stop signals included: 429,
         // 503 and gRPC 8 and 14 are failures), so successes and deliberate 4xx, the admitted
-        // path, leave here after a status check.
-        if !is_failure(&response, protocol) {
-            return response;
+        // path, leave here after a status check, the response not even moved.
+        if is_failure(response, protocol) {
+            self.respond_to_failure(response, protocol, downstream_stop, caller);
         }
+    }
+
+    /// [`respond`](Self::respond) for a failure: the stop signal passed on, propagated, or
+    /// decided; or the failure untouched. Out of line: the admitted path only checks the
+    /// status.
+    #[inline(never)]
+    fn respond_to_failure<B: Default>(
+        &self,
+        response: &mut Response<B>,
+        protocol: Protocol,
+        downstream_stop: bool,
+        caller: Caller,
+    ) {
         if protocol::is_stop_signal(response.headers()) {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
             // (or an inner layer sent it). Pass it on.
             self.metrics.get().propagated(false);
-            return response;
+            return;
         }
         if downstream_stop {
             tracing::debug!(
@@ -198,44 +224,51 @@ impl<C: Clock> SignalState<C> {
                 status = %response.status(),
                 "downstream call received the stop signal; propagating it"
             );
-            rewrite_as_stop_signal(&mut response, protocol);
+            let rejection = Rejection::new(RejectionKind::StopRetrying, RejectionScope::Server)
+                .with_layer(self.name().clone());
+            rewrite_as_stop_signal(response, protocol, rejection);
             self.metrics.get().propagated(true);
-            return response;
+            return;
         }
-        if is_rejection(&response, protocol) {
-            let bucket = self.histogram.bucket_now();
-            let scope = response
-                .extensions()
-                .get::<RejectionScope>()
-                .copied()
-                .unwrap_or_default();
-            let trigger = match scope {
-                RejectionScope::Server => self.server_is_drowning(bucket),
-                RejectionScope::Caller => self.caller_is_drowning(bucket, caller),
-            };
-            if let Some(trigger) = trigger {
-                tracing::debug!(
-                    name = self.name().as_str(),
-                    status = %response.status(),
-                    scope = scope.as_str(),
-                    "rejection under high retry pressure; answering with the stop signal"
-                );
-                rewrite_as_stop_signal(&mut response, protocol);
-                self.metrics.get().stop_signal(scope);
-                if self.stopping.seen(self.histogram.clock().now()) {
-                    log_engaged(self.name(), trigger, &self.rule);
-                }
-                if self.rule.sustain() && !caller.retry {
-                    // NOTE: the retry this answer holds back keeps the pressure up (see
-                    // `StopRule::sustain`); a retry is already counted as one.
-                    self.histogram.record_stopped_in(bucket);
-                    self.callers.record_stopped(bucket, caller);
-                }
-            } else {
-                self.metrics.get().rejection_passed(scope);
+        // NOTE: only what a limiting layer marked as its rejection is judged (unless told
+        // to judge every one): a 503 the handler made, or a 429 an upstream sent through a
+        // gateway, is not this server's limit speaking, and passes untouched.
+        let marked = response.extensions().get::<Rejection>();
+        let rejection = match marked {
+            Some(rejection) if rejection.is_judged() => rejection.clone(),
+            Some(_) => return,
+            None if self.judge_every && is_rejection(response, protocol) => {
+                Rejection::new(RejectionKind::RateLimited, RejectionScope::Server)
             }
+            None => return,
+        };
+        let bucket = self.histogram.bucket_now();
+        let scope = rejection.scope();
+        let trigger = match scope {
+            RejectionScope::Server => self.server_is_drowning(bucket),
+            RejectionScope::Caller => self.caller_is_drowning(bucket, caller),
+        };
+        let Some(trigger) = trigger else {
+            self.metrics.get().rejection_passed(scope);
+            return;
+        };
+        tracing::debug!(
+            name = self.name().as_str(),
+            status = %response.status(),
+            scope = scope.as_str(),
+            "rejection under high retry pressure; answering with the stop signal"
+        );
+        rewrite_as_stop_signal(response, protocol, rejection.into_stop_signal(self.name()));
+        self.metrics.get().stop_signal(scope);
+        if self.stopping.seen(self.histogram.clock().now()) {
+            log_engaged(self.name(), trigger, &self.rule);
         }
-        response
+        if self.rule.sustain() && !caller.retry {
+            // NOTE: the retry this answer holds back keeps the pressure up (see
+            // `StopRule::sustain`); a retry is already counted as one.
+            self.histogram.record_stopped_in(bucket);
+            self.callers.record_stopped(bucket, caller);
+        }
     }
 
     /// The rule on the whole server's window: its retry pressure, and the same with each
@@ -267,8 +300,9 @@ impl<C: Clock> SignalState<C> {
     }
 }
 
-/// A rejection the decision rule may turn into the stop signal: HTTP 429 or 503; for gRPC
-/// also `grpc-status` 8 (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE) in a trailers-only response.
+/// What looks like a rejection (HTTP 429 or 503; for gRPC also `grpc-status` 8
+/// (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE) in a trailers-only response): judged, without a
+/// [`Rejection`] marker, only when the layer is told to judge every rejection.
 pub(super) fn is_rejection<B>(response: &Response<B>, protocol: Protocol) -> bool {
     if matches!(
         response.status(),
@@ -276,7 +310,7 @@ pub(super) fn is_rejection<B>(response: &Response<B>, protocol: Protocol) -> boo
     ) {
         return true;
     }
-    protocol == Protocol::Grpc
+    protocol.is_grpc()
         && matches!(
             protocol::grpc_status(response.headers()),
             Some(protocol::GRPC_RESOURCE_EXHAUSTED | protocol::GRPC_UNAVAILABLE)
@@ -293,16 +327,23 @@ pub(super) fn is_failure<B>(response: &Response<B>, protocol: Protocol) -> bool 
     // UNKNOWN (2), DEADLINE_EXCEEDED (4), RESOURCE_EXHAUSTED (8), INTERNAL (13),
     // UNAVAILABLE (14), DATA_LOSS (15): the codes gRPC maps from 5xx and 429. The others
     // are the caller's fault or a deliberate answer, and are never retried.
-    protocol == Protocol::Grpc
+    protocol.is_grpc()
         && matches!(
             protocol::grpc_status(response.headers()),
             Some(2 | 4 | 8 | 13 | 14 | 15)
         )
 }
 
-fn rewrite_as_stop_signal<B: Default>(response: &mut Response<B>, protocol: Protocol) {
+/// Rewrites `response` as the stop signal, marked with `rejection` (of kind
+/// [`StopRetrying`](RejectionKind::StopRetrying)) for whatever shapes answers outside.
+fn rewrite_as_stop_signal<B: Default>(
+    response: &mut Response<B>,
+    protocol: Protocol,
+    rejection: Rejection,
+) {
     protocol::set_stop_signal(response, protocol);
-    if protocol == Protocol::Grpc {
+    response.extensions_mut().insert(rejection);
+    if protocol.is_grpc() {
         // A gRPC stop signal is trailers-only: any message body must go.
         *response.body_mut() = B::default();
         response.headers_mut().remove(CONTENT_LENGTH);

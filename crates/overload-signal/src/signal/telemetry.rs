@@ -5,8 +5,8 @@ use std::time::Duration;
 use metrics::{Counter, Gauge};
 use overload_core::telemetry::{Ended, LayerName, MetricSet, NAME_LABEL};
 
+use super::rejection::RejectionScope;
 use super::rule::StopRule;
-use super::scope::RejectionScope;
 use crate::histogram::{AttemptSnapshot, AttemptWindowGauges};
 use crate::metric_names;
 
@@ -22,6 +22,7 @@ pub(crate) struct SignalMetrics {
     rejections_passed: [Counter; 2],
     propagated_marker: Counter,
     propagated_response: Counter,
+    unkeyed: Counter,
     window: AttemptWindowGauges,
     window_per_caller_pressure: Gauge,
 }
@@ -39,6 +40,7 @@ impl MetricSet for SignalMetrics {
             rejections_passed: scoped(metric_names::REJECTIONS_PASSED),
             propagated_marker: propagated("marker"),
             propagated_response: propagated("response"),
+            unkeyed: metrics::counter!(metric_names::UNKEYED_REQUESTS, NAME_LABEL => name.label()),
             window: AttemptWindowGauges::register(name),
             window_per_caller_pressure: metrics::gauge!(
                 metric_names::WINDOW_PER_CALLER_PRESSURE,
@@ -67,6 +69,11 @@ impl SignalMetrics {
         } else {
             self.propagated_response.increment(1);
         }
+    }
+
+    /// A request without a caller key.
+    pub(super) fn unkeyed(&self) {
+        self.unkeyed.increment(1);
     }
 
     /// Sets the window gauges: `window`'s figures, and its per-caller pressure (0 when the
@@ -103,6 +110,23 @@ pub(super) fn log_engaged(name: &LayerName, trigger: StopTrigger, rule: &StopRul
         "overload-signal: stop signal engaged: the retry share of the last window is above \
          the threshold, rejections are answered with `stop retrying` until none has been \
          for a window"
+    );
+}
+
+/// Logs that `count` requests without a caller key came since the last such line (at most
+/// one per `interval`).
+#[cold]
+pub(super) fn log_unkeyed(name: &LayerName, count: u64, interval: Duration) {
+    tracing::warn!(
+        name = name.as_str(),
+        requests = count,
+        "overload-signal: requests without a caller key: they share one caller class, so the \
+         stop decision cannot bound their retries per caller, and any one of them can forge a \
+         retry storm for all of them. Serve with the peer address in the request (axum: \
+         `into_make_service_with_connect_info::<SocketAddr>()`; tonic: plain TCP; hyper: a \
+         `SocketAddr` extension) or give the layer a key \
+         (`OverloadSignalLayerBuilder::key_by`). Logged again at most every {interval:?} \
+         while it lasts; `overload_signal_unkeyed_requests_total` counts every one."
     );
 }
 

@@ -55,11 +55,32 @@ fn status(code: StatusCode) -> Response<Body> {
     r
 }
 
+/// Marks `response` as a rejection made by a limiting layer, of `kind`, for the whole
+/// server: what the workspace's limits insert.
+fn marked(mut response: Response<Body>, kind: RejectionKind) -> Response<Body> {
+    response
+        .extensions_mut()
+        .insert(Rejection::new(kind, RejectionScope::Server));
+    response
+}
+
+/// A rate limit's rejection: `429`, `Retry-After`, marked.
 fn http_429() -> Response<Body> {
+    marked(foreign_429(), RejectionKind::RateLimited)
+}
+
+/// The same answer, made by something that is not a limiting layer (the handler, an
+/// upstream): no marker.
+fn foreign_429() -> Response<Body> {
     let mut r =
         protocol::too_many_requests_response::<Body>(Protocol::Http, Duration::from_secs(1));
     *r.body_mut() = Body::from("slow down");
     r
+}
+
+/// A limiter's gRPC rejection with `code`, marked.
+fn grpc_rejection(code: u16) -> Response<Body> {
+    marked(grpc_status_response(code), RejectionKind::RateLimited)
 }
 
 fn grpc_status_response(code: u16) -> Response<Body> {
@@ -180,12 +201,125 @@ async fn storm_turns_a_load_shedders_503_into_the_stop_signal() {
     let layer = layer_with(rule(0.1, 10));
     let mut svc = tower::Layer::layer(
         &layer,
-        answering(|| status(StatusCode::SERVICE_UNAVAILABLE)),
+        answering(|| {
+            marked(
+                status(StatusCode::SERVICE_UNAVAILABLE),
+                RejectionKind::AtCapacity,
+            )
+        }),
     );
     send(&mut svc, 30, &[Some(1)]).await;
     let r = one(&mut svc, request(Some(1))).await;
     assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(protocol::is_stop_signal(r.headers()));
+    // Marked as the stop signal for whatever shapes answers outside.
+    let rejection = r.extensions().get::<Rejection>().unwrap();
+    assert_eq!(rejection.kind(), RejectionKind::StopRetrying);
+    assert_eq!(rejection.layer().as_str(), "default");
+}
+
+/// Regression (issue 23, finding 2): every 429/503 was judged as the server's own
+/// rejection, so under retry pressure a handler's own 503 and an upstream's 429 passed on by
+/// a gateway were rewritten to the stop signal, their `Retry-After` and `RateLimit` fields
+/// removed. Only what a limiting layer marked is judged now; the rest passes untouched.
+#[tokio::test(start_paused = true)]
+async fn a_storm_leaves_rejections_no_limiter_made_untouched() {
+    let layer = layer_with(rule(0.1, 10));
+    let foreign: [fn() -> Response<Body>; 3] = [
+        foreign_429,
+        || {
+            let mut r = status(StatusCode::SERVICE_UNAVAILABLE);
+            r.headers_mut()
+                .insert(RETRY_AFTER, HeaderValue::from_static("30"));
+            r.headers_mut().insert(
+                protocol::RATELIMIT,
+                HeaderValue::from_static("\"up\";r=0;t=30"),
+            );
+            r
+        },
+        || grpc_status_response(protocol::GRPC_UNAVAILABLE),
+    ];
+    for make in foreign {
+        let mut svc = tower::Layer::layer(&layer, answering(make));
+        send(&mut svc, 30, &[Some(1)]).await;
+        let expected = make();
+        let r = one(&mut svc, request(Some(1))).await;
+        assert_eq!(r.status(), expected.status());
+        assert_eq!(r.headers(), expected.headers(), "headers untouched");
+        assert!(!protocol::is_stop_signal(r.headers()));
+        assert!(r.extensions().get::<Rejection>().is_none());
+        let body = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap();
+        let want = http_body_util::BodyExt::collect(expected.into_body())
+            .await
+            .unwrap();
+        assert_eq!(body.to_bytes(), want.to_bytes(), "body untouched");
+    }
+    // The window was a storm all along: a limiter's marked rejection is the stop signal.
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    assert!(protocol::is_stop_signal(
+        one(&mut svc, request(Some(1))).await.headers()
+    ));
+}
+
+/// The opt-in for limiters that cannot mark their answers: every 429/503 is judged.
+#[tokio::test(start_paused = true)]
+async fn judging_every_rejection_rewrites_unmarked_ones_too() {
+    let layer = OverloadSignalLayer::builder()
+        .rule(rule(0.1, 10))
+        .judge_every_rejection(true)
+        .build()
+        .unwrap();
+    let mut svc = tower::Layer::layer(&layer, answering(foreign_429));
+    send(&mut svc, 30, &[Some(1)]).await;
+    let r = one(&mut svc, request(Some(1))).await;
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert!(r.headers().get(RETRY_AFTER).is_none());
+    assert_eq!(
+        r.extensions().get::<Rejection>().map(Rejection::kind),
+        Some(RejectionKind::StopRetrying)
+    );
+    // A missing-key refusal is marked, and never judged.
+    let mut svc = tower::Layer::layer(
+        &layer,
+        answering(|| {
+            marked(
+                status(StatusCode::SERVICE_UNAVAILABLE),
+                RejectionKind::MissingKey,
+            )
+        }),
+    );
+    let r = one(&mut svc, request(Some(1))).await;
+    assert!(!protocol::is_stop_signal(r.headers()));
+}
+
+/// gRPC-Web requests (finding 4) get the stop signal in gRPC form, in gRPC-Web's content
+/// type.
+#[tokio::test(start_paused = true)]
+async fn grpc_web_rejections_become_a_grpc_web_stop_signal() {
+    let layer = layer_with(rule(0.1, 10));
+    let mut svc = tower::Layer::layer(&layer, answering(|| grpc_rejection(8)));
+    let web = |attempt| {
+        let mut req = request(Some(attempt));
+        req.headers_mut().insert(
+            CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc-web-text"),
+        );
+        req
+    };
+    for _ in 0..30 {
+        one(&mut svc, web(1)).await;
+    }
+    let r = one(&mut svc, web(1)).await;
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc-web-text+proto");
+    assert_eq!(
+        protocol::grpc_status(r.headers()),
+        Some(protocol::GRPC_UNAVAILABLE)
+    );
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert!(r.headers().get(CONTENT_LENGTH).is_none(), "trailers-only");
 }
 
 #[tokio::test(start_paused = true)]
@@ -242,7 +376,7 @@ async fn grpc_resource_exhausted_becomes_a_trailers_only_stop_signal() {
         let mut svc = tower::Layer::layer(
             &layer,
             service_fn(move |_req: Request<Body>| async move {
-                Ok::<_, Infallible>(grpc_status_response(code))
+                Ok::<_, Infallible>(grpc_rejection(code))
             }),
         );
         for _ in 0..30 {
@@ -524,9 +658,21 @@ fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'
 fn shared_with(rule: StopRule) -> Arc<SignalState> {
     Arc::new(SignalState::new(SignalSettings {
         rule,
-        hashing: callers::KeyHashing::Seeded(1),
+        hashing: callers::KeyHashing::seeded(1),
         ..SignalSettings::new()
     }))
+}
+
+/// `shared`'s answer to `response`.
+fn respond(
+    shared: &SignalState,
+    mut response: Response<Body>,
+    protocol: Protocol,
+    downstream_stop: bool,
+    caller: callers::Caller,
+) -> Response<Body> {
+    shared.respond(&mut response, protocol, downstream_stop, caller);
+    response
 }
 
 /// A request head with attempt counter `attempt`, from peer `peer` if given.
@@ -540,7 +686,10 @@ fn head(attempt: Option<u32>, peer: Option<&str>) -> http::request::Parts {
 }
 
 fn caller_scoped(mut response: Response<Body>) -> Response<Body> {
-    response.extensions_mut().insert(RejectionScope::Caller);
+    response.extensions_mut().insert(Rejection::new(
+        RejectionKind::RateLimited,
+        RejectionScope::Caller,
+    ));
     response
 }
 
@@ -556,25 +705,38 @@ fn decisions_are_counted() {
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
             // One request in the window: the rejection passes.
-            let first = shared.record(&head(Some(0), None));
-            shared.respond(http_429(), Protocol::Http, false, first);
+            let first = shared.record(&head(Some(0), None), Protocol::Http);
+            respond(&shared, http_429(), Protocol::Http, false, first);
             let mut retry = first;
             for _ in 0..3 {
-                retry = shared.record(&head(Some(1), None));
+                retry = shared.record(&head(Some(1), None), Protocol::Http);
             }
-            shared.respond(http_429(), Protocol::Http, false, retry);
-            shared.respond(http_429(), Protocol::Http, false, retry);
+            respond(&shared, http_429(), Protocol::Http, false, retry);
+            respond(&shared, http_429(), Protocol::Http, false, retry);
             // On the caller's own class: the same requests, so the same verdict.
-            shared.respond(caller_scoped(http_429()), Protocol::Http, false, retry);
-            shared.respond(status(StatusCode::BAD_GATEWAY), Protocol::Http, true, retry);
-            shared.respond(
+            respond(
+                &shared,
+                caller_scoped(http_429()),
+                Protocol::Http,
+                false,
+                retry,
+            );
+            respond(
+                &shared,
+                status(StatusCode::BAD_GATEWAY),
+                Protocol::Http,
+                true,
+                retry,
+            );
+            respond(
+                &shared,
                 protocol::stop_signal_response::<Body>(Protocol::Http),
                 Protocol::Http,
                 false,
                 retry,
             );
             // Neither a rejection nor a failure: not counted at all.
-            shared.respond(status(StatusCode::OK), Protocol::Http, true, retry);
+            respond(&shared, status(StatusCode::OK), Protocol::Http, true, retry);
         });
     });
     let values = metric_values(&recorder);
@@ -623,22 +785,22 @@ fn window_gauges_are_exported_once_per_bucket() {
             .unwrap();
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")));
-            shared.record(&head(Some(2), Some("192.0.2.1:1")));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")));
-            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")));
-            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
+            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
+            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http);
+            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
             // Seven requests, three retries: the first try is answered with the stop signal
             // and counts as pressure too.
-            let r = shared.respond(http_429(), Protocol::Http, false, first);
+            let r = respond(&shared, http_429(), Protocol::Http, false, first);
             assert!(protocol::is_stop_signal(r.headers()));
             assert!(retry.retry);
             tokio::time::advance(Duration::from_secs(1)).await;
             // The first request of the next bucket exports the window up to the last one.
-            shared.record(&head(None, None));
+            shared.record(&head(None, None), Protocol::Http);
         });
     });
     let values = metric_values(&recorder);
@@ -951,28 +1113,46 @@ impl tracing::Subscriber for WarnCounter {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
+/// Regression (issue 23, finding 1): a request without a caller key was logged once per
+/// layer, then never again, while every such request let one caller forge a storm for all
+/// of them. Each is counted, and logged again at most once a minute while they keep coming.
 #[test]
-fn requests_without_a_caller_key_are_logged_once_at_warn() {
+fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
     let warnings = Arc::new(WarnCounter::default());
+    let warned = || warnings.0.load(std::sync::atomic::Ordering::Relaxed);
     let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
-    tracing::dispatcher::with_default(&dispatch, || {
-        let rt = tokio::runtime::Builder::new_current_thread()
-            .enable_time()
-            .start_paused(true)
-            .build()
-            .unwrap();
-        rt.block_on(async {
-            let layer = OverloadSignalLayer::new();
-            let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
-            send_from(&mut svc, 3, Some(0), honest_peer(1)).await;
-            assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 0);
-            send(&mut svc, 5, &[Some(0)]).await;
-            assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 1);
-            // Another layer logs its own.
-            let other = OverloadSignalLayer::new();
-            let mut svc = tower::Layer::layer(&other, answering(|| status(StatusCode::OK)));
-            send(&mut svc, 2, &[None]).await;
+    let recorder = DebuggingRecorder::new();
+    metrics::with_local_recorder(&recorder, || {
+        tracing::dispatcher::with_default(&dispatch, || {
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_time()
+                .start_paused(true)
+                .build()
+                .unwrap();
+            rt.block_on(async {
+                let layer = OverloadSignalLayer::new();
+                let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
+                send_from(&mut svc, 3, Some(0), honest_peer(1)).await;
+                assert_eq!(warned(), 0);
+                send(&mut svc, 5, &[Some(0)]).await;
+                assert_eq!(warned(), 1, "the first at once");
+                for _ in 0..59 {
+                    tokio::time::advance(Duration::from_secs(1)).await;
+                    send(&mut svc, 1, &[None]).await;
+                }
+                assert_eq!(warned(), 1, "not once per request");
+                tokio::time::advance(Duration::from_secs(1)).await;
+                send(&mut svc, 1, &[None]).await;
+                assert_eq!(warned(), 2, "again a minute later, while they keep coming");
+                // Another layer logs its own.
+                let other = OverloadSignalLayer::new();
+                let mut svc = tower::Layer::layer(&other, answering(|| status(StatusCode::OK)));
+                send(&mut svc, 2, &[None]).await;
+                assert_eq!(warned(), 3);
+            });
         });
     });
-    assert_eq!(warnings.0.load(std::sync::atomic::Ordering::Relaxed), 2);
+    let values = metric_values(&recorder);
+    let unkeyed = find(&values, metric_names::UNKEYED_REQUESTS, None);
+    assert_eq!(unkeyed, &DebugValue::Counter(5 + 60 + 2));
 }

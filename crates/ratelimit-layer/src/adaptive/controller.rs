@@ -18,8 +18,12 @@ pub(super) struct AdaptiveSettings {
     pub(super) probe_interval: Duration,
     pub(super) probe_jitter: f64,
     pub(super) probe_samples: u64,
+    pub(super) probe_share: f64,
+    pub(super) probe_timeout: Duration,
     pub(super) failure_threshold: f64,
     pub(super) backoff: f64,
+    /// A no-load latency the user knows, in nanoseconds: the first baseline.
+    pub(super) baseline: Option<u64>,
     pub(super) seed: u64,
 }
 
@@ -47,14 +51,18 @@ pub(super) struct AdaptiveWindowStats {
     pub(super) peak_in_flight: usize,
     /// Whether the limit rejected a request during the window.
     pub(super) rejected: bool,
+    /// Whether the window closed because a probe ran out of time, not because it had its
+    /// samples.
+    pub(super) timed_out: bool,
 }
 
 /// The controller's phase.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub(super) enum ControllerPhase {
-    /// Measuring the baseline at the minimum limit; the limit to go back to afterwards.
+    /// Measuring the baseline at a reduced limit; the limit to go back to afterwards.
     Probing { resume: f64 },
-    /// Following the gradient.
+    /// Following the gradient (or, before any baseline is known, measuring the first one
+    /// at the limit in force).
     Tracking,
 }
 
@@ -74,7 +82,8 @@ pub(super) struct GradientController {
     phase: ControllerPhase,
     /// The limit as a real number: the gradient moves it by fractions.
     limit: f64,
-    /// The no-load latency, in nanoseconds, from the last probe.
+    /// The no-load latency, in nanoseconds: seeded, measured at the start, or from the last
+    /// probe.
     baseline: Option<u64>,
     /// The latency percentile of the last window, in nanoseconds.
     last_latency: Option<u64>,
@@ -85,20 +94,24 @@ pub(super) struct GradientController {
 }
 
 impl GradientController {
-    /// A controller that starts by measuring the baseline, as nothing is known yet.
-    pub(super) fn new(settings: AdaptiveSettings) -> Self {
-        Self {
+    /// A controller that starts at the initial limit, tracking from the seeded baseline if
+    /// there is one, else measuring the first baseline at that limit (nobody is turned away
+    /// to measure it). `now` is the clock's time.
+    pub(super) fn new(settings: AdaptiveSettings, now: u64) -> Self {
+        let mut controller = Self {
             settings,
-            phase: ControllerPhase::Probing {
-                resume: settings.initial_limit as f64,
-            },
-            limit: settings.min_limit as f64,
-            baseline: None,
+            phase: ControllerPhase::Tracking,
+            limit: settings.initial_limit as f64,
+            baseline: settings.baseline,
             last_latency: None,
             next_probe: 0,
             windows_at_min: 0,
             probes: 0,
+        };
+        if controller.baseline.is_some() {
+            controller.schedule_probe(now);
         }
+        controller
     }
 
     /// The limit in force.
@@ -118,11 +131,14 @@ impl GradientController {
         self.last_latency
     }
 
-    /// How many outcomes the current window needs before it may close.
+    /// How many outcomes the current window needs before it may close: a measurement of the
+    /// baseline takes `probe_samples`, a tracking window `min_samples`.
     pub(super) fn samples_needed(&self) -> u64 {
-        match self.phase {
-            ControllerPhase::Probing { .. } => self.settings.probe_samples,
-            ControllerPhase::Tracking => self.settings.min_samples,
+        match (self.phase, self.baseline) {
+            (ControllerPhase::Probing { .. }, _) | (ControllerPhase::Tracking, None) => {
+                self.settings.probe_samples
+            }
+            (ControllerPhase::Tracking, Some(_)) => self.settings.min_samples,
         }
     }
 
@@ -135,6 +151,16 @@ impl GradientController {
         }
     }
 
+    /// How long the current window may last before it closes whatever it holds, in
+    /// nanoseconds: a probe's time budget, so that a probe whose requests never complete
+    /// (an outer timeout drops them all) ends; no bound otherwise.
+    pub(super) fn deadline_nanos(&self) -> Option<u64> {
+        match self.phase {
+            ControllerPhase::Probing { .. } => Some(saturating_nanos(self.settings.probe_timeout)),
+            ControllerPhase::Tracking => None,
+        }
+    }
+
     /// Closes a window at `now` with `stats`; returns the new limit.
     pub(super) fn on_window(
         &mut self,
@@ -143,12 +169,20 @@ impl GradientController {
     ) -> AdaptiveLimitUpdate {
         match self.phase {
             ControllerPhase::Probing { resume } => {
-                let Some(latency) = stats.latency else {
-                    // Only failures: no baseline can be read. Keep probing.
-                    return self.update(false);
-                };
-                self.baseline = Some(latency.max(1));
-                self.last_latency = Some(latency);
+                // NOTE: a probe that ran out of time with fewer than half its samples keeps
+                // the baseline it had: a few fast completions among requests an outer
+                // timeout dropped would make one too low.
+                let enough = stats.samples >= (self.settings.probe_samples / 2).max(1);
+                match stats.latency {
+                    Some(latency) if enough || !stats.timed_out => {
+                        self.baseline = Some(latency.max(1));
+                        self.last_latency = Some(latency);
+                    }
+                    _ if stats.timed_out => {}
+                    // Only failures so far: no baseline can be read. Keep probing, until the
+                    // probe's time runs out.
+                    _ => return self.update(false),
+                }
                 self.phase = ControllerPhase::Tracking;
                 self.limit = resume;
                 self.schedule_probe(now);
@@ -157,29 +191,71 @@ impl GradientController {
             }
             ControllerPhase::Tracking => {
                 self.last_latency = stats.latency.or(self.last_latency);
+                if self.baseline.is_none() {
+                    return self.first_baseline(now, stats);
+                }
                 self.track(stats);
                 if self.limit() <= self.settings.min_limit {
                     self.windows_at_min += 1;
                 } else {
                     self.windows_at_min = 0;
                 }
-                // NOTE: a periodic probe runs only while the limit rejects: otherwise nobody is
-                // turned away whatever the baseline, and a probe would reject traffic that a
-                // healthy service can take (every minute, at its minimum limit). It is put off
-                // by one interval instead.
+                // NOTE: a periodic probe runs only when the limit is holding back more than
+                // the service takes at its target latency: the window rejected requests and
+                // its latency was above the target. While nothing is rejected the baseline
+                // decides nothing, and while the latency is under the target a rejection only
+                // means the limit has not grown to the demand yet: a probe then would turn away
+                // a load the service can take. It is put off by one interval instead.
                 let due = now >= self.next_probe;
-                if due && !stats.rejected {
+                let overloaded = stats.rejected && self.above_target(stats.latency);
+                if due && !overloaded {
                     self.schedule_probe(now);
                 }
-                if (due && stats.rejected) || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
-                    self.phase = ControllerPhase::Probing { resume: self.limit };
-                    self.limit = self.settings.min_limit as f64;
-                    self.windows_at_min = 0;
-                    return self.update(true);
+                if (due && overloaded) || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
+                    return self.start_probe();
                 }
                 self.update(false)
             }
         }
+    }
+
+    /// The first window without a baseline: its latency, measured at the limit in force,
+    /// is the first baseline, and the window then moves the limit as any other (its
+    /// latency is at the baseline, so the limit grows if it was in use, by the tolerance and
+    /// `sqrt(L)`).
+    fn first_baseline(&mut self, now: u64, stats: AdaptiveWindowStats) -> AdaptiveLimitUpdate {
+        if let Some(latency) = stats.latency {
+            // NOTE: if the service already queued at the initial limit, this baseline is
+            // high, and the limit settles above the service's knee: the service is then
+            // overloaded, the limit rejects with the latency at its target, and the first
+            // probe (within an interval) measures the baseline properly.
+            self.baseline = Some(latency.max(1));
+            self.schedule_probe(now);
+        }
+        self.track(stats);
+        self.update(false)
+    }
+
+    /// Whether a window's latency is above the target (the baseline times the tolerance).
+    fn above_target(&self, latency: Option<u64>) -> bool {
+        match (latency, self.baseline) {
+            (Some(latency), Some(baseline)) => {
+                latency as f64 > baseline as f64 * self.settings.tolerance
+            }
+            _ => false,
+        }
+    }
+
+    /// Starts a probe: the limit drops to its share of the limit in force (at least the
+    /// minimum) until the probe has its samples or its time runs out.
+    fn start_probe(&mut self) -> AdaptiveLimitUpdate {
+        let s = &self.settings;
+        self.phase = ControllerPhase::Probing { resume: self.limit };
+        self.limit = (self.limit * s.probe_share)
+            .round()
+            .clamp(s.min_limit as f64, s.max_limit as f64);
+        self.windows_at_min = 0;
+        self.update(true)
     }
 
     /// One window's step of the limit while tracking.
@@ -274,8 +350,11 @@ mod tests {
             probe_interval: Duration::from_secs(60),
             probe_jitter: 0.15,
             probe_samples: 50,
+            probe_share: 0.25,
+            probe_timeout: Duration::from_secs(5),
             failure_threshold: 0.1,
             backoff: 0.9,
+            baseline: None,
             seed: 7,
         }
     }
@@ -287,17 +366,93 @@ mod tests {
             latency: Some(latency_ms * MS),
             peak_in_flight: peak,
             rejected: true,
+            timed_out: false,
         }
     }
 
-    /// A controller past its first probe, with a baseline of `baseline_ms`.
+    /// The same window, in which the limit rejected nobody.
+    fn calm(latency_ms: u64, peak: usize) -> AdaptiveWindowStats {
+        AdaptiveWindowStats {
+            rejected: false,
+            ..window(latency_ms, peak)
+        }
+    }
+
+    /// A controller past its first window, with a baseline of `baseline_ms`.
     fn tracking(baseline_ms: u64) -> GradientController {
-        let mut c = GradientController::new(settings());
-        assert_eq!(c.limit(), 3, "starts probing at the minimum");
+        let mut c = GradientController::new(settings(), 0);
+        assert_eq!(c.limit(), 20, "starts at the initial limit");
         let u = c.on_window(0, window(baseline_ms, 3));
-        assert_eq!(u.limit, 20, "resumes at the initial limit");
+        assert_eq!(
+            u.limit, 20,
+            "3 in flight: the limit was not in use, it holds"
+        );
+        assert_eq!(c.baseline(), Some(baseline_ms * MS));
         assert_eq!(c.phase(), ControllerPhase::Tracking);
         c
+    }
+
+    /// A controller with a seeded baseline of `baseline_ms` whose first probe is overdue.
+    fn overdue(baseline_ms: u64) -> GradientController {
+        let mut s = settings();
+        s.baseline = Some(baseline_ms * MS);
+        let mut c = GradientController::new(s, 0);
+        c.next_probe = 0;
+        c
+    }
+
+    /// Regression (issue 23, finding 3): a fresh limit started at its minimum (3) and held
+    /// it until 50 requests had completed, so a new process turned most of its first
+    /// traffic away. It starts at the initial limit and measures its first baseline there.
+    #[test]
+    fn starts_at_the_initial_limit_and_measures_its_first_baseline_there() {
+        let mut c = GradientController::new(settings(), 0);
+        assert_eq!(c.limit(), 20);
+        assert_eq!(c.phase(), ControllerPhase::Tracking);
+        assert_eq!(c.baseline(), None);
+        assert_eq!(c.samples_needed(), 50);
+        assert_eq!(
+            c.deadline_nanos(),
+            None,
+            "nothing to time out: the limit is not cut"
+        );
+        let u = c.on_window(100 * MS, window(100, 20));
+        assert_eq!(
+            (u.limit, u.probe_started),
+            (29, false),
+            "20 * 1.25 + sqrt(20)"
+        );
+        assert_eq!(c.baseline(), Some(100 * MS));
+        // Failures in the first window back off as they would later.
+        let mut c = GradientController::new(settings(), 0);
+        let stats = AdaptiveWindowStats {
+            samples: 10,
+            failures: 40,
+            ..window(100, 20)
+        };
+        assert_eq!(c.on_window(100 * MS, stats).limit, 18, "20 * 0.9");
+        // Only failures: no baseline yet, the next window tries again.
+        let mut c = GradientController::new(settings(), 0);
+        let stats = AdaptiveWindowStats {
+            samples: 0,
+            failures: 50,
+            latency: None,
+            ..window(100, 20)
+        };
+        c.on_window(100 * MS, stats);
+        assert_eq!(c.baseline(), None);
+        assert_eq!(c.phase(), ControllerPhase::Tracking);
+    }
+
+    #[test]
+    fn a_seeded_baseline_tracks_from_the_first_window() {
+        let mut s = settings();
+        s.baseline = Some(100 * MS);
+        let mut c = GradientController::new(s, 0);
+        assert_eq!(c.samples_needed(), 50);
+        let u = c.on_window(100 * MS, window(100, 20));
+        assert!(u.limit > 20, "{}", u.limit);
+        assert!(!u.probe_started);
     }
 
     #[test]
@@ -330,20 +485,34 @@ mod tests {
         };
         let mut c = tracking(100);
         let mut limit = c.limit();
+        let mut probes = 0;
         for i in 1..200 {
-            limit = c
-                .on_window(i * 100 * MS, window(latency(limit), limit))
-                .limit;
+            let u = c.on_window(i * 100 * MS, window(latency(limit), limit));
+            probes += usize::from(u.probe_started);
+            limit = u.limit;
         }
         // The limit oscillates around the point where latency meets the target, 125 ms.
         let at = latency(limit);
         assert!((115..=140).contains(&at), "limit {limit} at {at} ms");
+        assert_eq!(probes, 0, "none due within 20 s");
+        // The probes of the next minutes measure at a quarter of the limit, under the knee:
+        // the baseline stays the no-load latency.
+        for i in 200..3_000 {
+            let u = c.on_window(i * 100 * MS, window(latency(limit), limit));
+            probes += usize::from(u.probe_started);
+            limit = u.limit;
+        }
+        // A probe due while the latency is under the target waits an interval more.
+        assert!((1..=5).contains(&probes), "{probes} probes in 5 minutes");
+        assert_eq!(c.baseline(), Some(100 * MS));
+        let at = latency(limit);
+        assert!((100..=140).contains(&at), "limit {limit} at {at} ms");
     }
 
     #[test]
     fn halves_at_most_per_window_when_latency_explodes() {
         let mut c = tracking(100);
-        let u = c.on_window(100 * MS, window(10_000, 20));
+        let u = c.on_window(100 * MS, calm(10_000, 20));
         assert_eq!(u.limit, 10, "0.5 * 20");
     }
 
@@ -356,6 +525,7 @@ mod tests {
             latency: Some(50 * MS),
             peak_in_flight: 20,
             rejected: false,
+            timed_out: false,
         };
         assert_eq!(c.on_window(100 * MS, stats).limit, 18, "20 * 0.9");
         // Under the threshold, failures are ignored and the gradient applies.
@@ -366,27 +536,52 @@ mod tests {
         assert!(c.on_window(200 * MS, stats).limit > 18);
     }
 
+    /// A probe measures at a share of the limit (here a quarter of 19), not at the
+    /// minimum: under overload it turns away a quarter of what a probe at 3 did.
     #[test]
-    fn probes_again_after_the_interval_and_resumes() {
-        let mut c = tracking(100);
-        let limit = c.limit();
-        // The first probe ended at 0; the next is due within 60 s to 69 s.
-        let mut t = 0;
-        let update = loop {
-            t += 100 * MS;
-            let u = c.on_window(t, window(125, 0));
-            if u.probe_started {
-                break u;
-            }
-            assert_eq!(u.limit, limit);
-        };
-        assert!((60_000 * MS..=69_000 * MS).contains(&t), "{t}");
-        assert_eq!(update.limit, 3);
+    fn overload_probes_at_a_share_of_the_limit_then_every_interval() {
+        let mut c = overdue(100);
+        // The first window above the target, with a probe due, probes.
+        let t = 0;
+        let u = c.on_window(t + 100 * MS, window(130, 20));
+        assert!(u.probe_started);
+        // 20 * 125 / 130 = 19.2 in force when it started: a quarter is 5.
+        assert_eq!(u.limit, 5);
         assert_eq!(c.samples_needed(), 50);
         assert_eq!(c.window_nanos(), 0);
-        // The service became faster: the new baseline is taken and the limit resumes.
-        assert_eq!(c.on_window(t + 1, window(50, 3)).limit, limit);
-        assert_eq!(c.baseline(), Some(50 * MS));
+        assert_eq!(c.deadline_nanos(), Some(5_000 * MS));
+        // The service is faster than the start-up baseline said: measured, and resumed.
+        let t0 = t + 300 * MS;
+        assert_eq!(c.on_window(t0, window(80, 5)).limit, 19);
+        assert_eq!(c.baseline(), Some(80 * MS));
+        // At the target (100 ms), rejecting: no probe, whatever the time.
+        let mut t = t0;
+        while t < t0 + 59_000 * MS {
+            t += 100 * MS;
+            assert!(!c.on_window(t, window(100, 0)).probe_started, "at {t}");
+        }
+        // Above it (the limit shrinking slowly), the next probe comes when it is due.
+        let started = loop {
+            t += 100 * MS;
+            if c.on_window(t, window(102, 0)).probe_started {
+                break t;
+            }
+        };
+        let after = started - t0;
+        assert!((60_000 * MS..=69_000 * MS).contains(&after), "{after}");
+    }
+
+    /// Regression (issue 23, finding 3): a steady load the service could serve, which
+    /// bumped into the limit now and then, had its traffic cut to the minimum limit every
+    /// minute by a probe. Rejections with the latency at or under the target mean the limit
+    /// has not grown to the demand: no probe.
+    #[test]
+    fn no_probe_while_rejections_only_mean_the_limit_is_growing() {
+        let mut c = tracking(100);
+        for i in 1..=3_000 {
+            let u = c.on_window(i * 100 * MS, window(110, 0));
+            assert!(!u.probe_started, "window {i}");
+        }
     }
 
     #[test]
@@ -394,18 +589,17 @@ mod tests {
         // Regression: a probe every minute rejected most of a healthy service's traffic for
         // a second or two (the outage scenario's recovery never "stayed" recovered).
         let mut c = tracking(100);
-        let calm = AdaptiveWindowStats {
-            rejected: false,
-            ..window(100, 5)
-        };
         for i in 1..=2000 {
-            assert!(!c.on_window(i * 100 * MS, calm).probe_started, "window {i}");
+            assert!(
+                !c.on_window(i * 100 * MS, calm(100, 5)).probe_started,
+                "window {i}"
+            );
         }
-        // Once it rejects again, the next due probe runs.
+        // Once it rejects above the target again, the next due probe runs.
         let mut t = 2000 * 100 * MS;
         let started = loop {
             t += 100 * MS;
-            if c.on_window(t, window(125, 0)).probe_started {
+            if c.on_window(t, window(127, 0)).probe_started {
                 break t;
             }
         };
@@ -415,37 +609,68 @@ mod tests {
     #[test]
     fn probes_when_stuck_at_the_minimum() {
         let mut c = tracking(100);
-        // The service is now ten times slower than the baseline says.
+        // The service is now ten times slower than the baseline says; nothing is rejected.
         let mut started = None;
         for i in 1..=20 {
-            if c.on_window(i * 100 * MS, window(1_000, 20)).probe_started {
+            if c.on_window(i * 100 * MS, calm(1_000, 20)).probe_started {
                 started = Some(i);
                 break;
             }
         }
         let started = started.expect("a probe started");
-        assert!(started <= 12, "after {started} windows");
+        assert!((6..=12).contains(&started), "after {started} windows");
+        assert_eq!(c.limit(), 3);
         c.on_window(started * 100 * MS + 1, window(1_000, 3));
         assert_eq!(c.baseline(), Some(1_000 * MS));
     }
 
+    /// Regression (issue 23, finding 3): a probe waited for its samples however long it
+    /// took, so when an outer timeout dropped every request it admitted, the limit stayed
+    /// cut for good. A probe ends at its deadline, keeping the baseline it had.
     #[test]
-    fn a_probe_without_successes_keeps_probing() {
-        let mut c = GradientController::new(settings());
-        let stats = AdaptiveWindowStats {
+    fn a_probe_that_cannot_complete_ends_at_its_deadline() {
+        let mut c = overdue(100);
+        assert!(c.on_window(100 * MS, window(200, 20)).probe_started);
+        let probing = c.limit();
+        // Only failures so far: the probe goes on.
+        let failures = AdaptiveWindowStats {
+            samples: 0,
             failures: 50,
-            ..AdaptiveWindowStats::default()
+            latency: None,
+            ..window(0, 3)
         };
-        assert_eq!(c.on_window(MS, stats).limit, 3);
+        assert_eq!(c.on_window(200 * MS, failures).limit, probing);
         assert!(matches!(c.phase(), ControllerPhase::Probing { .. }));
-        assert_eq!(c.baseline(), None);
+        // Its time runs out with three samples of 50: the old baseline stays, the limit
+        // before the probe comes back.
+        let few = AdaptiveWindowStats {
+            samples: 3,
+            latency: Some(20 * MS),
+            timed_out: true,
+            ..window(0, 3)
+        };
+        let u = c.on_window(5_200 * MS, few);
+        assert_eq!(c.phase(), ControllerPhase::Tracking);
+        assert_eq!(c.baseline(), Some(100 * MS));
+        assert_eq!(u.limit, 13, "20 * 125 / 200 = 12.5, restored");
+        // With half its samples, a late probe still measures.
+        let mut c = overdue(100);
+        assert!(c.on_window(100 * MS, window(200, 20)).probe_started);
+        let half = AdaptiveWindowStats {
+            samples: 25,
+            latency: Some(90 * MS),
+            timed_out: true,
+            ..window(0, 3)
+        };
+        c.on_window(10_400 * MS, half);
+        assert_eq!(c.baseline(), Some(90 * MS));
     }
 
     #[test]
     fn the_limit_stays_within_its_bounds() {
         let mut s = settings();
         s.max_limit = 40;
-        let mut c = GradientController::new(s);
+        let mut c = GradientController::new(s, 0);
         c.on_window(0, window(10, 3));
         for i in 1..50 {
             let u = c.on_window(i * 100 * MS, window(1, 1000));
@@ -459,9 +684,8 @@ mod tests {
         let due = |seed| {
             let mut s = settings();
             s.seed = seed;
-            let mut c = GradientController::new(s);
-            c.on_window(0, window(100, 3));
-            c.next_probe
+            s.baseline = Some(100 * MS);
+            GradientController::new(s, 0).next_probe
         };
         let all: std::collections::HashSet<u64> = (0..20).map(due).collect();
         assert!(all.len() > 15, "{} distinct of 20", all.len());

@@ -8,15 +8,15 @@ use std::task::{Context, Poll, ready};
 
 use http::{Response, StatusCode};
 use overload_signal::protocol::grpc_status;
-use overload_signal::signal::RejectionScope;
+use overload_signal::signal::Rejection;
 use pin_project_lite::pin_project;
 
-use super::state::{AdmittedRequest, CompleteRequest};
+use super::state::{AdmittedRequest, CompleteRequest, Outcome};
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the inner
-    /// service's future for an admitted request, which measures it when it completes, or a
-    /// ready rejection.
+    /// service's future for an admitted request, which measures it when it completes; the
+    /// inner service's future alone for an exempt one; or a ready rejection.
     pub struct ResponseFuture<F, B> {
         #[pin]
         state: State<F, B>,
@@ -30,6 +30,10 @@ pin_project! {
             #[pin]
             future: F,
             guard: AdmissionGuard,
+        },
+        Exempt {
+            #[pin]
+            future: F,
         },
         Rejected {
             response: Option<Response<B>>,
@@ -54,10 +58,10 @@ impl AdmissionGuard {
         }
     }
 
-    fn finish(&mut self, failed: bool) {
+    fn finish(&mut self, outcome: Outcome) {
         if !self.done {
             self.done = true;
-            self.state.complete(&self.admitted, Some(failed));
+            self.state.complete(&self.admitted, outcome);
         }
     }
 }
@@ -67,7 +71,7 @@ impl Drop for AdmissionGuard {
         if !self.done {
             // NOTE: dropped before completing (the client went away, a timeout above fired):
             // the slot is given back; `complete` decides whether the time it ran is a sample.
-            self.state.complete(&self.admitted, None);
+            self.state.complete(&self.admitted, Outcome::Dropped);
         }
     }
 }
@@ -76,6 +80,12 @@ impl<F, B> ResponseFuture<F, B> {
     pub(super) fn admitted(future: F, guard: AdmissionGuard) -> Self {
         Self {
             state: State::Admitted { future, guard },
+        }
+    }
+
+    pub(super) fn exempt(future: F) -> Self {
+        Self {
+            state: State::Exempt { future },
         }
     }
 
@@ -88,17 +98,27 @@ impl<F, B> ResponseFuture<F, B> {
     }
 }
 
+/// How an admitted request's response counts: [`Outcome::Ignored`] when a limiting layer
+/// inside this one made it (it carries a [`Rejection`]: the service never ran, and a global
+/// rate limit's `429`s must not drive this limit down until it, rather than the rate limit,
+/// sheds the excess), [`Outcome::Overloaded`] when [`is_overload`] says so,
+/// [`Outcome::Served`] otherwise.
+pub(super) fn outcome_of<B>(response: &Response<B>) -> Outcome {
+    if response.extensions().get::<Rejection>().is_some() {
+        Outcome::Ignored
+    } else if is_overload(response) {
+        Outcome::Overloaded
+    } else {
+        Outcome::Served
+    }
+}
+
 /// Whether a response says that the service is overloaded: HTTP 429, 503 or 504, or gRPC
 /// `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) in its head.
 ///
 /// Other failures (a 500 from a bug, a 404) are not about capacity: they neither lower the
-/// limit nor count as latency samples; nor does a rejection marked
-/// [`RejectionScope::Caller`] (a keyed limit inside this one turning away one caller over
-/// its own quota), so that a single client cannot drive the limit down for everyone.
+/// limit nor count as latency samples.
 pub(super) fn is_overload<B>(response: &Response<B>) -> bool {
-    if response.extensions().get::<RejectionScope>() == Some(&RejectionScope::Caller) {
-        return false;
-    }
     matches!(
         response.status(),
         StatusCode::TOO_MANY_REQUESTS
@@ -119,10 +139,11 @@ where
                 let result = ready!(future.poll(cx));
                 // NOTE: an error of the inner service (no response at all) is the strongest
                 // sign of trouble there is; it counts as an overload failure.
-                let failed = result.as_ref().map_or(true, is_overload);
-                guard.finish(failed);
+                let outcome = result.as_ref().map_or(Outcome::Overloaded, outcome_of);
+                guard.finish(outcome);
                 Poll::Ready(result)
             }
+            StateProj::Exempt { future } => future.poll(cx),
             StateProj::Rejected { response } => Poll::Ready(Ok(response
                 .take()
                 .expect("adaptive limit response future polled after completion"))),
@@ -134,6 +155,7 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         let state = match &self.state {
             State::Admitted { .. } => "admitted",
+            State::Exempt { .. } => "exempt",
             State::Rejected { .. } => "rejected",
         };
         f.debug_struct("ResponseFuture")
@@ -182,6 +204,23 @@ mod tests {
         }
         for code in ["0", "2", "5", "13", "junk"] {
             assert!(!is_overload(&grpc(code)), "grpc {code}");
+        }
+    }
+
+    /// Regression (issue 23, finding 3): a global rate limit's `429`s inside the adaptive
+    /// limit counted as the service's overload failures, and drove the limit down until it,
+    /// not the rate limit, shed the excess. A limiter's marked rejection is ignored.
+    #[test]
+    fn a_limiters_own_rejections_are_neither_samples_nor_failures() {
+        use overload_signal::signal::{RejectionKind, RejectionScope};
+        assert_eq!(outcome_of(&status(200)), Outcome::Served);
+        assert_eq!(outcome_of(&status(429)), Outcome::Overloaded);
+        for scope in [RejectionScope::Server, RejectionScope::Caller] {
+            let mut limited = status(429);
+            limited
+                .extensions_mut()
+                .insert(Rejection::new(RejectionKind::RateLimited, scope));
+            assert_eq!(outcome_of(&limited), Outcome::Ignored, "{scope:?}");
         }
     }
 }

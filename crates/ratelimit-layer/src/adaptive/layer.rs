@@ -1,16 +1,14 @@
-//! [`AdaptiveLimitLayer`] and its builder.
+//! [`AdaptiveLimitLayer`]: the layer, its defaults, and its status; its builder is in
+//! `builder.rs`.
 
 use std::fmt;
-use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
-use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
 
-use super::controller::AdaptiveSettings;
 use super::service::AdaptiveLimit;
 use super::state::{AdaptiveLimitState, Status};
 
@@ -40,12 +38,15 @@ pub struct AdaptiveLimitLayer<C = TokioClock> {
 }
 
 impl AdaptiveLimitLayer {
-    /// The limit before the first measurement: 20 requests, the initial limit of Netflix's
-    /// concurrency-limits (Vegas and Gradient2).
+    /// The limit a new layer starts at, in force while its first baseline is measured (the
+    /// first window's latency at this limit): 20 requests, the initial limit of Netflix's
+    /// concurrency-limits (Vegas and Gradient2). From the first window on, it grows while
+    /// the latency stays under the target, by at least `sqrt(limit)` per window (20, 29, 42,
+    /// 59, ... a window of 100 ms and 50 requests each).
     pub const DEFAULT_INITIAL_LIMIT: usize = 20;
 
-    /// The floor of the limit, and the limit while the baseline is measured: 3 requests,
-    /// the `min_concurrency` of Envoy's adaptive concurrency filter.
+    /// The floor of the limit, and the least a probe measures at: 3 requests, the
+    /// `min_concurrency` of Envoy's adaptive concurrency filter.
     pub const DEFAULT_MIN_LIMIT: usize = 3;
 
     /// The ceiling of the limit: 1000 requests, the `max_concurrency_limit` of Envoy's
@@ -84,6 +85,23 @@ impl AdaptiveLimitLayer {
 
     /// The requests a baseline measurement takes: 50, Envoy's default `request_count`.
     pub const DEFAULT_PROBE_SAMPLES: u64 = 50;
+
+    /// The limit while a probe measures the baseline, as a share of the limit in force (at
+    /// least [`min_limit`](super::AdaptiveLimitBuilder::min_limit)): 0.25. This crate's choice, where
+    /// Envoy drops to its minimum: a service that queues past some concurrency does not at a
+    /// quarter of the limit that keeps its latency within the tolerance, so the baseline is
+    /// the same, and a probe under overload turns away a quarter of what a probe at 3 did
+    /// (at 100 ms per request and a limit of 100, 50 samples take 0.2 s instead of 1.7 s). A
+    /// service whose latency grows from the first concurrent request reads a baseline up to
+    /// about 9 % high (the share's latency, not the single request's).
+    pub const DEFAULT_PROBE_SHARE: f64 = 0.25;
+
+    /// The longest a probe may last: 5 seconds, after which the previous limit comes back
+    /// whether or not the probe has its samples (with half of them, their percentile is the
+    /// new baseline; with fewer, the old one stays). This crate's choice: long enough for 15
+    /// requests of 1 s at 3 in flight; short enough that a probe whose requests an outer
+    /// timeout drops never holds the limit down for good.
+    pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
     /// The share of overload failures in a window above which the limit backs off: 0.1
     /// (10 %). This crate's choice: a rare failure is noise, one in ten is a service
@@ -124,28 +142,6 @@ impl AdaptiveLimitLayer {
             .build()
             .expect("the default settings are valid")
     }
-
-    /// A builder starting from the defaults.
-    pub fn builder() -> AdaptiveLimitBuilder {
-        AdaptiveLimitBuilder {
-            initial_limit: Self::DEFAULT_INITIAL_LIMIT,
-            min_limit: Self::DEFAULT_MIN_LIMIT,
-            max_limit: Self::DEFAULT_MAX_LIMIT,
-            window: Self::DEFAULT_WINDOW,
-            min_samples: Self::DEFAULT_MIN_SAMPLES,
-            percentile: Self::DEFAULT_PERCENTILE,
-            tolerance: Self::DEFAULT_TOLERANCE,
-            probe_interval: Self::DEFAULT_PROBE_INTERVAL,
-            probe_jitter: Self::DEFAULT_PROBE_JITTER,
-            probe_samples: Self::DEFAULT_PROBE_SAMPLES,
-            failure_threshold: Self::DEFAULT_FAILURE_THRESHOLD,
-            backoff: Self::DEFAULT_BACKOFF,
-            seed: None,
-            retry_after: Self::DEFAULT_RETRY_AFTER,
-            name: Self::DEFAULT_NAME.to_owned(),
-            clock: TokioClock::new(),
-        }
-    }
 }
 
 impl Default for AdaptiveLimitLayer {
@@ -163,12 +159,22 @@ impl<C: Clock> AdaptiveLimitLayer<C> {
     ///
     /// let layer = AdaptiveLimitLayer::new();
     /// let status = layer.status();
-    /// // Nothing measured yet: the baseline is being measured at the minimum limit.
-    /// assert!(status.probing);
-    /// assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_MIN_LIMIT);
+    /// // Nothing measured yet: the first baseline is measured at the initial limit, with
+    /// // no probe.
+    /// assert!(!status.probing);
+    /// assert_eq!(status.baseline, None);
+    /// assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT);
     /// ```
     pub fn status(&self) -> Status {
         self.state.status()
+    }
+}
+
+impl<C> AdaptiveLimitLayer<C> {
+    pub(super) fn from_state(state: AdaptiveLimitState<C>) -> Self {
+        Self {
+            state: Arc::new(state),
+        }
     }
 }
 
@@ -193,396 +199,5 @@ impl<S, C> Layer<S> for AdaptiveLimitLayer<C> {
 
     fn layer(&self, inner: S) -> AdaptiveLimit<S, C> {
         AdaptiveLimit::new(inner, Arc::clone(&self.state))
-    }
-}
-
-/// Builds an [`AdaptiveLimitLayer`]; from [`AdaptiveLimitLayer::builder`]. Every setter
-/// starts from the default stated on it.
-#[must_use]
-pub struct AdaptiveLimitBuilder<C = TokioClock> {
-    initial_limit: usize,
-    min_limit: usize,
-    max_limit: usize,
-    window: Duration,
-    min_samples: u64,
-    percentile: f64,
-    tolerance: f64,
-    probe_interval: Duration,
-    probe_jitter: f64,
-    probe_samples: u64,
-    failure_threshold: f64,
-    backoff: f64,
-    seed: Option<u64>,
-    retry_after: Duration,
-    name: String,
-    clock: C,
-}
-
-impl<C: Clock> AdaptiveLimitBuilder<C> {
-    /// The limit used after the first baseline measurement, before any window moved it.
-    /// Default: 20 ([`AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT`], Netflix's).
-    pub const fn initial_limit(mut self, limit: usize) -> Self {
-        self.initial_limit = limit;
-        self
-    }
-
-    /// The floor of the limit, and the limit while the baseline is measured. Default: 3
-    /// ([`AdaptiveLimitLayer::DEFAULT_MIN_LIMIT`], Envoy's `min_concurrency`).
-    pub const fn min_limit(mut self, limit: usize) -> Self {
-        self.min_limit = limit;
-        self
-    }
-
-    /// The ceiling of the limit. Default: 1000 ([`AdaptiveLimitLayer::DEFAULT_MAX_LIMIT`],
-    /// Envoy's `max_concurrency_limit`).
-    pub const fn max_limit(mut self, limit: usize) -> Self {
-        self.max_limit = limit;
-        self
-    }
-
-    /// The shortest sampling window: the limit changes at most once per window. Default:
-    /// 100 ms ([`AdaptiveLimitLayer::DEFAULT_WINDOW`]).
-    pub const fn window(mut self, window: Duration) -> Self {
-        self.window = window;
-        self
-    }
-
-    /// The fewest outcomes (successes and overload failures) a window needs before it
-    /// closes. Default: 50 ([`AdaptiveLimitLayer::DEFAULT_MIN_SAMPLES`]).
-    pub const fn min_samples(mut self, samples: u64) -> Self {
-        self.min_samples = samples;
-        self
-    }
-
-    /// The percentile of a window's latencies compared with the baseline, within `0..=1`
-    /// and above 0 (the baseline is measured with the same one). Default: 0.5
-    /// ([`AdaptiveLimitLayer::DEFAULT_PERCENTILE`], Envoy's).
-    pub const fn percentile(mut self, percentile: f64) -> Self {
-        self.percentile = percentile;
-        self
-    }
-
-    /// How far above the baseline the latency may settle, as a ratio of at least 1: the
-    /// limit grows while the latency is below `baseline * tolerance` and shrinks above
-    /// it. Default: 1.25 ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's `buffer`).
-    pub const fn tolerance(mut self, tolerance: f64) -> Self {
-        self.tolerance = tolerance;
-        self
-    }
-
-    /// How often the baseline is measured again while the limit rejects requests (a
-    /// measurement due while nothing is rejected is put off by one interval). Default: 60 s
-    /// ([`AdaptiveLimitLayer::DEFAULT_PROBE_INTERVAL`]).
-    pub const fn probe_interval(mut self, interval: Duration) -> Self {
-        self.probe_interval = interval;
-        self
-    }
-
-    /// The random extra delay before each measurement, as a share of the interval, within
-    /// `0..=1`. Default: 0.15 ([`AdaptiveLimitLayer::DEFAULT_PROBE_JITTER`], Envoy's).
-    pub const fn probe_jitter(mut self, jitter: f64) -> Self {
-        self.probe_jitter = jitter;
-        self
-    }
-
-    /// The requests a baseline measurement takes. Default: 50
-    /// ([`AdaptiveLimitLayer::DEFAULT_PROBE_SAMPLES`], Envoy's `request_count`).
-    pub const fn probe_samples(mut self, samples: u64) -> Self {
-        self.probe_samples = samples;
-        self
-    }
-
-    /// The share of overload failures (see the [module docs](super#failures)) in a window,
-    /// within `0..=1` and above 0, at or above which the limit backs off instead of
-    /// following the latency. Default: 0.1
-    /// ([`AdaptiveLimitLayer::DEFAULT_FAILURE_THRESHOLD`]).
-    pub const fn failure_threshold(mut self, share: f64) -> Self {
-        self.failure_threshold = share;
-        self
-    }
-
-    /// The factor applied to the limit when it backs off, within `0..1` and above 0.
-    /// Default: 0.9 ([`AdaptiveLimitLayer::DEFAULT_BACKOFF`], Netflix's AIMD).
-    pub const fn backoff(mut self, factor: f64) -> Self {
-        self.backoff = factor;
-        self
-    }
-
-    /// The seed of the probe jitter. Default: a random seed per layer.
-    pub const fn seed(mut self, seed: u64) -> Self {
-        self.seed = Some(seed);
-        self
-    }
-
-    /// The wait a rejection asks for: `Retry-After` in whole seconds, rounded up, at least
-    /// 1; `grpc-retry-pushback-ms` in milliseconds. Default: 1 s
-    /// ([`AdaptiveLimitLayer::DEFAULT_RETRY_AFTER`]).
-    pub const fn retry_after(mut self, wait: Duration) -> Self {
-        self.retry_after = wait;
-        self
-    }
-
-    /// What the layer calls itself: the `name` label of its metrics and the `name` field
-    /// of its logs. Non-empty printable ASCII, at most 128 bytes. Default: `default`
-    /// ([`AdaptiveLimitLayer::DEFAULT_NAME`]); name your layers when a process has more
-    /// than one adaptive limit, so their metrics and logs are told apart.
-    pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// Where latencies are measured. Default: [`TokioClock`], which follows tokio's paused
-    /// time in tests; `FakeClock` (feature `test-util`) moves only when told to.
-    ///
-    /// [`TokioClock`]: crate::clock::TokioClock
-    pub fn clock<C2: Clock>(self, clock: C2) -> AdaptiveLimitBuilder<C2> {
-        AdaptiveLimitBuilder {
-            initial_limit: self.initial_limit,
-            min_limit: self.min_limit,
-            max_limit: self.max_limit,
-            window: self.window,
-            min_samples: self.min_samples,
-            percentile: self.percentile,
-            tolerance: self.tolerance,
-            probe_interval: self.probe_interval,
-            probe_jitter: self.probe_jitter,
-            probe_samples: self.probe_samples,
-            failure_threshold: self.failure_threshold,
-            backoff: self.backoff,
-            seed: self.seed,
-            retry_after: self.retry_after,
-            name: self.name,
-            clock,
-        }
-    }
-
-    /// Builds the layer.
-    ///
-    /// # Errors
-    ///
-    /// A [`ConfigError`] naming the setting, when:
-    ///
-    /// - `min_limit`, `min_samples` or `probe_samples` is zero, or `window` or
-    ///   `probe_interval` is zero or longer than 584 years (kind `OutOfRange`);
-    /// - `max_limit` is below `min_limit`, or `initial_limit` is outside
-    ///   `min_limit..=max_limit` (kind `Conflict`);
-    /// - a ratio is NaN or infinite (kind `NotFinite`), or out of its range: `percentile`
-    ///   and `failure_threshold` within `0..=1` and above 0, `probe_jitter` within `0..=1`,
-    ///   `backoff` within `0..1` and above 0, `tolerance` at least 1 and at most 100
-    ///   (kind `OutOfRange`);
-    /// - `name` is empty, longer than 128 bytes, or not printable ASCII (kind `Invalid`).
-    pub fn build(self) -> Result<AdaptiveLimitLayer<C>, ConfigError> {
-        if self.min_limit == 0 {
-            return Err(ConfigError::out_of_range(
-                "min_limit",
-                self.min_limit,
-                "at least 1",
-            ));
-        }
-        if self.max_limit < self.min_limit {
-            return Err(ConfigError::conflict(
-                "max_limit",
-                format_args!(
-                    "max_limit ({}) must not be below min_limit ({})",
-                    self.max_limit, self.min_limit
-                ),
-            ));
-        }
-        if !(self.min_limit..=self.max_limit).contains(&self.initial_limit) {
-            return Err(ConfigError::conflict(
-                "initial_limit",
-                format_args!(
-                    "initial_limit ({}) must be within min_limit..=max_limit ({}..={})",
-                    self.initial_limit, self.min_limit, self.max_limit
-                ),
-            ));
-        }
-        positive_duration("window", self.window)?;
-        positive_duration("probe_interval", self.probe_interval)?;
-        if self.min_samples == 0 {
-            return Err(ConfigError::out_of_range("min_samples", 0, "at least 1"));
-        }
-        if self.probe_samples == 0 {
-            return Err(ConfigError::out_of_range("probe_samples", 0, "at least 1"));
-        }
-        ratio(
-            "percentile",
-            self.percentile,
-            |p| p > 0.0 && p <= 1.0,
-            "within 0..=1 and above 0",
-        )?;
-        ratio(
-            "tolerance",
-            self.tolerance,
-            |t| (1.0..=100.0).contains(&t),
-            "within 1..=100",
-        )?;
-        ratio(
-            "probe_jitter",
-            self.probe_jitter,
-            |j| (0.0..=1.0).contains(&j),
-            "within 0..=1",
-        )?;
-        ratio(
-            "failure_threshold",
-            self.failure_threshold,
-            |s| s > 0.0 && s <= 1.0,
-            "within 0..=1 and above 0",
-        )?;
-        ratio(
-            "backoff",
-            self.backoff,
-            |b| b > 0.0 && b < 1.0,
-            "within 0..1 and above 0",
-        )?;
-        let name = LayerName::new(self.name)?;
-        let settings = AdaptiveSettings {
-            initial_limit: self.initial_limit,
-            min_limit: self.min_limit,
-            max_limit: self.max_limit,
-            window: self.window,
-            min_samples: self.min_samples,
-            quantile: self.percentile,
-            tolerance: self.tolerance,
-            probe_interval: self.probe_interval,
-            probe_jitter: self.probe_jitter,
-            probe_samples: self.probe_samples,
-            failure_threshold: self.failure_threshold,
-            backoff: self.backoff,
-            seed: self
-                .seed
-                .unwrap_or_else(|| RandomState::new().hash_one(0x5EED_u64)),
-        };
-        Ok(AdaptiveLimitLayer {
-            state: Arc::new(AdaptiveLimitState::new(
-                settings,
-                self.clock,
-                self.retry_after,
-                name,
-                AdaptiveLimitLayer::QUIET_PERIOD,
-            )),
-        })
-    }
-}
-
-impl<C: fmt::Debug> fmt::Debug for AdaptiveLimitBuilder<C> {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("AdaptiveLimitBuilder")
-            .field("initial_limit", &self.initial_limit)
-            .field("min_limit", &self.min_limit)
-            .field("max_limit", &self.max_limit)
-            .field("window", &self.window)
-            .field("min_samples", &self.min_samples)
-            .field("percentile", &self.percentile)
-            .field("tolerance", &self.tolerance)
-            .field("probe_interval", &self.probe_interval)
-            .field("probe_jitter", &self.probe_jitter)
-            .field("probe_samples", &self.probe_samples)
-            .field("failure_threshold", &self.failure_threshold)
-            .field("backoff", &self.backoff)
-            .field("seed", &self.seed)
-            .field("retry_after", &self.retry_after)
-            .field("name", &self.name)
-            .field("clock", &self.clock)
-            .finish()
-    }
-}
-
-fn positive_duration(field: &'static str, duration: Duration) -> Result<(), ConfigError> {
-    if duration.is_zero() || u64::try_from(duration.as_nanos()).is_err() {
-        return Err(ConfigError::out_of_range(
-            field,
-            duration,
-            "greater than zero and at most 584 years",
-        ));
-    }
-    Ok(())
-}
-
-fn ratio(
-    field: &'static str,
-    value: f64,
-    valid: impl Fn(f64) -> bool,
-    rule: &str,
-) -> Result<(), ConfigError> {
-    if !value.is_finite() {
-        return Err(ConfigError::not_finite(field, value));
-    }
-    if !valid(value) {
-        return Err(ConfigError::out_of_range(field, value, rule));
-    }
-    Ok(())
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn defaults_build() {
-        let layer = AdaptiveLimitLayer::new();
-        let status = layer.status();
-        assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_MIN_LIMIT);
-        assert!(status.probing);
-        assert_eq!(status.baseline, None);
-    }
-
-    #[test]
-    fn invalid_settings_name_the_field() {
-        let b = AdaptiveLimitLayer::builder;
-        let cases: Vec<(AdaptiveLimitBuilder, &str)> = vec![
-            (b().min_limit(0), "min_limit must be at least 1, got 0"),
-            (
-                b().max_limit(2),
-                "max_limit (2) must not be below min_limit (3)",
-            ),
-            (
-                b().initial_limit(2000),
-                "initial_limit (2000) must be within min_limit..=max_limit (3..=1000)",
-            ),
-            (
-                b().window(Duration::ZERO),
-                "window must be greater than zero and at most 584 years, got 0ns",
-            ),
-            (b().min_samples(0), "min_samples must be at least 1, got 0"),
-            (
-                b().probe_samples(0),
-                "probe_samples must be at least 1, got 0",
-            ),
-            (
-                b().percentile(0.0),
-                "percentile must be within 0..=1 and above 0, got 0.0",
-            ),
-            (
-                b().tolerance(0.9),
-                "tolerance must be within 1..=100, got 0.9",
-            ),
-            (
-                b().tolerance(f64::NAN),
-                "tolerance must be a finite number, got NaN",
-            ),
-            (
-                b().probe_jitter(1.5),
-                "probe_jitter must be within 0..=1, got 1.5",
-            ),
-            (
-                b().failure_threshold(0.0),
-                "failure_threshold must be within 0..=1 and above 0, got 0.0",
-            ),
-            (
-                b().backoff(1.0),
-                "backoff must be within 0..1 and above 0, got 1.0",
-            ),
-            (
-                b().probe_interval(Duration::MAX),
-                "probe_interval must be greater than zero and at most 584 years, got 18446744073709551615.999999999s",
-            ),
-        ];
-        for (builder, message) in cases {
-            let debug = format!("{builder:?}");
-            let err = builder.build().unwrap_err();
-            assert_eq!(err.to_string(), message, "{debug}");
-            assert!(message.starts_with(err.field()), "{message}");
-        }
     }
 }

@@ -16,7 +16,7 @@ use loom::thread;
 use overload_core::clock::Clock;
 
 use super::controller::AdaptiveSettings;
-use super::state::{AdaptiveLimitState, CompleteRequest};
+use super::state::{AdaptiveLimitState, CompleteRequest, Outcome};
 
 /// A clock that stands still: windows never close, so the model is admission alone.
 struct Still;
@@ -30,7 +30,6 @@ impl Clock for Still {
 fn shared(limit: usize) -> AdaptiveLimitState<Still> {
     let settings = AdaptiveSettings {
         initial_limit: limit,
-        // NOTE: the limit starts at the minimum (the first baseline measurement).
         min_limit: limit,
         max_limit: limit,
         window: Duration::from_millis(100),
@@ -40,8 +39,11 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         probe_interval: Duration::from_secs(60),
         probe_jitter: 0.0,
         probe_samples: 1_000,
+        probe_share: 0.25,
+        probe_timeout: Duration::from_secs(5),
         failure_threshold: 0.1,
         backoff: 0.9,
+        baseline: None,
         seed: 0,
     };
     AdaptiveLimitState::new(
@@ -50,6 +52,7 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         Duration::from_secs(1),
         overload_core::telemetry::LayerName::new("loom").unwrap(),
         Duration::from_secs(10),
+        None,
     )
 }
 
@@ -75,7 +78,7 @@ fn loom_admission_never_overdraws_and_every_slot_comes_back() {
                 let shared = Arc::clone(&shared);
                 let held = Arc::clone(&held);
                 let admitted = Arc::clone(&admitted);
-                move |outcome: Option<bool>| {
+                move |outcome: Outcome| {
                     if let Some(slot) = shared.try_admit() {
                         admitted.fetch_add(1, Ordering::Relaxed);
                         let now = held.fetch_add(1, Ordering::AcqRel) + 1;
@@ -86,8 +89,12 @@ fn loom_admission_never_overdraws_and_every_slot_comes_back() {
                 }
             };
             let other = request.clone();
-            let t = thread::spawn(move || other(Some(false)));
-            request(if dropped { None } else { Some(true) });
+            let t = thread::spawn(move || other(Outcome::Served));
+            request(if dropped {
+                Outcome::Dropped
+            } else {
+                Outcome::Overloaded
+            });
             t.join().unwrap();
             assert_eq!(
                 shared.status().in_flight,
@@ -110,10 +117,10 @@ fn loom_no_recorded_outcome_is_lost() {
         let other = Arc::clone(&shared);
         let t = thread::spawn(move || {
             let slot = other.try_admit().expect("under the limit");
-            other.complete(&slot, Some(true));
+            other.complete(&slot, Outcome::Overloaded);
         });
         let slot = shared.try_admit().expect("under the limit");
-        shared.complete(&slot, Some(false));
+        shared.complete(&slot, Outcome::Served);
         t.join().unwrap();
         assert_eq!(shared.outcomes(), 2);
     });

@@ -6,10 +6,20 @@
 //! latency of the requests it admits, finds how many requests the service can take at once
 //! before they start to queue, and rejects the rest at once:
 //!
-//! | | HTTP | gRPC (`content-type: application/grpc...`) |
+//! | | HTTP | gRPC (`content-type: application/grpc...`; gRPC-Web alike) |
 //! |---|---|---|
-//! | rejected | `503 Service Unavailable`, `Retry-After` (whole seconds, at least 1) | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms` |
+//! | rejected | `503 Service Unavailable`, `Retry-After` (whole seconds, at least 1) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms` (not negative: retry after it) |
 //! | admitted | the inner response, untouched | same |
+//! | exempt ([`exempt`](AdaptiveLimitBuilder::exempt): health checks) | the inner response, untouched, never rejected | same |
+//!
+//! Both rejections are the wire protocol's "node at capacity, retry later" row (the
+//! workspace README's protocol table): the HTTP status and the gRPC code say the same thing,
+//! `503` and `UNAVAILABLE`, and neither is the stop signal (no `X-Overloaded`, no negative
+//! pushback). Each carries a [`Rejection`] of kind
+//! [`AtCapacity`](overload_signal::signal::RejectionKind::AtCapacity) in its extensions,
+//! for the overload layer and for your response mapper.
+//!
+//! [`Rejection`]: overload_signal::signal::Rejection
 //!
 //! Put `overload-signal`'s `OverloadSignalLayer` **outside** it, as outside any rate limiter
 //! (one [`OverloadProtectionLayer`](crate::OverloadProtectionLayer) does it in the right
@@ -43,37 +53,64 @@
 //!   of the outcomes were [overload failures](#failures) multiplies `L` by
 //!   [`backoff`](AdaptiveLimitBuilder::backoff) (0.9), whatever the latency.
 //!
-//! **The baseline** `b` is the no-load latency, measured, not guessed: at start, every
-//! [`probe_interval`](AdaptiveLimitBuilder::probe_interval) (60 s, with 15 % jitter) while
-//! the limit is rejecting requests, and whenever the limit sat at its floor for 5 windows in
-//! a row (the service may have become slower for good), the limit drops to
-//! [`min_limit`](AdaptiveLimitBuilder::min_limit) (3) until
-//! [`probe_samples`](AdaptiveLimitBuilder::probe_samples) (50) requests admitted under it
-//! have completed; their percentile is the new baseline and the previous limit is restored.
-//! Requests admitted before the measurement started are not counted in it. A periodic
-//! measurement that falls due while the limit rejects nobody is put off by one interval:
-//! the baseline then decides nothing, and measuring would turn away traffic that a healthy
-//! service can take. (Envoy measures on schedule whatever the load.)
+//! **The start.** A new layer admits up to
+//! [`initial_limit`](AdaptiveLimitBuilder::initial_limit) (20) requests at once from its
+//! first request, and its first window (at least
+//! [`probe_samples`](AdaptiveLimitBuilder::probe_samples), 50 outcomes) measures the first
+//! baseline at that limit: nobody is turned away to measure it, so a process started into
+//! a rolling deploy serves its share at once (and the limit grows from the next window on,
+//! by at least `sqrt(L)` per window, if the share needs more than 20 at once). Or you seed
+//! the baseline ([`baseline`](AdaptiveLimitBuilder::baseline)), and it tracks from the
+//! first window.
+//!
+//! **The baseline** `b` is the no-load latency, measured, not guessed. It is measured again
+//! (a probe) when it matters and may be stale:
+//!
+//! - every [`probe_interval`](AdaptiveLimitBuilder::probe_interval) (60 s, with 15 %
+//!   jitter) **while the service is overloaded**: the window rejected requests and its
+//!   latency was above the target. A probe that falls due otherwise is put off by one
+//!   interval: while nothing is rejected the baseline decides nothing, and while the latency
+//!   is within the target a rejection only means the limit has not grown to the demand yet;
+//!   measuring then would turn away a load the service can take. (Envoy measures on
+//!   schedule whatever the load.)
+//! - whenever the limit sat at its floor for 5 windows in a row (the service may have become
+//!   slower for good).
+//!
+//! A probe lowers the limit to [`probe_share`](AdaptiveLimitBuilder::probe_share) (a
+//! quarter) of the limit in force, at least [`min_limit`](AdaptiveLimitBuilder::min_limit)
+//! (3), until [`probe_samples`](AdaptiveLimitBuilder::probe_samples) (50) requests admitted
+//! under it have completed; their percentile is the new baseline and the previous limit is
+//! restored. Requests admitted before the probe started are not counted in it. A probe
+//! lasts at most [`probe_timeout`](AdaptiveLimitBuilder::probe_timeout) (5 s): then the
+//! previous limit comes back, with a new baseline if half the samples came in, the old one
+//! otherwise, so a probe whose requests an outer timeout drops cannot hold the limit down.
 //!
 //! **Why this one.** A baseline taken from a slowly moving average (Netflix's Gradient2)
 //! drifts upward under sustained overload, since every sample is already queued; a
 //! minimum of single samples (Vegas) is meaningless when service times vary (the minimum
 //! of exponential service times is near zero). Measuring a percentile at a low
 //! concurrency, as Envoy's adaptive concurrency filter does, gives a baseline that does
-//! not drift, at the price of a short period at the minimum limit per minute; comparing
-//! percentiles of whole windows keeps the noise of single requests out of the limit.
+//! not drift, at the price of a short period at a reduced limit per minute of overload;
+//! comparing percentiles of whole windows keeps the noise of single requests out of the
+//! limit.
 //!
 //! Sources: Envoy's adaptive concurrency filter (the gradient controller: the baseline
 //! measured at low concurrency, the gradient clamped to `0.5..=2`, the `sqrt` headroom, the
 //! p50 aggregate, the 25 % buffer, `min_concurrency` 3, 50 requests per measurement, 15 %
 //! jitter, at most 1000); Netflix's concurrency-limits (the gradient idea, the initial limit
 //! of 20, the AIMD backoff of 0.9 on drops); TCP Vegas (queueing is visible in latency before
-//! it is visible in losses). The implementation and its combination are this crate's.
+//! it is visible in losses). The start at the initial limit, the probes at a share of the
+//! limit only under overload, and their deadline are this crate's, as are the
+//! implementation and the combination.
 //!
 //! # Failures
 //!
-//! An admitted request ends in one of three ways:
+//! An admitted request ends in one of four ways:
 //!
+//! - a **rejection by a limiting layer inside this one** (its answer carries a
+//!   [`Rejection`]: a global rate limit's `429`, a keyed limit's): the service never ran,
+//!   so it is neither a sample nor a failure, and a rate limit under this one sheds what
+//!   it must without driving this limit down;
 //! - a response that is not an overload failure (any 2xx, 3xx, 4xx other than 429, any 5xx
 //!   other than 503 and 504): its latency is sampled;
 //! - an **overload failure**: HTTP 429, 503 or 504, gRPC `DEADLINE_EXCEEDED`,
@@ -124,11 +161,16 @@
 //!     // Settle nearer the no-load latency, and never admit more than 200 at once.
 //!     .tolerance(1.1)
 //!     .max_limit(200)
+//!     // A fresh process takes 60 at once from its first request.
+//!     .initial_limit(60)
+//!     // The load balancer's health checks are never refused.
+//!     .exempt(|parts: &http::request::Parts| parts.uri.path() == "/healthz")
 //!     .name("api")
 //!     .build()?;
 //! let status = adaptive.clone();
 //! let app = Router::new()
 //!     .route("/api", get(|| async { "hello" }))
+//!     .route("/healthz", get(|| async { "ok" }))
 //!     .layer(OverloadProtectionLayer::new(adaptive));
 //! tokio::spawn(async move {
 //!     loop {
@@ -137,14 +179,16 @@
 //!     }
 //! });
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8070").await?;
-//! axum::serve(listener, app).await?;
+//! // The peer address in each request: the overload layer tells callers apart by it.
+//! axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
+//!     .await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! In tonic, whose `Server::builder().layer(..)` wraps in `ServiceBuilder`'s order: add the
-//! overload layer first. Rejections are then `RESOURCE_EXHAUSTED` with
-//! `grpc-retry-pushback-ms`.
+//! In tonic, `Server::builder().layer(OverloadProtectionLayer::new(AdaptiveLimitLayer::new()))`:
+//! one layer, in the right order whichever way the server nests. Rejections are then
+//! `UNAVAILABLE` with `grpc-retry-pushback-ms`.
 //!
 //! # Metrics
 //!
@@ -155,7 +199,7 @@
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
-//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service |
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service; counted per core, added to the counter once a second by the layer's tick |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | requests rejected at the limit |
 //! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force: set on the first request, then when a window closes |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency; 0 until the first measurement ends |
@@ -176,12 +220,14 @@
 //!
 //! # What a request costs
 //!
-//! Admission is a compare-and-swap on the in-flight count, an atomic maximum (the window's
-//! peak), a clock read and a counter increment; completion is an atomic subtraction, a clock
+//! Admission is a compare-and-swap on the in-flight count, a read of the window's peak (an
+//! atomic maximum when it grows), a clock read and an addition to the calling core's stripe
+//! of the admitted count; completion is an atomic subtraction, a clock
 //! read and two atomic additions into the window's histogram. The in-flight count is one
 //! shared word, as in any concurrency limit (tower's and tower-acc's semaphores included). Once per window one thread (never a waiting one: the lock is only tried)
 //! reads the histogram and moves the limit. Nothing on the admitted path allocates.
 
+mod builder;
 mod controller;
 pub mod future;
 mod layer;
@@ -191,6 +237,7 @@ mod sampler;
 mod service;
 mod state;
 
-pub use layer::{AdaptiveLimitBuilder, AdaptiveLimitLayer};
+pub use builder::AdaptiveLimitBuilder;
+pub use layer::AdaptiveLimitLayer;
 pub use service::AdaptiveLimit;
 pub use state::Status;

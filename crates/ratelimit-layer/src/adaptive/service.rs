@@ -5,10 +5,10 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 use std::time::Duration;
 
-use http::header::RETRY_AFTER;
-use http::{Request, Response, StatusCode};
+use http::{Request, Response};
 use overload_core::clock::{Clock, TokioClock};
-use overload_signal::protocol::{Protocol, format_retry_after, too_many_requests_response};
+use overload_signal::protocol::{Protocol, service_unavailable_response};
+use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use tower_service::Service;
 
 use super::future::{AdmissionGuard, ResponseFuture};
@@ -72,6 +72,33 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.state.on_request();
+        if self.state.has_exemptions() {
+            let (parts, body) = request.into_parts();
+            let exempt = self.state.exempts(&parts);
+            let request = Request::from_parts(parts, body);
+            if exempt {
+                // NOTE: no slot, no sample, no count: a health check neither waits for nor
+                // weighs on the limit.
+                return ResponseFuture::exempt(self.inner.call(request));
+            }
+            return self.admit(request);
+        }
+        self.admit(request)
+    }
+}
+
+impl<S, C> AdaptiveLimit<S, C> {
+    /// Admits `request` under the limit, or rejects it.
+    #[inline]
+    fn admit<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> ResponseFuture<S::Future, ResBody>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        ResBody: Default,
+        C: Clock,
+    {
         match self.state.try_admit() {
             Some(admitted) => {
                 // NOTE: the guard exists before the inner `call` runs, so that a panic in it
@@ -82,24 +109,22 @@ where
             }
             None => {
                 let protocol = Protocol::of_request(&request);
-                ResponseFuture::rejected(rejection(protocol, self.state.retry_after))
+                let mut response = rejection(protocol, self.state.retry_after);
+                response.extensions_mut().insert(
+                    Rejection::new(RejectionKind::AtCapacity, RejectionScope::Server)
+                        .with_retry_after(self.state.retry_after)
+                        .with_layer(self.state.name().clone()),
+                );
+                ResponseFuture::rejected(response)
             }
         }
     }
 }
 
-/// The rejection: HTTP `503 Service Unavailable` with `Retry-After`; gRPC
-/// `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`.
+/// The rejection: HTTP `503 Service Unavailable` with `Retry-After`; gRPC (and gRPC-Web)
+/// `UNAVAILABLE` with a `grpc-retry-pushback-ms` that invites a retry after the wait: the
+/// protocol's row for a node at capacity, retry later (a negative pushback, and
+/// `X-Overloaded`, are the overload layer's to add).
 pub(super) fn rejection<B: Default>(protocol: Protocol, retry_after: Duration) -> Response<B> {
-    match protocol {
-        Protocol::Http => {
-            let mut response = Response::new(B::default());
-            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
-            response
-                .headers_mut()
-                .insert(RETRY_AFTER, format_retry_after(retry_after));
-            response
-        }
-        Protocol::Grpc => too_many_requests_response(protocol, retry_after),
-    }
+    service_unavailable_response(protocol, retry_after)
 }

@@ -2,12 +2,14 @@
 //! sampled, the controller, the metric handles, and the episode of the limit engaged.
 
 use std::fmt;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::{Arc, Mutex, PoisonError, TryLockError};
 use std::time::Duration;
 
+use http::request::Parts;
+
 use overload_core::clock::{Clock, saturating_nanos};
-use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, StripedCounter};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 
 use super::controller::{
     AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
@@ -29,6 +31,9 @@ pub(crate) struct AdaptiveLimitState<C> {
     /// When the current window may close (clock nanoseconds), and after how many outcomes.
     close_at: AtomicU64,
     close_after_outcomes: AtomicU64,
+    /// When the current window closes whatever it holds (clock nanoseconds): a probe's
+    /// deadline; `u64::MAX` while tracking.
+    close_by: AtomicU64,
     /// Requests admitted before this time (clock nanoseconds) are not sampled: set when the
     /// limit changes, so that a window measures the limit in force.
     sample_floor: AtomicU64,
@@ -41,6 +46,8 @@ pub(crate) struct AdaptiveLimitState<C> {
     tolerance: f64,
     controller: Mutex<GradientController>,
     pub(super) retry_after: Duration,
+    /// Requests that bypass the limit (health checks): never rejected, never counted.
+    exempt: Option<Box<ExemptFn>>,
     metrics: LazyMetrics<AdaptiveLimitMetrics>,
     /// The limit rejecting: begun by a rejection, over after `quiet` without one.
     engaged: Episode,
@@ -53,9 +60,29 @@ pub(crate) struct AdaptiveLimitState<C> {
     ticked_outcomes: AtomicU64,
     last_progress: AtomicU64,
     latency_idle: AtomicBool,
-    /// Whether the first request's work is done: the metrics registered, the ticker
-    /// running.
-    started: AtomicBool,
+    /// Started by the first request, which registers the metrics.
+    ticker: Ticker,
+    /// Admitted requests not yet added to the admitted counter (the tick adds them).
+    admitted: StripedCounter,
+}
+
+/// Which requests bypass the limit.
+pub(super) type ExemptFn = dyn Fn(&Parts) -> bool + Send + Sync;
+
+/// How an admitted request ended, as the limit counts it.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum Outcome {
+    /// A response that is not an overload failure: its latency is a sample.
+    Served,
+    /// An overload failure (see [`is_overload`](super::future::is_overload)) or an error of
+    /// the inner service: counted toward the failure share.
+    Overloaded,
+    /// A rejection a limiting layer inside this one made (it carries a `Rejection`): the
+    /// service never ran, so it is neither a sample nor a failure of the service.
+    Ignored,
+    /// Its future was dropped before it completed (the client went away, a timeout above
+    /// fired).
+    Dropped,
 }
 
 /// What an admitted request carries until it completes.
@@ -71,9 +98,11 @@ impl<C: Clock> AdaptiveLimitState<C> {
         retry_after: Duration,
         name: LayerName,
         quiet: Duration,
+        exempt: Option<Box<ExemptFn>>,
     ) -> Self {
-        let controller = GradientController::new(settings);
         let now = clock.now();
+        let controller = GradientController::new(settings, now);
+        let slow_drop = slow_drop(&controller, settings.tolerance);
         Self {
             limit: AtomicUsize::new(controller.limit()),
             in_flight: AtomicUsize::new(0),
@@ -82,12 +111,14 @@ impl<C: Clock> AdaptiveLimitState<C> {
             sampler: LatencySampler::new(),
             close_at: AtomicU64::new(now.saturating_add(controller.window_nanos())),
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
+            close_by: AtomicU64::new(u64::MAX),
             sample_floor: AtomicU64::new(0),
-            slow_drop: AtomicU64::new(u64::MAX),
+            slow_drop: AtomicU64::new(slow_drop),
             quantile: settings.quantile,
             tolerance: settings.tolerance,
             controller: Mutex::new(controller),
             retry_after,
+            exempt,
             metrics: LazyMetrics::new(name),
             engaged: Episode::new(),
             quiet,
@@ -96,7 +127,8 @@ impl<C: Clock> AdaptiveLimitState<C> {
             ticked_outcomes: AtomicU64::new(0),
             last_progress: AtomicU64::new(now),
             latency_idle: AtomicBool::new(false),
-            started: AtomicBool::new(false),
+            ticker: Ticker::new(),
+            admitted: StripedCounter::new(),
             clock,
         }
     }
@@ -109,30 +141,17 @@ impl<C: Clock> AdaptiveLimitState<C> {
     /// Every request: the first one registers the metrics and starts the ticker.
     #[inline]
     pub(super) fn on_request(self: &Arc<Self>) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.start();
-        }
+        self.ticker
+            .start(self, TICK, Self::first_request, Self::tick);
     }
 
-    #[cold]
-    fn start(self: &Arc<Self>) {
-        if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        // NOTE: the gauges read what is known now: the limit in force (the minimum, while
-        // the first baseline is measured), the baseline once one was measured.
+    fn first_request(&self) {
+        // NOTE: the gauges read what is known now: the limit in force (the initial one,
+        // while the first baseline is measured), the baseline once one was measured.
         let metrics = self.metrics.get();
         metrics.limit.set(self.limit.load(Ordering::Relaxed) as f64);
         if let Some(baseline) = self.lock_controller().baseline() {
             metrics.baseline.set(baseline as f64 / 1e9);
-        }
-        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
-        if !spawn_ticker(self, TICK, Self::tick) {
-            self.started.store(false, Ordering::Release);
         }
     }
 
@@ -147,7 +166,12 @@ impl<C: Clock> AdaptiveLimitState<C> {
     /// request has completed for the quiet period (it describes a window of requests, and
     /// none has been measured).
     fn tick(&self) {
+        self.flush_admitted();
         let now = self.clock.now();
+        if now >= self.close_by.load(Ordering::Relaxed) {
+            // A probe whose requests stopped completing (or coming) ends here.
+            self.close_window(now);
+        }
         if let Some(ended) = self.engaged.quiet_for(self.quiet, now) {
             tracing::info!(
                 name = %self.name(),
@@ -172,6 +196,18 @@ impl<C: Clock> AdaptiveLimitState<C> {
         }
     }
 
+    /// Whether `parts` bypasses the limit (an exempt route, such as a health check).
+    #[inline]
+    pub(super) fn exempts(&self, parts: &Parts) -> bool {
+        self.exempt.as_ref().is_some_and(|exempt| exempt(parts))
+    }
+
+    /// Whether some requests bypass the limit.
+    #[inline]
+    pub(super) fn has_exemptions(&self) -> bool {
+        self.exempt.is_some()
+    }
+
     /// Admits a request if fewer than the limit are in flight.
     #[inline]
     pub(super) fn try_admit(&self) -> Option<AdmittedRequest> {
@@ -183,8 +219,18 @@ impl<C: Clock> AdaptiveLimitState<C> {
             });
         match admitted {
             Ok(before) => {
-                self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
-                self.metrics.get().admitted.increment(1);
+                // NOTE: read first: a write to this shared word on every admission would move
+                // its cache line between the cores even when the peak does not change.
+                if self.peak_in_flight.load(Ordering::Relaxed) <= before {
+                    self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
+                }
+                // NOTE: striped while the tick runs (it adds the stripes to the counter once a
+                // second), so the cores do not share the counter's cache line per request.
+                if self.ticker.is_running() {
+                    self.admitted.add(1);
+                } else {
+                    self.metrics.get().admitted.increment(1);
+                }
                 Some(AdmittedRequest {
                     started: self.clock.now(),
                 })
@@ -206,11 +252,29 @@ impl<C: Clock> AdaptiveLimitState<C> {
     }
 }
 
+impl<C> AdaptiveLimitState<C> {
+    /// Adds the striped admissions to the admitted counter.
+    fn flush_admitted(&self) {
+        let admitted = self.admitted.take();
+        if admitted > 0 {
+            self.metrics.get().admitted.increment(admitted);
+        }
+    }
+}
+
+impl<C> Drop for AdaptiveLimitState<C> {
+    /// The admissions counted since the last tick reach the counter when the layer goes.
+    fn drop(&mut self) {
+        if self.metrics.registered().is_some() {
+            self.flush_admitted();
+        }
+    }
+}
+
 /// Ends admitted requests; what a response future needs of [`AdaptiveLimitState`], without
 /// its clock type.
 pub(super) trait CompleteRequest: Send + Sync + 'static {
-    /// Ends an admitted request: `Some(failed)` when it completed, `None` when it was
-    /// dropped before.
+    /// Ends an admitted request with `outcome`.
     ///
     /// A dropped request's latency is unknown. One dropped early (a client that went away)
     /// says nothing about the service and is not sampled. One dropped after running longer
@@ -218,31 +282,45 @@ pub(super) trait CompleteRequest: Send + Sync + 'static {
     /// timeout layer above this one, a slowing service's requests are dropped, not
     /// completed, and without these samples only the fast completions would be measured and
     /// the limit would hold while most requests time out.
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Option<bool>);
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Outcome);
 }
 
 impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
     #[inline]
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Option<bool>) {
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Outcome) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
-        if admitted.started < self.sample_floor.load(Ordering::Relaxed) {
-            return;
-        }
-        let elapsed = now.saturating_sub(admitted.started);
-        match outcome {
-            Some(true) => self.sampler.record_failure(),
-            Some(false) => self.sampler.record(elapsed),
-            None if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
-                self.sampler.record(elapsed);
+        if admitted.started >= self.sample_floor.load(Ordering::Relaxed) {
+            let elapsed = now.saturating_sub(admitted.started);
+            match outcome {
+                Outcome::Overloaded => self.sampler.record_failure(),
+                Outcome::Served => self.sampler.record(elapsed),
+                Outcome::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
+                    self.sampler.record(elapsed);
+                }
+                Outcome::Dropped | Outcome::Ignored => {}
             }
-            None => return,
         }
-        if now >= self.close_at.load(Ordering::Relaxed)
-            && self.sampler.outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed)
-        {
+        // NOTE: checked whatever the outcome, so that a probe whose requests are all
+        // dropped (or rejected inside) still ends at its deadline.
+        let due = now >= self.close_at.load(Ordering::Relaxed)
+            && self.sampler.outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed);
+        if due || now >= self.close_by.load(Ordering::Relaxed) {
             self.close_window(now);
         }
+    }
+}
+
+/// The time after which a dropped request is sampled, for the controller's state: the
+/// baseline times the tolerance, or never (`u64::MAX`) while there is no baseline or one is
+/// being measured (its samples must be completed requests).
+fn slow_drop(controller: &GradientController, tolerance: f64) -> u64 {
+    match (controller.baseline(), controller.phase()) {
+        (Some(baseline), ControllerPhase::Tracking) => {
+            // Float to integer casts saturate: a huge product is `u64::MAX`, never sampled.
+            (baseline as f64 * tolerance) as u64
+        }
+        _ => u64::MAX,
     }
 }
 
@@ -264,13 +342,20 @@ impl<C: Clock> AdaptiveLimitState<C> {
     #[cold]
     fn close_window(&self, now: u64) {
         // NOTE: `try_lock`: a thread that finds the window being closed goes on at once;
-        // the admitted path never waits for the controller.
-        let Ok(mut controller) = self.controller.try_lock() else {
-            return;
+        // the admitted path never waits for the controller. A lock poisoned by a panic
+        // while a window closed (a metrics recorder or log subscriber that panicked) is
+        // taken all the same: the controller's numbers are whole after every step, and
+        // giving up on it would freeze the limit for the life of the process.
+        let mut controller = match self.controller.try_lock() {
+            Ok(controller) => controller,
+            Err(TryLockError::Poisoned(poisoned)) => poisoned.into_inner(),
+            Err(TryLockError::WouldBlock) => return,
         };
         // Another thread may have closed it between our check and the lock.
-        if now < self.close_at.load(Ordering::Relaxed)
-            || self.sampler.outcomes() < self.close_after_outcomes.load(Ordering::Relaxed)
+        let timed_out = now >= self.close_by.load(Ordering::Relaxed);
+        if !timed_out
+            && (now < self.close_at.load(Ordering::Relaxed)
+                || self.sampler.outcomes() < self.close_after_outcomes.load(Ordering::Relaxed))
         {
             return;
         }
@@ -283,6 +368,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             latency: taken.percentile,
             peak_in_flight: peak.max(in_flight),
             rejected: self.rejected_in_window.swap(false, Ordering::Relaxed),
+            timed_out,
         };
         let before = controller.limit();
         let update = controller.on_window(now, stats);
@@ -294,22 +380,18 @@ impl<C: Clock> AdaptiveLimitState<C> {
             self.sample_floor.store(now, Ordering::Relaxed);
         }
         self.limit.store(update.limit, Ordering::Relaxed);
-        // NOTE: no dropped request is sampled while the baseline is measured: its samples
-        // must be completed requests at the minimum limit.
-        let slow_drop = match (controller.baseline(), controller.phase()) {
-            (Some(baseline), phase) if !matches!(phase, ControllerPhase::Probing { .. }) => {
-                // Float to integer casts saturate: a huge product is `u64::MAX`, never sampled.
-                (baseline as f64 * self.tolerance) as u64
-            }
-            _ => u64::MAX,
-        };
-        self.slow_drop.store(slow_drop, Ordering::Relaxed);
+        self.slow_drop
+            .store(slow_drop(&controller, self.tolerance), Ordering::Relaxed);
         self.close_after_outcomes
             .store(controller.samples_needed(), Ordering::Relaxed);
         self.close_at.store(
             now.saturating_add(controller.window_nanos()),
             Ordering::Relaxed,
         );
+        let close_by = controller
+            .deadline_nanos()
+            .map_or(u64::MAX, |deadline| now.saturating_add(deadline));
+        self.close_by.store(close_by, Ordering::Relaxed);
         tracing::trace!(
             limit = update.limit,
             before,
@@ -318,6 +400,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             latency_ns = stats.latency,
             peak_in_flight = stats.peak_in_flight,
             probing = update.probe_started,
+            timed_out,
             "adaptive limit window closed"
         );
         self.windows_closed.fetch_add(1, Ordering::Relaxed);

@@ -9,7 +9,7 @@ use std::sync::Arc;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, HeaderName};
 use overload_core::ConfigError;
-use overload_signal::signal::CallerKey;
+use overload_signal::signal::{CallerKey, peer_addr};
 
 use super::extractor::{KeyExtractor, MissingKey};
 use super::ip_net::{IpNet, mask};
@@ -43,14 +43,16 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// The connection's peer address is read from a request extension, which the server puts
 /// there:
 ///
-/// - [`ClientIp::new`] (the default) reads a [`SocketAddr`] extension.
-/// - [`ClientIp::from_extension`] reads any extension type through a function. For axum,
-///   serve with `into_make_service_with_connect_info::<SocketAddr>()` and read
-///   `axum::extract::ConnectInfo<SocketAddr>`:
-///   `ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0))`. For tonic, read
-///   `tonic::transport::server::TcpConnectInfo`:
-///   `ClientIp::from_extension(|c: &TcpConnectInfo| c.remote_addr())`. (This crate does not
-///   depend on either.)
+/// - [`ClientIp::new`] (the default) reads it wherever the servers this workspace supports
+///   put it (`overload_signal::signal::peer_addr`): a [`SocketAddr`] extension (plain hyper,
+///   tests), axum's `ConnectInfo<SocketAddr>` (a router served with
+///   `into_make_service_with_connect_info::<SocketAddr>()`; feature `axum`, on by default)
+///   and tonic's `TcpConnectInfo` (feature `tonic`, on by default). The overload layer's
+///   default caller key reads the same, so a limit and the overload layer see one client
+///   alike.
+/// - [`ClientIp::from_extension`] reads any other extension type through a function: for
+///   tonic over TLS, `TlsConnectInfo<TcpConnectInfo>`:
+///   `ClientIp::from_extension(|c: &TlsConnectInfo<TcpConnectInfo>| c.get_ref().remote_addr())`.
 ///
 /// A request without the extension has no key.
 ///
@@ -76,7 +78,8 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// use std::net::SocketAddr;
 /// use ratelimit_layer::key::{ClientIp, ForwardedHeader};
 ///
-/// // The defaults: the `SocketAddr` extension, no trusted proxy, IPv6 keyed by /64.
+/// // The defaults: the peer address wherever the server put it, no trusted proxy, IPv6
+/// // keyed by /64.
 /// let direct = ClientIp::new();
 ///
 /// // Behind a load balancer in 10.0.0.0/8 that appends to `X-Forwarded-For`.
@@ -100,10 +103,16 @@ impl ClientIp {
     /// site, so one host can hold a whole `/64`.
     pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-    /// Reads the peer address from a [`SocketAddr`] request extension; no trusted proxies;
-    /// IPv6 keyed by `/64`.
+    /// Reads the peer address wherever the server put it (a [`SocketAddr`] extension,
+    /// axum's `ConnectInfo`, tonic's `TcpConnectInfo`); no trusted proxies; IPv6 keyed by
+    /// `/64`.
     pub fn new() -> Self {
-        Self::from_extension(|addr: &SocketAddr| Some(*addr))
+        Self {
+            peer: Arc::new(peer_addr),
+            trusted: Arc::new([]),
+            header: ForwardedHeader::XForwardedFor.name(),
+            ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
+        }
     }
 
     /// Reads the peer address from a request extension of type `T` through `peer`; no
@@ -237,7 +246,7 @@ pub struct ClientIpBuilder {
 
 impl ClientIpBuilder {
     /// Reads the peer address from a request extension of type `T` through `peer`.
-    /// Default: a [`SocketAddr`] extension (see [`ClientIp`] for axum's and tonic's).
+    /// Default: wherever the server put it (see [`ClientIp`]).
     pub fn peer_from_extension<T, F>(mut self, peer: F) -> Self
     where
         T: Send + Sync + 'static,

@@ -133,6 +133,26 @@ fn other_extensions_and_missing_ones() {
     assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("192.0.2.8")));
 }
 
+/// Regression (issue 23, finding 1): `ClientIp::new` read a `SocketAddr` extension only,
+/// which neither axum nor tonic inserts; it reads theirs (with the default features).
+#[cfg(not(loom))]
+#[test]
+fn the_default_client_ip_reads_axums_and_tonics_peer_extensions() {
+    let c = ClientIp::new();
+    let mut req = Request::new(());
+    req.extensions_mut().insert(axum::extract::ConnectInfo(
+        "192.0.2.9:1".parse::<SocketAddr>().unwrap(),
+    ));
+    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("192.0.2.9")));
+    let mut req = Request::new(());
+    req.extensions_mut()
+        .insert(tonic::transport::server::TcpConnectInfo {
+            local_addr: None,
+            remote_addr: Some("198.51.100.3:50000".parse().unwrap()),
+        });
+    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("198.51.100.3")));
+}
+
 #[test]
 fn ip_networks() {
     let net: IpNet = "192.168.0.0/16".parse().unwrap();

@@ -3,11 +3,11 @@
 //! clock or the key extractor).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
 
 use http::request::Parts;
-use overload_core::clock::Clock;
-use overload_core::telemetry::LazyMetrics;
+use overload_core::clock::{Clock, TokioClock};
+use overload_core::telemetry::{LazyMetrics, LogThrottle};
 
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::{KeyExtractor, MissingKey};
@@ -152,19 +152,28 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> KeyedDecider<L, C, E> {
     }
 }
 
-/// The [`MissingKey`] policy of a keyed layer, with its one-time log, and the keyed layer's
-/// metrics (its counter, and the keys gauge).
+/// The [`MissingKey`] policy of a keyed layer, with its log, and the keyed layer's metrics
+/// (its counter, and the keys gauge).
 pub(crate) struct MissingKeyPolicy {
     policy: MissingKey,
-    warned: AtomicBool,
+    /// Logged at the first request without a key, then at most once a minute while they
+    /// keep coming.
+    log: LogThrottle,
+    /// The throttle's time (tokio's, so that it follows paused time in tests).
+    clock: TokioClock,
     metrics: LazyMetrics<KeyedLimitMetrics>,
 }
 
+/// How often a keyed layer that keeps finding requests without a key logs it again: at
+/// most once a minute, each line with the count since the previous one.
+pub(crate) const MISSING_KEY_LOG_INTERVAL: Duration = Duration::from_secs(60);
+
 impl MissingKeyPolicy {
-    pub(crate) const fn new(policy: MissingKey, metrics: LazyMetrics<KeyedLimitMetrics>) -> Self {
+    pub(crate) fn new(policy: MissingKey, metrics: LazyMetrics<KeyedLimitMetrics>) -> Self {
         Self {
             policy,
-            warned: AtomicBool::new(false),
+            log: LogThrottle::new(MISSING_KEY_LOG_INTERVAL),
+            clock: TokioClock::new(),
             metrics,
         }
     }
@@ -175,17 +184,18 @@ impl MissingKeyPolicy {
         self.policy
     }
 
-    /// Counts a request without a key, logs the first one, and says what to do with it.
+    /// Counts a request without a key, logs it (at the first, then at most once a minute),
+    /// and says what to do with it.
     pub(crate) fn apply(&self) -> MissingKey {
         self.metrics.get().missing_key(self.policy).increment(1);
-        if !self.warned.load(Ordering::Relaxed) && !self.warned.swap(true, Ordering::Relaxed) {
-            self.warn();
+        if let Some(count) = self.log.note(self.clock.now()) {
+            self.warn(count);
         }
         self.policy
     }
 
     #[cold]
-    fn warn(&self) {
+    fn warn(&self, count: u64) {
         let action = match self.policy {
             MissingKey::Reject => "answering 500 without calling the service",
             MissingKey::Shared => "limiting every request without a key together, as one key",
@@ -194,11 +204,13 @@ impl MissingKeyPolicy {
         tracing::warn!(
             name = %self.metrics.name(),
             missing_key = self.policy.as_str(),
-            "ratelimit-layer: a request has no rate-limit key; {action} (the layer's missing-key \
-             policy). Logged once; `ratelimit_layer_missing_key_total` counts every such \
-             request. A client-IP key needs the peer address in the request's extensions: in \
-             axum, serve with `into_make_service_with_connect_info::<SocketAddr>()` and read \
-             `ConnectInfo`; in tonic, read `TcpConnectInfo`."
+            requests = count,
+            "ratelimit-layer: requests without a rate-limit key; {action} (the layer's \
+             missing-key policy). Logged again at most every {MISSING_KEY_LOG_INTERVAL:?} \
+             while it lasts; `ratelimit_layer_missing_key_total` counts every such request. A \
+             client-IP key needs the peer address in the request's extensions: in axum, serve \
+             with `into_make_service_with_connect_info::<SocketAddr>()`; in tonic, over plain \
+             TCP (for TLS, read `TlsConnectInfo` with `ClientIp::from_extension`)."
         );
     }
 }

@@ -9,7 +9,7 @@ use http::{HeaderValue, Request, Response, StatusCode};
 use overload_signal::protocol::{
     GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
 };
-use overload_signal::signal::RejectionScope;
+use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use tower_service::Service;
 
 use super::state::RateLimitState;
@@ -44,11 +44,16 @@ where
 {
     let Some((decision, status, class)) = decided else {
         let protocol = Protocol::of_headers(&parts.headers);
-        return RateLimitAnswer::Answered(missing_key(protocol));
+        let mut response = missing_key(protocol);
+        response.extensions_mut().insert(
+            Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
+                .with_layer(state.name().clone()),
+        );
+        return RateLimitAnswer::Answered(response);
     };
     let retry_after = match decision {
         Decision::Allow => {
-            state.metrics.get().admitted.increment(1);
+            state.count_admitted();
             // NOTE: `decide` reads the status for admissions when the fields are wanted; a
             // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
             // no field describes it.
@@ -89,12 +94,20 @@ fn rejection<B: Default>(
         RATELIMIT,
         state.policy.status(status.remaining, status.reset),
     );
-    if class == KeyClass::Keyed {
-        // NOTE: this client is over its own quota; an overload layer outside judges the
-        // rejection on this caller's retries, not the whole server's. Shared limits (global,
-        // overflow, unkeyed) concern every client behind them, and say nothing.
-        response.extensions_mut().insert(RejectionScope::Caller);
-    }
+    // NOTE: the marker makes this a limiter's rejection, the only kind an overload layer
+    // outside may turn into the stop signal. A keyed one concerns this client's own quota,
+    // and is judged on its retries alone; shared limits (global, overflow, unkeyed) concern
+    // every client behind them.
+    let scope = if class == KeyClass::Keyed {
+        RejectionScope::Caller
+    } else {
+        RejectionScope::Server
+    };
+    response.extensions_mut().insert(
+        Rejection::new(RejectionKind::RateLimited, scope)
+            .with_retry_after(retry_after)
+            .with_layer(state.name().clone()),
+    );
     response
 }
 
@@ -104,11 +117,11 @@ fn rejection<B: Default>(
 /// [`MissingKey::Reject`]: crate::key::MissingKey::Reject
 fn missing_key<B: Default>(protocol: Protocol) -> Response<B> {
     let mut response = Response::new(B::default());
-    match protocol {
-        Protocol::Http => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
-        Protocol::Grpc => {
+    match protocol.content_type() {
+        None => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,
+        Some(content_type) => {
             let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
             headers.insert(GRPC_STATUS, HeaderValue::from_static("13"));
             headers.insert(
                 GRPC_MESSAGE,

@@ -4,12 +4,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::HeaderValue;
 use http::request::Parts;
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::sync::StripedCounter;
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::RateLimitPolicy;
 
@@ -43,9 +43,11 @@ pub(crate) struct RateLimitState {
     engaged: Episode,
     /// How long without a rejection before the episode is over.
     quiet: Duration,
-    /// Whether the first request's work is done: the metrics registered, the ticker
-    /// running.
-    started: AtomicBool,
+    /// Started by the first request, which registers the metrics.
+    ticker: Ticker,
+    /// Admitted requests not yet added to the admitted counter: the tick adds them, so that
+    /// the cores do not share one counter's cache line on every request.
+    admitted: StripedCounter,
     /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
     /// its local fallback. `None` for a local limit.
     #[cfg(feature = "redis")]
@@ -72,7 +74,8 @@ impl RateLimitState {
             metrics: LazyMetrics::new(name),
             engaged: Episode::new(),
             quiet,
-            started: AtomicBool::new(false),
+            ticker: Ticker::new(),
+            admitted: StripedCounter::new(),
             #[cfg(feature = "redis")]
             remote: None,
         }
@@ -105,20 +108,11 @@ impl RateLimitState {
     /// Every request: the first one registers the metrics and starts the ticker.
     #[inline]
     pub(crate) fn on_request(self: &Arc<Self>) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.start();
-        }
+        self.ticker
+            .start(self, TICK, Self::first_request, Self::tick);
     }
 
-    #[cold]
-    fn start(self: &Arc<Self>) {
-        if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
+    fn first_request(&self) {
         // NOTE: every metric of the layer is registered now, with the recorder installed
         // at the first request, whatever the request does.
         self.metrics.get();
@@ -127,15 +121,32 @@ impl RateLimitState {
         if let Some(remote) = &self.remote {
             remote.first_request();
         }
-        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
-        if !spawn_ticker(self, TICK, Self::tick) {
-            self.started.store(false, Ordering::Release);
+    }
+
+    /// Counts an admitted request: in a stripe of its core while the tick runs (which adds
+    /// the stripes to the counter once a second), straight into the counter otherwise.
+    #[inline]
+    pub(crate) fn count_admitted(&self) {
+        if self.ticker.is_running() {
+            self.admitted.add(1);
+        } else {
+            self.metrics.get().admitted.increment(1);
         }
     }
 
-    /// Once a [`TICK`] while the layer lives: ends the episode of a limit that has rejected
-    /// nothing for the quiet period, and lets the decision keep its gauges true.
+    /// Adds the striped admissions to the admitted counter.
+    fn flush_admitted(&self) {
+        let admitted = self.admitted.take();
+        if admitted > 0 {
+            self.metrics.get().admitted.increment(admitted);
+        }
+    }
+
+    /// Once a [`TICK`] while the layer lives: adds the admissions counted since the last
+    /// tick to the admitted counter, ends the episode of a limit that has rejected nothing
+    /// for the quiet period, and lets the decision keep its gauges true.
     fn tick(&self) {
+        self.flush_admitted();
         if let Some(ended) = self.engaged.quiet_for(self.quiet, self.decide.now()) {
             tracing::info!(
                 name = %self.name(),
@@ -197,6 +208,15 @@ impl RateLimitState {
         self.window = window;
         self.remote = Some(remote);
         self
+    }
+}
+
+impl Drop for RateLimitState {
+    /// The admissions counted since the last tick reach the counter when the layer goes.
+    fn drop(&mut self) {
+        if self.metrics.registered().is_some() {
+            self.flush_admitted();
+        }
     }
 }
 

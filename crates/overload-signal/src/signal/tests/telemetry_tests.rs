@@ -138,6 +138,7 @@ async fn a_recorder_installed_after_the_layer_is_built_sees_every_metric() {
         ));
     }
     for metric in [
+        metric_names::UNKEYED_REQUESTS,
         metric_names::WINDOW_RETRY_SHARE,
         metric_names::WINDOW_RETRY_PRESSURE,
         metric_names::WINDOW_PER_CALLER_PRESSURE,

@@ -240,6 +240,9 @@ impl RedisServer {
     fn spawn(&mut self) -> Result<(), Failure> {
         let binary = std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into());
         let log = self.dir.join(format!("redis-{}.log", self.port));
+        // NOTE: what redis-server says before it opens its log file (a bad argument, a
+        // failed bind of the TLS port on some versions) goes to standard error.
+        let stderr = self.dir.join(format!("redis-{}.stderr", self.port));
         let child = Command::new(&binary)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -258,7 +261,11 @@ impl RedisServer {
             .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(&stderr)
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
             .spawn();
         let mut child = match child {
             Ok(child) => child,
@@ -271,8 +278,10 @@ impl RedisServer {
         };
         let read_log = || {
             let mut text = String::new();
-            if let Ok(mut f) = std::fs::File::open(&log) {
-                let _ = f.read_to_string(&mut text);
+            for file in [&log, &stderr] {
+                if let Ok(mut f) = std::fs::File::open(file) {
+                    let _ = f.read_to_string(&mut text);
+                }
             }
             text
         };
@@ -281,13 +290,18 @@ impl RedisServer {
         while waited < READY_WITHIN {
             if let Ok(Some(status)) = child.try_wait() {
                 let text = read_log();
-                return Err(if text.contains("Address already in use") {
-                    Failure::PortTaken(text)
-                } else {
-                    Failure::Fatal(format!(
-                        "redis-server exited at start ({status}); {INSTALL_HINT}; its log:\n{text}"
-                    ))
-                });
+                // NOTE: a server that exits without a word (seen once under load, with
+                // another test's servers starting at the same moment) is tried again on
+                // other ports, as a taken port is; PORT_ATTEMPTS bounds it.
+                return Err(
+                    if text.contains("Address already in use") || text.trim().is_empty() {
+                        Failure::PortTaken(text)
+                    } else {
+                        Failure::Fatal(format!(
+                            "redis-server exited at start ({status}); {INSTALL_HINT}; its log:\n{text}"
+                        ))
+                    },
+                );
             }
             if answers_ping(self.port) {
                 self.child = Some(child);

@@ -148,11 +148,12 @@ fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
     let Stack::Adaptive { adaptive, .. } = plan.stack else {
         panic!("not the adaptive stack")
     };
-    assert!(adaptive.status().probing, "nothing measured yet");
-    assert_eq!(
-        adaptive.status().limit,
-        AdaptiveLimitLayer::DEFAULT_MIN_LIMIT
-    );
+    // The library's defaults, untouched by the demo: the stated initial limit, no probe
+    // and no baseline before the first window closes.
+    let status = adaptive.status();
+    assert!(!status.probing, "no probe before anything is measured");
+    assert_eq!(status.baseline, None);
+    assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT);
 }
 
 #[test]

@@ -1,0 +1,164 @@
+//! Where a request's peer address is, whichever server accepted it ([`peer_addr`]), and the
+//! default caller key built on it ([`PeerIp`]).
+
+use std::hash::{Hash, Hasher};
+use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+
+use http::Extensions;
+use http::request::Parts;
+
+use super::callers::CallerKey;
+
+/// The address of the connection's peer, from the request extension the server put there:
+///
+/// 1. axum's `ConnectInfo<SocketAddr>`, inserted when a router is served with
+///    `into_make_service_with_connect_info::<SocketAddr>()` (axum 0.8; feature `axum`);
+/// 2. tonic's `TcpConnectInfo`, inserted by `tonic::transport::Server` for every request
+///    on a plain TCP connection (tonic 0.14; feature `tonic`);
+/// 3. a [`SocketAddr`] extension (what a plain hyper server inserts when told to, and what
+///    tests and custom servers insert).
+///
+/// `ratelimit-layer` enables both features by default, so a server built with it finds the
+/// peer in axum and in tonic without a line of configuration. A request with none of these
+/// (axum served without connect info, tonic over TLS, whose extension is
+/// `TlsConnectInfo<TcpConnectInfo>`, another framework, another major version of axum or
+/// tonic) has no peer address here: key it yourself
+/// ([`OverloadSignalLayerBuilder::key_by`](super::OverloadSignalLayerBuilder::key_by)).
+///
+/// ```
+/// use std::net::SocketAddr;
+/// use http::Request;
+/// use overload_signal::signal::peer_addr;
+///
+/// let mut request = Request::new(());
+/// assert_eq!(peer_addr(request.extensions()), None);
+/// let peer: SocketAddr = "192.0.2.7:50000".parse().unwrap();
+/// request.extensions_mut().insert(peer);
+/// assert_eq!(peer_addr(request.extensions()), Some(peer));
+/// ```
+#[inline]
+pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
+    // NOTE: the frameworks' own extensions first: every request of an axum or tonic server
+    // finds its peer at the first look-up, and a look-up that misses costs about as much
+    // as one that hits.
+    #[cfg(all(feature = "axum", not(loom)))]
+    if let Some(info) = extensions.get::<::axum::extract::ConnectInfo<SocketAddr>>() {
+        return Some(info.0);
+    }
+    #[cfg(all(feature = "tonic", not(loom)))]
+    if let Some(info) = extensions.get::<::tonic::transport::server::TcpConnectInfo>() {
+        return info.remote_addr();
+    }
+    extensions.get::<SocketAddr>().copied()
+}
+
+/// The default caller key: the IP address of the connection's peer, wherever the server
+/// put it ([`peer_addr`]: a `SocketAddr` extension, axum's `ConnectInfo`, tonic's
+/// `TcpConnectInfo`). A request with none has no key; the layer counts and logs such
+/// requests (see [`CallerKey`]).
+///
+/// IPv6 peers are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
+/// IPv6 addresses as IPv4. Behind a load balancer every request has the balancer's address:
+/// key by the client address the balancer forwards instead (`ratelimit-layer`'s `ClientIp`
+/// with trusted proxies implements [`CallerKey`], and reads the peer the same way).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct PeerIp;
+
+impl PeerIp {
+    /// The prefix IPv6 peers are keyed by: 64 bits, because one host commonly holds a whole
+    /// `/64` (RFC 6177) and could otherwise rotate addresses to become many callers.
+    pub const IPV6_PREFIX: u8 = 64;
+
+    /// The peer address of a request, IPv6 masked to its `/64`, or `None` without one.
+    pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
+        Some(match peer_addr(&parts.extensions)?.ip().to_canonical() {
+            IpAddr::V6(v6) => {
+                let kept = u128::from(v6) >> (128 - u32::from(Self::IPV6_PREFIX));
+                IpAddr::V6(Ipv6Addr::from(kept << (128 - u32::from(Self::IPV6_PREFIX))))
+            }
+            v4 => v4,
+        })
+    }
+}
+
+impl CallerKey for PeerIp {
+    #[inline]
+    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
+        match Self::peer_ip(parts) {
+            Some(ip) => {
+                ip.hash(&mut state);
+                true
+            }
+            None => false,
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::hash::DefaultHasher;
+
+    use super::*;
+
+    fn parts(addr: Option<&str>) -> Parts {
+        let mut req = http::Request::new(());
+        if let Some(a) = addr {
+            req.extensions_mut()
+                .insert(a.parse::<SocketAddr>().unwrap());
+        }
+        req.into_parts().0
+    }
+
+    #[test]
+    fn peer_ip_reads_the_socket_address_and_masks_ipv6() {
+        assert_eq!(PeerIp::peer_ip(&parts(None)), None);
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("192.0.2.7:443"))),
+            Some("192.0.2.7".parse().unwrap())
+        );
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("[2001:db8:1:2:3:4:5:6]:443"))),
+            Some("2001:db8:1:2::".parse().unwrap())
+        );
+        assert_eq!(
+            PeerIp::peer_ip(&parts(Some("[::ffff:192.0.2.1]:443"))),
+            Some("192.0.2.1".parse().unwrap())
+        );
+        let mut h = DefaultHasher::new();
+        assert!(!PeerIp.hash_key(&parts(None), &mut h));
+        assert!(PeerIp.hash_key(&parts(Some("192.0.2.7:1")), &mut h));
+    }
+
+    #[cfg(all(feature = "axum", not(loom)))]
+    #[test]
+    fn peer_ip_reads_axums_connect_info() {
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(::axum::extract::ConnectInfo(
+            "198.51.100.4:9".parse::<SocketAddr>().unwrap(),
+        ));
+        assert_eq!(
+            PeerIp::peer_ip(&req.into_parts().0),
+            Some("198.51.100.4".parse().unwrap())
+        );
+    }
+
+    /// Regression (issue 23, finding 1): tonic's server puts the peer in `TcpConnectInfo`
+    /// only, so the default key found none, and every request of a tonic server fell into
+    /// one caller class.
+    #[cfg(all(feature = "tonic", not(loom)))]
+    #[test]
+    fn peer_ip_reads_tonics_tcp_connect_info() {
+        use ::tonic::transport::server::TcpConnectInfo;
+        // `TcpConnectInfo`'s fields are public; tonic fills them from the accepted stream.
+        let info = TcpConnectInfo {
+            local_addr: Some("127.0.0.1:50051".parse().unwrap()),
+            remote_addr: Some("203.0.113.9:41000".parse().unwrap()),
+        };
+        let mut req = http::Request::new(());
+        req.extensions_mut().insert(info);
+        assert_eq!(
+            PeerIp::peer_ip(&req.into_parts().0),
+            Some("203.0.113.9".parse().unwrap())
+        );
+    }
+}
