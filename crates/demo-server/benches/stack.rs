@@ -4,9 +4,11 @@
 //! `cargo bench -p demo-server --bench stack`
 
 use std::hint::black_box;
+use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Body;
+use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group, criterion_main};
 use demo_server::app::{AppConfig, Stack, app};
 use demo_server::model::{LatencyModel, Model};
@@ -39,6 +41,7 @@ fn bench(c: &mut Criterion) {
         .build()
         .expect("runtime");
     let mut group = c.benchmark_group("api");
+    let peer: SocketAddr = "127.0.0.1:40000".parse().expect("an address");
     let cases = [
         ("bare", router(Stack::None)),
         (
@@ -51,7 +54,9 @@ fn bench(c: &mut Criterion) {
     for (name, router) in cases {
         group.bench_function(name, |b| {
             b.iter(|| {
-                let request = Request::get("/api").body(Body::empty()).expect("request");
+                let mut request = Request::get("/api").body(Body::empty()).expect("request");
+                // What the demo server's connections insert: the overload layer keys by it.
+                request.extensions_mut().insert(ConnectInfo(peer));
                 let response = runtime
                     .block_on(router.clone().oneshot(request))
                     .expect("infallible");

@@ -13,7 +13,7 @@ use axum::routing::{MethodRouter, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
 use overload_signal::{OverloadSignalLayer, is_overloaded};
-use ratelimit_layer::{AdaptiveLimitLayer, RateLimitLayer, Remote};
+use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer, RateLimitLayer, Remote};
 use tower::util::MapResponseLayer;
 
 use crate::downstream::Downstream;
@@ -319,17 +319,22 @@ pub fn app(config: AppConfig) -> Router {
     let has_metrics = metrics.is_some();
     let api: MethodRouter<AppState> = match stack {
         Stack::None => get(api),
-        // NOTE: `MethodRouter::layer` wraps the route in order, so the last layer added is the
-        // outermost: the overload layer must see the limiter's rejections.
+        // NOTE: one `OverloadProtectionLayer`, as the README shows: the overload layer outside
+        // the limit whatever the nesting, and one layer rather than two, so axum boxes and
+        // clones one service per request for the stack, not one per layer.
         Stack::Full {
             overload,
             rate_limit,
-        } => get(api)
-            .layer::<_, Infallible>(rate_limit)
-            .layer::<_, Infallible>(overload),
-        Stack::Adaptive { overload, adaptive } => get(api)
-            .layer::<_, Infallible>(adaptive)
-            .layer::<_, Infallible>(overload),
+        } => get(api).layer::<_, Infallible>(
+            OverloadProtectionLayer::builder(rate_limit)
+                .signal(overload)
+                .build(),
+        ),
+        Stack::Adaptive { overload, adaptive } => get(api).layer::<_, Infallible>(
+            OverloadProtectionLayer::builder(adaptive)
+                .signal(overload)
+                .build(),
+        ),
     };
     let api = api.layer(MapResponseLayer::new(move |response: Response| {
         stats.record(&response);

@@ -4,13 +4,13 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service |
+//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service (counted per core and added once a second, by the layer's tick) |
 //! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer |
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //! | `ratelimit_layer_redis_fallbacks_total` | counter | `name`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
 //! | `ratelimit_layer_redis_up` | gauge | `name` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
-//! | `ratelimit_layer_adaptive_admitted_total` | counter | `name` | requests the adaptive limit passed on |
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | `name` | requests the adaptive limit passed on (counted per core and added once a second, by the layer's tick) |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | `name` | requests the adaptive limit rejected |
 //! | `ratelimit_layer_adaptive_limit` | gauge | `name` | the adaptive limit in force |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | `name` | its measured no-load latency |

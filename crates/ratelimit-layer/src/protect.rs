@@ -20,18 +20,29 @@
 //!
 //! # What it wraps
 //!
-//! Any [`Layer`] whose service answers a rejection with a response (not an error): HTTP `429`
-//! or `503`, or gRPC `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) in a trailers-only
-//! response. That is [`RateLimitLayer`](crate::RateLimitLayer), and every other limiter of
-//! this workspace (a Redis-backed limit, an adaptive concurrency limit) as it is: nothing in
-//! them needs to know about this layer. Several limiting layers go in as one: a tuple
-//! `(outer, inner)` (tower's `Layer` for tuples nests the first outermost) or a
-//! `tower::ServiceBuilder`. A limiter whose rejection concerns one caller's own quota (a keyed
-//! limit) says so by inserting `overload-signal`'s [`RejectionScope::Caller`] in the
-//! rejection's extensions, as [`RateLimitLayer`](crate::RateLimitLayer) does for its keyed
-//! rejections; the overload layer then judges that rejection on the caller's own retries.
+//! Any [`Layer`] whose service answers a rejection with a response (not an error) that
+//! carries `overload-signal`'s [`Rejection`] marker in its extensions: every limit of this
+//! crate ([`RateLimitLayer`](crate::RateLimitLayer), a Redis-backed limit, the
+//! [adaptive limit](crate::adaptive)) as it is. Several limiting layers go in as one: a
+//! tuple `(outer, inner)` (tower's `Layer` for tuples nests the first outermost) or a
+//! `tower::ServiceBuilder`. The marker says why (rate limited, at capacity) and whom the
+//! rejection concerns: one caller's own quota (a keyed limit's rejection, judged on that
+//! caller's own retries) or the whole server. Only marked rejections become the stop signal:
+//! a `429` or `503` the handler makes, or an upstream's passed on, goes through untouched. A
+//! limiter of your own inserts the marker in the rejections it makes; one you cannot change
+//! is judged with `OverloadSignalLayer::builder().judge_every_rejection(true)`.
 //!
-//! [`RejectionScope::Caller`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/enum.RejectionScope.html
+//! # Who the callers are
+//!
+//! The overload layer tells callers apart by the peer address, which it reads wherever the
+//! server put it: axum's `ConnectInfo<SocketAddr>` (a router served with
+//! `into_make_service_with_connect_info::<SocketAddr>()`), tonic's `TcpConnectInfo`, or a
+//! `SocketAddr` extension (this crate's default features `axum` and `tonic`). So the
+//! examples below, and the README's, need no key of their own. Behind a load balancer, or
+//! for a key of your own, pass the same `ClientIp` (trusted proxies included) to the limit
+//! and to the overload layer.
+//!
+//! [`Rejection`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.Rejection.html
 //!
 //! # Examples
 //!
@@ -52,34 +63,29 @@
 //! # }
 //! ```
 //!
-//! The same in tonic, `Server::builder().layer(protection)`; see the crate's tests for a
-//! server that runs it. Customised: a per-client-IP limit (axum's `ConnectInfo`), and an
-//! overload layer that tells callers apart by the same address and trusts only callers on
-//! the private network:
+//! The same in tonic, `Server::builder().layer(protection)`; `tests/readme_setups.rs` runs
+//! both. Customised: a per-client-IP limit, and an overload layer that tells callers apart
+//! by the same address and trusts only callers on the private network:
 //!
 //! ```
-//! use std::net::SocketAddr;
-//! use axum::extract::ConnectInfo;
 //! use http::request::Parts;
 //! use overload_signal::OverloadSignalLayer;
+//! use overload_signal::signal::peer_addr;
 //! use ratelimit_layer::key::ClientIp;
 //! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //!
 //! # fn main() -> Result<(), ratelimit_layer::ConfigError> {
-//! let client_ip = ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0));
+//! let client_ip = ClientIp::new();
 //! let limit = RateLimitLayer::builder(TokenBucket::builder(20).burst(40).build()?)
 //!     .key_by_client_ip(client_ip.clone())
 //!     .build()?;
 //! let signal = OverloadSignalLayer::builder()
 //!     .key_by(client_ip)
 //!     .trust(|parts: &Parts| {
-//!         parts
-//!             .extensions
-//!             .get::<ConnectInfo<SocketAddr>>()
-//!             .is_some_and(|ci| match ci.0.ip() {
-//!                 std::net::IpAddr::V4(v4) => v4.is_private(),
-//!                 std::net::IpAddr::V6(_) => false,
-//!             })
+//!         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
+//!             std::net::IpAddr::V4(v4) => v4.is_private(),
+//!             std::net::IpAddr::V6(_) => false,
+//!         })
 //!     })
 //!     .build()?;
 //! let protection = OverloadProtectionLayer::builder(limit).signal(signal).build();
@@ -105,7 +111,8 @@ use tower_layer::Layer;
 ///
 /// Defaults ([`new`](Self::new), [`builder`](Self::builder)): `OverloadSignalLayer::new()`,
 /// whose defaults its docs state (a 10-second window, the stop signal above 5 % retry
-/// pressure over at least 200 requests, callers keyed by peer address).
+/// pressure over at least 200 requests, callers keyed by the peer address axum, tonic or
+/// hyper put in the request, only marked rejections judged).
 ///
 /// [`OverloadSignalLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.OverloadSignalLayer.html
 #[derive(Clone)]

@@ -61,11 +61,19 @@ impl Attempt {
     /// Reads the counter from `X-Request-Attempt`, and from `grpc-previous-rpc-attempts` when
     /// the headers are a gRPC request's and ours is absent.
     pub fn from_headers(headers: &HeaderMap) -> Self {
+        Self::from_headers_of(headers, is_grpc(headers))
+    }
+
+    /// [`from_headers`](Self::from_headers) for a message whose protocol is known: `grpc`
+    /// when it is gRPC (`grpc-previous-rpc-attempts` is then read when ours is absent). Saves
+    /// a look-up of `content-type` on a path that has read it already.
+    #[inline]
+    pub(crate) fn from_headers_of(headers: &HeaderMap, grpc: bool) -> Self {
         let ours = headers.get_all(X_REQUEST_ATTEMPT);
         if ours.iter().next().is_some() {
             return parse_values(ours.iter());
         }
-        if is_grpc(headers) {
+        if grpc {
             let grpc = headers.get_all(GRPC_PREVIOUS_RPC_ATTEMPTS);
             if grpc.iter().next().is_some() {
                 return parse_values(grpc.iter());

@@ -29,10 +29,14 @@ pub fn is_grpc_web(headers: &HeaderMap) -> bool {
 
 /// Whether `content-type` is `media`, alone or followed by `+...` or `;...`.
 fn content_type_is(headers: &HeaderMap, media: &[u8]) -> bool {
-    let Some(ct) = headers.get(http::header::CONTENT_TYPE) else {
-        return false;
-    };
-    let ct = ct.as_bytes();
+    headers
+        .get(http::header::CONTENT_TYPE)
+        .is_some_and(|ct| media_is(ct.as_bytes(), media))
+}
+
+/// Whether the `content-type` value `ct` is `media`, alone or followed by `+...` or `;...`
+/// (case-insensitive).
+pub(super) fn media_is(ct: &[u8], media: &[u8]) -> bool {
     if ct.len() < media.len() || !ct[..media.len()].eq_ignore_ascii_case(media) {
         return false;
     }

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, is_grpc, is_grpc_web};
+use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, media_is};
 use super::headers::{
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING, X_OVERLOADED,
 };
@@ -33,18 +33,25 @@ pub enum Protocol {
 
 impl Protocol {
     /// The protocol of a message with these headers: gRPC or gRPC-Web when its
-    /// `content-type` says so ([`is_grpc`], [`is_grpc_web`](super::is_grpc_web)), HTTP
+    /// `content-type` says so ([`is_grpc`](super::is_grpc), [`is_grpc_web`](super::is_grpc_web)), HTTP
     /// otherwise.
     #[inline]
     pub fn of_headers(headers: &HeaderMap) -> Self {
-        if is_grpc(headers) {
+        // NOTE: one look-up of `content-type`, then its bytes: this runs on every request.
+        match headers.get(CONTENT_TYPE) {
+            None => Protocol::Http,
+            Some(content_type) => Self::of_content_type(content_type.as_bytes()),
+        }
+    }
+
+    /// The protocol a `content-type` value names.
+    fn of_content_type(ct: &[u8]) -> Self {
+        if media_is(ct, b"application/grpc") {
             Protocol::Grpc
-        } else if is_grpc_web(headers) {
-            if is_grpc_web_text(headers) {
-                Protocol::GrpcWebText
-            } else {
-                Protocol::GrpcWeb
-            }
+        } else if media_is(ct, b"application/grpc-web-text") {
+            Protocol::GrpcWebText
+        } else if media_is(ct, b"application/grpc-web") {
+            Protocol::GrpcWeb
         } else {
             Protocol::Http
         }
@@ -74,15 +81,6 @@ impl Protocol {
             Self::GrpcWebText => Some("application/grpc-web-text+proto"),
         }
     }
-}
-
-/// Whether a gRPC-Web message is the text (base64) form.
-fn is_grpc_web_text(headers: &HeaderMap) -> bool {
-    headers.get(CONTENT_TYPE).is_some_and(|ct| {
-        let ct = ct.as_bytes();
-        const TEXT: &[u8] = b"application/grpc-web-text";
-        ct.len() >= TEXT.len() && ct[..TEXT.len()].eq_ignore_ascii_case(TEXT)
-    })
 }
 
 /// Whether a response's headers carry the stop signal: an `X-Overloaded` header (any value,

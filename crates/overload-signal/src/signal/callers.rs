@@ -5,7 +5,7 @@
 //! See the [module docs](super#trust-what-callers-can-and-cannot-do) for the threat model.
 
 use std::fmt;
-use std::hash::{BuildHasher, DefaultHasher, Hash, Hasher, RandomState};
+use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 
 use http::request::Parts;
@@ -37,14 +37,17 @@ const LEDGER_COUNTERS: usize = 2 * LANES;
 /// a secret, per-process seed, so a caller cannot aim at a class) into one of
 /// [`OverloadSignalLayer::CALLER_CLASSES`](crate::OverloadSignalLayer::CALLER_CLASSES)
 /// classes, and bounds the weight any class carries in the decision. A key should be
-/// something a caller cannot choose freely: the peer address ([`PeerIp`], the default), a
-/// client address a trusted proxy wrote, an authenticated identity. A key the caller picks
-/// (a header it sets) lets one caller spread its requests over every class, which makes it as
-/// strong as many callers.
+/// something a caller cannot choose freely: the peer address ([`PeerIp`](super::PeerIp),
+/// the default), a client address a trusted proxy wrote, an authenticated identity. A key
+/// the caller picks (a header it sets) lets one caller spread its requests over every class,
+/// which makes it as strong as many callers. Requests for which the key returns none share
+/// one class more; the layer counts them (`overload_signal_unkeyed_requests_total`) and logs
+/// them at `WARN`, at once and then at most once a minute.
 ///
 /// Implemented by every closure `Fn(&Parts) -> Option<K>` whose key `K` is [`Hash`], by
-/// [`PeerIp`], and by `ratelimit-layer`'s `ClientIp` and `HeaderKey`, so a rate limit and
-/// this layer can key requests alike. A closure needs its argument's type written out
+/// [`PeerIp`](super::PeerIp), and by `ratelimit-layer`'s `ClientIp` and `HeaderKey`, so a
+/// rate limit and this layer can key requests alike (one `ClientIp`, trusted proxies
+/// included, passed to both). A closure needs its argument's type written out
 /// (`|parts: &Parts| ...`).
 ///
 /// ```
@@ -86,33 +89,127 @@ where
 /// The trust predicate: whether a request's attempt counter counts.
 pub(crate) type TrustFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
-/// How caller keys are hashed into classes: with a random key, so a caller cannot aim at a
-/// class, or (in tests) with a fixed one, so every run puts callers in the same classes.
-#[derive(Clone, Debug)]
-pub(crate) enum KeyHashing {
-    /// SipHash with random keys, drawn for each layer.
-    Random(RandomState),
-    /// SipHash with fixed keys, and this seed written first.
-    #[cfg(any(test, feature = "test-util"))]
-    Seeded(u64),
+/// How caller keys are hashed into classes: with random keys, so a caller cannot aim at a
+/// class, or (in tests) with fixed ones, so every run puts callers in the same classes.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct KeyHashing {
+    /// The accumulator's start and the finishing multiplier: 128 secret bits.
+    keys: [u64; 2],
 }
 
 impl KeyHashing {
+    /// Keys drawn at random for each layer (from std's `RandomState`, which the OS seeds).
     pub(crate) fn random() -> Self {
-        Self::Random(RandomState::new())
-    }
-
-    fn hasher(&self) -> DefaultHasher {
-        match self {
-            Self::Random(state) => state.build_hasher(),
-            #[cfg(any(test, feature = "test-util"))]
-            Self::Seeded(seed) => {
-                let mut hasher = DefaultHasher::new();
-                hasher.write_u64(*seed);
-                hasher
-            }
+        let random = RandomState::new();
+        Self {
+            keys: [
+                random.hash_one(0x0c1a_55e5_u64),
+                random.hash_one(0x5eed_u64),
+            ],
         }
     }
+
+    /// Fixed keys from `seed`.
+    #[cfg(any(test, feature = "test-util"))]
+    pub(crate) fn seeded(seed: u64) -> Self {
+        Self {
+            keys: [splitmix64(seed), splitmix64(seed ^ 0x9E37_79B9_7F4A_7C15)],
+        }
+    }
+
+    fn hasher(self) -> ClassHasher {
+        ClassHasher {
+            acc: self.keys[0],
+            key: self.keys[1] | 1,
+        }
+    }
+}
+
+/// The hasher of caller keys: a keyed folded multiply (the construction of foldhash and
+/// ahash's fallback), a few instructions per word where SipHash-1-3 takes a hundred.
+///
+/// NOTE: not a cryptographic hash, and not meant to be: the secret keys (128 bits, random
+/// per layer) are what keeps a caller from aiming at a class, and all a class decides is
+/// which callers' requests are weighed together. A caller who could predict classes would
+/// gain little: its key is its address, which it does not choose freely, and the weight of a
+/// class is capped whatever it sends.
+struct ClassHasher {
+    acc: u64,
+    key: u64,
+}
+
+/// The high and low halves of the 128-bit product, xored: every input bit reaches the low
+/// bits of the result.
+#[inline]
+fn folded_multiply(x: u64, y: u64) -> u64 {
+    let full = u128::from(x) * u128::from(y);
+    (full as u64) ^ ((full >> 64) as u64)
+}
+
+/// The multiplier of each absorbed word: the fractional bits of pi (foldhash's first seed).
+const ABSORB: u64 = 0x243F_6A88_85A3_08D3;
+
+impl ClassHasher {
+    #[inline]
+    fn absorb(&mut self, word: u64) {
+        self.acc = folded_multiply(self.acc ^ word, ABSORB);
+    }
+}
+
+impl Hasher for ClassHasher {
+    #[inline]
+    fn write(&mut self, bytes: &[u8]) {
+        for chunk in bytes.chunks(8) {
+            let mut word = [0u8; 8];
+            word[..chunk.len()].copy_from_slice(chunk);
+            self.absorb(u64::from_le_bytes(word));
+        }
+    }
+
+    #[inline]
+    fn write_u8(&mut self, n: u8) {
+        self.absorb(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u16(&mut self, n: u16) {
+        self.absorb(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u32(&mut self, n: u32) {
+        self.absorb(u64::from(n));
+    }
+
+    #[inline]
+    fn write_u64(&mut self, n: u64) {
+        self.absorb(n);
+    }
+
+    #[inline]
+    fn write_u128(&mut self, n: u128) {
+        self.absorb(n as u64);
+        self.absorb((n >> 64) as u64);
+    }
+
+    #[inline]
+    fn write_usize(&mut self, n: usize) {
+        self.absorb(n as u64);
+    }
+
+    #[inline]
+    fn finish(&self) -> u64 {
+        folded_multiply(self.acc, self.key)
+    }
+}
+
+/// SplitMix64: one well-mixed word from any input (for fixed test keys).
+#[cfg(any(test, feature = "test-util"))]
+fn splitmix64(mut x: u64) -> u64 {
+    x = x.wrapping_add(0x9E37_79B9_7F4A_7C15);
+    x = (x ^ (x >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+    x = (x ^ (x >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+    x ^ (x >> 31)
 }
 
 /// What the layer learnt about a request's caller when it recorded it, for the decision on
@@ -175,19 +272,19 @@ impl<C: Clock> CallerLedger<C> {
 
     /// The request's attempt counter as far as the decision goes (unknown when its caller
     /// is not trusted) and its caller class ([`UNKEYED`] without a key: the caller reports
-    /// it).
+    /// it). `grpc`: the request is gRPC (or gRPC-Web), whose own counter is read too.
     #[inline]
-    pub(crate) fn identify(&self, parts: &Parts) -> (Attempt, u8) {
+    pub(crate) fn identify(&self, parts: &Parts, grpc: bool) -> (Attempt, u8) {
         let trusted = self.trust.as_ref().is_none_or(|trust| trust(parts));
         let attempt = if trusted {
-            Attempt::from_headers(&parts.headers)
+            Attempt::from_headers_of(&parts.headers, grpc)
         } else {
             Attempt::Unknown
         };
         let mut state = self.hashing.hasher();
         let lane = if self.key.hash_key(parts, &mut state) {
-            // NOTE: CLASSES is a power of two and the hash is keyed and uniform, so the low
-            // bits are as good as any.
+            // NOTE: CLASSES is a power of two, and the finishing multiply folds the high half
+            // of the product into the low bits, so the low bits are as good as any.
             ((state.finish() as usize) & (CLASSES - 1)) as u8
         } else {
             UNKEYED
@@ -430,6 +527,37 @@ mod tests {
             let hi = shares.fold(0.0, f64::max);
             proptest::prop_assert!(share >= lo - 1e-9 && share <= hi + 1e-9);
         }
+    }
+
+    /// The class hash spreads keys evenly: 12 800 addresses over 128 classes (100 each on
+    /// average) leave no class under half or over twice the mean, with random keys or seeded
+    /// ones; and two layers' random keys put one address in different classes.
+    #[test]
+    fn caller_classes_are_spread_evenly_and_keyed() {
+        use std::net::{IpAddr, Ipv4Addr};
+        let class = |hashing: KeyHashing, ip: IpAddr| {
+            let mut h = hashing.hasher();
+            ip.hash(&mut h);
+            (h.finish() as usize) & (CLASSES - 1)
+        };
+        for hashing in [KeyHashing::random(), KeyHashing::seeded(7)] {
+            let mut counts = [0u32; CLASSES];
+            for i in 0..12_800u32 {
+                let ip = IpAddr::V4(Ipv4Addr::from(0x0a00_0000 + i));
+                counts[class(hashing, ip)] += 1;
+            }
+            let (lo, hi) = (counts.iter().min().unwrap(), counts.iter().max().unwrap());
+            assert!(*lo >= 50 && *hi <= 200, "{lo}..{hi}");
+        }
+        let ip = IpAddr::V4(Ipv4Addr::new(192, 0, 2, 7));
+        let differ = (0..16)
+            .filter(|_| class(KeyHashing::random(), ip) != class(KeyHashing::random(), ip))
+            .count();
+        assert!(differ >= 12, "{differ} of 16 pairs of layers disagree");
+        assert_eq!(
+            class(KeyHashing::seeded(3), ip),
+            class(KeyHashing::seeded(3), ip)
+        );
     }
 
     #[test]

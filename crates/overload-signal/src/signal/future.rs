@@ -62,11 +62,12 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let result = ready!(this.inner.as_mut().poll(cx));
-        let downstream_stop = propagation::stop_received(this.inner);
-        Poll::Ready(result.map(|r| {
+        let mut result = ready!(this.inner.as_mut().poll(cx));
+        if let Ok(response) = &mut result {
+            let downstream_stop = propagation::stop_received(this.inner);
             this.state
-                .respond(r, *this.protocol, downstream_stop, *this.caller)
-        }))
+                .respond(response, *this.protocol, downstream_stop, *this.caller);
+        }
+        Poll::Ready(result)
     }
 }

@@ -303,7 +303,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// every run. Never in production: a caller who knows the key can aim at a class.
     #[cfg(any(test, feature = "test-util"))]
     pub fn caller_seed(mut self, seed: u64) -> Self {
-        self.settings.hashing = callers::KeyHashing::Seeded(seed);
+        self.settings.hashing = callers::KeyHashing::seeded(seed);
         self
     }
 

@@ -125,7 +125,7 @@ where
         let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.
-        let caller = self.state.record(&parts);
+        let caller = self.state.record(&parts, protocol);
         let request = Request::from_parts(parts, body);
         let inner = propagation::scope(self.inner.call(request));
         ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.state))

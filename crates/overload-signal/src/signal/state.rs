@@ -127,8 +127,8 @@ impl<C: Clock> SignalState<C> {
     /// Records a request: its attempt counter (if its caller is trusted) in the histogram,
     /// and in its caller class. On the layer's first request, registers the metrics and
     /// starts the ticker.
-    pub(super) fn record(self: &Arc<Self>, parts: &Parts) -> Caller {
-        let (attempt, lane) = self.callers.identify(parts);
+    pub(super) fn record(self: &Arc<Self>, parts: &Parts, protocol: Protocol) -> Caller {
+        let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc());
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);
@@ -203,24 +203,38 @@ impl<C: Clock> SignalState<C> {
 
     /// The response to send, given the inner stack's and whether a downstream call made
     /// while producing it received the stop signal.
+    #[inline]
     pub(super) fn respond<B: Default>(
         &self,
-        mut response: Response<B>,
+        response: &mut Response<B>,
         protocol: Protocol,
         downstream_stop: bool,
         caller: Caller,
-    ) -> Response<B> {
+    ) {
         // NOTE: every case below is a failure (rejections and stop signals included: 429,
         // 503 and gRPC 8 and 14 are failures), so successes and deliberate 4xx, the admitted
-        // path, leave here after a status check.
-        if !is_failure(&response, protocol) {
-            return response;
+        // path, leave here after a status check, the response not even moved.
+        if is_failure(response, protocol) {
+            self.respond_to_failure(response, protocol, downstream_stop, caller);
         }
+    }
+
+    /// [`respond`](Self::respond) for a failure: the stop signal passed on, propagated, or
+    /// decided; or the failure untouched. Out of line: the admitted path only checks the
+    /// status.
+    #[inline(never)]
+    fn respond_to_failure<B: Default>(
+        &self,
+        response: &mut Response<B>,
+        protocol: Protocol,
+        downstream_stop: bool,
+        caller: Caller,
+    ) {
         if protocol::is_stop_signal(response.headers()) {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
             // (or an inner layer sent it). Pass it on.
             self.metrics.get().propagated(false);
-            return response;
+            return;
         }
         if downstream_stop {
             tracing::debug!(
@@ -230,9 +244,9 @@ impl<C: Clock> SignalState<C> {
             );
             let rejection = Rejection::new(RejectionKind::StopRetrying, RejectionScope::Server)
                 .with_layer(self.name().clone());
-            rewrite_as_stop_signal(&mut response, protocol, rejection);
+            rewrite_as_stop_signal(response, protocol, rejection);
             self.metrics.get().propagated(true);
-            return response;
+            return;
         }
         // NOTE: only what a limiting layer marked as its rejection is judged (unless told
         // to judge every one): a 503 the handler made, or a 429 an upstream sent through a
@@ -240,11 +254,11 @@ impl<C: Clock> SignalState<C> {
         let marked = response.extensions().get::<Rejection>();
         let rejection = match marked {
             Some(rejection) if rejection.is_judged() => rejection.clone(),
-            Some(_) => return response,
-            None if self.judge_every && is_rejection(&response, protocol) => {
+            Some(_) => return,
+            None if self.judge_every && is_rejection(response, protocol) => {
                 Rejection::new(RejectionKind::RateLimited, RejectionScope::Server)
             }
-            None => return response,
+            None => return,
         };
         let bucket = self.histogram.bucket_now();
         let scope = rejection.scope();
@@ -254,7 +268,7 @@ impl<C: Clock> SignalState<C> {
         };
         let Some(trigger) = trigger else {
             self.metrics.get().rejection_passed(scope);
-            return response;
+            return;
         };
         tracing::debug!(
             name = self.name().as_str(),
@@ -262,11 +276,7 @@ impl<C: Clock> SignalState<C> {
             scope = scope.as_str(),
             "rejection under high retry pressure; answering with the stop signal"
         );
-        rewrite_as_stop_signal(
-            &mut response,
-            protocol,
-            rejection.into_stop_signal(self.name()),
-        );
+        rewrite_as_stop_signal(response, protocol, rejection.into_stop_signal(self.name()));
         self.metrics.get().stop_signal(scope);
         if self.stopping.seen(self.histogram.clock().now()) {
             log_engaged(self.name(), trigger, &self.rule);
@@ -277,7 +287,6 @@ impl<C: Clock> SignalState<C> {
             self.histogram.record_stopped_in(bucket);
             self.callers.record_stopped(bucket, caller);
         }
-        response
     }
 
     /// The rule on the whole server's window: its retry pressure, and the same with each

@@ -659,9 +659,21 @@ fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'
 fn shared_with(rule: StopRule) -> Arc<SignalState> {
     Arc::new(SignalState::new(SignalSettings {
         rule,
-        hashing: callers::KeyHashing::Seeded(1),
+        hashing: callers::KeyHashing::seeded(1),
         ..SignalSettings::new()
     }))
+}
+
+/// `shared`'s answer to `response`.
+fn respond(
+    shared: &SignalState,
+    mut response: Response<Body>,
+    protocol: Protocol,
+    downstream_stop: bool,
+    caller: callers::Caller,
+) -> Response<Body> {
+    shared.respond(&mut response, protocol, downstream_stop, caller);
+    response
 }
 
 /// A request head with attempt counter `attempt`, from peer `peer` if given.
@@ -694,25 +706,38 @@ fn decisions_are_counted() {
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
             // One request in the window: the rejection passes.
-            let first = shared.record(&head(Some(0), None));
-            shared.respond(http_429(), Protocol::Http, false, first);
+            let first = shared.record(&head(Some(0), None), Protocol::Http);
+            respond(&shared, http_429(), Protocol::Http, false, first);
             let mut retry = first;
             for _ in 0..3 {
-                retry = shared.record(&head(Some(1), None));
+                retry = shared.record(&head(Some(1), None), Protocol::Http);
             }
-            shared.respond(http_429(), Protocol::Http, false, retry);
-            shared.respond(http_429(), Protocol::Http, false, retry);
+            respond(&shared, http_429(), Protocol::Http, false, retry);
+            respond(&shared, http_429(), Protocol::Http, false, retry);
             // On the caller's own class: the same requests, so the same verdict.
-            shared.respond(caller_scoped(http_429()), Protocol::Http, false, retry);
-            shared.respond(status(StatusCode::BAD_GATEWAY), Protocol::Http, true, retry);
-            shared.respond(
+            respond(
+                &shared,
+                caller_scoped(http_429()),
+                Protocol::Http,
+                false,
+                retry,
+            );
+            respond(
+                &shared,
+                status(StatusCode::BAD_GATEWAY),
+                Protocol::Http,
+                true,
+                retry,
+            );
+            respond(
+                &shared,
                 protocol::stop_signal_response::<Body>(Protocol::Http),
                 Protocol::Http,
                 false,
                 retry,
             );
             // Neither a rejection nor a failure: not counted at all.
-            shared.respond(status(StatusCode::OK), Protocol::Http, true, retry);
+            respond(&shared, status(StatusCode::OK), Protocol::Http, true, retry);
         });
     });
     let values = metric_values(&recorder);
@@ -761,22 +786,22 @@ fn window_gauges_are_exported_once_per_bucket() {
             .unwrap();
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")));
-            shared.record(&head(Some(2), Some("192.0.2.1:1")));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")));
-            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")));
-            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
-            shared.record(&head(Some(0), Some("192.0.2.2:1")));
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
+            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
+            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http);
+            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
             // Seven requests, three retries: the first try is answered with the stop signal
             // and counts as pressure too.
-            let r = shared.respond(http_429(), Protocol::Http, false, first);
+            let r = respond(&shared, http_429(), Protocol::Http, false, first);
             assert!(protocol::is_stop_signal(r.headers()));
             assert!(retry.retry);
             tokio::time::advance(Duration::from_secs(1)).await;
             // The first request of the next bucket exports the window up to the last one.
-            shared.record(&head(None, None));
+            shared.record(&head(None, None), Protocol::Http);
         });
     });
     let values = metric_values(&recorder);

@@ -87,7 +87,7 @@ impl AdaptiveLimitLayer {
     pub const DEFAULT_PROBE_SAMPLES: u64 = 50;
 
     /// The limit while a probe measures the baseline, as a share of the limit in force (at
-    /// least [`min_limit`](AdaptiveLimitBuilder::min_limit)): 0.25. This crate's choice, where
+    /// least [`min_limit`](super::AdaptiveLimitBuilder::min_limit)): 0.25. This crate's choice, where
     /// Envoy drops to its minimum: a service that queues past some concurrency does not at a
     /// quarter of the limit that keeps its latency within the tolerance, so the baseline is
     /// the same, and a probe under overload turns away a quarter of what a probe at 3 did

@@ -199,7 +199,7 @@
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
-//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service |
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service; counted per core, added to the counter once a second by the layer's tick |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | requests rejected at the limit |
 //! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force: set on the first request, then when a window closes |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency; 0 until the first measurement ends |
@@ -220,8 +220,9 @@
 //!
 //! # What a request costs
 //!
-//! Admission is a compare-and-swap on the in-flight count, an atomic maximum (the window's
-//! peak), a clock read and a counter increment; completion is an atomic subtraction, a clock
+//! Admission is a compare-and-swap on the in-flight count, a read of the window's peak (an
+//! atomic maximum when it grows), a clock read and an addition to the calling core's stripe
+//! of the admitted count; completion is an atomic subtraction, a clock
 //! read and two atomic additions into the window's histogram. The in-flight count is one
 //! shared word, as in any concurrency limit (tower's and tower-acc's semaphores included). Once per window one thread (never a waiting one: the lock is only tried)
 //! reads the histogram and moves the limit. Nothing on the admitted path allocates.

@@ -8,7 +8,7 @@ use std::time::Duration;
 use http::request::Parts;
 
 use overload_core::clock::{Clock, saturating_nanos};
-use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
+use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, StripedCounter};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
 
 use super::controller::{
@@ -63,6 +63,8 @@ pub(crate) struct AdaptiveLimitState<C> {
     /// Whether the first request's work is done: the metrics registered, the ticker
     /// running.
     started: AtomicBool,
+    /// Admitted requests not yet added to the admitted counter (the tick adds them).
+    admitted: StripedCounter,
 }
 
 /// Which requests bypass the limit.
@@ -127,6 +129,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             last_progress: AtomicU64::new(now),
             latency_idle: AtomicBool::new(false),
             started: AtomicBool::new(false),
+            admitted: StripedCounter::new(),
             clock,
         }
     }
@@ -177,6 +180,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
     /// request has completed for the quiet period (it describes a window of requests, and
     /// none has been measured).
     fn tick(&self) {
+        self.flush_admitted();
         let now = self.clock.now();
         if now >= self.close_by.load(Ordering::Relaxed) {
             // A probe whose requests stopped completing (or coming) ends here.
@@ -229,8 +233,18 @@ impl<C: Clock> AdaptiveLimitState<C> {
             });
         match admitted {
             Ok(before) => {
-                self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
-                self.metrics.get().admitted.increment(1);
+                // NOTE: read first: a write to this shared word on every admission would move
+                // its cache line between the cores even when the peak does not change.
+                if self.peak_in_flight.load(Ordering::Relaxed) <= before {
+                    self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
+                }
+                // NOTE: striped while the tick runs (it adds the stripes to the counter once a
+                // second), so the cores do not share the counter's cache line per request.
+                if self.started.load(Ordering::Relaxed) {
+                    self.admitted.add(1);
+                } else {
+                    self.metrics.get().admitted.increment(1);
+                }
                 Some(AdmittedRequest {
                     started: self.clock.now(),
                 })
@@ -248,6 +262,25 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 }
                 None
             }
+        }
+    }
+}
+
+impl<C> AdaptiveLimitState<C> {
+    /// Adds the striped admissions to the admitted counter.
+    fn flush_admitted(&self) {
+        let admitted = self.admitted.take();
+        if admitted > 0 {
+            self.metrics.get().admitted.increment(admitted);
+        }
+    }
+}
+
+impl<C> Drop for AdaptiveLimitState<C> {
+    /// The admissions counted since the last tick reach the counter when the layer goes.
+    fn drop(&mut self) {
+        if self.metrics.registered().is_some() {
+            self.flush_admitted();
         }
     }
 }

@@ -53,7 +53,7 @@ where
     };
     let retry_after = match decision {
         Decision::Allow => {
-            state.metrics.get().admitted.increment(1);
+            state.count_admitted();
             // NOTE: `decide` reads the status for admissions when the fields are wanted; a
             // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
             // no field describes it.

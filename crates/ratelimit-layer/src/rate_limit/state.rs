@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use http::HeaderValue;
 use http::request::Parts;
+use overload_core::sync::StripedCounter;
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::RateLimitPolicy;
@@ -46,6 +47,9 @@ pub(crate) struct RateLimitState {
     /// Whether the first request's work is done: the metrics registered, the ticker
     /// running.
     started: AtomicBool,
+    /// Admitted requests not yet added to the admitted counter: the tick adds them, so that
+    /// the cores do not share one counter's cache line on every request.
+    admitted: StripedCounter,
     /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
     /// its local fallback. `None` for a local limit.
     #[cfg(feature = "redis")]
@@ -73,6 +77,7 @@ impl RateLimitState {
             engaged: Episode::new(),
             quiet,
             started: AtomicBool::new(false),
+            admitted: StripedCounter::new(),
             #[cfg(feature = "redis")]
             remote: None,
         }
@@ -133,9 +138,30 @@ impl RateLimitState {
         }
     }
 
-    /// Once a [`TICK`] while the layer lives: ends the episode of a limit that has rejected
-    /// nothing for the quiet period, and lets the decision keep its gauges true.
+    /// Counts an admitted request: in a stripe of its core while the tick runs (which adds
+    /// the stripes to the counter once a second), straight into the counter otherwise.
+    #[inline]
+    pub(crate) fn count_admitted(&self) {
+        if self.started.load(Ordering::Relaxed) {
+            self.admitted.add(1);
+        } else {
+            self.metrics.get().admitted.increment(1);
+        }
+    }
+
+    /// Adds the striped admissions to the admitted counter.
+    fn flush_admitted(&self) {
+        let admitted = self.admitted.take();
+        if admitted > 0 {
+            self.metrics.get().admitted.increment(admitted);
+        }
+    }
+
+    /// Once a [`TICK`] while the layer lives: adds the admissions counted since the last
+    /// tick to the admitted counter, ends the episode of a limit that has rejected nothing
+    /// for the quiet period, and lets the decision keep its gauges true.
     fn tick(&self) {
+        self.flush_admitted();
         if let Some(ended) = self.engaged.quiet_for(self.quiet, self.decide.now()) {
             tracing::info!(
                 name = %self.name(),
@@ -197,6 +223,15 @@ impl RateLimitState {
         self.window = window;
         self.remote = Some(remote);
         self
+    }
+}
+
+impl Drop for RateLimitState {
+    /// The admissions counted since the last tick reach the counter when the layer goes.
+    fn drop(&mut self) {
+        if self.metrics.registered().is_some() {
+            self.flush_admitted();
+        }
     }
 }
 
