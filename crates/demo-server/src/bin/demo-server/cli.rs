@@ -16,7 +16,7 @@ use demo_server::size::parse_size;
 use overload_signal::OverloadSignalLayer;
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
-use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::key::{ClientIp, ForwardedHeader, IpNet, TrustedProxies};
 use ratelimit_layer::redis::RedisStore;
 
 #[cfg(test)]
@@ -216,6 +216,19 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
     redis_budget: Option<Duration>,
 
+    /// Trust this load balancer or reverse proxy (an address or a network such as
+    /// 10.0.0.0/8; repeat for several) to say who the client is: for a request whose peer is
+    /// one of them, the client is the address it forwards in --forwarded-header. One
+    /// setting for the overload layer's callers and the per-client rate limit (--key ip).
+    /// Default: none trusted, forwarding headers ignored: behind a balancer every request
+    /// has its address.
+    #[arg(long = "trusted-proxy", value_name = "NET", help_heading = "Fleet")]
+    trusted_proxies: Vec<IpNet>,
+
+    /// The header trusted proxies write the client's address in.
+    #[arg(long, value_enum, default_value_t = ForwardedArg::XForwardedFor, requires = "trusted_proxies", help_heading = "Fleet")]
+    forwarded_header: ForwardedArg,
+
     /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
     /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
     /// reach the server could change it.
@@ -225,6 +238,14 @@ pub(crate) struct Cli {
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ForwardedArg {
+    /// `X-Forwarded-For: client, proxy` (HAProxy's `option forwardfor`, nginx, Envoy).
+    XForwardedFor,
+    /// `Forwarded: for=client` (RFC 7239).
+    Forwarded,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -326,10 +347,11 @@ impl Cli {
                     .unwrap_or_default()
             ));
         }
+        let overload = self.overload_layer()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Full => Stack::Full {
-                overload: OverloadSignalLayer::default(),
+                overload,
                 rate_limit: match &redis {
                     None => self.rate_limit_config().layer().map(Into::into),
                     Some(redis) => self.rate_limit_config().redis_layer(redis),
@@ -337,7 +359,7 @@ impl Cli {
                 .map_err(|e| e.to_string())?,
             },
             StackArg::Adaptive => Stack::Adaptive {
-                overload: OverloadSignalLayer::default(),
+                overload,
                 adaptive: AdaptiveLimitLayer::new(),
             },
         };
@@ -367,6 +389,23 @@ impl Cli {
             redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// The overload layer, trusting `--trusted-proxy` if given.
+    fn overload_layer(&self) -> Result<OverloadSignalLayer, String> {
+        if self.trusted_proxies.is_empty() {
+            return Ok(OverloadSignalLayer::default());
+        }
+        let header = match self.forwarded_header {
+            ForwardedArg::XForwardedFor => ForwardedHeader::XForwardedFor,
+            ForwardedArg::Forwarded => ForwardedHeader::Forwarded,
+        };
+        let proxies = TrustedProxies::new(header, self.trusted_proxies.iter().copied())
+            .map_err(|e| format!("--trusted-proxy: {e}"))?;
+        OverloadSignalLayer::builder()
+            .trusted_proxies(proxies)
+            .build()
+            .map_err(|e| e.to_string())
     }
 
     /// `--redis-url` and its settings, validated.

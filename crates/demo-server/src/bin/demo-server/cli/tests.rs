@@ -257,3 +257,34 @@ fn redis_flags_reach_the_plan_and_are_checked() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn trusted_proxies_reach_the_overload_layer_of_either_stack() {
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    assert!(plan.stack.overload().unwrap().trusted_proxies().is_none());
+    for stack in ["full", "adaptive"] {
+        let cli = parse(&[
+            "--stack",
+            stack,
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--trusted-proxy",
+            "10.0.0.0/8",
+            "--forwarded-header",
+            "forwarded",
+        ])
+        .unwrap();
+        let plan = cli.plan().unwrap();
+        let proxies = plan.stack.overload().unwrap().trusted_proxies().unwrap();
+        assert_eq!(proxies.header(), ForwardedHeader::Forwarded);
+        assert_eq!(proxies.proxies().len(), 2, "{stack}");
+    }
+    let err = parse(&["--trusted-proxy", "0.0.0.0/0"])
+        .unwrap()
+        .plan()
+        .err()
+        .unwrap();
+    assert!(err.contains("--trusted-proxy"), "{err}");
+    assert!(parse(&["--trusted-proxy", "nope"]).is_err());
+    assert!(parse(&["--forwarded-header", "forwarded"]).is_err());
+}
