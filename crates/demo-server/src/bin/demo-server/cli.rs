@@ -14,6 +14,7 @@ use demo_server::model::{ArticleModel, LatencyModel, MmcModel};
 use demo_server::server::{Abandoned, ServerConfig};
 use demo_server::size::parse_size;
 use overload_signal::OverloadSignalLayer;
+use overload_signal::signal::StopRule;
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::{ClientIp, ForwardedHeader, IpNet, TrustedProxies};
@@ -229,6 +230,12 @@ pub(crate) struct Cli {
     #[arg(long, value_enum, default_value_t = ForwardedArg::XForwardedFor, requires = "trusted_proxies", help_heading = "Fleet")]
     forwarded_header: ForwardedArg,
 
+    /// The overload layer's stop rule: the retry share of the window above which a rejection
+    /// becomes the stop signal, within 0..1 [default: 0.05, the library's
+    /// `StopRule::DEFAULT_RETRY_SHARE`]. 0.5: only when retries are the majority.
+    #[arg(long, value_name = "FRACTION")]
+    stop_retry_share: Option<f64>,
+
     /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
     /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
     /// reach the server could change it.
@@ -391,21 +398,27 @@ impl Cli {
         })
     }
 
-    /// The overload layer, trusting `--trusted-proxy` if given.
+    /// The overload layer, trusting `--trusted-proxy` if given, with the stop rule of
+    /// `--stop-retry-share`.
     fn overload_layer(&self) -> Result<OverloadSignalLayer, String> {
-        if self.trusted_proxies.is_empty() {
-            return Ok(OverloadSignalLayer::default());
+        let mut builder = OverloadSignalLayer::builder();
+        if !self.trusted_proxies.is_empty() {
+            let header = match self.forwarded_header {
+                ForwardedArg::XForwardedFor => ForwardedHeader::XForwardedFor,
+                ForwardedArg::Forwarded => ForwardedHeader::Forwarded,
+            };
+            let proxies = TrustedProxies::new(header, self.trusted_proxies.iter().copied())
+                .map_err(|e| format!("--trusted-proxy: {e}"))?;
+            builder = builder.trusted_proxies(proxies);
         }
-        let header = match self.forwarded_header {
-            ForwardedArg::XForwardedFor => ForwardedHeader::XForwardedFor,
-            ForwardedArg::Forwarded => ForwardedHeader::Forwarded,
-        };
-        let proxies = TrustedProxies::new(header, self.trusted_proxies.iter().copied())
-            .map_err(|e| format!("--trusted-proxy: {e}"))?;
-        OverloadSignalLayer::builder()
-            .trusted_proxies(proxies)
-            .build()
-            .map_err(|e| e.to_string())
+        if let Some(share) = self.stop_retry_share {
+            let rule = StopRule::builder()
+                .retry_share(share)
+                .build()
+                .map_err(|e| format!("--stop-retry-share: {e}"))?;
+            builder = builder.rule(rule);
+        }
+        builder.build().map_err(|e| e.to_string())
     }
 
     /// `--redis-url` and its settings, validated.

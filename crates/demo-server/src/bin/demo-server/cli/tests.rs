@@ -131,11 +131,12 @@ fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
     let Stack::Adaptive { adaptive, .. } = plan.stack else {
         panic!("not the adaptive stack")
     };
-    assert!(adaptive.status().probing, "nothing measured yet");
-    assert_eq!(
-        adaptive.status().limit,
-        AdaptiveLimitLayer::DEFAULT_MIN_LIMIT
-    );
+    // A fresh limit starts at its initial limit and measures its first baseline there (issue
+    // 23: it used to start probing at its minimum, and rejected a fresh server's traffic).
+    let status = adaptive.status();
+    assert_eq!(status.baseline, None, "nothing measured yet");
+    assert!(!status.probing, "{status:?}");
+    assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT);
 }
 
 #[test]
@@ -287,4 +288,21 @@ fn trusted_proxies_reach_the_overload_layer_of_either_stack() {
     assert!(err.contains("--trusted-proxy"), "{err}");
     assert!(parse(&["--trusted-proxy", "nope"]).is_err());
     assert!(parse(&["--forwarded-header", "forwarded"]).is_err());
+}
+
+#[test]
+fn the_stop_rule_threshold_reaches_the_overload_layer() {
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    let default = plan.stack.overload().unwrap().rule().retry_share();
+    assert_eq!(default, StopRule::DEFAULT_RETRY_SHARE);
+    let plan = parse(&["--stop-retry-share", "0.5"])
+        .unwrap()
+        .plan()
+        .unwrap();
+    assert_eq!(plan.stack.overload().unwrap().rule().retry_share(), 0.5);
+    for bad in ["1", "-0.1", "NaN"] {
+        let flag = format!("--stop-retry-share={bad}");
+        let err = parse(&[flag.as_str()]).unwrap().plan().err().unwrap();
+        assert!(err.contains("--stop-retry-share"), "{bad}: {err}");
+    }
 }
