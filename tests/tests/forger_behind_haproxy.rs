@@ -134,6 +134,7 @@ async fn behind_haproxy_one_forger_cannot_make_the_server_tell_everyone_to_stop(
     let (untrusted, trusted) = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("the storms end by themselves");
+    eprintln!("honest clients' answers: untrusted {untrusted:?}, trusted {trusted:?}");
     // The anchor: every request has HAProxy's address, one caller and one limit for all;
     // the forger's claimed retries dominate the window and the honest clients' rejections
     // become the stop signal.

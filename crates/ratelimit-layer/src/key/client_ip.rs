@@ -209,7 +209,7 @@ impl CallerKey for ClientIp {
 pub struct ClientIpBuilder {
     client_ip: ClientIp,
     /// The proxies as set, checked by `build`.
-    proxies: Option<(ForwardedHeader, Vec<IpNet>)>,
+    proxies: Option<ProxySetting>,
     ipv6_prefix: u8,
 }
 
@@ -239,14 +239,17 @@ impl ClientIpBuilder {
         header: ForwardedHeader,
         proxies: impl IntoIterator<Item = IpNet>,
     ) -> Self {
-        self.proxies = Some((header, proxies.into_iter().collect()));
+        self.proxies = Some(ProxySetting::Unchecked(
+            header,
+            proxies.into_iter().collect(),
+        ));
         self
     }
 
     /// Trusts `proxies`, already validated: the same setting the overload layer takes, for
     /// a limit used without it. Default: nobody is trusted.
     pub fn proxies(mut self, proxies: TrustedProxies) -> Self {
-        self.proxies = Some((proxies.header(), proxies.proxies().to_vec()));
+        self.proxies = Some(ProxySetting::Checked(proxies));
         self
     }
 
@@ -274,7 +277,10 @@ impl ClientIpBuilder {
         }
         let proxies = self
             .proxies
-            .map(|(header, nets)| TrustedProxies::new(header, nets))
+            .map(|setting| match setting {
+                ProxySetting::Checked(proxies) => Ok(proxies),
+                ProxySetting::Unchecked(header, nets) => TrustedProxies::new(header, nets),
+            })
             .transpose()?;
         Ok(ClientIp {
             proxies,
@@ -282,6 +288,13 @@ impl ClientIpBuilder {
             ..self.client_ip
         })
     }
+}
+
+/// The proxies a builder was given: validated already, or to be checked by `build`.
+#[derive(Debug)]
+enum ProxySetting {
+    Checked(TrustedProxies),
+    Unchecked(ForwardedHeader, Vec<IpNet>),
 }
 
 impl fmt::Debug for ClientIpBuilder {

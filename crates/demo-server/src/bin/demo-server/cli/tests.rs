@@ -294,12 +294,20 @@ fn trusted_proxies_reach_the_overload_layer_of_either_stack() {
 fn the_stop_rule_threshold_reaches_the_overload_layer() {
     let plan = parse(&[]).unwrap().plan().unwrap();
     let default = plan.stack.overload().unwrap().rule().retry_share();
-    assert_eq!(default, StopRule::DEFAULT_RETRY_SHARE);
+    assert_eq!(default.to_bits(), StopRule::DEFAULT_RETRY_SHARE.to_bits());
     let plan = parse(&["--stop-retry-share", "0.5"])
         .unwrap()
         .plan()
         .unwrap();
-    assert_eq!(plan.stack.overload().unwrap().rule().retry_share(), 0.5);
+    assert_eq!(
+        plan.stack
+            .overload()
+            .unwrap()
+            .rule()
+            .retry_share()
+            .to_bits(),
+        0.5_f64.to_bits()
+    );
     for bad in ["1", "-0.1", "NaN"] {
         let flag = format!("--stop-retry-share={bad}");
         let err = parse(&[flag.as_str()]).unwrap().plan().err().unwrap();
