@@ -22,7 +22,7 @@ use tower::BoxError;
 pub use haproxy::{
     Balancer, BalancerSettings, INSTALL_HINT, ServerStats, config as haproxy_config, find_haproxy,
 };
-pub use survivors::{Survivor, SurvivorTable};
+pub use survivors::{FleetRecord, Survivor, SurvivorTable};
 
 use crate::client::http_transport;
 use crate::drive::{PauseGuard, Progress, drive_phases};
@@ -65,17 +65,6 @@ pub struct FleetRun<'a> {
     pub capacity: f64,
     /// Where the servers' and the balancer's logs and configuration go.
     pub dir: &'a Path,
-}
-
-/// One finished fleet run.
-#[derive(Debug, Clone)]
-pub struct FleetRecord {
-    /// The clients' view, as a scenario records it.
-    pub run: RunRecord,
-    /// The two servers that stayed up, during the outage.
-    pub survivors: Vec<Survivor>,
-    /// The balancer's view at the end of the run, per server.
-    pub balancer: Vec<ServerStats>,
 }
 
 /// Runs `spec` against a fresh fleet: start three servers and the balancer in front of

@@ -1,5 +1,6 @@
 //! What the survivors did during the outage, from their own `/metrics` scraped once a
-//! second: [`Survivor`], and the table of a fleet's runs ([`SurvivorTable`]).
+//! second: [`Survivor`]; a finished fleet run ([`FleetRecord`]) and the table of a fleet's
+//! runs ([`SurvivorTable`]).
 
 use std::fmt::{self, Write as _};
 use std::sync::{Arc, Mutex};
@@ -14,7 +15,8 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::FleetRecord;
+use super::haproxy::ServerStats;
+use crate::output::RunRecord;
 use crate::report::Phases;
 
 /// One server's counters at one second of the run.
@@ -207,6 +209,17 @@ impl Survivor {
             }),
         }
     }
+}
+
+/// One finished fleet run.
+#[derive(Debug, Clone)]
+pub struct FleetRecord {
+    /// The clients' view, as a scenario records it.
+    pub run: RunRecord,
+    /// The two servers that stayed up, during the outage.
+    pub survivors: Vec<Survivor>,
+    /// The balancer's view at the end of the run, per server.
+    pub balancer: Vec<ServerStats>,
 }
 
 /// The survivors of every run and the balancer's view, as a text table.

@@ -9,7 +9,6 @@ use http::Extensions;
 use http::request::Parts;
 
 use super::callers::CallerKey;
-use super::proxies::client_addr;
 
 /// The address of the connection's peer, from the request extension the server put there:
 ///
@@ -52,6 +51,52 @@ pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
         return info.remote_addr();
     }
     extensions.get::<SocketAddr>().copied()
+}
+
+/// The client address of a request, as the server resolved it: put in the request's
+/// extensions by a layer that knows it, read by every caller key and client key after it.
+///
+/// The overload layer inserts it when it is set up with [`TrustedProxies`](super::TrustedProxies) and the request
+/// came through one of them. Insert it yourself when the client address comes from
+/// elsewhere (the PROXY protocol, a sidecar that terminates TLS): [`client_addr`] then
+/// returns it, so the overload layer's default caller key and `ratelimit-layer`'s `ClientIp`
+/// key by it. Only server code can insert an extension; a client cannot send one.
+///
+/// ```
+/// use http::Request;
+/// use overload_signal::signal::{ClientAddr, client_addr};
+///
+/// let mut request = Request::new(());
+/// request.extensions_mut().insert(ClientAddr::new("198.51.100.7".parse().unwrap()));
+/// assert_eq!(client_addr(request.extensions()), Some("198.51.100.7".parse().unwrap()));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(IpAddr);
+
+impl ClientAddr {
+    /// The client at `ip` (an IPv4-mapped IPv6 address is kept as the IPv4 address).
+    pub const fn new(ip: IpAddr) -> Self {
+        Self(ip.to_canonical())
+    }
+
+    /// The client's address.
+    pub const fn ip(&self) -> IpAddr {
+        self.0
+    }
+}
+
+/// The address of the request's client: the [`ClientAddr`] a layer resolved (through
+/// [`TrustedProxies`](super::TrustedProxies), or put there by your own code), or else the IP address of the
+/// connection's peer ([`peer_addr`]); `None` without either.
+///
+/// What the overload layer's default caller key ([`PeerIp`](super::PeerIp)) and
+/// `ratelimit-layer`'s `ClientIp` read.
+#[inline]
+pub fn client_addr(extensions: &Extensions) -> Option<IpAddr> {
+    if let Some(client) = extensions.get::<ClientAddr>() {
+        return Some(client.0);
+    }
+    peer_addr(extensions).map(|peer| peer.ip().to_canonical())
 }
 
 /// The default caller key: the client's IP address ([`client_addr`]): the one resolved
@@ -139,9 +184,8 @@ mod tests {
     fn a_resolved_client_address_wins_over_the_peer() {
         let mut p = parts(Some("10.0.0.2:40000"));
         assert_eq!(PeerIp::peer_ip(&p), Some("10.0.0.2".parse().unwrap()));
-        p.extensions.insert(super::super::ClientAddr::new(
-            "2001:db8:1:2:3::9".parse().unwrap(),
-        ));
+        p.extensions
+            .insert(ClientAddr::new("2001:db8:1:2:3::9".parse().unwrap()));
         assert_eq!(PeerIp::peer_ip(&p), Some("2001:db8:1:2::".parse().unwrap()));
     }
 

@@ -1,6 +1,7 @@
 //! Who the client is behind a load balancer: the proxies a server trusts
 //! ([`TrustedProxies`]), the header they write ([`ForwardedHeader`]), and the client address
-//! resolved once for every layer of the server ([`ClientAddr`], [`client_addr`]).
+//! resolved once for every layer of the server ([`ClientAddr`](super::ClientAddr),
+//! [`client_addr`](super::client_addr)).
 //!
 //! Behind a balancer every request comes from the balancer's address, so a key built on the
 //! peer address sees one caller. The balancer writes the client's address in a header
@@ -10,7 +11,7 @@
 //! The overload layer takes the setting
 //! ([`OverloadSignalLayerBuilder::trusted_proxies`](super::OverloadSignalLayerBuilder::trusted_proxies),
 //! or `ratelimit-layer`'s `OverloadProtectionLayerBuilder::trusted_proxies`), resolves each
-//! request's client once, and leaves it in the request as a [`ClientAddr`] for every layer
+//! request's client once, and leaves it in the request as a [`ClientAddr`](super::ClientAddr) for every layer
 //! inside it: its own caller key ([`PeerIp`](super::PeerIp)) and `ratelimit-layer`'s
 //! `ClientIp` (a per-client limit) both read it. One setting, so a team cannot trust the
 //! balancer in the limiter and forget it in the overload layer.
@@ -20,11 +21,11 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderName};
+use http::{HeaderMap, HeaderName};
 use overload_core::ConfigError;
 
 use super::ip_net::IpNet;
-use super::peer::peer_addr;
+use super::peer::{ClientAddr, peer_addr};
 
 /// The header that carries client addresses through trusted proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
@@ -45,52 +46,6 @@ impl ForwardedHeader {
             Self::Forwarded => http::header::FORWARDED,
         }
     }
-}
-
-/// The client address of a request, as the server resolved it: put in the request's
-/// extensions by a layer that knows it, read by every caller key and client key after it.
-///
-/// The overload layer inserts it when it is set up with [`TrustedProxies`] and the request
-/// came through one of them. Insert it yourself when the client address comes from
-/// elsewhere (the PROXY protocol, a sidecar that terminates TLS): [`client_addr`] then
-/// returns it, so the overload layer's default caller key and `ratelimit-layer`'s `ClientIp`
-/// key by it. Only server code can insert an extension; a client cannot send one.
-///
-/// ```
-/// use http::Request;
-/// use overload_signal::signal::{ClientAddr, client_addr};
-///
-/// let mut request = Request::new(());
-/// request.extensions_mut().insert(ClientAddr::new("198.51.100.7".parse().unwrap()));
-/// assert_eq!(client_addr(request.extensions()), Some("198.51.100.7".parse().unwrap()));
-/// ```
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct ClientAddr(IpAddr);
-
-impl ClientAddr {
-    /// The client at `ip` (an IPv4-mapped IPv6 address is kept as the IPv4 address).
-    pub const fn new(ip: IpAddr) -> Self {
-        Self(ip.to_canonical())
-    }
-
-    /// The client's address.
-    pub const fn ip(&self) -> IpAddr {
-        self.0
-    }
-}
-
-/// The address of the request's client: the [`ClientAddr`] a layer resolved (through
-/// [`TrustedProxies`], or put there by your own code), or else the IP address of the
-/// connection's peer ([`peer_addr`]); `None` without either.
-///
-/// What the overload layer's default caller key ([`PeerIp`](super::PeerIp)) and
-/// `ratelimit-layer`'s `ClientIp` read.
-#[inline]
-pub fn client_addr(extensions: &Extensions) -> Option<IpAddr> {
-    if let Some(client) = extensions.get::<ClientAddr>() {
-        return Some(client.0);
-    }
-    peer_addr(extensions).map(|peer| peer.ip().to_canonical())
 }
 
 /// The proxies (load balancers) whose forwarding header a server believes, and which header
@@ -226,7 +181,7 @@ impl TrustedProxies {
 
     /// Resolves the request's client and leaves it in its extensions as a [`ClientAddr`],
     /// when the request came through a trusted proxy (a direct peer is its own client, which
-    /// [`client_addr`] finds without an extension, so nothing is inserted).
+    /// [`client_addr`](super::client_addr) finds without an extension, so nothing is inserted).
     pub fn resolve(&self, parts: &mut Parts) {
         let Some(peer) = peer_addr(&parts.extensions) else {
             return;
@@ -234,7 +189,7 @@ impl TrustedProxies {
         let peer = peer.ip().to_canonical();
         if self.is_trusted(peer) {
             let client = self.client(peer, &parts.headers);
-            parts.extensions.insert(ClientAddr(client));
+            parts.extensions.insert(ClientAddr::new(client));
         }
     }
 }
@@ -298,6 +253,7 @@ fn is_port(s: &str) -> bool {
 
 #[cfg(test)]
 mod tests {
+    use crate::signal::client_addr;
     use std::net::SocketAddr;
 
     use super::*;
