@@ -61,8 +61,12 @@ impl ForwardedHeader {
 /// written by a trusted proxy.
 ///
 /// ```
+/// use std::net::IpAddr;
+///
 /// use http::HeaderMap;
 /// use overload_signal::signal::{ForwardedHeader, TrustedProxies};
+///
+/// let ip = |s: &str| s.parse::<IpAddr>().unwrap();
 ///
 /// // A balancer at 10.0.0.2 that appends to X-Forwarded-For (HAProxy's `option forwardfor`).
 /// let proxies = TrustedProxies::new(ForwardedHeader::XForwardedFor, ["10.0.0.2".parse()?])?;
@@ -70,9 +74,9 @@ impl ForwardedHeader {
 /// // A client claimed 1.2.3.4; the balancer appended the address it saw.
 /// headers.append("x-forwarded-for", "1.2.3.4".parse().unwrap());
 /// headers.append("x-forwarded-for", "203.0.113.9".parse().unwrap());
-/// assert_eq!(proxies.client("10.0.0.2".parse().unwrap(), &headers), "203.0.113.9".parse().unwrap());
+/// assert_eq!(proxies.client(ip("10.0.0.2"), &headers), ip("203.0.113.9"));
 /// // The same headers from anyone else are ignored.
-/// assert_eq!(proxies.client("192.0.2.1".parse().unwrap(), &headers), "192.0.2.1".parse().unwrap());
+/// assert_eq!(proxies.client(ip("192.0.2.1"), &headers), ip("192.0.2.1"));
 /// # Ok::<(), overload_signal::ConfigError>(())
 /// ```
 #[derive(Clone)]
