@@ -232,9 +232,10 @@ async fn the_adaptive_stack_rejects_above_its_limit_and_counts_rejections() {
     let config = AppConfig::new(model).stack(stack);
     let stats = config.stats().clone();
     let router = app(config);
-    // While the baseline is measured the limit is 3: three are served, the rest rejected
-    // with 503 and Retry-After, at once.
-    let handles: Vec<_> = (0..10)
+    // While the first baseline is measured the limit is the initial one: that many are
+    // served, the rest rejected with 503 and Retry-After, at once.
+    let limit = ratelimit_layer::AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT;
+    let handles: Vec<_> = (0..limit + 7)
         .map(|_| tokio::spawn(router.clone().oneshot(get("/api"))))
         .collect();
     let mut statuses = Vec::new();
@@ -247,11 +248,11 @@ async fn the_adaptive_stack_rejects_above_its_limit_and_counts_rejections() {
         statuses.push(response.status());
     }
     let served = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    assert_eq!(served, 3, "{statuses:?}");
+    assert_eq!(served, limit, "{statuses:?}");
     assert_eq!(
         stats.snapshot(),
         StatsSnapshot {
-            served: 3,
+            served: limit as u64,
             rejected: 7,
             stop_signals: 0,
             failed: 0

@@ -1,11 +1,12 @@
 //! One limit for a fleet, with real processes: three `demo-server`s with `--redis-url`
 //! sharing 300 req/s under three times that load, a local-only control run, and Redis
-//! stopped and restarted under load.
+//! stopped and restarted under load; the same on a Redis Cluster (3 masters with a replica
+//! each), keys on every slot, and a master lost and its replica promoted under load.
 //!
-//! Everything runs on 127.0.0.1: a `redis-server` the test starts (and kills) itself, the
-//! three servers (killed on drop, whatever happens), and an open-loop load generator that
-//! sends 9 requests every 10 ms (900 req/s) spread evenly over the servers. Each run lasts
-//! a few seconds.
+//! Everything runs on 127.0.0.1: the `redis-server`s the tests start (and kill)
+//! themselves, the three servers (killed on drop, whatever happens), and an open-loop load
+//! generator that sends 9 requests every 10 ms (900 req/s) spread evenly over the servers.
+//! Each run lasts a few seconds.
 #![cfg(unix)]
 
 use std::io::{BufRead, BufReader};
@@ -18,7 +19,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use ratelimit_layer::redis::testing::RedisServer;
+use ratelimit_layer::redis::testing::{RedisCluster, RedisServer};
 use tokio::sync::mpsc;
 use tokio::time::{Instant, MissedTickBehavior};
 
@@ -176,7 +177,12 @@ fn only_200_and_429(outcomes: &[Outcome]) {
 
 /// One `GET /metrics` line's value, by its prefix.
 async fn metric(client: &HttpClient, server: &Server, prefix: &str) -> Option<f64> {
-    let uri: http::Uri = format!("http://{}/metrics", server.addr).parse().unwrap();
+    metric_at(client, server.addr, prefix).await
+}
+
+/// One `GET /metrics` line's value of the server at `addr`, by its prefix.
+async fn metric_at(client: &HttpClient, addr: SocketAddr, prefix: &str) -> Option<f64> {
+    let uri: http::Uri = format!("http://{addr}/metrics").parse().unwrap();
     let response = client.get(uri).await.ok()?;
     let body = response.into_body().collect().await.ok()?.to_bytes();
     let text = String::from_utf8_lossy(&body).into_owned();
@@ -309,4 +315,331 @@ async fn redis_stopped_and_restarted_under_load() {
         assert_eq!(metric(&client, server, UP).await, Some(1.0));
     }
     assert!(fallbacks(&client, &servers).await > 0.0);
+}
+
+/// Each server's `ratelimit_layer_redis_up`.
+async fn up_gauges(client: &HttpClient, servers: &[Server]) -> Vec<Option<f64>> {
+    let mut ups = Vec::with_capacity(servers.len());
+    for server in servers {
+        ups.push(metric(client, server, UP).await);
+    }
+    ups
+}
+
+/// Three servers on a Redis Cluster, each seeded with a different node.
+fn cluster_fleet(cluster: &RedisCluster, extra: &[&str]) -> Vec<Server> {
+    (0..3)
+        .map(|i| {
+            let url = &cluster.urls()[i];
+            let mut args = vec!["--redis-cluster", "--redis-url", url];
+            args.extend_from_slice(extra);
+            start(&args)
+        })
+        .collect()
+}
+
+/// The issue's Cluster test, first part: a Redis Cluster of 3 masters with a replica each;
+/// three servers, each seeded with a different node, share 300 req/s within 5 % (900 req/s
+/// offered for 4 s), every decision made in Redis (no fallback counted).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_servers_share_one_limit_through_a_redis_cluster() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    let servers = cluster_fleet(&cluster, &["--burst", "30", "--redis-budget", "250ms"]);
+    let ticks = 400;
+    let run = load(&servers, ticks, |_| {}).await;
+    only_200_and_429(&run.outcomes);
+    let total = run.admitted(0, ticks);
+    let expected = f64::from(LIMIT) * run.seconds(0, ticks) + 30.0;
+    let error = (f64::from(total) - expected).abs() / expected;
+    println!(
+        "Cluster: {total} admitted of {} offered in {:.2} s, expected {expected:.0}",
+        run.outcomes.len(),
+        run.seconds(0, ticks)
+    );
+    assert!(
+        error <= 0.05,
+        "admitted {total}, expected {expected:.0} (error {:.1} %)",
+        error * 100.0
+    );
+    let client = client();
+    assert!(
+        fallbacks(&client, &servers).await.abs() < f64::EPSILON,
+        "no fallback"
+    );
+}
+
+/// The issue's Cluster test, second part: a keyed limit (per client address) over 120
+/// keys, which land on every master's slots, is decided in Redis: no fallback counted, and
+/// every master holds keys. The clients bind 120 different loopback addresses
+/// (127.0.0.0/8 is all loopback on Linux), one key each.
+#[cfg(target_os = "linux")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keys_on_every_slot_are_decided_in_the_cluster() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let cluster = RedisCluster::start(3, 1);
+    // NOTE: a sliding window, whose keys live two windows (2 s), long enough to be
+    // counted on their nodes after the run.
+    let servers = cluster_fleet(
+        &cluster,
+        &[
+            "--key",
+            "ip",
+            "--algorithm",
+            "sliding-window",
+            "--redis-budget",
+            "250ms",
+        ],
+    );
+    let mut tasks = Vec::new();
+    for i in 0..120u8 {
+        let local = std::net::IpAddr::from([127, 0, 1, i + 1]);
+        let uri: http::Uri = format!("http://{}/api", servers[usize::from(i) % 3].addr)
+            .parse()
+            .unwrap();
+        tasks.push(tokio::spawn(async move {
+            let mut connector = HttpConnector::new();
+            connector.set_local_address(Some(local));
+            let client: HttpClient = Client::builder(TokioExecutor::new()).build(connector);
+            let mut statuses = Vec::new();
+            for _ in 0..3 {
+                let status = match client.get(uri.clone()).await {
+                    Ok(response) => response.status().as_u16(),
+                    Err(_) => 0,
+                };
+                statuses.push(status);
+            }
+            statuses
+        }));
+    }
+    for task in tasks {
+        assert_eq!(task.await.unwrap(), [200, 200, 200], "three of a key's 300");
+    }
+    let client = client();
+    assert!(
+        fallbacks(&client, &servers).await.abs() < f64::EPSILON,
+        "no fallback"
+    );
+    let masters: std::collections::BTreeSet<usize> = [0, 5_461, 10_923]
+        .iter()
+        .map(|slot| cluster.master_of(*slot))
+        .collect();
+    assert_eq!(masters.len(), 3);
+    for master in masters {
+        let keys: u64 = cluster.nodes()[master]
+            .command("DBSIZE")
+            .trim_start_matches(':')
+            .parse()
+            .unwrap();
+        assert!(keys >= 10, "master {master} holds {keys} of the 120 keys");
+    }
+}
+
+/// The issue's Cluster test, third part: under 900 req/s, the master that holds the
+/// fleet's key is killed (SIGKILL) and its replica promoted by the Cluster (node timeout
+/// 1 s). No response is a server error; each server falls back to its local share (half
+/// the limit here, so that the fallback shows) for a few seconds at most after the replica
+/// is promoted; then the fleet admits the shared 300 req/s again, decided in the Cluster.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_master_lost_and_its_replica_promoted_under_load() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let mut cluster = RedisCluster::start(3, 1);
+    let slot: u16 = cluster.nodes()[0]
+        .command("CLUSTER KEYSLOT ratelimit:default:tb:g")
+        .trim_start_matches(':')
+        .parse()
+        .unwrap();
+    let master = cluster.master_of(slot);
+    let killed_port = cluster.nodes()[master].port();
+    let survivors: Vec<u16> = cluster
+        .nodes()
+        .iter()
+        .map(|n| n.port())
+        .filter(|p| *p != killed_port)
+        .collect();
+    let servers = cluster_fleet(
+        &cluster,
+        &[
+            "--burst",
+            "30",
+            "--redis-local-share",
+            "0.5",
+            "--redis-budget",
+            "250ms",
+        ],
+    );
+    // Each server's `up` gauge, every 100 ms, while the load runs: the longest stretch at 0,
+    // and when the last one ended (from the start of the run).
+    let watching = Arc::new(AtomicBool::new(true));
+    let started = Instant::now();
+    let watcher = {
+        let watching = Arc::clone(&watching);
+        let addrs: Vec<SocketAddr> = servers.iter().map(|s| s.addr).collect();
+        tokio::spawn(async move {
+            let client = client();
+            let mut away_since = vec![None; addrs.len()];
+            let mut longest = vec![Duration::ZERO; addrs.len()];
+            let mut back_at = Duration::ZERO;
+            while watching.load(Ordering::Relaxed) {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                for (i, addr) in addrs.iter().enumerate() {
+                    let up = metric_at(&client, *addr, UP).await;
+                    match (up == Some(0.0), away_since[i]) {
+                        (true, None) => away_since[i] = Some(Instant::now()),
+                        (false, Some(since)) => {
+                            let away: Duration = Instant::now() - since;
+                            longest[i] = longest[i].max(away);
+                            back_at = back_at.max(started.elapsed());
+                            away_since[i] = None;
+                        }
+                        _ => {}
+                    }
+                }
+            }
+            for (i, since) in away_since.iter().enumerate() {
+                if let Some(since) = since {
+                    longest[i] = longest[i].max(Instant::now() - *since);
+                    back_at = Duration::MAX;
+                }
+            }
+            (longest, back_at)
+        })
+    };
+    // When the Cluster promotes a replica for the slot, from the start of the run.
+    let promotion = {
+        let watching = Arc::clone(&watching);
+        std::thread::spawn(move || {
+            while watching.load(Ordering::Relaxed) {
+                if let Some(port) = RedisCluster::master_port(&survivors, slot) {
+                    if port != killed_port {
+                        return Some(started.elapsed());
+                    }
+                }
+                std::thread::park_timeout(Duration::from_millis(50));
+            }
+            None
+        })
+    };
+    // 2 s with the Cluster, then the master is killed; 10 s more.
+    let (kill, end) = (200, 1_200);
+    let run = load(&servers, end, |tick| {
+        if tick == kill {
+            cluster.kill(master);
+        }
+    })
+    .await;
+    watching.store(false, Ordering::Relaxed);
+    let (longest, back_at) = watcher.await.unwrap();
+    let promoted = promotion.join().unwrap();
+    only_200_and_429(&run.outcomes);
+    let killed_at = run.times[kill] - run.times[0];
+    let before = run.rate(0, kill);
+    let after = run.rate(end - 300, end);
+    println!(
+        "Cluster failover: killed at {killed_at:?}, replica promoted at {promoted:?}, the \
+         last server back at {back_at:?}; longest fallback per server {longest:?}; {before:.0} \
+         req/s admitted before, {after:.0} in the last 3 s"
+    );
+    let promoted = promoted.expect("the Cluster promoted no replica within the run");
+    assert!((before - 315.0).abs() <= 0.05 * 315.0, "{before}");
+    assert!(
+        back_at <= promoted + Duration::from_secs(3),
+        "back at {back_at:?}, the replica promoted at {promoted:?}"
+    );
+    assert!(
+        longest.iter().any(|away| !away.is_zero()),
+        "the loss was seen"
+    );
+    assert!((after - 300.0).abs() <= 0.05 * 300.0, "{after}");
+    let client = client();
+    assert_eq!(
+        up_gauges(&client, &servers).await,
+        [Some(1.0), Some(1.0), Some(1.0)]
+    );
+}
+
+/// The calls of `EVALSHA` and `EVAL` a server has run, from `INFO commandstats`.
+fn script_calls(server: &RedisServer) -> u64 {
+    server
+        .info("commandstats")
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| line.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// The local reservation among three servers (`--redis-reservation 10`): under 900 req/s
+/// they still share 300 req/s over the run, within 5 %, and no one-second window admits
+/// more than the limit's own worst (300 + the burst of 30) plus the stated overshoot of
+/// the reservation (3 servers x 10 units), with far fewer round trips than requests.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reservation_keeps_the_fleet_within_its_stated_overshoot() {
+    let _alone = ONE_AT_A_TIME.lock().await;
+    let redis = RedisServer::start();
+    let url = redis.url();
+    let (servers_count, units) = (3.0, 10.0);
+    let servers = fleet(&[
+        "--burst",
+        "30",
+        "--redis-url",
+        &url,
+        "--redis-budget",
+        "250ms",
+        "--redis-reservation",
+        "10",
+    ]);
+    let calls = script_calls(&redis);
+    let ticks = 400;
+    let run = load(&servers, ticks, |_| {}).await;
+    let calls = script_calls(&redis) - calls;
+    only_200_and_429(&run.outcomes);
+    let total = run.admitted(0, ticks);
+    let expected = f64::from(LIMIT) * run.seconds(0, ticks) + 30.0;
+    // The most any window of one second (100 ticks) admitted, against its bound.
+    let (worst, worst_at) = (0..=ticks - 100)
+        .map(|from| {
+            let per_second =
+                f64::from(run.admitted(from, from + 100)) / run.seconds(from, from + 100);
+            (per_second, from)
+        })
+        .fold(
+            (0.0, 0),
+            |best, next| if next.0 > best.0 { next } else { best },
+        );
+    let bound = f64::from(LIMIT) + 30.0 + servers_count * units;
+    println!(
+        "reservation: {total} admitted of {} offered in {:.2} s, expected {expected:.0}; \
+         {calls} round trips; busiest second {worst:.0} (from tick {worst_at}), bound {bound:.0}",
+        run.outcomes.len(),
+        run.seconds(0, ticks)
+    );
+    let error = (f64::from(total) - expected).abs() / expected;
+    assert!(
+        error <= 0.05,
+        "admitted {total}, expected {expected:.0} (error {:.1} %)",
+        error * 100.0
+    );
+    assert!(
+        worst <= bound * 1.05,
+        "a second admitted {worst:.0}, bound {bound:.0}"
+    );
+    // NOTE: under three times the limit the bucket is empty most of the time, so batches
+    // are small; the saving comes from the rejections repeated locally and from the
+    // requests that wait for the batch under way (0.47 to 0.58 round trips per request
+    // measured on a loaded machine; a limit nobody reaches takes one per thousand).
+    let requests = u64::try_from(run.outcomes.len()).unwrap();
+    assert!(
+        calls * 5 < requests * 4,
+        "{calls} round trips for {requests} requests"
+    );
+    let client = client();
+    assert!(
+        fallbacks(&client, &servers).await.abs() < f64::EPSILON,
+        "no fallback"
+    );
 }

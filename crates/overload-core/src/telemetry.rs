@@ -19,7 +19,8 @@
 //!   and then forgotten.
 //! - [`spawn_ticker`]: a task that wakes a layer's state at a fixed period for as long as
 //!   the layer lives, so gauges that describe a window fall back to zero when traffic stops
-//!   and an episode ends when its condition has not been seen for a while.
+//!   and an episode ends when its condition has not been seen for a while; [`Ticker`]
+//!   starts it on a layer's first request, once.
 //!
 //! ```
 //! use metrics::Counter;
@@ -370,6 +371,67 @@ pub fn spawn_ticker<T: Send + Sync + 'static>(
     true
 }
 
+/// A layer's ticker, started by its first request: the one place where the "first request
+/// registers the metrics and starts the ticker" step lives.
+///
+/// [`start`](Self::start) is cheap while the ticker runs (one relaxed load). The first
+/// call claims the start, runs the layer's first-request work and [spawns](spawn_ticker)
+/// the tick; outside a tokio runtime nothing can tick, so the claim is given back and the
+/// next request tries again (running its first-request work again: keep it idempotent).
+#[derive(Debug, Default)]
+pub struct Ticker {
+    running: AtomicBool,
+}
+
+impl Ticker {
+    /// A ticker not started yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Whether the tick task runs (a layer may leave per-request work to it then).
+    #[inline]
+    pub fn is_running(&self) -> bool {
+        self.running.load(Ordering::Relaxed)
+    }
+
+    /// On every request: if the ticker does not run yet, `first` runs on `state` and
+    /// `tick` is spawned to run on it every `period` (see [`spawn_ticker`]).
+    #[inline]
+    pub fn start<T: Send + Sync + 'static>(
+        &self,
+        state: &Arc<T>,
+        period: Duration,
+        first: impl FnOnce(&T),
+        tick: fn(&T),
+    ) {
+        if !self.is_running() {
+            self.start_cold(state, period, first, tick);
+        }
+    }
+
+    #[cold]
+    fn start_cold<T: Send + Sync + 'static>(
+        &self,
+        state: &Arc<T>,
+        period: Duration,
+        first: impl FnOnce(&T),
+        tick: fn(&T),
+    ) {
+        if self
+            .running
+            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
+            .is_err()
+        {
+            return;
+        }
+        first(state);
+        if !spawn_ticker(state, period, tick) {
+            self.running.store(false, Ordering::Release);
+        }
+    }
+}
+
 #[cfg(all(test, not(loom)))]
 mod tests {
     use std::sync::atomic::AtomicUsize;
@@ -476,6 +538,45 @@ mod tests {
         assert_eq!(throttle.note(s(66)), None);
         // A clock that starts at zero logs the first occurrence too.
         assert_eq!(LogThrottle::new(Duration::ZERO).note(0), Some(1));
+    }
+
+    #[test]
+    fn a_ticker_outside_a_runtime_is_tried_again_by_the_next_request() {
+        let ticker = Ticker::new();
+        let state = Arc::new(AtomicUsize::new(0));
+        let first = |s: &AtomicUsize| {
+            s.fetch_add(1, Ordering::Relaxed);
+        };
+        ticker.start(&state, Duration::from_secs(1), first, |_| {});
+        ticker.start(&state, Duration::from_secs(1), first, |_| {});
+        assert!(!ticker.is_running());
+        assert_eq!(state.load(Ordering::Relaxed), 2, "each request tried");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_ticker_starts_once_on_the_first_request() {
+        let ticker = Ticker::new();
+        let state = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
+        for _ in 0..5 {
+            ticker.start(
+                &state,
+                Duration::from_secs(1),
+                |s| {
+                    s.0.fetch_add(1, Ordering::Relaxed);
+                },
+                |s| {
+                    s.1.fetch_add(1, Ordering::Relaxed);
+                },
+            );
+        }
+        assert!(ticker.is_running());
+        tokio::time::sleep(Duration::from_millis(2_500)).await;
+        assert_eq!(
+            state.0.load(Ordering::Relaxed),
+            1,
+            "first-request work once"
+        );
+        assert_eq!(state.1.load(Ordering::Relaxed), 2, "one tick task");
     }
 
     #[test]

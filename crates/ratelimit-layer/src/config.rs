@@ -252,8 +252,25 @@ impl RateLimitConfig {
 }
 
 /// Where a [`RateLimitConfig`] keeps its limit for a fleet, as plain data, mapping onto
-/// flags such as `--redis-url redis://host:6379 --redis-local-share 0.33 --redis-budget 5ms`.
-/// Only with the feature `redis`; see [`crate::redis`].
+/// flags such as `--redis-url redis://host:6379 --redis-local-share 0.33 --redis-budget 5ms
+/// --redis-reservation 20`. Only with the feature `redis`; see [`crate::redis`].
+///
+/// ```
+/// use ratelimit_layer::config::{RateLimitConfig, RedisConfig};
+/// use ratelimit_layer::redis::RedisStore;
+///
+/// // The defaults.
+/// let redis = RedisConfig::new(RedisStore::new("redis://127.0.0.1:6379")?);
+/// // Customised: a Cluster, a third of the limit while it is away, a local reservation.
+/// let redis = RedisConfig {
+///     local_share: 1.0 / 3.0,
+///     reservation: 20,
+///     ..RedisConfig::new(RedisStore::cluster(["redis://10.0.0.5:6379"])?)
+/// };
+/// let layer = RateLimitConfig::default().redis_layer(&redis)?;
+/// # let _ = layer;
+/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// ```
 #[cfg(feature = "redis")]
 #[derive(Clone, Debug)]
 pub struct RedisConfig {
@@ -265,6 +282,12 @@ pub struct RedisConfig {
     /// The time budget of a decision. Default: 5 ms
     /// ([`RedisLayerBuilder::DEFAULT_BUDGET`]).
     pub budget: Duration,
+    /// The local reservation's largest batch, 0 for none. Default: 0
+    /// ([`RedisLayerBuilder::reservation`]).
+    pub reservation: u32,
+    /// The cap on new keys made in Redis per second, per process. Default: 1 000
+    /// ([`RedisLayerBuilder::DEFAULT_MAX_NEW_KEYS`]).
+    pub max_new_keys: u32,
 }
 
 #[cfg(feature = "redis")]
@@ -275,6 +298,8 @@ impl RedisConfig {
             store,
             local_share: RedisLayerBuilder::DEFAULT_LOCAL_SHARE,
             budget: RedisLayerBuilder::DEFAULT_BUDGET,
+            reservation: 0,
+            max_new_keys: RedisLayerBuilder::DEFAULT_MAX_NEW_KEYS,
         }
     }
 }
@@ -329,12 +354,16 @@ impl RateLimitConfig {
                 .redis(redis.store.clone())
                 .local_share(redis.local_share)
                 .budget(redis.budget)
+                .reservation(redis.reservation)
+                .max_new_keys(redis.max_new_keys)
                 .build(),
             KeyBy::Ip => builder
                 .key_by_client_ip(self.client_ip.clone())
                 .redis(redis.store.clone())
                 .local_share(redis.local_share)
                 .budget(redis.budget)
+                .reservation(redis.reservation)
+                .max_new_keys(redis.max_new_keys)
                 .build(),
         }
     }

@@ -251,7 +251,9 @@
 //! - `test-util` (off by default): enables `overload-core`'s `test-util` feature, so that
 //!   `clock::FakeClock`, a clock that moves only when told to, exists for tests (and, with
 //!   `redis`, `redis::testing`).
-//! - `redis` (off by default): one limit for a fleet, kept in Redis; see [`redis`].
+//! - `redis` (off by default): one limit for a fleet, kept in Redis (one node or a Redis
+//!   Cluster, over TCP or TLS with rustls), with an opt-in local reservation; see
+//!   [`redis`].
 
 pub mod adaptive;
 pub mod algorithm;
@@ -263,6 +265,10 @@ pub mod protect;
 mod rate_limit;
 #[cfg(feature = "redis")]
 pub mod redis;
+#[cfg(any(feature = "redis", loom))]
+mod remote_health;
+#[cfg(any(feature = "redis", loom))]
+mod reservation;
 mod telemetry;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.

@@ -29,8 +29,8 @@
 //! counters and its `redis_up` gauge; the adaptive limit's counters and gauges.
 //!
 //! The gauges stay true while no request comes: a keyed layer sweeps its idle keys and sets
-//! `ratelimit_layer_keys` every second; the Redis-backed limit checks Redis with a `PING`
-//! while no request asks it, so `ratelimit_layer_redis_up` follows Redis; the adaptive
+//! `ratelimit_layer_keys` every second; the Redis-backed limit probes Redis while it is
+//! away and while no request asks it, so `ratelimit_layer_redis_up` follows Redis; the adaptive
 //! limit's latency gauge falls to 0 once no request has completed for 10 seconds (its limit
 //! and baseline do not change without traffic).
 //!
@@ -58,8 +58,9 @@ pub const MISSING_KEY: &str = "ratelimit_layer_missing_key_total";
 pub const REDIS_FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
 
 /// Gauge, label `name`: 1 while a limit kept in Redis (feature `redis`) is decided in
-/// Redis, 0 while it falls back to its local share. Set on each change; while no request
-/// asks Redis, a `PING` every recheck interval keeps it true.
+/// Redis, 0 while it falls back to its local share. Set on each change; while Redis is
+/// away, and while no request asks it, the layer probes it every recheck interval, which
+/// keeps it true.
 pub const REDIS_UP: &str = "ratelimit_layer_redis_up";
 
 /// Counter, label `name`: requests the [adaptive limit](crate::adaptive) passed to the

@@ -5,7 +5,8 @@
 //! Each test starts its own `redis-server` (`RedisServer`), and fails, never skips, when it
 //! cannot.
 
-use std::convert::Infallible;
+mod redis_support;
+
 use std::net::{Ipv4Addr, TcpListener};
 use std::process::Command;
 use std::sync::Arc;
@@ -13,54 +14,16 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
-use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use metrics_util::debugging::DebuggingRecorder;
 use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
 use ratelimit_layer::redis::RedisStore;
 use ratelimit_layer::redis::testing::RedisServer;
-use ratelimit_layer::{RateLimitLayer, TokenBucket, metric_names};
+use ratelimit_layer::{RateLimitLayer, TokenBucket};
+use redis_support::{GENEROUS, Reading, Svc, header, hourly, ok, read, send, store};
 use tokio::time::Instant;
-use tower::{Layer, Service, ServiceExt, service_fn};
+use tower::{Layer, Service, ServiceExt};
 use tracing::{Event, Level, Subscriber};
 use tracing_subscriber::layer::{Context, SubscriberExt};
-
-type Svc = tower::util::BoxCloneService<Request<()>, Response<String>, Infallible>;
-
-fn ok() -> Svc {
-    Svc::new(service_fn(|_: Request<()>| async {
-        Ok::<_, Infallible>(Response::new("ok".to_owned()))
-    }))
-}
-
-/// One per hour, bursts of `burst`: nothing comes back during a test.
-fn hourly(burst: u32) -> TokenBucket {
-    TokenBucket::builder(1)
-        .period(Duration::from_secs(3_600))
-        .burst(burst)
-        .build()
-        .unwrap()
-}
-
-/// A store as a separate process would have it, reconnecting quickly, connected.
-async fn store(server: &RedisServer) -> RedisStore {
-    let store = RedisStore::builder(&server.url())
-        .reconnect_max_delay(Duration::from_millis(50))
-        .build()
-        .unwrap();
-    store.ping().await.unwrap();
-    store
-}
-
-/// A budget for the tests that are not about it: long enough for a loaded machine, so that
-/// they see Redis's decisions, never the fallback's.
-const GENEROUS: Duration = Duration::from_secs(2);
-
-async fn send(svc: &Svc) -> Response<String> {
-    svc.clone().oneshot(Request::new(())).await.unwrap()
-}
-
-fn header<'a>(response: &'a Response<String>, name: &http::HeaderName) -> &'a str {
-    response.headers()[name].to_str().unwrap()
-}
 
 /// Two layers built apart, each with its own store (as two processes): one limit.
 #[tokio::test]
@@ -143,38 +106,6 @@ async fn keys_are_limited_apart_across_processes() {
     assert_eq!(server.command("EXISTS edge:api:tb:u"), ":1");
 }
 
-/// What the Redis metrics said since the previous reading (the debugging recorder's
-/// snapshot drains what it reads, gauges included, so each reading takes one).
-#[derive(Debug, Default, PartialEq)]
-struct Reading {
-    /// Fallbacks by reason: timeout, error, unavailable.
-    fallbacks: [u64; 3],
-    /// The `up` gauge, when it was set since the previous reading.
-    up: Option<f64>,
-}
-
-fn read(snapshotter: &Snapshotter) -> Reading {
-    let mut reading = Reading::default();
-    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
-        let key = key.key();
-        match value {
-            DebugValue::Counter(n) if key.name() == metric_names::REDIS_FALLBACKS => {
-                let reason = key.labels().find(|l| l.key() == "reason").unwrap();
-                let slot = ["timeout", "error", "unavailable"]
-                    .iter()
-                    .position(|r| *r == reason.value())
-                    .unwrap();
-                reading.fallbacks[slot] += n;
-            }
-            DebugValue::Gauge(g) if key.name() == metric_names::REDIS_UP => {
-                reading.up = Some(g.into_inner());
-            }
-            _ => {}
-        }
-    }
-    reading
-}
-
 /// Counts the `WARN` events this crate logs about Redis, and its `INFO` events about Redis
 /// (not the rate limit's own episodes, logged when the local share rejects).
 #[derive(Clone, Default)]
@@ -183,6 +114,39 @@ struct Warnings(Arc<AtomicUsize>, Arc<AtomicUsize>);
 impl Warnings {
     fn infos(&self) -> usize {
         self.1.load(Ordering::SeqCst)
+    }
+
+    /// The counter as this thread's subscriber. tracing caches each callsite's interest
+    /// process-wide, computed on the thread that reaches it first; with one dispatcher alive
+    /// a sibling test's thread (no subscriber) would cache "never" and this test would see
+    /// nothing. A global subscriber interested in every callsite (and enabling none) keeps
+    /// two dispatchers alive, so the interest is the union of both.
+    fn install(&self) -> tracing::subscriber::DefaultGuard {
+        static ANCHOR: std::sync::Once = std::sync::Once::new();
+        ANCHOR.call_once(|| {
+            let anchor = tracing_subscriber::registry().with(Anchor);
+            tracing::subscriber::set_global_default(anchor).expect("no global subscriber yet");
+        });
+        let guard =
+            tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()));
+        tracing::callsite::rebuild_interest_cache();
+        guard
+    }
+}
+
+/// Interested in every callsite, enabling none: see [`Warnings::install`].
+struct Anchor;
+
+impl<S: Subscriber> tracing_subscriber::Layer<S> for Anchor {
+    fn register_callsite(
+        &self,
+        _: &'static tracing::Metadata<'static>,
+    ) -> tracing::subscriber::Interest {
+        tracing::subscriber::Interest::sometimes()
+    }
+
+    fn enabled(&self, _: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+        false
     }
 }
 
@@ -221,8 +185,7 @@ async fn falls_back_to_the_local_share_and_returns_when_redis_answers() {
     let snapshotter = recorder.snapshotter();
     let _metrics = metrics::set_default_local_recorder(&recorder);
     let warnings = Warnings::default();
-    let _logs =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _logs = warnings.install();
 
     let mut server = RedisServer::start();
     let svc = Svc::new(
@@ -300,8 +263,7 @@ async fn redis_lost_and_back_without_traffic_is_seen() {
     let snapshotter = recorder.snapshotter();
     let _metrics = metrics::set_default_local_recorder(&recorder);
     let warnings = Warnings::default();
-    let _logs =
-        tracing::subscriber::set_default(tracing_subscriber::registry().with(warnings.clone()));
+    let _logs = warnings.install();
     let mut server = RedisServer::start();
     let svc = Svc::new(
         RateLimitLayer::builder(hourly(10))
@@ -331,7 +293,8 @@ async fn redis_lost_and_back_without_traffic_is_seen() {
         read(&snapshotter),
         Reading {
             fallbacks: [0, 0, 0],
-            up: Some(0.0)
+            up: Some(0.0),
+            rejected: [0; 4],
         }
     );
 
@@ -566,4 +529,61 @@ async fn requests_without_a_key_are_no_fallback_while_redis_is_away() {
         assert_eq!(send(&svc).await.status(), StatusCode::OK);
     }
     assert_eq!(read(&snapshotter).fallbacks, [0, 0, 0]);
+}
+
+/// The calls of `EVALSHA` (and `EVAL`) a server has run, from `INFO commandstats`.
+fn script_calls(server: &RedisServer) -> u64 {
+    server
+        .info("commandstats")
+        .lines()
+        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
+        .filter_map(|line| line.split("calls=").nth(1))
+        .filter_map(|rest| rest.split(',').next())
+        .filter_map(|n| n.parse::<u64>().ok())
+        .sum()
+}
+
+/// The local reservation: two layers (as two processes) take units in batches of up to
+/// 10 from one limit of 50 that does not refill; they admit exactly 50 between them (every
+/// unit spent was taken from Redis first, and all were spent), with far fewer round
+/// trips than requests; once Redis has rejected, the rejections are answered without
+/// asking it again.
+#[tokio::test]
+async fn a_reservation_admits_the_limit_with_fewer_round_trips() {
+    let server = RedisServer::start();
+    let layer = |store| {
+        Svc::new(
+            RateLimitLayer::builder(hourly(50))
+                .redis(store)
+                .budget(GENEROUS)
+                .reservation(10)
+                .reservation_lease(Duration::from_secs(60))
+                .build()
+                .unwrap()
+                .layer(ok()),
+        )
+    };
+    let (a, b) = (layer(store(&server).await), layer(store(&server).await));
+    let before = script_calls(&server);
+    let mut admitted = 0;
+    for i in 0..120 {
+        let svc = if i % 2 == 0 { &a } else { &b };
+        if send(svc).await.status() == StatusCode::OK {
+            admitted += 1;
+        }
+    }
+    let calls = script_calls(&server) - before;
+    println!("admitted {admitted} of 120 with {calls} script calls");
+    assert_eq!(admitted, 50, "the limit, exactly");
+    assert!(calls <= 20, "{calls} round trips for 120 requests");
+    // Rejected by Redis an hour ago (of its clock): answered here.
+    let calls = script_calls(&server);
+    for svc in [&a, &b] {
+        assert_eq!(send(svc).await.status(), StatusCode::TOO_MANY_REQUESTS);
+    }
+    assert_eq!(
+        script_calls(&server),
+        calls,
+        "no round trip for a known rejection"
+    );
 }

@@ -9,8 +9,8 @@ use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Response, StatusCode};
 use overload_core::clock::{Clock, TokioClock};
-use overload_core::sync::{AtomicBool, AtomicU64, Ordering};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, spawn_ticker};
+use overload_core::sync::{AtomicU64, Ordering};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
 
 use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn, UNKEYED};
 use super::peer::PeerIp;
@@ -36,8 +36,9 @@ pub(crate) struct SignalState<C: Clock = TokioClock> {
     metrics: LazyMetrics<SignalMetrics>,
     /// The layer answering rejections with the stop signal because its rule fired.
     stopping: Episode,
-    /// Whether the ticker that keeps the gauges true and ends the episode runs.
-    ticking: AtomicBool,
+    /// The ticker that keeps the gauges true and ends the episode, started by the first
+    /// request.
+    ticker: Ticker,
 }
 
 /// How a layer is put together: what its builder sets.
@@ -109,7 +110,7 @@ impl<C: Clock> SignalState<C> {
             exported: AtomicU64::new(0),
             metrics: LazyMetrics::new(name),
             stopping: Episode::new(),
-            ticking: AtomicBool::new(false),
+            ticker: Ticker::new(),
         }
     }
 
@@ -133,9 +134,8 @@ impl<C: Clock> SignalState<C> {
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);
         let caller = self.callers.record(bucket, lane, class.is_retry());
-        if !self.ticking.load(Ordering::Relaxed) {
-            self.start_ticking();
-        }
+        self.ticker
+            .start(self, self.histogram.bucket_width(), |_| {}, Self::tick);
         if lane == UNKEYED {
             self.report_unkeyed();
         }
@@ -152,24 +152,6 @@ impl<C: Clock> SignalState<C> {
         self.metrics.get().unkeyed();
         if let Some(count) = self.unkeyed.note(self.histogram.clock().now()) {
             log_unkeyed(self.name(), count, UNKEYED_LOG_INTERVAL);
-        }
-    }
-
-    /// Starts the ticker, on the first request (where a tokio runtime is current): every
-    /// bucket it re-exports the window gauges, so that they fall back to the empty window's
-    /// figures when traffic stops, and it ends the stop signal's episode once it has been
-    /// quiet for a window. Outside a runtime, the next request tries again.
-    #[cold]
-    fn start_ticking(self: &Arc<Self>) {
-        if self
-            .ticking
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        if !spawn_ticker(self, self.histogram.bucket_width(), Self::tick) {
-            self.ticking.store(false, Ordering::Release);
         }
     }
 

@@ -159,9 +159,11 @@ impl<C: Clock> AdaptiveLimitLayer<C> {
     ///
     /// let layer = AdaptiveLimitLayer::new();
     /// let status = layer.status();
-    /// // Nothing measured yet: the baseline is being measured at the minimum limit.
-    /// assert!(status.probing);
-    /// assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_MIN_LIMIT);
+    /// // Nothing measured yet: the first baseline is measured at the initial limit, with
+    /// // no probe.
+    /// assert!(!status.probing);
+    /// assert_eq!(status.baseline, None);
+    /// assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT);
     /// ```
     pub fn status(&self) -> Status {
         self.state.status()

@@ -9,7 +9,7 @@ use http::request::Parts;
 
 use overload_core::clock::{Clock, saturating_nanos};
 use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, StripedCounter};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 
 use super::controller::{
     AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
@@ -60,9 +60,8 @@ pub(crate) struct AdaptiveLimitState<C> {
     ticked_outcomes: AtomicU64,
     last_progress: AtomicU64,
     latency_idle: AtomicBool,
-    /// Whether the first request's work is done: the metrics registered, the ticker
-    /// running.
-    started: AtomicBool,
+    /// Started by the first request, which registers the metrics.
+    ticker: Ticker,
     /// Admitted requests not yet added to the admitted counter (the tick adds them).
     admitted: StripedCounter,
 }
@@ -128,7 +127,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             ticked_outcomes: AtomicU64::new(0),
             last_progress: AtomicU64::new(now),
             latency_idle: AtomicBool::new(false),
-            started: AtomicBool::new(false),
+            ticker: Ticker::new(),
             admitted: StripedCounter::new(),
             clock,
         }
@@ -142,30 +141,17 @@ impl<C: Clock> AdaptiveLimitState<C> {
     /// Every request: the first one registers the metrics and starts the ticker.
     #[inline]
     pub(super) fn on_request(self: &Arc<Self>) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.start();
-        }
+        self.ticker
+            .start(self, TICK, Self::first_request, Self::tick);
     }
 
-    #[cold]
-    fn start(self: &Arc<Self>) {
-        if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        // NOTE: the gauges read what is known now: the limit in force (the minimum, while
-        // the first baseline is measured), the baseline once one was measured.
+    fn first_request(&self) {
+        // NOTE: the gauges read what is known now: the limit in force (the initial one,
+        // while the first baseline is measured), the baseline once one was measured.
         let metrics = self.metrics.get();
         metrics.limit.set(self.limit.load(Ordering::Relaxed) as f64);
         if let Some(baseline) = self.lock_controller().baseline() {
             metrics.baseline.set(baseline as f64 / 1e9);
-        }
-        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
-        if !spawn_ticker(self, TICK, Self::tick) {
-            self.started.store(false, Ordering::Release);
         }
     }
 
@@ -240,7 +226,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 }
                 // NOTE: striped while the tick runs (it adds the stripes to the counter once a
                 // second), so the cores do not share the counter's cache line per request.
-                if self.started.load(Ordering::Relaxed) {
+                if self.ticker.is_running() {
                     self.admitted.add(1);
                 } else {
                     self.metrics.get().admitted.increment(1);

@@ -22,14 +22,26 @@ use crate::keyed::KeyClass;
 /// remote will not decide (`start` returns `None`), or could not decide (its future answers
 /// [`RemoteFallback`]), is decided locally.
 pub(crate) trait RemoteDecide: Send + Sync + 'static {
-    /// Starts deciding a request of `cost`, or returns `None` when the request must be
-    /// decided locally at once (the remote is known to be away, or asking it is pointless:
-    /// a free request, or one above the limiter's capacity).
-    fn start(&self, parts: &Parts, cost: u32) -> Option<RemoteDecision>;
+    /// Starts deciding a request of `cost`: a decision under way elsewhere, one made
+    /// already from what the process holds (a local reservation of the remote limit), or
+    /// [`RemoteStart::Local`] when the local limiter must decide at once (the remote is
+    /// known to be away, or asking it is pointless: a free request, or one above the
+    /// limiter's capacity).
+    fn start(&self, parts: &Parts, cost: u32) -> RemoteStart;
 
     /// The layer's first request: registers the remote's metrics and starts what keeps
     /// them true while no request comes.
     fn first_request(&self);
+}
+
+/// How a remote decision starts.
+pub(crate) enum RemoteStart {
+    /// Under way: the response future awaits it.
+    Pending(RemoteDecision),
+    /// Made at once, for the remote limit, without a round trip.
+    Decided(Decision, QuotaStatus, KeyClass),
+    /// Left to the local limiter.
+    Local,
 }
 
 /// The remote could not decide; the layer decides locally instead.

@@ -12,6 +12,8 @@ use tower_service::Service;
 use super::future::ResponseFuture;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
+#[cfg(feature = "redis")]
+use super::remote_decision::RemoteStart;
 use super::response::respond;
 use super::state::RateLimitState;
 
@@ -131,22 +133,28 @@ where
         let (parts, body) = request.into_parts();
         let state = &self.state;
         let cost = state.cost(&parts);
-        if let Some(decision) = state.remote.as_ref().and_then(|r| r.start(&parts, cost)) {
-            // NOTE: the decision comes later, so the future takes the service that was made
-            // ready and leaves an unpolled clone here (tower's `mem::replace` pattern): the
-            // next `call` on this instance comes after its own `poll_ready`.
-            let clone = self.inner.clone();
-            let service = std::mem::replace(&mut self.inner, clone);
-            return RemoteResponseFuture::deciding(AwaitingDecision {
-                decision,
-                service,
-                parts,
-                body,
-                cost,
-                state: Arc::clone(state),
-            });
-        }
-        let decided = state.decide(&parts, cost);
+        let decided = match state.remote.as_ref().map(|r| r.start(&parts, cost)) {
+            Some(RemoteStart::Pending(decision)) => {
+                // NOTE: the decision comes later, so the future takes the service that was
+                // made ready and leaves an unpolled clone here (tower's `mem::replace`
+                // pattern): the next `call` on this instance comes after its own
+                // `poll_ready`.
+                let clone = self.inner.clone();
+                let service = std::mem::replace(&mut self.inner, clone);
+                return RemoteResponseFuture::deciding(AwaitingDecision {
+                    decision,
+                    service,
+                    parts,
+                    body,
+                    cost,
+                    state: Arc::clone(state),
+                });
+            }
+            Some(RemoteStart::Decided(decision, status, class)) => {
+                Some((decision, Some(status), class))
+            }
+            Some(RemoteStart::Local) | None => state.decide(&parts, cost),
+        };
         RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, decided).into())
     }
 }

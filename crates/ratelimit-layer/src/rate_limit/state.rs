@@ -4,13 +4,12 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicBool, Ordering};
 use std::time::Duration;
 
 use http::HeaderValue;
 use http::request::Parts;
 use overload_core::sync::StripedCounter;
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics, spawn_ticker};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::RateLimitPolicy;
 
@@ -44,9 +43,8 @@ pub(crate) struct RateLimitState {
     engaged: Episode,
     /// How long without a rejection before the episode is over.
     quiet: Duration,
-    /// Whether the first request's work is done: the metrics registered, the ticker
-    /// running.
-    started: AtomicBool,
+    /// Started by the first request, which registers the metrics.
+    ticker: Ticker,
     /// Admitted requests not yet added to the admitted counter: the tick adds them, so that
     /// the cores do not share one counter's cache line on every request.
     admitted: StripedCounter,
@@ -76,7 +74,7 @@ impl RateLimitState {
             metrics: LazyMetrics::new(name),
             engaged: Episode::new(),
             quiet,
-            started: AtomicBool::new(false),
+            ticker: Ticker::new(),
             admitted: StripedCounter::new(),
             #[cfg(feature = "redis")]
             remote: None,
@@ -110,20 +108,11 @@ impl RateLimitState {
     /// Every request: the first one registers the metrics and starts the ticker.
     #[inline]
     pub(crate) fn on_request(self: &Arc<Self>) {
-        if !self.started.load(Ordering::Relaxed) {
-            self.start();
-        }
+        self.ticker
+            .start(self, TICK, Self::first_request, Self::tick);
     }
 
-    #[cold]
-    fn start(self: &Arc<Self>) {
-        if self
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
+    fn first_request(&self) {
         // NOTE: every metric of the layer is registered now, with the recorder installed
         // at the first request, whatever the request does.
         self.metrics.get();
@@ -132,17 +121,13 @@ impl RateLimitState {
         if let Some(remote) = &self.remote {
             remote.first_request();
         }
-        // NOTE: outside a tokio runtime nothing can tick; the next request tries again.
-        if !spawn_ticker(self, TICK, Self::tick) {
-            self.started.store(false, Ordering::Release);
-        }
     }
 
     /// Counts an admitted request: in a stripe of its core while the tick runs (which adds
     /// the stripes to the counter once a second), straight into the counter otherwise.
     #[inline]
     pub(crate) fn count_admitted(&self) {
-        if self.started.load(Ordering::Relaxed) {
+        if self.ticker.is_running() {
             self.admitted.add(1);
         } else {
             self.metrics.get().admitted.increment(1);

@@ -19,16 +19,27 @@ const EXACT: u64 = 1 << 53;
 ///
 /// KEYS[1]: the key. ARGV[1]: the emission interval T, microseconds (may have a
 /// fraction); ARGV[2]: the tolerance B*T, microseconds; ARGV[3]: the cost n, at least 1;
-/// ARGV[4], in this crate's tests only: the time, microseconds, instead of the server's
-/// clock; keys then do not expire, since their times are not the server's.
+/// ARGV[4]: `1` when the key may be made if it does not exist, `0` when not (the cap on new
+/// keys); ARGV[5]: how many more units to take for the process's local reservation, if
+/// they are there (0: none); ARGV[6], in this crate's tests only: the time, microseconds,
+/// instead of the server's clock; keys then do not expire, since their times are not the
+/// server's.
 ///
 /// Returns {admitted (1 or 0), retry after (microseconds, rounded up), backlog TAT - now
-/// (microseconds, rounded up)}. The key expires a millisecond after its TAT, when it holds
-/// no more than a missing key would.
+/// (microseconds, rounded up), units taken for the reservation, 1 if the key was made},
+/// or {2, 0, 0, 0, 0} when the key does not exist and may not be made. The key expires a
+/// millisecond after its TAT, when it holds no more than a missing key would.
+///
+/// A TAT never lies more than the tolerance ahead of the time it is written at, so one
+/// further ahead means that the server's clock went back since (a clock stepped, or a
+/// failover to a replica whose clock is behind): it is brought back to the tolerance, a
+/// bucket just emptied, and kept so even by a rejection, so that the bucket refills on the
+/// clock as it is now: a step back of D rejects for at most one emission interval rather
+/// than for D.
 pub(crate) const GCRA: &str = r"
 local now
-if ARGV[4] then
-  now = tonumber(ARGV[4])
+if ARGV[6] then
+  now = tonumber(ARGV[6])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -36,37 +47,72 @@ end
 local emission = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
-local tat = tonumber(redis.call('GET', KEYS[1])) or now
+local stored = redis.call('GET', KEYS[1])
+if not stored and ARGV[4] == '0' then
+  return {2, 0, 0, 0, 0}
+end
+local tat = tonumber(stored) or now
+local stepped = false
 if tat < now then
   tat = now
+elseif tat > now + tolerance then
+  tat = now + tolerance
+  stepped = true
 end
 local ahead = tat + cost * emission - now
 if ahead > tolerance then
-  return {0, math.ceil(ahead - tolerance), math.ceil(tat - now)}
+  if stepped then
+    -- kept, so that the bucket refills from now on, on the clock as it is now
+    if ARGV[6] then
+      redis.call('SET', KEYS[1], string.format('%.17g', tat))
+    else
+      redis.call('SET', KEYS[1], string.format('%.17g', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
+    end
+  end
+  return {0, math.ceil(ahead - tolerance), math.ceil(tat - now), 0, 0}
 end
-if ARGV[4] then
+local extra = math.min(tonumber(ARGV[5]), math.floor((tolerance - ahead) / emission))
+if extra > 0 then
+  ahead = ahead + extra * emission
+else
+  extra = 0
+end
+if ARGV[6] then
   redis.call('SET', KEYS[1], string.format('%.17g', now + ahead))
 else
   redis.call('SET', KEYS[1], string.format('%.17g', now + ahead), 'PX', math.ceil(ahead / 1000) + 1)
 end
-return {1, 0, math.ceil(ahead)}
+local made = 0
+if not stored then
+  made = 1
+end
+return {1, 0, math.ceil(ahead), extra, made}
 ";
 
 /// The paper's sliding window on one hash key: `i`, the number of the current window
 /// (`floor(now / w)`), `c` its count, and `p` the previous window's count.
 ///
 /// KEYS[1]: the key. ARGV[1]: the window w, whole microseconds; ARGV[2]: the quota;
-/// ARGV[3]: the cost n, at least 1; ARGV[4], in this crate's tests only: the time (keys
-/// then do not expire).
+/// ARGV[3]: the cost n, at least 1; ARGV[4]: `1` when the key may be made, `0` when not;
+/// ARGV[5]: how many more units to take for the local reservation, if they are there;
+/// ARGV[6], in this crate's tests only: the time (keys then do not expire).
 ///
 /// Admits when `(c + n - 1) * w + left * p < quota * w` (the local rule, in integers that a
-/// double holds exactly: the builder checks `quota * w <= 2^53`). Returns {admitted, c (with
-/// n if admitted), p, left (microseconds)}. The key expires two windows after its last
+/// double holds exactly: the builder checks `quota * w <= 2^53`); then takes up to ARGV[5]
+/// more while the rule holds (`quota - floor(left * p / w) - c` is what it still admits).
+/// Returns {admitted, c (with what was taken if admitted), p, left (microseconds), units
+/// taken for the reservation, 1 if the key was made}, or {2, 0, 0, 0, 0, 0} when the key
+/// does not exist and may not be made. The key expires two windows after its last
 /// admission, when both counts it holds have passed.
+///
+/// When the server's clock goes back into an earlier window (a step, or a failover to a
+/// replica whose clock is behind), the stored window becomes the current one with its
+/// counts: the limit holds, and a full window rejects for at most a window, rather than
+/// until the clock is back where it was.
 pub(crate) const SLIDING_WINDOW: &str = r"
 local now
-if ARGV[4] then
-  now = tonumber(ARGV[4])
+if ARGV[6] then
+  now = tonumber(ARGV[6])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -80,7 +126,12 @@ local s = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
 local si = tonumber(s[1])
 local c = tonumber(s[2]) or 0
 local p = tonumber(s[3]) or 0
+local made = 0
 if si == nil then
+  if ARGV[4] == '0' then
+    return {2, 0, 0, 0, 0, 0}
+  end
+  made = 1
   si = index
   c = 0
   p = 0
@@ -93,18 +144,26 @@ elseif index > si then
   c = 0
   si = index
 elseif index < si then
-  -- the server's clock went back: count in the newer window, as if at its start
-  left = w
+  -- the server's clock went back: the stored window becomes the current one, kept so even
+  -- by a rejection, so that windows roll on the clock as it is now
+  si = index
+  redis.call('HSET', KEYS[1], 'i', string.format('%d', si))
 end
 if (c + cost - 1) * w + left * p < quota * w then
   c = c + cost
+  local extra = math.min(tonumber(ARGV[5]), quota - math.floor(left * p / w) - c)
+  if extra > 0 then
+    c = c + extra
+  else
+    extra = 0
+  end
   redis.call('HSET', KEYS[1], 'i', string.format('%d', si), 'c', string.format('%d', c), 'p', string.format('%d', p))
-  if not ARGV[4] then
+  if not ARGV[6] then
     redis.call('PEXPIRE', KEYS[1], math.ceil(2 * w / 1000) + 1)
   end
-  return {1, c, p, left}
+  return {1, c, p, left, extra, made}
 end
-return {0, c, p, left}
+return {0, c, p, left, 0, 0}
 ";
 
 /// An algorithm whose limit can be kept in Redis: [`TokenBucket`] and [`SlidingWindow`].
@@ -266,31 +325,74 @@ enum ScriptKind {
 #[derive(Debug)]
 pub(crate) struct UnexpectedReply(pub(crate) String);
 
+/// The arguments of one call after the constant ones.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ScriptArgs {
+    /// What the request costs, at least 1.
+    pub(crate) cost: u32,
+    /// Whether the key may be made if it does not exist (the cap on new keys).
+    pub(crate) may_create: bool,
+    /// How many more units to take, if they are there, for the local reservation.
+    pub(crate) extra: u32,
+    /// The time, microseconds, instead of the server's clock: this crate's tests only.
+    pub(crate) now_micros: Option<u64>,
+}
+
+impl ScriptArgs {
+    /// A plain decision of `cost`.
+    pub(crate) const fn cost(cost: u32) -> Self {
+        Self {
+            cost,
+            may_create: true,
+            extra: 0,
+            now_micros: None,
+        }
+    }
+}
+
+/// What a script answered.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum ScriptReply {
+    /// The request was decided: the decision, the quota's status after it (what was taken
+    /// for the reservation included), how many units were taken for the reservation, and
+    /// whether the key was made by this call.
+    Decided {
+        decision: Decision,
+        status: QuotaStatus,
+        extra: u32,
+        made: bool,
+    },
+    /// The key does not exist, and the call said it may not be made.
+    NoSuchKey,
+}
+
 impl ScriptedLimit {
-    /// Appends `cost` (and in tests the time, microseconds) after the key: ARGV.
-    pub(crate) fn write_args(&self, cmd: &mut Cmd, cost: u32, now_micros: Option<u64>) {
+    /// Appends the call's arguments after the key: ARGV.
+    pub(crate) fn write_args(&self, cmd: &mut Cmd, args: ScriptArgs) {
         cmd.arg(self.args[0].as_bytes())
             .arg(self.args[1].as_bytes())
-            .arg(cost);
-        if let Some(now) = now_micros {
+            .arg(args.cost)
+            .arg(if args.may_create { "1" } else { "0" })
+            .arg(args.extra);
+        if let Some(now) = args.now_micros {
             cmd.arg(now);
         }
     }
 
-    /// The decision and the quota status in a reply to a request of `cost`.
+    /// The reply to a request of `cost`, read strictly.
     pub(crate) fn read_reply(
         &self,
         reply: &Value,
         cost: u32,
-    ) -> Result<(Decision, QuotaStatus), UnexpectedReply> {
+    ) -> Result<ScriptReply, UnexpectedReply> {
         let unexpected = || UnexpectedReply(format!("{reply:?}"));
         let Value::Array(items) = reply else {
             return Err(unexpected());
         };
-        let mut numbers = [0u64; 4];
+        let mut numbers = [0u64; 6];
         let arity = match self.kind {
-            ScriptKind::Gcra { .. } => 3,
-            ScriptKind::SlidingWindow(_) => 4,
+            ScriptKind::Gcra { .. } => 5,
+            ScriptKind::SlidingWindow(_) => 6,
         };
         if items.len() != arity {
             return Err(unexpected());
@@ -304,10 +406,20 @@ impl ScriptedLimit {
         let admitted = match numbers[0] {
             0 => false,
             1 => true,
+            2 => return Ok(ScriptReply::NoSuchKey),
             _ => return Err(unexpected()),
         };
+        let extra = u32::try_from(numbers[arity - 2]).map_err(|_| unexpected())?;
+        let made = match numbers[arity - 1] {
+            0 => false,
+            1 => true,
+            _ => return Err(unexpected()),
+        };
+        if !admitted && (extra != 0 || made) {
+            return Err(unexpected());
+        }
         let nanos = |micros: u64| micros.saturating_mul(1_000);
-        Ok(match &self.kind {
+        let (decision, status) = match &self.kind {
             ScriptKind::Gcra {
                 emission,
                 tolerance,
@@ -349,6 +461,12 @@ impl ScriptedLimit {
                 };
                 (decision, status)
             }
+        };
+        Ok(ScriptReply::Decided {
+            decision,
+            status,
+            extra,
+            made,
         })
     }
 }
@@ -419,27 +537,63 @@ mod tests {
         let s = bucket.scripted().unwrap();
         let reply = |v: &[i64]| Value::Array(v.iter().map(|&n| Value::Int(n)).collect());
         assert_eq!(
-            s.read_reply(&reply(&[1, 0, 300_000]), 1).unwrap(),
-            (
-                Decision::Allow,
-                QuotaStatus {
+            s.read_reply(&reply(&[1, 0, 300_000, 0, 1]), 1).unwrap(),
+            ScriptReply::Decided {
+                decision: Decision::Allow,
+                status: QuotaStatus {
                     remaining: 2,
                     reset: Duration::from_millis(300)
-                }
-            )
-        );
-        assert_eq!(
-            s.read_reply(&reply(&[0, 100_000, 500_000]), 1).unwrap().0,
-            Decision::Reject {
-                retry_after: Duration::from_millis(100)
+                },
+                extra: 0,
+                made: true,
             }
         );
+        assert_eq!(
+            s.read_reply(&reply(&[0, 100_000, 500_000, 0, 0]), 1)
+                .unwrap(),
+            ScriptReply::Decided {
+                decision: Decision::Reject {
+                    retry_after: Duration::from_millis(100)
+                },
+                status: QuotaStatus {
+                    remaining: 0,
+                    reset: Duration::from_millis(500)
+                },
+                extra: 0,
+                made: false,
+            }
+        );
+        assert_eq!(
+            s.read_reply(&reply(&[1, 0, 400_000, 2, 0]), 1).unwrap(),
+            ScriptReply::Decided {
+                decision: Decision::Allow,
+                status: QuotaStatus {
+                    remaining: 1,
+                    reset: Duration::from_millis(400)
+                },
+                extra: 2,
+                made: false,
+            }
+        );
+        assert_eq!(
+            s.read_reply(&reply(&[2, 0, 0, 0, 0]), 1).unwrap(),
+            ScriptReply::NoSuchKey
+        );
         for bad in [
-            reply(&[1, 0]),
-            reply(&[2, 0, 0]),
-            reply(&[1, -1, 0]),
+            reply(&[1, 0, 0, 0]),
+            reply(&[3, 0, 0, 0, 0]),
+            reply(&[1, -1, 0, 0, 0]),
+            reply(&[0, 1, 0, 1, 0]),
+            reply(&[0, 1, 0, 0, 1]),
+            reply(&[1, 0, 0, 0, 2]),
             Value::Nil,
-            Value::Array(vec![Value::Okay, Value::Int(0), Value::Int(0)]),
+            Value::Array(vec![
+                Value::Okay,
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+                Value::Int(0),
+            ]),
         ] {
             assert!(s.read_reply(&bad, 1).is_err(), "{bad:?}");
         }

@@ -64,7 +64,12 @@ Examples:
   oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
   demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
       --redis-local-share 0.33 --listen 127.0.0.1:8071
-                                               one of three servers sharing 300 req/s";
+                                               one of three servers sharing 300 req/s
+  demo-server --rate-limit 300 --burst 30 --redis-cluster --redis-url redis://10.0.0.5:6379 \\
+      --redis-url redis://10.0.0.6:6379 --redis-reservation 10
+                                               the limit in a Redis Cluster, 10 units at a time
+  demo-server --redis-url rediss://:PASSWORD@redis.example.com:6380 --redis-ca-cert ca.pem
+                                               a managed Redis over TLS with its own CA";
 
 /// The command line. Flag names are stable: people script against them.
 #[derive(Debug, Parser)]
@@ -198,10 +203,56 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size, help_heading = "Limits")]
     max_downstream_body: usize,
 
-    /// Keep the rate limit in this Redis (redis://HOST:PORT[/DB]), shared by every
-    /// demo-server that uses it: one limit for the fleet.
+    /// Keep the rate limit in this Redis (redis://[:PASSWORD@]HOST:PORT[/DB], rediss://...
+    /// for TLS), shared by every demo-server that uses it: one limit for the fleet. With
+    /// --redis-cluster, a seed node of the Cluster; repeat it to give several.
     #[arg(long, value_name = "URL", help_heading = "Fleet")]
-    redis_url: Option<String>,
+    redis_url: Vec<String>,
+
+    /// The --redis-url values are seed nodes of a Redis Cluster: any reachable one finds
+    /// every node.
+    #[arg(long, requires = "redis_url", help_heading = "Fleet")]
+    redis_cluster: bool,
+
+    /// TLS (rediss://): the CA that signed Redis's certificate (PEM file), instead of the
+    /// system's roots.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis_url",
+        help_heading = "Fleet"
+    )]
+    redis_ca_cert: Option<std::path::PathBuf>,
+
+    /// TLS (rediss://): a client certificate (PEM file) for a Redis that asks for one; with
+    /// --redis-client-key.
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires_all = ["redis_url", "redis_client_key"],
+        help_heading = "Fleet"
+    )]
+    redis_client_cert: Option<std::path::PathBuf>,
+
+    /// TLS (rediss://): the client certificate's private key (PEM file).
+    #[arg(
+        long,
+        value_name = "FILE",
+        requires = "redis_client_cert",
+        help_heading = "Fleet"
+    )]
+    redis_client_key: Option<std::path::PathBuf>,
+
+    /// Take up to N units of the limit (at most its burst) at a time from Redis and spend
+    /// them here without a round trip: far fewer round trips, for an overshoot of at most N
+    /// per server in any window [default: 0, off].
+    #[arg(long, value_name = "N", requires = "redis_url", help_heading = "Fleet")]
+    redis_reservation: Option<u32>,
+
+    /// With --key ip: the most new keys this server makes in Redis per second; keys over
+    /// it share one overflow limit [default: 1000].
+    #[arg(long, value_name = "N", requires = "redis_url", help_heading = "Fleet")]
+    redis_max_new_keys: Option<u32>,
 
     /// The share of the limit this server applies on its own while Redis is away
     /// (1/N for N servers) [default: 1].
@@ -423,15 +474,54 @@ impl Cli {
 
     /// `--redis-url` and its settings, validated.
     fn redis_config(&self) -> Result<Option<RedisConfig>, String> {
-        let Some(url) = &self.redis_url else {
+        if self.redis_url.is_empty() {
             return Ok(None);
+        }
+        let mut store = if self.redis_cluster {
+            RedisStore::cluster_builder(&self.redis_url)
+        } else {
+            let [url] = self.redis_url.as_slice() else {
+                return Err(
+                    "--redis-url is given more than once: several URLs are the seeds of a \
+                     Redis Cluster, with --redis-cluster"
+                        .to_owned(),
+                );
+            };
+            RedisStore::builder(url)
         };
-        let mut config = RedisConfig::new(RedisStore::new(url).map_err(|e| e.to_string())?);
+        let read = |flag: &str, path: &std::path::Path| {
+            std::fs::read(path).map_err(|e| format!("{flag} {}: {e}", path.display()))
+        };
+        if let Some(path) = &self.redis_ca_cert {
+            store = store.ca_certificate(read("--redis-ca-cert", path)?);
+        }
+        if let (Some(certificate), Some(key)) = (&self.redis_client_cert, &self.redis_client_key) {
+            store = store.client_certificate(
+                read("--redis-client-cert", certificate)?,
+                read("--redis-client-key", key)?,
+            );
+        }
+        let store = store.build().map_err(|e| {
+            // NOTE: the library names its settings; the user typed flags.
+            let flag = match e.field() {
+                "ca_certificate" => "--redis-ca-cert",
+                "client_certificate" => "--redis-client-cert",
+                _ => "--redis-url",
+            };
+            format!("{flag}: {e}")
+        })?;
+        let mut config = RedisConfig::new(store);
         if let Some(share) = self.redis_local_share {
             config.local_share = share;
         }
         if let Some(budget) = self.redis_budget {
             config.budget = budget;
+        }
+        if let Some(units) = self.redis_reservation {
+            config.reservation = units;
+        }
+        if let Some(per_second) = self.redis_max_new_keys {
+            config.max_new_keys = per_second;
         }
         Ok(Some(config))
     }

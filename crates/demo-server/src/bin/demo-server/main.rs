@@ -106,7 +106,11 @@ async fn serve(plan: Plan) -> Result<(), String> {
         },
         plan.redis
             .as_ref()
-            .map(|store| format!("; rate limit in Redis at {}", store.addr()))
+            .map(|store| format!(
+                "; rate limit in Redis{} at {}",
+                if store.is_cluster() { " Cluster" } else { "" },
+                store.addr()
+            ))
             .unwrap_or_default(),
     );
     let status = tokio::spawn(status_lines(

@@ -131,11 +131,11 @@ fn stack_adaptive_has_no_rate_and_admin_is_opt_in() {
     let Stack::Adaptive { adaptive, .. } = plan.stack else {
         panic!("not the adaptive stack")
     };
-    // A fresh limit starts at its initial limit and measures its first baseline there (issue
-    // 23: it used to start probing at its minimum, and rejected a fresh server's traffic).
+    // The library's defaults, untouched by the demo: the stated initial limit, no probe
+    // and no baseline before the first window closes.
     let status = adaptive.status();
-    assert_eq!(status.baseline, None, "nothing measured yet");
-    assert!(!status.probing, "{status:?}");
+    assert!(!status.probing, "no probe before anything is measured");
+    assert_eq!(status.baseline, None);
     assert_eq!(status.limit, AdaptiveLimitLayer::DEFAULT_INITIAL_LIMIT);
 }
 
@@ -226,12 +226,102 @@ fn redis_flags_reach_the_plan_and_are_checked() {
         .unwrap();
     assert_eq!(redis.budget, Duration::from_millis(5));
     assert!(parse(&[]).unwrap().redis_config().unwrap().is_none());
+    // A Cluster from two seeds, a reservation, a cap on new keys.
+    let cli = parse(&[
+        "--redis-cluster",
+        "--redis-url",
+        "redis://127.0.0.1:7000",
+        "--redis-url",
+        "redis://127.0.0.1:7001",
+        "--redis-reservation",
+        "10",
+        "--redis-max-new-keys",
+        "50",
+        "--burst",
+        "30",
+    ])
+    .unwrap();
+    let redis = cli.redis_config().unwrap().unwrap();
+    assert!(redis.store.is_cluster());
+    assert_eq!(redis.store.addr(), "127.0.0.1:7000,127.0.0.1:7001");
+    assert_eq!((redis.reservation, redis.max_new_keys), (10, 50));
+    assert!(cli.plan().is_ok());
+    // A batch larger than the burst could never be filled.
+    let err = parse(&[
+        "--redis-url",
+        "redis://127.0.0.1:7000",
+        "--redis-reservation",
+        "10",
+    ])
+    .unwrap()
+    .plan()
+    .err()
+    .unwrap();
+    assert!(
+        err.contains("reservation must be at most the limit's capacity (5)"),
+        "{err}"
+    );
+    // TLS, with a CA file.
+    let dir = std::env::temp_dir().join(format!("demo-server-cli-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let garbage = dir.join("not-a-ca.pem");
+    std::fs::write(&garbage, "not a certificate").unwrap();
+    let err = parse(&[
+        "--redis-url",
+        "rediss://127.0.0.1:6380",
+        "--redis-ca-cert",
+        garbage.to_str().unwrap(),
+    ])
+    .unwrap()
+    .plan()
+    .err()
+    .unwrap();
+    assert!(
+        err.starts_with("--redis-ca-cert: ca_certificate must hold"),
+        "{err}"
+    );
+    let missing = dir.join("missing.pem");
+    let err = parse(&[
+        "--redis-url",
+        "rediss://127.0.0.1:6380",
+        "--redis-ca-cert",
+        missing.to_str().unwrap(),
+    ])
+    .unwrap()
+    .plan()
+    .err()
+    .unwrap();
+    assert!(err.starts_with("--redis-ca-cert "), "{err}");
+    let _ = std::fs::remove_dir_all(&dir);
+    assert!(
+        parse(&[
+            "--redis-url",
+            "redis://127.0.0.1",
+            "--redis-client-cert",
+            "c.pem"
+        ])
+        .is_err(),
+        "a client certificate needs its key"
+    );
+    // Two URLs without --redis-cluster.
+    let err = parse(&[
+        "--redis-url",
+        "redis://127.0.0.1:7000",
+        "--redis-url",
+        "redis://127.0.0.1:7001",
+    ])
+    .unwrap()
+    .plan()
+    .err()
+    .unwrap();
+    assert!(err.contains("--redis-cluster"), "{err}");
     // Settings without a URL, a bad URL, a bad share, a window Redis does not offer.
     assert!(parse(&["--redis-local-share", "0.5"]).is_err());
+    assert!(parse(&["--redis-cluster"]).is_err());
     for (args, needle) in [
         (
             &["--redis-url", "http://127.0.0.1"][..],
-            "url must be redis://",
+            "--redis-url: url must be redis://",
         ),
         (
             &[

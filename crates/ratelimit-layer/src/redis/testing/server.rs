@@ -1,21 +1,14 @@
-//! A throwaway `redis-server` for tests: [`RedisServer`]. Only with the features `redis` and
-//! `test-util`.
-//!
-//! ```no_run
-//! use ratelimit_layer::redis::RedisStore;
-//! use ratelimit_layer::redis::testing::RedisServer;
-//!
-//! let server = RedisServer::start();
-//! let store = RedisStore::new(&server.url()).unwrap();
-//! // ... the server is killed, and its directory removed, when `server` is dropped.
-//! ```
+//! A throwaway `redis-server`: [`RedisServer`].
 
+use std::ffi::OsString;
 use std::io::{BufRead, BufReader, Read, Write};
-use std::net::{Ipv4Addr, SocketAddr, TcpListener, TcpStream};
-use std::path::PathBuf;
+use std::net::{Ipv4Addr, SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
 use std::process::{Child, Command, Stdio};
 use std::sync::atomic::{AtomicU32, Ordering};
 use std::time::Duration;
+
+use super::process::{free_port, pause};
 
 /// How to get `redis-server`, for the messages of a server that cannot start.
 pub const INSTALL_HINT: &str = "the tests that need Redis start their own redis-server: \
@@ -28,8 +21,9 @@ const PORT_ATTEMPTS: u32 = 10;
 /// How long a starting server has to answer `PING`.
 const READY_WITHIN: Duration = Duration::from_secs(10);
 
-/// A `redis-server` on 127.0.0.1 on a free port, with a temporary directory and no
-/// persistence, killed (and its directory removed) when dropped.
+/// A `redis-server` on 127.0.0.1 on a free port (and, with TLS, a second one), with a
+/// temporary directory and no persistence, killed (and its directory removed) when
+/// dropped.
 ///
 /// Redis cannot listen on port 0 (it means "no TCP"), so a free port is found by binding
 /// port 0 and releasing it; a server that loses the port to another process in between
@@ -41,7 +35,11 @@ const READY_WITHIN: Duration = Duration::from_secs(10);
 pub struct RedisServer {
     child: Option<Child>,
     port: u16,
+    /// The TLS port, for a server started with [`start_tls`](Self::start_tls).
+    tls_port: Option<u16>,
     dir: PathBuf,
+    /// Arguments after the common ones (`--port`, `--dir`, ...).
+    extra: Vec<OsString>,
 }
 
 impl RedisServer {
@@ -52,6 +50,44 @@ impl RedisServer {
     /// When it cannot start (no `redis-server`, or it fails), with a message that says why
     /// and how to install it: a test that needs Redis fails loudly, never skips.
     pub fn start() -> Self {
+        Self::start_with(&[])
+    }
+
+    /// Starts a server with more `redis-server` arguments (`--cluster-enabled yes`, ...),
+    /// and waits until it answers. Relative paths in them are in the server's own
+    /// directory ([`dir`](Self::dir)).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_with(args: &[&str]) -> Self {
+        Self::launch(&args.iter().map(OsString::from).collect::<Vec<_>>(), false)
+    }
+
+    /// Starts a server that also listens with TLS on a second free port, with the
+    /// certificate and key (PEM files) it presents and the CA it trusts for client
+    /// certificates, which it asks for when `auth_clients`. The plain port stays, for
+    /// [`command`](Self::command).
+    ///
+    /// # Panics
+    ///
+    /// As [`start`](Self::start).
+    pub fn start_tls(certificate: &Path, key: &Path, ca: &Path, auth_clients: bool) -> Self {
+        let mut args: Vec<OsString> = Vec::new();
+        for (flag, path) in [
+            ("--tls-cert-file", certificate),
+            ("--tls-key-file", key),
+            ("--tls-ca-cert-file", ca),
+        ] {
+            args.push(flag.into());
+            args.push(path.into());
+        }
+        args.push("--tls-auth-clients".into());
+        args.push(if auth_clients { "yes" } else { "no" }.into());
+        Self::launch(&args, true)
+    }
+
+    fn launch(extra: &[OsString], tls: bool) -> Self {
         static NEXT: AtomicU32 = AtomicU32::new(0);
         let dir = std::env::temp_dir().join(format!(
             "ratelimit-layer-redis-{}-{}",
@@ -67,7 +103,9 @@ impl RedisServer {
             let mut server = Self {
                 child: None,
                 port,
+                tls_port: tls.then(free_port),
                 dir: dir.clone(),
+                extra: extra.to_vec(),
             };
             match server.spawn() {
                 Ok(()) => return server,
@@ -81,6 +119,27 @@ impl RedisServer {
     /// `redis://127.0.0.1:PORT`.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}", self.port)
+    }
+
+    /// `rediss://127.0.0.1:TLS_PORT`, for a server started with
+    /// [`start_tls`](Self::start_tls).
+    ///
+    /// # Panics
+    ///
+    /// For a server without TLS.
+    pub fn tls_url(&self) -> String {
+        let port = self.tls_port.expect("a server started with start_tls");
+        format!("rediss://127.0.0.1:{port}")
+    }
+
+    /// `127.0.0.1:PORT`, the plain port.
+    pub fn addr(&self) -> SocketAddr {
+        SocketAddr::from((Ipv4Addr::LOCALHOST, self.port))
+    }
+
+    /// The server's own directory, where its log and relative paths are.
+    pub fn dir(&self) -> &Path {
+        &self.dir
     }
 
     /// The port it listens on (kept across [`restart`](Self::restart)).
@@ -148,9 +207,42 @@ impl RedisServer {
         line.trim_end().to_owned()
     }
 
+    /// `INFO section`: the whole text of the reply, for tests that look at Redis's own
+    /// figures (`used_memory`).
+    ///
+    /// # Panics
+    ///
+    /// When the server does not answer.
+    pub fn info(&self, section: &str) -> String {
+        let mut stream = TcpStream::connect((Ipv4Addr::LOCALHOST, self.port))
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port));
+        let _ = stream.set_read_timeout(Some(Duration::from_secs(5)));
+        stream
+            .write_all(format!("INFO {section}\r\n").as_bytes())
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port));
+        let mut reader = BufReader::new(stream);
+        let mut head = String::new();
+        reader
+            .read_line(&mut head)
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port));
+        let length: usize = head
+            .trim_end()
+            .strip_prefix('$')
+            .and_then(|n| n.parse().ok())
+            .unwrap_or_else(|| panic!("INFO answered {head:?}"));
+        let mut body = vec![0; length];
+        reader
+            .read_exact(&mut body)
+            .unwrap_or_else(|e| panic!("redis-server on port {}: {e}", self.port));
+        String::from_utf8_lossy(&body).into_owned()
+    }
+
     fn spawn(&mut self) -> Result<(), Failure> {
         let binary = std::env::var_os("REDIS_SERVER").unwrap_or_else(|| "redis-server".into());
         let log = self.dir.join(format!("redis-{}.log", self.port));
+        // NOTE: what redis-server says before it opens its log file (a bad argument, a
+        // failed bind of the TLS port on some versions) goes to standard error.
+        let stderr = self.dir.join(format!("redis-{}.stderr", self.port));
         let child = Command::new(&binary)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
@@ -161,9 +253,19 @@ impl RedisServer {
             .arg(&self.dir)
             .arg("--logfile")
             .arg(&log)
+            .args(
+                self.tls_port
+                    .map(|port| vec!["--tls-port".to_owned(), port.to_string()])
+                    .unwrap_or_default(),
+            )
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
-            .stderr(Stdio::null())
+            .stderr(
+                std::fs::File::create(&stderr)
+                    .map(Stdio::from)
+                    .unwrap_or_else(|_| Stdio::null()),
+            )
             .spawn();
         let mut child = match child {
             Ok(child) => child,
@@ -176,8 +278,10 @@ impl RedisServer {
         };
         let read_log = || {
             let mut text = String::new();
-            if let Ok(mut f) = std::fs::File::open(&log) {
-                let _ = f.read_to_string(&mut text);
+            for file in [&log, &stderr] {
+                if let Ok(mut f) = std::fs::File::open(file) {
+                    let _ = f.read_to_string(&mut text);
+                }
             }
             text
         };
@@ -186,13 +290,18 @@ impl RedisServer {
         while waited < READY_WITHIN {
             if let Ok(Some(status)) = child.try_wait() {
                 let text = read_log();
-                return Err(if text.contains("Address already in use") {
-                    Failure::PortTaken(text)
-                } else {
-                    Failure::Fatal(format!(
-                        "redis-server exited at start ({status}); {INSTALL_HINT}; its log:\n{text}"
-                    ))
-                });
+                // NOTE: a server that exits without a word (seen once under load, with
+                // another test's servers starting at the same moment) is tried again on
+                // other ports, as a taken port is; PORT_ATTEMPTS bounds it.
+                return Err(
+                    if text.contains("Address already in use") || text.trim().is_empty() {
+                        Failure::PortTaken(text)
+                    } else {
+                        Failure::Fatal(format!(
+                            "redis-server exited at start ({status}); {INSTALL_HINT}; its log:\n{text}"
+                        ))
+                    },
+                );
             }
             if answers_ping(self.port) {
                 self.child = Some(child);
@@ -223,13 +332,6 @@ enum Failure {
     Fatal(String),
 }
 
-fn free_port() -> u16 {
-    TcpListener::bind((Ipv4Addr::LOCALHOST, 0))
-        .and_then(|l| l.local_addr())
-        .map(|a| a.port())
-        .unwrap_or_else(|e| panic!("cannot find a free port on 127.0.0.1: {e}"))
-}
-
 fn answers_ping(port: u16) -> bool {
     let addr = SocketAddr::from((Ipv4Addr::LOCALHOST, port));
     let Ok(mut stream) = TcpStream::connect_timeout(&addr, Duration::from_millis(200)) else {
@@ -241,11 +343,4 @@ fn answers_ping(port: u16) -> bool {
     }
     let mut reply = [0u8; 7];
     stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
-}
-
-// NOTE: test set-up outside any async task's hot path: a blocking wait of a few
-// milliseconds while a child process starts is what is wanted.
-#[allow(clippy::disallowed_methods)]
-fn pause(duration: Duration) {
-    std::thread::sleep(duration);
 }
