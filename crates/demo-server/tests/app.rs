@@ -217,12 +217,7 @@ async fn admin_capacity_is_off_by_default_and_changes_the_model_when_on() {
 
 #[tokio::test(start_paused = true)]
 async fn the_adaptive_stack_rejects_above_its_limit_and_counts_rejections() {
-    // A limit of 3 while the first baseline is measured (issue 23: the default starts at
-    // 20, too many for ten requests to show the rejections).
-    let adaptive = ratelimit_layer::AdaptiveLimitLayer::builder()
-        .initial_limit(3)
-        .build()
-        .unwrap();
+    let adaptive = ratelimit_layer::AdaptiveLimitLayer::new();
     let stack = Stack::Adaptive {
         overload: OverloadSignalLayer::default(),
         adaptive: adaptive.clone(),
