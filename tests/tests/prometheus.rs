@@ -4,8 +4,9 @@
 //!   (`promtool test rules`, on series shaped like a demo-server scrape) pass;
 //! - a real Prometheus on 127.0.0.1 scrapes two running `demo-server` processes (a top tier
 //!   with the adaptive limit whose handler calls the bottom tier through the retry layer; a
-//!   bottom tier with the overload layer and a per-client rate limit) and a third with a
-//!   limit kept in Redis, loads the rules, and **every query of the Grafana dashboard**
+//!   bottom tier with the overload layer, the deadline layer and a per-client rate limit,
+//!   which also gets requests whose deadline has passed) and a third with a limit kept in
+//!   Redis, loads the rules, and **every query of the Grafana dashboard**
 //!   returns data.
 //!
 //! `prometheus` and `promtool` must be on the `PATH` (`scripts/test` installs them on Debian
@@ -155,6 +156,17 @@ async fn get(client: &HttpClient, uri: &str) -> Option<(u16, String)> {
     Some((status, String::from_utf8_lossy(&body).into_owned()))
 }
 
+/// `GET uri` with an `X-Request-Deadline` that passed 8 s ago; the status.
+async fn get_expired(client: &HttpClient, uri: &str) -> Option<u16> {
+    let mut request = http::Request::get(uri).body(Empty::new()).ok()?;
+    overload_signal::protocol::WireDeadline::new(
+        std::time::SystemTime::now() - Duration::from_secs(10),
+        Duration::from_secs(2),
+    )
+    .set(request.headers_mut());
+    Some(client.request(request).await.ok()?.status().as_u16())
+}
+
 /// Percent-encodes a query parameter (everything but RFC 3986's unreserved characters).
 fn encode(s: &str) -> String {
     s.bytes()
@@ -296,11 +308,13 @@ async fn a_real_prometheus_scrapes_demo_server_and_every_dashboard_query_returns
     // Traffic for 8 s: bursts of 10 requests at once, 10 bursts a second, to the top tier.
     // The bottom tier admits 20 a second: the rest come back 429, the top tier's retry layer
     // retries some (its budget refuses the rest) and the bottom tier's histogram sees them.
-    // And 2 requests a tick to the server whose limit is in Redis.
+    // And 2 requests a tick to the server whose limit is in Redis. And one a tick to the
+    // bottom tier sent 10 s ago with a 2 s deadline, which its deadline layer answers `504`.
     let targets = [
         (format!("http://{top}/api"), 10),
         (format!("http://{fleet}/api"), 2),
     ];
+    let expired = format!("http://{bottom}/api");
     let traffic = {
         let client = client.clone();
         tokio::spawn(async move {
@@ -313,6 +327,8 @@ async fn a_real_prometheus_scrapes_demo_server_and_every_dashboard_query_returns
                         tokio::spawn(async move { get(&client, &target).await });
                     }
                 }
+                let (client, expired) = (client.clone(), expired.clone());
+                tokio::spawn(async move { get_expired(&client, &expired).await });
             }
         })
     };
@@ -346,6 +362,7 @@ async fn a_real_prometheus_scrapes_demo_server_and_every_dashboard_query_returns
     for metric in [
         "backoff_layer_requests_total",
         "overload_signal_stop_signals_total",
+        "overload_signal_deadline_expired_total",
         "ratelimit_layer_requests_rejected_total",
         "ratelimit_layer_adaptive_limit",
     ] {

@@ -21,12 +21,16 @@
 //! - an overall **deadline**, 15 s by default (Envoy's default route timeout), that holds in
 //!   every state: no wait passes it and no attempt is sent after it, a wait for the inner
 //!   service's readiness included. It bounds the wait for the final response's head, never
-//!   a response body, and only one you set is sent to a gRPC server;
+//!   a response body. **The caller's own deadline** is folded into it: a
+//!   [`RequestDeadline`](overload_signal::deadline::RequestDeadline) in the request's
+//!   extensions, the current deadline of a handler behind `overload-signal`'s
+//!   `DeadlineLayer` (so a tier passes on what is left of its own), or a `grpc-timeout`
+//!   (`X-Request-Deadline`) already on the request. See [Deadlines on the
+//!   wire](#deadlines-on-the-wire);
 //! - a **per-attempt timeout** whose expiry is a retryable failure;
 //! - **gRPC by gRPC's rules**: requests with `content-type: application/grpc...` are retried
 //!   on retryable status codes (`UNAVAILABLE` and `RESOURCE_EXHAUSTED` by default), whatever
-//!   their method, with the pushback honoured and the time left of a deadline you set sent
-//!   as `grpc-timeout`;
+//!   their method, with the pushback honoured;
 //! - **body replay**: request bodies up to 64 KiB are kept while they stream, and sent again
 //!   byte for byte ([`ReplayBody`]); larger bodies are sent once and never retried;
 //! - **tonic as a first-class user** (the `tonic` feature): `RetryLayer::new().for_tonic()`
@@ -98,7 +102,7 @@
 //! |---|---|---|
 //! | [`name`](RetryBuilder::name) | `"default"` | |
 //! | [`max_attempts`](RetryBuilder::max_attempts) | 3, the first included | SRE book, AWS SDKs, Polly |
-//! | [`deadline`](RetryBuilder::deadline) | 15 s until the final response's head, never sent as `grpc-timeout`; [`no_deadline`](RetryBuilder::no_deadline) removes it | Envoy's default route timeout |
+//! | [`deadline`](RetryBuilder::deadline) | 15 s until the final response's head, or the caller's if earlier; sent in `X-Request-Deadline`, never as `grpc-timeout`; [`no_deadline`](RetryBuilder::no_deadline) removes it | Envoy's default route timeout |
 //! | [`attempt_timeout`](RetryBuilder::attempt_timeout) | none | hyper-util's client |
 //! | [`max_retry_after`](RetryBuilder::max_retry_after) | 30 s, and never past the deadline | Envoy, gRPC |
 //! | [`backoff`](RetryBuilder::backoff) | [`Exponential`](backoff::Exponential): 100 ms, x2, jitter 0.1, at most 15 min | the article |
@@ -180,11 +184,32 @@
 //! [`RetryBuilder::grpc_retryable_codes`]) read from the response headers, where every
 //! rejection puts them (a status in trailers comes after the response has started, and is
 //! final); `grpc-retry-pushback-ms` as a lower bound on the wait, a negative one as the stop
-//! signal; and, with a deadline set by [`RetryBuilder::deadline`] or a per-attempt timeout,
-//! the time the attempt may still take sent as `grpc-timeout` (or the caller's own, if
-//! shorter). The default deadline is never sent: it bounds how long the layer waits for a
-//! response's head, and a server told it would end a long server-streaming call at 15 s.
+//! signal; and `grpc-timeout` as the next section says.
 //!
+//! # Deadlines on the wire
+//!
+//! Every attempt tells the server how long it is waited for, so that a server (with
+//! `overload-signal`'s `DeadlineLayer`) can drop work nobody waits for any more, and a lower
+//! tier never gets more time than the top caller has left:
+//!
+//! | request | field | value | from |
+//! |---|---|---|---|
+//! | HTTP | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>` | the attempt's send time, and the time until its window ends: the per-attempt timeout, or what is left of the deadline, whichever is first | any deadline, the default 15 s included |
+//! | gRPC | `grpc-timeout` | the time until the per-attempt timeout, or what is left of a deadline you set ([`RetryBuilder::deadline`]) or of the caller's, whichever is first | never the default deadline |
+//!
+//! Why the default deadline goes on the wire for HTTP and not for gRPC: `X-Request-Deadline`
+//! promises a wait for the response's **head**, which is what the layer's deadline bounds,
+//! and a server's `DeadlineLayer` cancels work only until the head (a body streams on). A
+//! gRPC server applies `grpc-timeout` to the **whole call**, stream included, so the
+//! default deadline sent there would end a long server-streaming call at 15 s; a deadline
+//! you set, or one the caller gave (tonic's `Request::set_timeout` writes `grpc-timeout`),
+//! is a promise about the call, and is sent.
+//!
+//! The caller's deadline (see the deadline bullet above) bounds the retry loop: no attempt
+//! is sent after it (none at all when it has passed already), no wait passes it, and the
+//! call ends with [`GiveUpReason::Deadline`] (`DEADLINE_EXCEEDED` through the tonic
+//! adapter). Each attempt carries what is left of it, never more than the caller gave: a
+//! caller's `grpc-timeout` is rewritten on every attempt, never copied.
 //! # What is retried
 //!
 //! The [`classify::DefaultClassifier`]: connect errors and timeouts, and `429`, `502`, `503`
@@ -210,6 +235,7 @@
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
 //! | no response head before the deadline (15 s by default): a downstream that never answers | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
 //! | the deadline passed while the inner service was not ready for the next attempt | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline)) whose source is an [`AttemptTimedOut`] |
+//! | the caller's deadline had passed before the request reached the layer | `Err`, a [`GaveUp`] ([`Deadline`](GiveUpReason::Deadline), 0 attempts) whose source is an [`AttemptTimedOut`]; nothing is sent |
 //! | what a retry layer below returned after giving up (a [`GaveUp`], an [`Overloaded`], a response whose `RetryInfo` has a reason) | returned unchanged |
 //!
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
@@ -277,6 +303,7 @@ pub mod body;
 pub mod budget;
 pub mod classify;
 mod error;
+#[cfg(feature = "tonic")]
 mod grpc;
 mod outcome;
 mod retry;

@@ -20,8 +20,10 @@ pub enum GiveUpReason {
     MaxAttempts,
     /// The retry budget refused the retry: the client is already retrying too much.
     BudgetExhausted,
-    /// The next attempt could not start (after its backoff) before the overall deadline, or
-    /// the deadline cut an attempt short.
+    /// The next attempt could not start (after its backoff) before the overall deadline (the
+    /// layer's, or the caller's when it is earlier), the deadline cut an attempt short, or
+    /// the caller's deadline had passed before the request reached the layer (no attempt
+    /// was sent).
     Deadline,
     /// The request body was streamed without a copy (over the replay limit, or its size was
     /// unknown and turned out too large), so it cannot be sent again.
@@ -160,34 +162,58 @@ impl std::error::Error for GaveUp {
 
 /// An attempt did not complete within the per-attempt timeout or before the deadline, or
 /// the deadline passed before the next attempt could be sent (the inner service was not
-/// ready for it).
+/// ready for it, or the caller's deadline had passed before the request reached the layer).
 ///
 /// The default classifier treats it as retryable. When it is the final outcome it is the
 /// source of a [`GaveUp`], or returned as is if a custom classifier calls it final.
 #[derive(Clone, Debug, Default, PartialEq, Eq)]
 pub struct AttemptTimedOut {
+    kind: TimedOut,
+}
+
+/// What ran out of time.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+enum TimedOut {
+    /// An attempt in flight.
+    #[default]
+    Attempt,
     /// The deadline passed while the next attempt waited for the inner service to be ready.
-    not_sent: bool,
+    NotSent,
+    /// The caller's deadline had passed before the request reached the layer.
+    AlreadyPassed,
 }
 
 impl AttemptTimedOut {
     /// A new `AttemptTimedOut`.
     pub const fn new() -> Self {
-        Self { not_sent: false }
+        Self {
+            kind: TimedOut::Attempt,
+        }
     }
 
     /// The deadline passed before the next attempt could be sent.
     pub(crate) const fn not_sent() -> Self {
-        Self { not_sent: true }
+        Self {
+            kind: TimedOut::NotSent,
+        }
+    }
+
+    /// The caller's deadline had passed before the first attempt: nothing was sent.
+    pub(crate) const fn already_passed() -> Self {
+        Self {
+            kind: TimedOut::AlreadyPassed,
+        }
     }
 }
 
 impl fmt::Display for AttemptTimedOut {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(if self.not_sent {
-            "deadline passed while waiting for the inner service to be ready"
-        } else {
-            "attempt timed out"
+        f.write_str(match self.kind {
+            TimedOut::Attempt => "attempt timed out",
+            TimedOut::NotSent => "deadline passed while waiting for the inner service to be ready",
+            TimedOut::AlreadyPassed => {
+                "the caller's deadline had passed before the request was sent"
+            }
         })
     }
 }

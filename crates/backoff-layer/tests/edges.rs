@@ -480,8 +480,8 @@ async fn grpc_timeout_carries_the_remaining_deadline_on_each_attempt() {
     assert_eq!(timeouts, ["10000000u", "9900000u", "9800000u"]);
 }
 
-/// A shorter per-attempt timeout, or a shorter `grpc-timeout` of the caller's, is what the
-/// server is told; a plain HTTP request is told nothing.
+/// A shorter per-attempt timeout, or what is left of a shorter `grpc-timeout` of the
+/// caller's, is what the server is told; a plain HTTP request gets no `grpc-timeout`.
 #[tokio::test(start_paused = true)]
 async fn grpc_timeout_is_the_shortest_promise() {
     let timeouts = async |layer: RetryBuilder, request: Request<Full<Bytes>>| {
@@ -510,13 +510,17 @@ async fn grpc_timeout_is_the_shortest_promise() {
         some(&["2000000u", "2000000u"])
     );
 
+    // The caller's own, shorter timeout is folded into the deadline: each attempt carries
+    // what is left of it. (Regression, issue 22: the caller's value was kept verbatim, so
+    // after 100 ms of backoff the retry told the server 9.9 s, the layer's deadline, when
+    // the caller had 9.85 s left.)
     let mut callers = grpc_call();
     callers
         .headers_mut()
         .insert("grpc-timeout", "9950m".parse().unwrap());
     assert_eq!(
         timeouts(layer().deadline(10 * SECOND), callers).await,
-        some(&["9950m", "9900000u"])
+        some(&["9950000u", "9850000u"])
     );
 
     let plain = Request::get("http://example.test/")

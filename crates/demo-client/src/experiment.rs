@@ -15,6 +15,9 @@ pub enum ServerStack {
     /// The adaptive concurrency limit (no rate configured) and the overload signal layer
     /// in front of the handler.
     Adaptive,
+    /// The deadline layer alone in front of the handler: no rate, no limit; requests whose
+    /// callers' deadline has passed are answered `504` at once.
+    Deadline,
     /// The bare handler.
     None,
 }
@@ -25,6 +28,7 @@ impl ServerStack {
         match self {
             ServerStack::Full => "full",
             ServerStack::Adaptive => "adaptive",
+            ServerStack::Deadline => "deadline",
             ServerStack::None => "none",
         }
     }
@@ -84,7 +88,7 @@ impl fmt::Display for InvalidRunSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential or full and a stack of full, adaptive or none (e.g. fixed:none)",
+            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential or full and a stack of full, adaptive, deadline or none (e.g. fixed:none)",
             self.0
         )
     }
@@ -102,6 +106,7 @@ impl FromStr for RunSpec {
         let stack = match stack {
             "full" => ServerStack::Full,
             "adaptive" => ServerStack::Adaptive,
+            "deadline" => ServerStack::Deadline,
             "none" => ServerStack::None,
             _ => return Err(invalid()),
         };
@@ -259,6 +264,15 @@ mod tests {
                 stack: ServerStack::Adaptive
             })
         );
+        let deadline = "full:deadline".parse::<RunSpec>().unwrap();
+        assert_eq!(
+            deadline,
+            RunSpec {
+                strategy: Strategy::Full,
+                stack: ServerStack::Deadline
+            }
+        );
+        assert_eq!(deadline.label(), "full vs --stack deadline");
         for bad in [
             "fixed",
             "fixed:",

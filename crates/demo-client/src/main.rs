@@ -6,6 +6,7 @@ use std::ffi::OsString;
 use std::io::Write;
 use std::path::Path;
 use std::process::ExitCode;
+use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::Parser;
@@ -22,6 +23,7 @@ use demo_client::report::{Table, percentile};
 use demo_client::scenario::{RealRun, Target, real_run, write_outputs};
 use demo_client::simulate::{SimulatedRun, simulate_run};
 use demo_client::stack::client_stack;
+use overload_core::clock::{SystemWallClock, WallClock};
 use tower::BoxError;
 
 fn main() -> ExitCode {
@@ -73,6 +75,7 @@ async fn run(args: RunArgs) -> Result<(), BoxError> {
         timeout,
         args.load.max_body,
         load.seed(),
+        &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
     );
     eprintln!(

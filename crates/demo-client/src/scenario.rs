@@ -5,6 +5,7 @@ use std::ffi::OsString;
 use std::fs::{self, File};
 use std::io::{self, BufWriter};
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -13,6 +14,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use overload_core::clock::{SystemWallClock, WallClock};
 use tokio::task::JoinHandle;
 use tower::BoxError;
 
@@ -127,6 +129,7 @@ pub async fn real_run(
         run.timeout,
         run.max_body,
         run.seed,
+        &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
     );
     let clients = spawn_clients(&stack, &load, &recorder);

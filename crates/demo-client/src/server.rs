@@ -3,7 +3,8 @@
 
 use demo_server::app::{AppConfig, Stack, app, default_rate_limit};
 use demo_server::model::Model;
-use overload_signal::OverloadSignalLayer;
+use overload_core::clock::TokioWallClock;
+use overload_signal::{DeadlineLayer, OverloadSignalLayer};
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::RateLimitConfig;
 use tower::BoxError;
@@ -11,10 +12,15 @@ use tower::BoxError;
 use crate::experiment::ServerStack;
 
 /// `demo-server`'s router over `model`, with the middleware of `--stack full` (the overload
-/// signal layer with its defaults, the rate limiter at the binary's default rate and burst
-/// for the model: 250 requests per second with bursts of 5 for the article's), of
-/// `--stack adaptive` (the overload signal layer and the adaptive limit, both with their
-/// defaults) or of `--stack none` (nothing).
+/// signal layer with its defaults, the deadline layer, the rate limiter at the binary's
+/// default rate and burst for the model: 250 requests per second with bursts of 5 for the
+/// article's), of `--stack adaptive` (the overload signal layer, the deadline layer and the
+/// adaptive limit, all with their defaults), of `--stack deadline` (the deadline layer
+/// alone) or of `--stack none` (nothing).
+///
+/// The deadline layer reads the time of day from a [`TokioWallClock`] made when this is
+/// called, as the simulation's clients do: call it inside the simulation's runtime, so that
+/// both follow its paused time.
 ///
 /// # Errors
 ///
@@ -22,6 +28,7 @@ use crate::experiment::ServerStack;
 pub fn router(stack: ServerStack, model: Model) -> Result<axum::Router, BoxError> {
     let stack = match stack {
         ServerStack::None => Stack::None,
+        ServerStack::Deadline => Stack::Deadline,
         ServerStack::Full => {
             let (rate, burst) = default_rate_limit(model.latency());
             Stack::Full {
@@ -40,7 +47,10 @@ pub fn router(stack: ServerStack, model: Model) -> Result<axum::Router, BoxError
             adaptive: AdaptiveLimitLayer::new(),
         },
     };
-    Ok(app(AppConfig::new(model).stack(stack)))
+    let deadline = DeadlineLayer::builder()
+        .wall_clock(TokioWallClock::new())
+        .build()?;
+    Ok(app(AppConfig::new(model).stack(stack).deadline(deadline)))
 }
 
 #[cfg(test)]
@@ -51,7 +61,12 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn both_stacks_serve_the_api() {
-        for stack in [ServerStack::None, ServerStack::Full, ServerStack::Adaptive] {
+        for stack in [
+            ServerStack::None,
+            ServerStack::Full,
+            ServerStack::Adaptive,
+            ServerStack::Deadline,
+        ] {
             let model = Model::new(LatencyModel::default());
             let router = router(stack, model).unwrap();
             let response = router

@@ -18,13 +18,15 @@
 //!
 //! Each run gets a fresh single-threaded runtime with tokio's clock paused: time only moves
 //! when every task waits, so a 95-second run takes as long as its work. With the same seed
-//! the figures and the per-second successes, errors, timeouts and attempts are the same; only
-//! the split of some rejections between budget refusals and stop signals can vary, because
-//! `demo-server`'s pause watcher uses an unbiased `tokio::select!`.
+//! every figure and every per-second count is the same: the listen queue hands requests over
+//! in the order they queued (as the kernel's does), and the clients and the server read one
+//! time of day, from a fixed start, that paused time moves.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use demo_server::model::{LatencyModel, Model, PauseSwitch};
+use overload_core::clock::{TokioWallClock, WallClock};
 use tower::BoxError;
 
 use crate::client::{Abandoned, Gate, Loopback};
@@ -107,6 +109,9 @@ pub fn simulate_run(
             run.timeout,
             run.max_body,
             run.load.seed(),
+            // NOTE: the clients and the server read one time of day, which paused time moves
+            // (see `server::router`).
+            &(Arc::new(TokioWallClock::new()) as Arc<dyn WallClock>),
             &recorder,
         );
         let clients = spawn_clients(&stack, &run.load, &recorder);

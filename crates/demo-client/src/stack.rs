@@ -10,6 +10,10 @@
 //! | `exponential` | [`NaiveRetry`](crate::client::NaiveRetry) | 100 ms, x2, normal jitter 0.1, at most 15 min | no limit | none | the article's exponential client |
 //! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | the article, the paper, the SRE book |
 //!
+//! `full` also sends, with every attempt, how long it waits for it: `X-Request-Deadline`
+//! with the per-attempt timeout (the retry layer's own, set to the stack's), so that a server
+//! with a deadline layer drops the attempts nobody waits for any more.
+//!
 //! `fixed` and `exponential` are the article's clients, and know nothing of the overload
 //! protocol. They retry every failure (a refused connection, a timed-out attempt, any
 //! status but `2xx`) after their wait, for as long as it takes; they send no
@@ -20,7 +24,8 @@
 //!
 //! `full` is everything this workspace offers: `backoff-layer`'s retry layer with its
 //! defaults (it retries connect errors, timeouts, `429`, `502`, `503` and `504`), a retry
-//! budget, `X-Request-Attempt` on every attempt, and no retry after a stop signal.
+//! budget, `X-Request-Attempt` and `X-Request-Deadline` on every attempt, and no retry after
+//! a stop signal.
 //!
 //! So `fixed vs --stack full` is what the server side achieves alone: its clients neither
 //! tell the server which requests are retries nor listen when it says stop.
@@ -29,6 +34,7 @@
 //! ended (stop signals included, heeded or not), and the per-attempt timeout bounds each
 //! attempt; the transport receives a [`TransportBody`], whichever retry layer is above it.
 
+use std::sync::Arc;
 use std::time::Duration;
 
 use backoff_layer::RetryLayer;
@@ -37,6 +43,7 @@ use backoff_layer::budget::RetryBudget;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::Either;
+use overload_core::clock::WallClock;
 use tower::util::BoxCloneSyncService;
 use tower::{BoxError, ServiceBuilder};
 use tower_service::Service;
@@ -60,8 +67,16 @@ pub enum StrategyRetry {
 }
 
 /// The retry layer of `strategy`, its jitter seeded by `seed`, its budget refusals (for
-/// `full`) recorded into `recorder`. See the [module docs](self) for each configuration.
-pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> StrategyRetry {
+/// `full`) recorded into `recorder`; `full` sends the per-attempt `timeout` in
+/// `X-Request-Deadline`, its send time read from `wall`. See the [module docs](self) for
+/// each configuration.
+pub fn retry_layer(
+    strategy: Strategy,
+    seed: u64,
+    timeout: Duration,
+    wall: &Arc<dyn WallClock>,
+    recorder: &Recorder,
+) -> StrategyRetry {
     let seeds = Seeds::from_seed(seed);
     match strategy {
         // The article's fixed interval, 100 ms.
@@ -71,6 +86,9 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> Strate
             StrategyRetry::Naive(NaiveRetryLayer::new(Exponential::new(), seeds))
         }
         Strategy::Full => {
+            // NOTE: the retry layer's own attempt timeout is what goes on the wire; the stack's
+            // tower timeout under it still ends each attempt (1 ms sooner, so it always fires
+            // first and `Record` counts the timeout), as under the other strategies.
             let built = RetryLayer::builder()
                 .seeds(seeds)
                 .backoff(Exponential::new())
@@ -78,6 +96,8 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> Strate
                     RetryBudget::default(),
                     recorder.clone(),
                 ))
+                .attempt_timeout(timeout.saturating_add(Duration::from_millis(1)))
+                .wall_clock(Arc::clone(wall))
                 .build();
             // NOTE: every setting above is a constant that satisfies the builder's rules
             // (max attempts >= 1, no zero timeout or deadline); the unit tests build it.
@@ -91,13 +111,16 @@ pub fn retry_layer(strategy: Strategy, seed: u64, recorder: &Recorder) -> Strate
 }
 
 /// Builds the client stack of `strategy` over `transport`, with a per-attempt `timeout`,
-/// response bodies read up to `max_body` bytes (see [`CollectLayer`]).
+/// response bodies read up to `max_body` bytes (see [`CollectLayer`]), and the time of day
+/// of the deadlines `full` sends read from `wall` (the system's in a real run; in a
+/// simulation, one tokio's paused time moves, as the simulated server's).
 pub fn client_stack<T, B>(
     transport: T,
     strategy: Strategy,
     timeout: Duration,
     max_body: usize,
     seed: u64,
+    wall: &Arc<dyn WallClock>,
     recorder: &Recorder,
 ) -> DemoService
 where
@@ -114,7 +137,7 @@ where
         .timeout(timeout)
         .layer(CollectLayer::new(max_body))
         .service(transport);
-    match retry_layer(strategy, seed, recorder) {
+    match retry_layer(strategy, seed, timeout, wall, recorder) {
         StrategyRetry::Naive(layer) => BoxCloneSyncService::new(
             ServiceBuilder::new()
                 .layer(layer)
@@ -141,6 +164,10 @@ mod tests {
     use crate::client::{AttemptCounter, Outcome};
 
     const MAX_BODY: usize = CollectLayer::DEFAULT_MAX_BODY;
+
+    fn system() -> Arc<dyn WallClock> {
+        Arc::new(overload_core::clock::SystemWallClock)
+    }
 
     /// A server that fails the first `failures` attempts with 503, then answers 200.
     fn flaky(
@@ -191,6 +218,7 @@ mod tests {
             Duration::from_secs(2),
             MAX_BODY,
             1,
+            &system(),
             recorder,
         )
     }
@@ -207,7 +235,7 @@ mod tests {
     fn every_strategy_builds() {
         let recorder = Recorder::starting_at(tokio::time::Instant::now());
         for s in Strategy::ALL {
-            let _ = retry_layer(s, 1, &recorder);
+            let _ = retry_layer(s, 1, Duration::from_secs(2), &system(), &recorder);
         }
     }
 
@@ -342,6 +370,34 @@ mod tests {
         let result = stack.oneshot(request()).await;
         assert_eq!(Outcome::of(&result), Outcome::Ok);
         assert_eq!(*seen.lock().unwrap(), vec!["0", "1", "2"]);
+    }
+
+    /// `full` tells the server how long it waits for each attempt; the article's clients
+    /// tell it nothing.
+    #[tokio::test(start_paused = true)]
+    async fn full_sends_the_attempt_timeout_as_its_deadline() {
+        use overload_signal::protocol::{WireDeadline, X_REQUEST_DEADLINE};
+        for strategy in Strategy::ALL {
+            let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+            let log = Arc::clone(&seen);
+            let server = tower::service_fn(move |req: Request<TransportBody>| {
+                log.lock()
+                    .unwrap()
+                    .push(req.headers().get(X_REQUEST_DEADLINE).cloned());
+                async { Ok::<_, Infallible>(Response::new(DemoBody::default())) }
+            });
+            let recorder = Recorder::new();
+            let stack = test_stack(server, strategy, &recorder);
+            stack.oneshot(request()).await.unwrap();
+            let seen = seen.lock().unwrap().clone();
+            match strategy {
+                Strategy::Full => {
+                    let d = WireDeadline::parse(seen[0].as_ref().expect("a deadline")).unwrap();
+                    assert_eq!(d.timeout(), Duration::from_millis(2001));
+                }
+                Strategy::Fixed | Strategy::Exponential => assert_eq!(seen, [None]),
+            }
+        }
     }
 
     #[tokio::test(start_paused = true)]

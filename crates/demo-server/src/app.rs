@@ -12,7 +12,7 @@ use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
 use metrics_exporter_prometheus::PrometheusHandle;
 use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
-use overload_signal::{OverloadSignalLayer, is_overloaded};
+use overload_signal::{DeadlineLayer, OverloadSignalLayer, is_overloaded};
 use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer, RateLimitLayer, Remote};
 use tower::util::MapResponseLayer;
 
@@ -27,8 +27,8 @@ use crate::model::{LatencyModel, Model};
 pub mod metric_names {
     /// Counter of `/api` responses, labelled `outcome`: `served` (2xx), `rejected` (429
     /// from the rate limiter, or 503 with `Retry-After` from the adaptive limit),
-    /// `stop_signal` (a response carrying the stop-retrying signal), `failed` (anything
-    /// else).
+    /// `stop_signal` (a response carrying the stop-retrying signal), `expired` (504 from the
+    /// deadline layer: the caller's deadline had passed), `failed` (anything else).
     pub const REQUESTS: &str = "demo_server_requests_total";
     /// Gauge: requests inside the model when `/metrics` was scraped.
     pub const CONCURRENCY: &str = "demo_server_concurrency";
@@ -72,6 +72,7 @@ pub const fn default_rate_limit(latency: &LatencyModel) -> (u32, u32) {
 const SERVED: &str = "served";
 const REJECTED: &str = "rejected";
 const STOP_SIGNAL: &str = "stop_signal";
+const EXPIRED: &str = "expired";
 const FAILED: &str = "failed";
 
 /// What [`app`] serves.
@@ -93,6 +94,7 @@ const FAILED: &str = "failed";
 pub struct AppConfig {
     model: Model,
     stack: Stack,
+    deadline: DeadlineLayer,
     downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
     stats: ServerStats,
@@ -100,14 +102,25 @@ pub struct AppConfig {
 }
 
 /// What stands in front of the model on `/api`.
+///
+/// The deadline layer of `Deadline`, `Full` and `Adaptive` is [`AppConfig::deadline`]'s.
 #[derive(Clone, Debug)]
 pub enum Stack {
     /// The bare model: the article's server.
     None,
-    /// [`OverloadSignalLayer`] outside [`RateLimitLayer`], in front of the model:
+    /// [`DeadlineLayer`] alone in front of the model: no rate, no limit; a request whose
+    /// caller's deadline has passed is answered `504` at once, and one still running at its
+    /// deadline is cancelled.
     ///
     /// ```text
-    /// network ──► OverloadSignalLayer ──► RateLimitLayer ──► model
+    /// network ──► DeadlineLayer ──► model
+    /// ```
+    Deadline,
+    /// [`OverloadSignalLayer`] outside [`DeadlineLayer`] outside [`RateLimitLayer`], in front
+    /// of the model:
+    ///
+    /// ```text
+    /// network ──► OverloadSignalLayer ──► DeadlineLayer ──► RateLimitLayer ──► model
     /// ```
     Full {
         /// The overload layer; keep a clone to read its histogram.
@@ -115,11 +128,12 @@ pub enum Stack {
         /// The rate limiter, local or kept in Redis (a local one converts with `.into()`).
         rate_limit: RateLimitLayer<Remote>,
     },
-    /// [`OverloadSignalLayer`] outside [`AdaptiveLimitLayer`], in front of the model: no
-    /// rate configured, the limit finds the model's capacity from its latency.
+    /// [`OverloadSignalLayer`] outside [`DeadlineLayer`] outside [`AdaptiveLimitLayer`], in
+    /// front of the model: no rate configured, the limit finds the model's capacity from its
+    /// latency.
     ///
     /// ```text
-    /// network ──► OverloadSignalLayer ──► AdaptiveLimitLayer ──► model
+    /// network ──► OverloadSignalLayer ──► DeadlineLayer ──► AdaptiveLimitLayer ──► model
     /// ```
     Adaptive {
         /// The overload layer; keep a clone to read its histogram.
@@ -134,6 +148,7 @@ impl Stack {
     pub const fn name(&self) -> &'static str {
         match self {
             Stack::None => "none",
+            Stack::Deadline => "deadline",
             Stack::Full { .. } => "full",
             Stack::Adaptive { .. } => "adaptive",
         }
@@ -142,7 +157,7 @@ impl Stack {
     /// The overload layer of the stack, if it has one.
     pub fn overload(&self) -> Option<&OverloadSignalLayer> {
         match self {
-            Stack::None => None,
+            Stack::None | Stack::Deadline => None,
             Stack::Full { overload, .. } | Stack::Adaptive { overload, .. } => Some(overload),
         }
     }
@@ -155,6 +170,7 @@ impl AppConfig {
         Self {
             model,
             stack: Stack::None,
+            deadline: DeadlineLayer::new(),
             downstream: None,
             metrics: None,
             stats: ServerStats::default(),
@@ -173,6 +189,15 @@ impl AppConfig {
     /// Puts `stack` in front of the model. Default [`Stack::None`].
     pub fn stack(mut self, stack: Stack) -> Self {
         self.stack = stack;
+        self
+    }
+
+    /// The deadline layer of [`Stack::Deadline`], [`Stack::Full`] and [`Stack::Adaptive`].
+    /// Default: [`DeadlineLayer::new`] (a 250 ms skew allowance, work cancelled at its
+    /// deadline, the system's time of day); a simulation under paused time gives it a wall
+    /// clock that tokio moves.
+    pub fn deadline(mut self, deadline: DeadlineLayer) -> Self {
+        self.deadline = deadline;
         self
     }
 
@@ -214,6 +239,7 @@ struct Counts {
     served: AtomicU64,
     rejected: AtomicU64,
     stop_signals: AtomicU64,
+    expired: AtomicU64,
     failed: AtomicU64,
 }
 
@@ -227,6 +253,9 @@ pub struct StatsSnapshot {
     pub rejected: u64,
     /// Responses carrying the stop-retrying signal.
     pub stop_signals: u64,
+    /// `504 Gateway Timeout` from the deadline layer: the caller's deadline had passed when
+    /// the request arrived, or while it ran.
+    pub expired: u64,
     /// Every other response.
     pub failed: u64,
 }
@@ -238,6 +267,7 @@ impl StatsSnapshot {
             served: self.served.saturating_sub(earlier.served),
             rejected: self.rejected.saturating_sub(earlier.rejected),
             stop_signals: self.stop_signals.saturating_sub(earlier.stop_signals),
+            expired: self.expired.saturating_sub(earlier.expired),
             failed: self.failed.saturating_sub(earlier.failed),
         }
     }
@@ -251,6 +281,7 @@ impl ServerStats {
             served: c.served.load(Ordering::Relaxed),
             rejected: c.rejected.load(Ordering::Relaxed),
             stop_signals: c.stop_signals.load(Ordering::Relaxed),
+            expired: c.expired.load(Ordering::Relaxed),
             failed: c.failed.load(Ordering::Relaxed),
         }
     }
@@ -266,6 +297,8 @@ impl ServerStats {
                 && response.headers().contains_key(header::RETRY_AFTER))
         {
             (&c.rejected, REJECTED)
+        } else if response.status() == StatusCode::GATEWAY_TIMEOUT {
+            (&c.expired, EXPIRED)
         } else {
             (&c.failed, FAILED)
         };
@@ -278,8 +311,8 @@ impl fmt::Display for StatsSnapshot {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "served: {}, rejected: {}, stop signals: {}, failed: {}",
-            self.served, self.rejected, self.stop_signals, self.failed
+            "served: {}, rejected: {}, stop signals: {}, expired: {}, failed: {}",
+            self.served, self.rejected, self.stop_signals, self.expired, self.failed
         )
     }
 }
@@ -297,7 +330,10 @@ struct AppState {
 ///   if any; `200 OK` with `ok\n`. A paused in-process model whose backlog is full answers
 ///   `503 Service Unavailable`. A downstream call that ends with the stop signal answers
 ///   with the stop signal (`503` with `X-Overloaded`), with or without the overload layer;
-///   any other downstream failure answers `502 Bad Gateway`.
+///   any other downstream failure answers `502 Bad Gateway`. The downstream call carries
+///   what is left of the request's deadline (the deadline layer makes it the task's current
+///   one, which the retry layer reads). With a deadline layer in the stack, a request whose
+///   caller's deadline has passed answers `504 Gateway Timeout`.
 /// - `GET /healthz`: `200 OK` with `ok\n` at once, never limited.
 /// - `GET /metrics`: Prometheus text from the handle given to [`AppConfig::metrics`] (route
 ///   absent without one); see [`metric_names`].
@@ -311,6 +347,7 @@ pub fn app(config: AppConfig) -> Router {
     let AppConfig {
         model,
         stack,
+        deadline,
         downstream,
         metrics,
         stats,
@@ -319,20 +356,25 @@ pub fn app(config: AppConfig) -> Router {
     let has_metrics = metrics.is_some();
     let api: MethodRouter<AppState> = match stack {
         Stack::None => get(api),
+        Stack::Deadline => get(api).layer::<_, Infallible>(deadline),
         // NOTE: one `OverloadProtectionLayer`, as the README shows: the overload layer outside
-        // the limit whatever the nesting, and one layer rather than two, so axum boxes and
-        // clones one service per request for the stack, not one per layer.
+        // the limit whatever the nesting, the deadline layer between them (an expired request
+        // spends no token and the overload layer's histogram still records it), and one layer
+        // rather than three, so axum boxes and clones one service per request for the stack,
+        // not one per layer.
         Stack::Full {
             overload,
             rate_limit,
         } => get(api).layer::<_, Infallible>(
             OverloadProtectionLayer::builder(rate_limit)
                 .signal(overload)
+                .deadline(deadline)
                 .build(),
         ),
         Stack::Adaptive { overload, adaptive } => get(api).layer::<_, Infallible>(
             OverloadProtectionLayer::builder(adaptive)
                 .signal(overload)
+                .deadline(deadline)
                 .build(),
         ),
     };

@@ -5,8 +5,9 @@
 //!   time: the article's server ([`model::ArticleModel`]), the paper's M/M/10 server
 //!   ([`model::MmcModel`]), and a [`model::PauseSwitch`] that freezes a model like `SIGSTOP`.
 //! - [`app()`]: the axum router of the `demo-server` binary (`GET /api`, `/healthz`,
-//!   `/metrics`), with the overload layers in front of the model ([`app::Stack`]) and an
-//!   optional [`downstream`] tier.
+//!   `/metrics`), with the overload layers in front of the model ([`app::Stack`]: the
+//!   overload signal, the deadline layer, a rate or adaptive limit) and an optional
+//!   [`downstream`] tier.
 //! - [`server`]: the binary's connection handling around the router: what happens to the
 //!   work of a client that went away ([`server::Abandoned`]), a header read timeout, a cap on
 //!   open connections, graceful shutdown.

@@ -250,8 +250,82 @@ async fn the_adaptive_stack_rejects_above_its_limit_and_counts_rejections() {
             served: limit as u64,
             rejected: 7,
             stop_signals: 0,
+            expired: 0,
             failed: 0
         }
     );
     assert_eq!(adaptive.status().in_flight, 0);
+}
+
+/// A request sent `ago` before now (the system's clock, which the default deadline layer
+/// reads) whose caller waits `timeout`.
+fn with_deadline(ago: Duration, timeout: Duration) -> Request<Body> {
+    let mut request = get("/api");
+    overload_signal::protocol::WireDeadline::new(std::time::SystemTime::now() - ago, timeout)
+        .set(request.headers_mut());
+    request
+}
+
+/// `--stack deadline`: the deadline layer alone. A request that queued past its caller's
+/// deadline is answered `504` at once and the model never sees it; a live one is served.
+#[tokio::test(start_paused = true)]
+async fn the_deadline_stack_answers_an_expired_request_at_once_without_the_model() {
+    let model = Model::new(LatencyModel::default());
+    let config = AppConfig::new(model.clone()).stack(Stack::Deadline);
+    let stats = config.stats().clone();
+    let router = app(config);
+    assert_eq!(Stack::Deadline.name(), "deadline");
+    assert!(Stack::Deadline.overload().is_none());
+
+    let started = tokio::time::Instant::now();
+    let expired = router
+        .clone()
+        .oneshot(with_deadline(
+            Duration::from_secs(5),
+            Duration::from_secs(2),
+        ))
+        .await
+        .unwrap();
+    assert_eq!(expired.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    assert_eq!(model.take_peak_concurrency(), 0, "the model never saw it");
+
+    let live = router
+        .oneshot(with_deadline(Duration::ZERO, Duration::from_secs(2)))
+        .await
+        .unwrap();
+    assert_eq!(live.status(), StatusCode::OK);
+    assert_eq!(
+        stats.snapshot(),
+        StatsSnapshot {
+            served: 1,
+            expired: 1,
+            ..StatsSnapshot::default()
+        }
+    );
+}
+
+/// In `--stack full` the deadline layer sits between the overload layer and the rate limit:
+/// an expired request spends no token.
+#[tokio::test(start_paused = true)]
+async fn in_the_full_stack_an_expired_request_spends_no_token() {
+    let model = Model::new(LatencyModel::Instant);
+    let router = app(AppConfig::new(model).stack(full_stack(1, 1)));
+    for _ in 0..5 {
+        let expired = router
+            .clone()
+            .oneshot(with_deadline(
+                Duration::from_secs(5),
+                Duration::from_secs(2),
+            ))
+            .await
+            .unwrap();
+        assert_eq!(expired.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+    let live = router.oneshot(get("/api")).await.unwrap();
+    assert_eq!(
+        live.status(),
+        StatusCode::OK,
+        "the bucket's one token is left"
+    );
 }

@@ -15,6 +15,9 @@
 //! - `FakeClock` (with the `test-util` feature) moves only when told to, for tests that run
 //!   without a tokio runtime, and for property and model tests.
 //!
+//! The time of day, which a deadline on the wire needs, is read through [`WallClock`]:
+//! [`SystemWallClock`] by default, [`TokioWallClock`] in simulations and tests.
+//!
 //! Implement [`Clock`] yourself to read another source, for example a TSC-based clock where
 //! the operating system's monotonic clock is slow to read.
 //!
@@ -31,7 +34,7 @@
 //! ```
 
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use tokio::time::Instant;
 
@@ -197,6 +200,103 @@ mod coarse {
     }
 }
 
+/// The time of day, for what must mean the same on two hosts: a deadline on the wire.
+///
+/// A [`Clock`] measures intervals on one host; a deadline another host reads needs the time
+/// of day, which both hosts keep (with NTP or a provider's time service) to within some
+/// skew. Layer code reads it only through a `WallClock`:
+///
+/// - [`SystemWallClock`], the default everywhere: the operating system's time of day,
+///   stepped and slewed by its time service as it is;
+/// - [`TokioWallClock`]: the time of day when it was made, moved on by tokio's clock since,
+///   so that it follows tokio's paused time. For simulations and tests, where both ends of
+///   a deadline must read one clock that tokio moves, and for tests of clock skew
+///   ([`TokioWallClock::starting_at`] a time ahead or behind).
+///
+/// ```
+/// use std::time::{Duration, SystemTime};
+/// use overload_core::clock::{SystemWallClock, TokioWallClock, WallClock};
+///
+/// # #[tokio::main(flavor = "current_thread", start_paused = true)]
+/// # async fn main() {
+/// let system = SystemWallClock;
+/// assert!(system.now() > SystemTime::UNIX_EPOCH);
+///
+/// // A clock five seconds ahead of this host's, that moves with tokio's paused time.
+/// let start = SystemTime::now() + Duration::from_secs(5);
+/// let ahead = TokioWallClock::starting_at(start);
+/// tokio::time::advance(Duration::from_millis(250)).await;
+/// assert_eq!(ahead.now(), start + Duration::from_millis(250));
+/// # }
+/// ```
+pub trait WallClock: Send + Sync + 'static {
+    /// The time of day.
+    fn now(&self) -> SystemTime;
+}
+
+impl<W: WallClock + ?Sized> WallClock for Arc<W> {
+    #[inline]
+    fn now(&self) -> SystemTime {
+        (**self).now()
+    }
+}
+
+/// The operating system's time of day ([`SystemTime::now`]): the default [`WallClock`].
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct SystemWallClock;
+
+impl WallClock for SystemWallClock {
+    #[inline]
+    fn now(&self) -> SystemTime {
+        SystemTime::now()
+    }
+}
+
+/// A [`WallClock`] that reads the time of day when it was made, plus the time tokio's clock
+/// has measured since: it stops when a test pauses tokio's time and moves with
+/// `tokio::time::advance`.
+///
+/// For simulations and tests only: it never sees the system's clock stepped after it was
+/// made (a host's first time synchronisation after boot, an operator's correction), so in
+/// production it would keep the error it was made with. [`SystemWallClock`] is the default
+/// everywhere.
+#[derive(Clone, Copy, Debug)]
+pub struct TokioWallClock {
+    start: SystemTime,
+    origin: Instant,
+}
+
+impl TokioWallClock {
+    /// A clock that reads the system's time of day now, and moves with tokio's clock.
+    pub fn new() -> Self {
+        Self::starting_at(SystemTime::now())
+    }
+
+    /// A clock that reads `start` now, and moves with tokio's clock: a host whose clock is
+    /// ahead of this one's (`start` in the future) or behind it, for tests of clock skew.
+    pub fn starting_at(start: SystemTime) -> Self {
+        Self {
+            start,
+            origin: Instant::now(),
+        }
+    }
+}
+
+impl Default for TokioWallClock {
+    /// The same as [`TokioWallClock::new`].
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl WallClock for TokioWallClock {
+    #[inline]
+    fn now(&self) -> SystemTime {
+        let since = Instant::now().saturating_duration_since(self.origin);
+        self.start.checked_add(since).unwrap_or(self.start)
+    }
+}
+
 /// `duration` in whole nanoseconds, saturating at `u64::MAX` (584 years).
 ///
 /// Cheaper than `u64::try_from(duration.as_nanos())`, whose 128-bit arithmetic costs more
@@ -326,6 +426,24 @@ mod tests {
             }
         }
         assert!(moved, "the coarse clock never moved");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn tokio_wall_clock_follows_paused_time_from_its_start() {
+        let start = SystemTime::UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let clock = TokioWallClock::starting_at(start);
+        assert_eq!(clock.now(), start);
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        assert_eq!(clock.now(), start + Duration::from_millis(1_500));
+        let shared: Arc<dyn WallClock> = Arc::new(clock);
+        assert_eq!(shared.now(), start + Duration::from_millis(1_500));
+        // The system's clock and a fresh tokio one agree to within the test's own run.
+        let (system, tokio) = (SystemWallClock.now(), TokioWallClock::new().now());
+        let apart = system
+            .duration_since(tokio)
+            .or_else(|e| Ok::<_, ()>(e.duration()))
+            .unwrap();
+        assert!(apart < Duration::from_secs(1), "{apart:?}");
     }
 
     #[test]

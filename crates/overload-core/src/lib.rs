@@ -8,7 +8,8 @@
 //! - [`clock`]: the one clock abstraction. Layer code reads time only through
 //!   [`clock::Clock`]: [`clock::TokioClock`] by default, which follows tokio's paused time
 //!   in tests; [`clock::CoarseClock`] where a clock read is most of a request's cost;
-//!   `clock::FakeClock` (feature `test-util`) for tests without a runtime.
+//!   `clock::FakeClock` (feature `test-util`) for tests without a runtime; and the time of
+//!   day a deadline on the wire needs, through [`clock::WallClock`].
 //! - [`window`]: the one time-slotted lock-free window ("count per slot over the last N
 //!   seconds"), under the attempt histogram, the retry budget and the adaptive limit's
 //!   sampler, model-checked with loom.

@@ -8,10 +8,15 @@
 //!   answers 200), against the same inner service without the layer; the same with a peer
 //!   address to hash into a caller class (`_keyed`); and a rejection decided in a retry
 //!   storm (`rejected_in_a_storm`: the inner service answers 429, the window is all retries
-//!   from 64 callers, so the plain rule fires and the per-caller verdict is consulted).
+//!   from 64 callers, so the plain rule fires and the per-caller verdict is consulted);
+//! - `layer/deadline_*`: the same admitted path through `DeadlineLayer`, beside the overload
+//!   layer's: a request without a deadline (`_none`), one with `X-Request-Deadline`
+//!   (`_admitted`: the header parsed, the time of day and tokio's clock read, the deadline put
+//!   in the request's extensions and made the task's current one), and one whose deadline
+//!   had passed (`_expired`: answered `504` without calling the service).
 //!
 //! Run with `cargo bench -p overload-signal --bench overload_signal -- --warm-up-time 1
-//! --measurement-time 3`.
+//! --measurement-time 3` (`-- layer/` for the layers alone).
 
 use std::convert::Infallible;
 use std::future::Future;
@@ -24,8 +29,8 @@ use std::task::{Context, Poll, Waker};
 use criterion::{Criterion, criterion_group, criterion_main};
 use http::{Request, Response, StatusCode};
 use overload_core::clock::{Clock, CoarseClock};
-use overload_signal::protocol::{Attempt, X_REQUEST_ATTEMPT};
-use overload_signal::{AttemptHistogram, OverloadSignalLayer};
+use overload_signal::protocol::{Attempt, WireDeadline, X_REQUEST_ATTEMPT};
+use overload_signal::{AttemptHistogram, DeadlineLayer, OverloadSignalLayer};
 use tower::{Layer, Service, service_fn};
 
 /// Polls a future that is ready at once (the services here never wait).
@@ -103,6 +108,39 @@ fn layer(c: &mut Criterion) {
         b.iter_batched(
             request,
             |req| ready_now(layered.call(req)).unwrap(),
+            criterion::BatchSize::SmallInput,
+        );
+    });
+    let mut deadline = DeadlineLayer::new().layer(inner);
+    group.bench_function("deadline_none", |b| {
+        b.iter_batched(
+            request,
+            |req| ready_now(deadline.call(req)).unwrap(),
+            criterion::BatchSize::SmallInput,
+        );
+    });
+    let with_deadline = |ago: std::time::Duration| {
+        let mut req = request();
+        WireDeadline::new(
+            std::time::SystemTime::now() - ago,
+            std::time::Duration::from_secs(2),
+        )
+        .set(req.headers_mut());
+        req
+    };
+    group.bench_function("deadline_admitted", |b| {
+        b.iter_batched(
+            || with_deadline(std::time::Duration::ZERO),
+            |req| ready_now(deadline.call(req)).unwrap(),
+            criterion::BatchSize::SmallInput,
+        );
+    });
+    let expired = ready_now(deadline.call(with_deadline(std::time::Duration::from_secs(5))));
+    assert_eq!(expired.unwrap().status(), StatusCode::GATEWAY_TIMEOUT);
+    group.bench_function("deadline_expired", |b| {
+        b.iter_batched(
+            || with_deadline(std::time::Duration::from_secs(5)),
+            |req| ready_now(deadline.call(req)).unwrap(),
             criterion::BatchSize::SmallInput,
         );
     });

@@ -11,6 +11,10 @@
 //! - [`Overloaded`]: the typed outcome a client surfaces when a server sent the stop signal.
 //! - [`propagation`]: a request-scoped marker that carries a downstream stop signal up
 //!   through a server without handler code.
+//! - [`deadline`]: [`DeadlineLayer`], a server layer that answers a request whose caller's
+//!   deadline has passed at once, without running the handler, and cancels work still
+//!   running at its deadline; and the current deadline of the request a task serves, which
+//!   `backoff-layer`'s retry layer passes on to downstream calls ([`RequestDeadline`]).
 //!
 //! And the server side of the paper's second defence:
 //!
@@ -91,8 +95,8 @@
 //! Through the [`metrics`](https://docs.rs/metrics) facade; this crate never installs a
 //! recorder. All names start with `overload_signal_`, and every metric carries the label
 //! `name`: the layer's [name](OverloadSignalLayerBuilder::name) (`"default"` unless set;
-//! name your layers when a process has more than one). An [`OverloadSignalLayer`] registers
-//! its metrics on its **first request**, not when it is built, so a recorder installed
+//! name your layers when a process has more than one). An [`OverloadSignalLayer`] (and a
+//! [`DeadlineLayer`]) registers its metrics on its **first request**, not when it is built, so a recorder installed
 //! after the layer is built (and before traffic) sees every one. See [`metric_names`] for
 //! what each one means.
 //!
@@ -101,6 +105,10 @@
 //! | `overload_signal_stop_signals_total` | counter | `name`, `scope` (`server`, `caller`) |
 //! | `overload_signal_rejections_passed_total` | counter | `name`, `scope` (`server`, `caller`) |
 //! | `overload_signal_propagated_total` | counter | `name`, `via` (`marker`, `response`) |
+//! | `overload_signal_deadline_expired_total` | counter | `name`, `when` (`arrival`, `running`) |
+//! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
+//! | `overload_signal_deadline_malformed_total` | counter | `name` |
+//! | `overload_signal_deadline_skewed_total` | counter | `name` |
 //! | `overload_signal_unkeyed_requests_total` | counter | `name` |
 //! | `overload_signal_window_requests` | gauge | `name`, `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`) |
 //! | `overload_signal_window_retry_share` | gauge | `name` |
@@ -136,6 +144,7 @@
 
 #[cfg(all(feature = "axum", not(loom)))]
 mod axum;
+pub mod deadline;
 mod error;
 pub mod histogram;
 pub mod metric_names;
@@ -143,6 +152,7 @@ pub mod propagation;
 pub mod protocol;
 pub mod signal;
 
+pub use deadline::{Deadline, DeadlineLayer, DeadlineLayerBuilder, RequestDeadline};
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 pub use overload_core::telemetry::LayerName;

@@ -3,14 +3,19 @@
 //! The crate never installs a recorder: without one, every metric is a no-op. Every metric
 //! carries the label `name` ([`NAME_LABEL`](overload_core::telemetry::NAME_LABEL)): the
 //! [name](crate::OverloadSignalLayerBuilder::name) of the layer that wrote it, `"default"`
-//! unless set. An [`OverloadSignalLayer`](crate::OverloadSignalLayer) registers every metric
-//! on its **first request** (not when it is built) and keeps the handles.
+//! unless set. An [`OverloadSignalLayer`](crate::OverloadSignalLayer) and a
+//! [`DeadlineLayer`](crate::DeadlineLayer) register every metric on their **first request**
+//! (not when they are built) and keep the handles.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
 //! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
 //! | `overload_signal_propagated_total` | counter | `name`; `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
+//! | `overload_signal_deadline_expired_total` | counter | `name`; `when`: `arrival` or `running` | requests a [`DeadlineLayer`](crate::DeadlineLayer) answered with `504` (gRPC `DEADLINE_EXCEEDED`) because their caller's deadline had passed: on `arrival` (the handler never ran), or while `running` (the work was cancelled) |
+//! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` | for each request expired on arrival, the time since it was sent (from `X-Request-Deadline`'s `t`; 0 for a deadline without a send time): how long it queued |
+//! | `overload_signal_deadline_malformed_total` | counter | `name` | `X-Request-Deadline` or `grpc-timeout` fields that broke the protocol's rules, ignored |
+//! | `overload_signal_deadline_skewed_total` | counter | `name` | `X-Request-Deadline` fields sent further in the future than the skew allowance: the hosts' clocks disagree; the deadline was counted from arrival |
 //! | `overload_signal_unkeyed_requests_total` | counter | `name` | requests without a [caller key](crate::signal::CallerKey): they share one caller class, so one of them can forge a storm for all; a server that counts any is set up wrong (each run of them is also logged at `WARN`, at most once a minute) |
 //! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
@@ -36,6 +41,20 @@ pub const REJECTIONS_PASSED: &str = "overload_signal_rejections_passed_total";
 /// Counter, labels `name` and `via` (`marker` or `response`): downstream stop signals passed
 /// up.
 pub const PROPAGATED: &str = "overload_signal_propagated_total";
+
+/// Counter, labels `name` and `when` (`arrival` or `running`): requests answered with the
+/// deadline's outcome because their caller's deadline had passed.
+pub const DEADLINE_EXPIRED: &str = "overload_signal_deadline_expired_total";
+
+/// Histogram, label `name`: for each request expired on arrival, seconds since it was sent.
+pub const DEADLINE_EXPIRED_QUEUED: &str = "overload_signal_deadline_expired_queued_seconds";
+
+/// Counter, label `name`: deadline fields that broke the protocol's rules, ignored.
+pub const DEADLINE_MALFORMED: &str = "overload_signal_deadline_malformed_total";
+
+/// Counter, label `name`: deadline fields sent further in the future than the skew
+/// allowance, read from arrival.
+pub const DEADLINE_SKEWED: &str = "overload_signal_deadline_skewed_total";
 
 /// Counter, label `name`: requests without a caller key (see
 /// [`CallerKey`](crate::signal::CallerKey)). Registered with the layer's other metrics, so it

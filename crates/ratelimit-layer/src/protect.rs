@@ -14,9 +14,14 @@
 //! round:
 //!
 //! ```text
-//! network ──► OverloadSignal ──► limiting layer (RateLimit, ...) ──► service
-//!             └──────────── OverloadProtectionLayer ────────────┘
+//! network ──► OverloadSignal ──► [Deadline] ──► limiting layer (RateLimit, ...) ──► service
+//!             └────────────────── OverloadProtectionLayer ──────────────────┘
 //! ```
+//!
+//! `overload-signal`'s deadline layer, when given one
+//! ([`deadline`](OverloadProtectionLayerBuilder::deadline)), goes between the two: inside the
+//! overload layer, whose histogram then sees every request, and outside the limit, so that a
+//! request whose caller's deadline has passed is answered at once and spends no token.
 //!
 //! # What it wraps
 //!
@@ -64,13 +69,15 @@
 //! ```
 //!
 //! The same in tonic, `Server::builder().layer(protection)`; `tests/readme_setups.rs` runs
-//! both. Customised: a per-client-IP limit, and an overload layer that tells callers apart
-//! by the same address and trusts only callers on the private network:
+//! both. Customised: a per-client-IP limit, an overload layer that tells callers apart by the
+//! same address and trusts only callers on the private network, and the deadline layer
+//! between them, so that requests whose callers stopped waiting are dropped before the
+//! limit:
 //!
 //! ```
 //! use http::request::Parts;
-//! use overload_signal::OverloadSignalLayer;
 //! use overload_signal::signal::peer_addr;
+//! use overload_signal::{DeadlineLayer, OverloadSignalLayer};
 //! use ratelimit_layer::key::ClientIp;
 //! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //!
@@ -88,7 +95,10 @@
 //!         })
 //!     })
 //!     .build()?;
-//! let protection = OverloadProtectionLayer::builder(limit).signal(signal).build();
+//! let protection = OverloadProtectionLayer::builder(limit)
+//!     .signal(signal)
+//!     .deadline(DeadlineLayer::new())
+//!     .build();
 //! # drop(protection);
 //! # Ok(())
 //! # }
@@ -98,14 +108,17 @@ use std::fmt;
 
 use overload_core::clock::{Clock, TokioClock};
 use overload_signal::signal::TrustedProxies;
-use overload_signal::{OverloadSignal, OverloadSignalLayer};
-use tower_layer::Layer;
+use overload_signal::{DeadlineLayer, OverloadSignal, OverloadSignalLayer};
+use tower_layer::{Identity, Layer};
 
 /// `overload-signal`'s [`OverloadSignalLayer`] outside the limiting layer `L`, as one layer;
-/// see the [module docs](crate::protect) for why, and for what `L` may be.
+/// see the [module docs](crate::protect) for why, and for what `L` may be. With
+/// [`deadline`](OverloadProtectionLayerBuilder::deadline), `overload-signal`'s
+/// [`DeadlineLayer`] goes between them (`D`; no layer, [`Identity`], by default).
 ///
 /// Its service is the overload layer's service around the limiter's:
-/// `OverloadSignal<L::Service>`. Cheap to clone when `L` is (the overload layer's clones
+/// `OverloadSignal<L::Service>` (with a deadline layer,
+/// `OverloadSignal<Deadline<L::Service>>`). Cheap to clone when `L` is (the overload layer's clones
 /// share its histogram); `Clone + Send + Sync` when `L` is, so it fits axum's
 /// `Router::layer` and tonic's `Server::layer`.
 ///
@@ -115,9 +128,11 @@ use tower_layer::Layer;
 /// hyper put in the request, only marked rejections judged).
 ///
 /// [`OverloadSignalLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.OverloadSignalLayer.html
+/// [`DeadlineLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/deadline/struct.DeadlineLayer.html
 #[derive(Clone)]
-pub struct OverloadProtectionLayer<L, C: Clock = TokioClock> {
+pub struct OverloadProtectionLayer<L, C: Clock = TokioClock, D = Identity> {
     signal: OverloadSignalLayer<C>,
+    deadline: D,
     limit: L,
 }
 
@@ -126,6 +141,7 @@ impl<L> OverloadProtectionLayer<L> {
     pub fn new(limit: L) -> Self {
         Self {
             signal: OverloadSignalLayer::new(),
+            deadline: Identity::new(),
             limit,
         }
     }
@@ -135,16 +151,22 @@ impl<L> OverloadProtectionLayer<L> {
     pub fn builder(limit: L) -> OverloadProtectionLayerBuilder<L> {
         OverloadProtectionLayerBuilder {
             signal: OverloadSignalLayer::new(),
+            deadline: Identity::new(),
             limit,
             proxies: None,
         }
     }
 }
 
-impl<L, C: Clock> OverloadProtectionLayer<L, C> {
+impl<L, C: Clock, D> OverloadProtectionLayer<L, C, D> {
     /// The overload layer, outside; its `histogram()` reads the window.
     pub const fn signal(&self) -> &OverloadSignalLayer<C> {
         &self.signal
+    }
+
+    /// The deadline layer, between the two ([`Identity`] when there is none).
+    pub const fn deadline(&self) -> &D {
+        &self.deadline
     }
 
     /// The limiting layer, inside.
@@ -153,24 +175,29 @@ impl<L, C: Clock> OverloadProtectionLayer<L, C> {
     }
 }
 
-impl<S, L, C> Layer<S> for OverloadProtectionLayer<L, C>
+impl<S, L, C, D> Layer<S> for OverloadProtectionLayer<L, C, D>
 where
     L: Layer<S>,
+    D: Layer<L::Service>,
     C: Clock,
 {
-    type Service = OverloadSignal<L::Service, C>;
+    type Service = OverloadSignal<D::Service, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         // NOTE: the one place the order is decided: the limiter wraps the service, the
-        // overload layer wraps the limiter.
-        self.signal.layer(self.limit.layer(inner))
+        // deadline layer wraps the limiter (an expired request spends no token), the
+        // overload layer wraps both (its histogram sees every request, the expired ones
+        // included, and every rejection).
+        self.signal
+            .layer(self.deadline.layer(self.limit.layer(inner)))
     }
 }
 
-impl<L: fmt::Debug, C: Clock> fmt::Debug for OverloadProtectionLayer<L, C> {
+impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug for OverloadProtectionLayer<L, C, D> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadProtectionLayer")
             .field("signal", &self.signal)
+            .field("deadline", &self.deadline)
             .field("limit", &self.limit)
             .finish()
     }
@@ -179,22 +206,40 @@ impl<L: fmt::Debug, C: Clock> fmt::Debug for OverloadProtectionLayer<L, C> {
 /// Builds an [`OverloadProtectionLayer`]; from [`OverloadProtectionLayer::builder`]. Its
 /// parts are layers, already validated, so [`build`](Self::build) cannot fail.
 #[must_use]
-pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock> {
+pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock, D = Identity> {
     signal: OverloadSignalLayer<C>,
+    deadline: D,
     limit: L,
     proxies: Option<TrustedProxies>,
 }
 
-impl<L, C: Clock> OverloadProtectionLayerBuilder<L, C> {
+impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
     /// The overload layer to put outside the limit. Default: `OverloadSignalLayer::new()`.
     /// Keep a clone of it (or call [`OverloadProtectionLayer::signal`]) to read its
     /// histogram.
     pub fn signal<C2: Clock>(
         self,
         signal: OverloadSignalLayer<C2>,
-    ) -> OverloadProtectionLayerBuilder<L, C2> {
+    ) -> OverloadProtectionLayerBuilder<L, C2, D> {
         OverloadProtectionLayerBuilder {
             signal,
+            deadline: self.deadline,
+            limit: self.limit,
+            proxies: self.proxies,
+        }
+    }
+
+    /// `overload-signal`'s deadline layer, to put between the overload layer and the limit:
+    /// a request whose caller's deadline has passed is answered at once (`504`, gRPC
+    /// `DEADLINE_EXCEEDED`) without spending a token of the limit, and the overload layer's
+    /// histogram still sees it. Default: none.
+    pub fn deadline(
+        self,
+        deadline: DeadlineLayer,
+    ) -> OverloadProtectionLayerBuilder<L, C, DeadlineLayer> {
+        OverloadProtectionLayerBuilder {
+            signal: self.signal,
+            deadline,
             limit: self.limit,
             proxies: self.proxies,
         }
@@ -230,22 +275,26 @@ impl<L, C: Clock> OverloadProtectionLayerBuilder<L, C> {
     }
 
     /// Builds the layer.
-    pub fn build(self) -> OverloadProtectionLayer<L, C> {
+    pub fn build(self) -> OverloadProtectionLayer<L, C, D> {
         let signal = match self.proxies {
             Some(proxies) => self.signal.with_trusted_proxies(proxies),
             None => self.signal,
         };
         OverloadProtectionLayer {
             signal,
+            deadline: self.deadline,
             limit: self.limit,
         }
     }
 }
 
-impl<L: fmt::Debug, C: Clock> fmt::Debug for OverloadProtectionLayerBuilder<L, C> {
+impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug
+    for OverloadProtectionLayerBuilder<L, C, D>
+{
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("OverloadProtectionLayerBuilder")
             .field("signal", &self.signal)
+            .field("deadline", &self.deadline)
             .field("limit", &self.limit)
             .field("trusted_proxies", &self.proxies)
             .finish()
@@ -353,10 +402,37 @@ mod tests {
         let _: &OverloadSignalLayer = both.signal();
     }
 
+    /// With a deadline layer, an expired request is answered `504` between the two: it
+    /// spends no token of the limit, and the overload layer still records it.
+    #[tokio::test(start_paused = true)]
+    async fn a_deadline_layer_goes_between_the_overload_layer_and_the_limit() {
+        use overload_signal::DeadlineLayer;
+        use overload_signal::deadline::RequestDeadline;
+        let p = protection();
+        let with_deadline = OverloadProtectionLayer::builder(p.limit().clone())
+            .signal(p.signal().clone())
+            .deadline(DeadlineLayer::new())
+            .build();
+        let svc = with_deadline.layer(hello());
+        let mut expired = Request::new(String::new());
+        expired
+            .extensions_mut()
+            .insert(RequestDeadline::at(tokio::time::Instant::now()));
+        let r = svc.clone().oneshot(expired).await.unwrap();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+        assert_eq!(p.signal().histogram().snapshot().total(), 1, "recorded");
+        // The limit's only token is still there for a live request.
+        let r = svc.oneshot(Request::new(String::new())).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        let _: &DeadlineLayer = with_deadline.deadline();
+        assert!(format!("{with_deadline:?}").contains("deadline: DeadlineLayer"));
+    }
+
     #[test]
     fn clone_send_sync_and_debug() {
         fn assert_traits<T: Clone + Send + Sync + 'static>() {}
         assert_traits::<OverloadProtectionLayer<RateLimitLayer>>();
+        assert_traits::<OverloadProtectionLayer<RateLimitLayer, TokioClock, DeadlineLayer>>();
         let d = format!("{:?}", protection());
         assert!(
             d.starts_with("OverloadProtectionLayer { signal: OverloadSignalLayer"),

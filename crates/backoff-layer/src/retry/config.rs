@@ -4,7 +4,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use overload_core::clock::{Clock, TokioClock};
+use overload_core::clock::{Clock, TokioClock, WallClock};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 
 use super::telemetry::{RetryMetrics, STOP_SIGNAL_QUIET, stop_signals_began, stop_signals_ended};
@@ -18,8 +18,13 @@ pub(crate) struct RetryConfig {
     pub(crate) deadline: Option<Duration>,
     /// Whether gRPC attempts carry the deadline in `grpc-timeout`: only a deadline set
     /// with `RetryBuilder::deadline`, never the default one, which would cut a long
-    /// server-streaming call on the server's side.
+    /// server-streaming call on the server's side. (HTTP attempts carry any deadline in
+    /// `X-Request-Deadline`, which promises a wait for the response's head only.)
     pub(crate) deadline_on_wire: bool,
+    /// Where `X-Request-Deadline`'s send time is read.
+    // NOTE: a trait object rather than a type parameter: only simulations and tests set
+    // it, and a parameter would burden every type a user names (`Retry<Channel, Tonic>`).
+    pub(crate) wall: Arc<dyn WallClock>,
     pub(crate) attempt_timeout: Option<Duration>,
     pub(crate) max_retry_after: Duration,
     pub(crate) backoff: Arc<dyn Backoff>,

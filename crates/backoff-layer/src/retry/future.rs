@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use overload_signal::propagation;
-use overload_signal::protocol::{self, Attempt, GrpcPushback, is_grpc};
+use overload_signal::protocol::{self, Attempt, GrpcPushback};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -19,11 +19,11 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tower_service::Service;
 
 use super::config::RetryConfig;
+use super::deadline::{OnWire, Timing, attempt_window};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
 use crate::classify::{Classification, is_failure, is_final};
-use crate::grpc;
 use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
 
 pin_project! {
@@ -57,6 +57,8 @@ pin_project! {
 pin_project! {
     #[project = StateProj]
     enum State<F> {
+        // The caller's deadline had passed before the first attempt: nothing was sent.
+        NotSent,
         // An attempt is in flight.
         Called { #[pin] future: F, span: tracing::Span },
         // Waiting out the backoff before the next attempt.
@@ -81,10 +83,10 @@ struct RetryState<B> {
     next_body: Option<ReplayBody<B>>,
     /// Attempts sent so far.
     attempts: u32,
+    /// The earliest of the layer's deadline and the caller's.
     deadline: Option<Instant>,
-    /// Whether each attempt carries its time left in `grpc-timeout` (a gRPC request with a
-    /// deadline set by `RetryBuilder::deadline` or a per-attempt timeout).
-    grpc_timeout: bool,
+    /// How each attempt carries its time left on the wire.
+    wire: OnWire,
     /// The previous delay the backoff strategy returned.
     previous_delay: Option<Duration>,
     /// The request's own generator, made at its first retry.
@@ -142,7 +144,7 @@ where
             next_body: None,
             attempts: 1,
             deadline: timing.deadline,
-            grpc_timeout: timing.grpc_timeout,
+            wire: timing.wire,
             previous_delay: None,
             rng: None,
         };
@@ -156,82 +158,31 @@ where
             adapter: PhantomData,
         }
     }
-}
 
-/// The clock-related facts of a request, settled before its first attempt is sent.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Timing {
-    deadline: Option<Instant>,
-    /// Whether each attempt carries its time left in `grpc-timeout`.
-    grpc_timeout: bool,
-    /// When the first attempt must end, and whether that is the deadline.
-    window: Option<(Instant, bool)>,
-}
-
-impl Timing {
-    /// The timing of a request whose first attempt, with these `headers`, starts `now`
-    /// (given when a timer is needed: a deadline or a per-attempt timeout is set); sets the
-    /// attempt's `grpc-timeout` for a gRPC request.
-    #[inline]
-    pub(crate) fn first(
-        config: &RetryConfig,
-        now: Option<Instant>,
-        headers: &mut HeaderMap,
-    ) -> Self {
-        let Some(now) = now else {
-            return Self {
-                deadline: None,
-                grpc_timeout: false,
-                window: None,
-            };
+    /// The future of a request whose caller's deadline had passed before it reached the
+    /// layer: it ends with [`GiveUpReason::Deadline`] and nothing is sent.
+    pub(crate) fn not_sent(config: Arc<RetryConfig>) -> Self {
+        let retry = RetryState {
+            config,
+            template: None,
+            body: BodySource::Streamed,
+            next_body: None,
+            attempts: 0,
+            deadline: None,
+            wire: OnWire::Nothing,
+            previous_delay: None,
+            rng: None,
         };
-        // NOTE: a deadline too far to represent is no deadline.
-        let deadline = config.deadline.and_then(|d| now.checked_add(d));
-        // NOTE: only limits the user set go on the wire: the default deadline bounds the
-        // wait for a response head, and would cut a long server-streaming call if a server
-        // were told it. An empty map is checked first: a lookup in it is not free.
-        let grpc_timeout = (config.deadline_on_wire || config.attempt_timeout.is_some())
-            && !headers.is_empty()
-            && is_grpc(headers);
-        let window = attempt_window(config, deadline, grpc_timeout, now, headers);
         Self {
-            deadline,
-            grpc_timeout,
-            window,
+            state: State::NotSent,
+            timer: None,
+            timer_is_deadline: false,
+            first_end: None,
+            service: None,
+            retry,
+            adapter: PhantomData,
         }
     }
-}
-
-/// When an attempt starting `now` must end (its timeout or the deadline, whichever is
-/// first), and whether that is the deadline; when `grpc_timeout`, sets `grpc-timeout` in its
-/// headers to the time until the end the server may know of: the same, or only the
-/// timeout when the deadline is the default one. `None` when the attempt has no end.
-#[inline]
-fn attempt_window(
-    config: &RetryConfig,
-    deadline: Option<Instant>,
-    grpc_timeout: bool,
-    now: Instant,
-    headers: &mut HeaderMap,
-) -> Option<(Instant, bool)> {
-    let timeout = config.attempt_timeout.and_then(|t| now.checked_add(t));
-    let window = match (timeout, deadline) {
-        (Some(t), Some(d)) if d <= t => (d, true),
-        (Some(t), _) => (t, false),
-        (None, Some(d)) => (d, true),
-        (None, None) => return None,
-    };
-    if grpc_timeout {
-        let on_wire = if config.deadline_on_wire {
-            Some(window.0)
-        } else {
-            timeout
-        };
-        if let Some(end) = on_wire {
-            grpc::set_timeout(headers, end.saturating_duration_since(now));
-        }
-    }
-    Some(window)
 }
 
 impl<B> RetryState<B> {
@@ -357,7 +308,7 @@ impl<B> RetryState<B> {
             attempt_window(
                 &self.config,
                 self.deadline,
-                self.grpc_timeout,
+                self.wire,
                 now,
                 &mut parts.headers,
             )
@@ -443,6 +394,14 @@ where
         let mut this = self.project();
         loop {
             match this.state.as_mut().project() {
+                StateProj::NotSent => {
+                    this.state.set(State::Done);
+                    let not_sent: BoxError = Box::new(AttemptTimedOut::already_passed());
+                    return Poll::Ready(
+                        this.retry
+                            .finish::<A, _>(Err(not_sent), Some(GiveUpReason::Deadline)),
+                    );
+                }
                 StateProj::Called { future, span } => {
                     let polled = {
                         let _entered = span.enter();

@@ -4,7 +4,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use overload_core::ConfigError;
-use overload_core::clock::TokioClock;
+use overload_core::clock::{SystemWallClock, TokioClock, WallClock};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use tower_layer::Layer;
 
@@ -88,9 +88,13 @@ impl RetryLayer {
     ///   waits for the inner service's readiness. A response whose head came in time is
     ///   returned, and its **body streams for as long as it lasts**: the layer never cuts a
     ///   body, by this deadline or any other;
-    /// - it is **never sent on the wire**: a gRPC request under the default deadline carries
-    ///   no `grpc-timeout` (only one set with [`RetryBuilder::deadline`] is sent, as the time
-    ///   left), since a server would otherwise end a long server-streaming call at 15 s.
+    /// - it is **never sent to a gRPC server**: a gRPC request under the default deadline
+    ///   carries no `grpc-timeout` (only one set with [`RetryBuilder::deadline`], or the
+    ///   caller's, is sent, as the time left), since a server would otherwise end a long
+    ///   server-streaming call at 15 s. An HTTP attempt carries it in `X-Request-Deadline`,
+    ///   which promises a wait for the response's head only (see the crate docs' [Deadlines
+    ///   on the wire](crate#deadlines-on-the-wire));
+    /// - a caller's own deadline, when earlier, takes its place.
     ///
     /// [`RetryBuilder::deadline`] sets another (which gRPC requests then carry);
     /// [`RetryBuilder::no_deadline`] removes it.
@@ -140,6 +144,7 @@ impl RetryLayer {
             grpc_retryable_codes: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
             seeds: None,
+            wall: None,
         }
     }
 
@@ -206,7 +211,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// |---|---|---|
 /// | [`name`](Self::name) | `"default"` | |
 /// | [`max_attempts`](Self::max_attempts) | 3 (the first attempt included) | SRE book, AWS SDKs, Polly |
-/// | [`deadline`](Self::deadline) | 15 s, until the final response's head; never sent as `grpc-timeout`; [`no_deadline`](Self::no_deadline) removes it | Envoy's default route timeout |
+/// | [`deadline`](Self::deadline) | 15 s, until the final response's head (or the caller's deadline, if earlier); sent in `X-Request-Deadline`, never as `grpc-timeout`; [`no_deadline`](Self::no_deadline) removes it | Envoy's default route timeout |
 /// | [`attempt_timeout`](Self::attempt_timeout) | none | hyper-util's client |
 /// | [`max_retry_after`](Self::max_retry_after) | 30 s | Envoy's rate-limited retry back-off, bounded by its 15 s route timeout; gRPC's deadline |
 /// | [`backoff`](Self::backoff) | [`Exponential::new()`]: 100 ms, x2, jitter 0.1, at most 15 min | the article |
@@ -215,6 +220,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6) |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
+/// | [`wall_clock`](Self::wall_clock) | [`SystemWallClock`] | |
 ///
 /// [`build`](Self::build) checks the settings:
 ///
@@ -240,6 +246,7 @@ pub struct RetryBuilder {
     grpc_retryable_codes: Option<GrpcCodes>,
     body_limit: usize,
     seeds: Option<Arc<Seeds>>,
+    wall: Option<Arc<dyn WallClock>>,
 }
 
 impl fmt::Debug for RetryBuilder {
@@ -288,20 +295,25 @@ impl RetryBuilder {
     /// [`GiveUpReason::Deadline`](crate::GiveUpReason::Deadline). A response body is never
     /// cut: once the head is returned, the body streams for as long as it lasts.
     ///
+    /// A caller's own deadline, when earlier, takes its place for that request (see the
+    /// crate docs' [Deadlines on the wire](crate#deadlines-on-the-wire)).
+    ///
     /// gRPC requests carry what is left of a deadline set here in `grpc-timeout` (the
-    /// server then ends the call, streaming or not, when it passes). Must be greater than
-    /// zero. Default: 15 s ([`RetryLayer::DEFAULT_DEADLINE`], Envoy's default route
-    /// timeout), which is never sent on the wire.
+    /// server then ends the call, streaming or not, when it passes); HTTP requests carry it
+    /// in `X-Request-Deadline`. Must be greater than zero. Default: 15 s
+    /// ([`RetryLayer::DEFAULT_DEADLINE`], Envoy's default route timeout), which HTTP
+    /// requests carry and gRPC requests never do.
     pub const fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self.deadline_on_wire = true;
         self
     }
 
-    /// No overall deadline: a request lasts as long as its attempts, its backoff waits and
-    /// the inner service take. For a caller with a deadline of its own above the layer, or a
-    /// stack with a per-attempt timeout that bounds every attempt. Without a deadline nor a
-    /// timeout, an attempt to a downstream that never answers never ends.
+    /// No overall deadline of the layer's own: a request lasts as long as its attempts, its
+    /// backoff waits and the inner service take, unless its caller gave it a deadline (which
+    /// the layer still honours and sends). For a caller with a deadline of its own above the
+    /// layer, or a stack with a per-attempt timeout that bounds every attempt. Without a
+    /// deadline nor a timeout, an attempt to a downstream that never answers never ends.
     pub const fn no_deadline(mut self) -> Self {
         self.deadline = None;
         self.deadline_on_wire = false;
@@ -310,9 +322,10 @@ impl RetryBuilder {
 
     /// A timeout for each attempt. An attempt that runs out of time is dropped and its
     /// outcome is [`AttemptTimedOut`](crate::AttemptTimedOut), retryable by the default
-    /// classifier. gRPC requests carry it in `grpc-timeout` when it is shorter than what is
-    /// left of the deadline. Must be greater than zero. Default: none, as in hyper-util's
-    /// client.
+    /// classifier. Each attempt carries it (`X-Request-Deadline`, or `grpc-timeout` for
+    /// gRPC) when it is shorter than what is left of the deadline: a server need not work
+    /// on an attempt longer than the client waits for it. Must be greater than zero.
+    /// Default: none, as in hyper-util's client.
     pub const fn attempt_timeout(mut self, attempt_timeout: Duration) -> Self {
         self.attempt_timeout = Some(attempt_timeout);
         self
@@ -395,6 +408,16 @@ impl RetryBuilder {
         self
     }
 
+    /// Where the layer reads the time of day for the send time of `X-Request-Deadline`.
+    /// Default: the operating system's
+    /// ([`SystemWallClock`](crate::clock::SystemWallClock)); a simulation under tokio's
+    /// paused time passes a [`TokioWallClock`](crate::clock::TokioWallClock), so that the
+    /// servers it runs read the same clock.
+    pub fn wall_clock(mut self, wall: impl WallClock) -> Self {
+        self.wall = Some(Arc::new(wall));
+        self
+    }
+
     /// Checks the settings and builds the layer.
     ///
     /// # Errors
@@ -451,6 +474,7 @@ impl RetryBuilder {
                 max_attempts: self.max_attempts,
                 deadline: self.deadline,
                 deadline_on_wire: self.deadline_on_wire && self.deadline.is_some(),
+                wall: self.wall.unwrap_or_else(|| Arc::new(SystemWallClock)),
                 attempt_timeout: self.attempt_timeout,
                 max_retry_after: self.max_retry_after,
                 backoff: self.backoff.unwrap_or_else(|| Arc::new(Exponential::new())),

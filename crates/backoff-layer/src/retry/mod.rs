@@ -3,6 +3,7 @@
 //! See the [crate docs](crate) for the behaviour, defaults, outcomes and metrics.
 
 mod config;
+mod deadline;
 pub mod future;
 mod layer;
 mod service;

@@ -6,11 +6,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use http_body::Body;
 use overload_signal::protocol::Attempt;
-use tokio::time::Instant;
 use tower_service::Service;
 
 use super::config::RetryConfig;
-use super::future::{ResponseFuture, Timing};
+use super::deadline::Timing;
+use super::future::ResponseFuture;
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
@@ -94,12 +94,17 @@ where
         } else {
             (ReplayBody::streamed(body), BodySource::Streamed)
         };
-        // The clock is read only when a timer may be needed: the happy path of a layer
-        // without deadline or timeout (`no_deadline()`) does not read it.
+        // The layer's deadline folded with the caller's, and the first attempt's share of it
+        // on the wire (see `deadline`).
         // NOTE: before the attempt header is set: a request without headers is then seen not
         // to be gRPC without a lookup.
-        let timed = config.deadline.is_some() || config.attempt_timeout.is_some();
-        let timing = Timing::first(&config, timed.then(Instant::now), &mut parts.headers);
+        let timing = Timing::first(&config, &mut parts);
+        if timing.passed {
+            // No attempt after the deadline: the caller's had passed already.
+            config.metrics().requests.increment(1);
+            config.end_quiet_episodes();
+            return ResponseFuture::not_sent(config);
+        }
         Attempt::set(&mut parts.headers, 0);
 
         config.budget.deposit();

@@ -38,7 +38,12 @@ pub struct Gate {
 
 #[derive(Debug)]
 struct GateState {
-    paused: tokio::sync::watch::Sender<bool>,
+    paused: std::sync::atomic::AtomicBool,
+    // NOTE: a `Notify`, whose `notify_waiters` wakes the requests in the order they queued,
+    // as the kernel's listen queue hands connections over; a `watch` channel spreads its
+    // waiters over shards picked at random, and the order they entered on resume (which of
+    // them get a rate limit's first tokens, or expire first) changed from run to run.
+    resumed: tokio::sync::Notify,
     backlog: std::sync::atomic::AtomicUsize,
     limit: usize,
 }
@@ -48,7 +53,8 @@ impl Gate {
     pub fn new(limit: usize) -> Self {
         Self {
             state: Arc::new(GateState {
-                paused: tokio::sync::watch::Sender::new(false),
+                paused: std::sync::atomic::AtomicBool::new(false),
+                resumed: tokio::sync::Notify::new(),
                 backlog: std::sync::atomic::AtomicUsize::new(0),
                 limit,
             }),
@@ -57,17 +63,18 @@ impl Gate {
 
     /// Stops the server (SIGSTOP).
     pub fn pause(&self) {
-        self.state.paused.send_replace(true);
+        self.state.paused.store(true, Ordering::Release);
     }
 
     /// Resumes the server (SIGCONT): the backlog enters.
     pub fn resume(&self) {
-        self.state.paused.send_replace(false);
+        self.state.paused.store(false, Ordering::Release);
+        self.state.resumed.notify_waiters();
     }
 
     /// Whether the server is stopped.
     pub fn is_paused(&self) -> bool {
-        *self.state.paused.borrow()
+        self.state.paused.load(Ordering::Acquire)
     }
 
     /// Requests waiting in the backlog.
@@ -76,9 +83,17 @@ impl Gate {
     }
 
     async fn running(&self) {
-        let mut rx = self.state.paused.subscribe();
-        // NOTE: the sender lives in `self`, so the channel cannot close while we wait.
-        let _ = rx.wait_for(|paused| !paused).await;
+        loop {
+            // NOTE: registered before the flag is read, so a resume between the two is not
+            // missed.
+            let resumed = self.state.resumed.notified();
+            tokio::pin!(resumed);
+            resumed.as_mut().enable();
+            if !self.is_paused() {
+                return;
+            }
+            resumed.await;
+        }
     }
 
     /// Takes a place in the backlog, or `false` when it is full.

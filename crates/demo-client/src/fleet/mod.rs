@@ -14,9 +14,11 @@ use std::ffi::OsString;
 use std::fs::{self, File};
 use std::num::NonZeroUsize;
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
 use std::time::Duration;
 
 use http::Uri;
+use overload_core::clock::{SystemWallClock, WallClock};
 use tower::BoxError;
 
 pub use haproxy::{
@@ -110,6 +112,7 @@ pub async fn fleet_run(
         run.timeout,
         run.max_body,
         run.seed,
+        &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
     );
     let clients = spawn_clients(&stack, &load, &recorder);

@@ -4,6 +4,9 @@ use http::header::HeaderMap;
 
 use super::headers::GRPC_STATUS;
 
+/// gRPC status code `DEADLINE_EXCEEDED` (4): a call's deadline passed before it completed.
+pub const GRPC_DEADLINE_EXCEEDED: u16 = 4;
+
 /// gRPC status code `RESOURCE_EXHAUSTED` (8): the protocol's node-local rejection.
 pub const GRPC_RESOURCE_EXHAUSTED: u16 = 8;
 

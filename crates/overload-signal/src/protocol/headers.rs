@@ -35,3 +35,11 @@ pub const RATELIMIT: HeaderName = HeaderName::from_static("ratelimit");
 
 /// `Idempotency-Key`: a request carrying it may be retried whatever its method.
 pub const IDEMPOTENCY_KEY: HeaderName = HeaderName::from_static("idempotency-key");
+
+/// `X-Request-Deadline`: when the request was sent and how long its sender waits for the
+/// response's head, `t=<ms since the Unix epoch>, timeout=<ms>`; see
+/// [`WireDeadline`](super::WireDeadline).
+pub const X_REQUEST_DEADLINE: HeaderName = HeaderName::from_static("x-request-deadline");
+
+/// `grpc-timeout`: how long the caller of a gRPC call waits, from when the server reads it.
+pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");

@@ -13,8 +13,8 @@ use demo_server::duration::parse_duration;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel};
 use demo_server::server::{Abandoned, ServerConfig};
 use demo_server::size::parse_size;
-use overload_signal::OverloadSignalLayer;
 use overload_signal::signal::StopRule;
+use overload_signal::{DeadlineLayer, OverloadSignalLayer};
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::{ClientIp, ForwardedHeader, IpNet, TrustedProxies};
@@ -44,7 +44,11 @@ were retries (the X-Request-Attempt header), rejections become 503 with
 X-Overloaded: stop-retrying.
 --stack adaptive puts the overload-signal layer in front of an adaptive concurrency limit
 instead: no rate configured, it finds the model's capacity from its latency and rejects above
-it with 503 Service Unavailable and Retry-After. --stack none serves the bare model.
+it with 503 Service Unavailable and Retry-After. Both stacks have the deadline layer between
+the overload-signal layer and the limit. --stack deadline is the deadline layer alone: a
+request whose caller's deadline has passed (X-Request-Deadline, grpc-timeout) is answered
+504 Gateway Timeout at once, without the model, and one still running at its deadline is
+cancelled; no rate, no limit. --stack none serves the bare model.
 
 Other routes: GET /healthz (never limited), GET /metrics (Prometheus text), and with --admin
 GET and PUT /admin/capacity, the model's capacity (article: the knee; mmc: the workers),
@@ -57,6 +61,7 @@ Examples:
   demo-server                                  the article's server behind the full stack
   demo-server --stack none                     the article's server, bare
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
+  demo-server --stack deadline                 no rate, no limit: expired requests dropped
   demo-server --stack adaptive --admin         no rate: the limit adapts; then halve the capacity:
       curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
@@ -82,8 +87,9 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8070")]
     listen: SocketAddr,
 
-    /// What stands in front of the model: `full` (overload signal + rate limiter),
-    /// `adaptive` (overload signal + adaptive limit, no rate) or `none`.
+    /// What stands in front of the model: `full` (overload signal + deadline + rate
+    /// limiter), `adaptive` (overload signal + deadline + adaptive limit, no rate),
+    /// `deadline` (the deadline layer alone) or `none`.
     #[arg(long, value_enum, default_value_t = StackArg::Full)]
     stack: StackArg,
 
@@ -287,6 +293,13 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "FRACTION")]
     stop_retry_share: Option<f64>,
 
+    /// How far this server's clock and its clients' may be apart: a request whose
+    /// X-Request-Deadline has passed by more is answered 504 at once, and one whose send time
+    /// lies further in the future is timed from its arrival. The default covers hosts kept
+    /// within ntpd's 128 ms step threshold of a common source.
+    #[arg(long, value_name = "DURATION", default_value = "250ms", value_parser = parse_duration, help_heading = "Deadlines")]
+    skew_allowance: Duration,
+
     /// Serve GET and PUT /admin/capacity, to read and change the model's capacity (article:
     /// the knee; mmc: the workers) while the server runs. Off by default: anyone who can
     /// reach the server could change it.
@@ -316,10 +329,13 @@ enum AbandonedArg {
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
 enum StackArg {
-    /// Overload signal and rate limiter in front of the model.
+    /// Overload signal, deadline layer and rate limiter in front of the model.
     Full,
-    /// Overload signal and an adaptive concurrency limit (no rate) in front of the model.
+    /// Overload signal, deadline layer and an adaptive concurrency limit (no rate) in front
+    /// of the model.
     Adaptive,
+    /// The deadline layer alone: expired requests answered 504 at once; no rate, no limit.
+    Deadline,
     /// The bare model.
     None,
 }
@@ -364,6 +380,7 @@ pub(crate) struct Plan {
     pub(crate) server: ServerConfig,
     pub(crate) latency: LatencyModel,
     pub(crate) stack: Stack,
+    pub(crate) deadline: DeadlineLayer,
     pub(crate) downstream: Option<Downstream>,
     pub(crate) admin: bool,
     pub(crate) redis: Option<RedisStore>,
@@ -408,6 +425,7 @@ impl Cli {
         let overload = self.overload_layer()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
+            StackArg::Deadline => Stack::Deadline,
             StackArg::Full => Stack::Full {
                 overload,
                 rate_limit: match &redis {
@@ -421,6 +439,10 @@ impl Cli {
                 adaptive: AdaptiveLimitLayer::new(),
             },
         };
+        let deadline = DeadlineLayer::builder()
+            .skew_allowance(self.skew_allowance)
+            .build()
+            .map_err(|e| format!("--{}", e.to_string().replace('_', "-")))?;
         let downstream = self
             .downstream
             .clone()
@@ -442,6 +464,7 @@ impl Cli {
             server,
             latency,
             stack,
+            deadline,
             downstream,
             admin: self.admin,
             redis: redis.map(|r| r.store),

@@ -82,12 +82,13 @@ async fn serve(plan: Plan) -> Result<(), String> {
     let histogram = plan.stack.overload().map(|o| o.histogram().clone());
     let adaptive = match &plan.stack {
         Stack::Adaptive { adaptive, .. } => Some(adaptive.clone()),
-        Stack::None | Stack::Full { .. } => None,
+        Stack::None | Stack::Deadline | Stack::Full { .. } => None,
     };
     let stack_name = plan.stack.name();
     let mut config = AppConfig::new(model.clone())
         .admin(plan.admin)
         .stack(plan.stack)
+        .deadline(plan.deadline)
         .metrics(metrics.clone());
     if let Some(downstream) = plan.downstream {
         config = config.downstream(downstream);

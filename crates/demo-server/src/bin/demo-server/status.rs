@@ -61,12 +61,13 @@ pub(crate) async fn status_lines(
             .and_then(|h| h.snapshot().retry_share())
             .map_or_else(|| "-".to_owned(), |s| format!("{:.1}%", s * 100.0));
         println!(
-            "concurrency: {}, last delay: {:?}, admitted: {}/s, rejected: {}/s, stop signals: {}/s, failed: {}/s, retry share (10 s): {}, connections: {}",
+            "concurrency: {}, last delay: {:?}, admitted: {}/s, rejected: {}/s, stop signals: {}/s, expired: {}/s, failed: {}/s, retry share (10 s): {}, connections: {}",
             model.concurrency(),
             model.last_delay(),
             second.served,
             second.rejected,
             second.stop_signals,
+            second.expired,
             second.failed,
             retry_share,
             connections.open(),

@@ -30,6 +30,23 @@ fn defaults_are_the_articles_server_behind_the_full_stack() {
     assert_eq!(plan.server.header_read_timeout(), Duration::from_secs(10));
     assert_eq!(plan.server.max_connections().get(), 10_000);
     assert_eq!(cli.max_downstream_body, 1 << 20);
+    // The deadline layer's defaults.
+    assert_eq!(
+        plan.deadline.skew_allowance(),
+        DeadlineLayer::DEFAULT_SKEW_ALLOWANCE
+    );
+    assert!(plan.deadline.cancels_at_deadline());
+}
+
+#[test]
+fn stack_deadline_is_the_deadline_layer_alone_with_its_skew_allowance() {
+    let plan = parse(&["--stack", "deadline", "--skew-allowance", "50ms"])
+        .unwrap()
+        .plan()
+        .unwrap();
+    assert!(matches!(plan.stack, Stack::Deadline));
+    assert_eq!(plan.stack.name(), "deadline");
+    assert_eq!(plan.deadline.skew_allowance(), Duration::from_millis(50));
 }
 
 #[test]
@@ -193,6 +210,19 @@ fn invalid_combinations_are_refused_by_the_plan() {
         (
             &["--header-read-timeout", "0s"],
             "--header-read-timeout must be greater than zero",
+        ),
+        (
+            &["--skew-allowance", "2m"],
+            "--skew-allowance must be at most 60s, got 120s",
+        ),
+        (
+            &[
+                "--stack",
+                "deadline",
+                "--redis-url",
+                "redis://127.0.0.1:6379",
+            ],
+            "--stack deadline has none",
         ),
     ] {
         let Err(err) = parse(args).unwrap().plan() else {

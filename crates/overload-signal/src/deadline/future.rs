@@ -1,0 +1,129 @@
+//! The response future of [`Deadline`](super::Deadline).
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll, ready};
+
+use http::Response;
+use pin_project_lite::pin_project;
+use tokio::time::{Instant, Sleep, sleep_until};
+
+use super::current::DeadlineScope;
+use super::state::DeadlineState;
+use crate::protocol::{Protocol, deadline_exceeded_response};
+
+pin_project! {
+    /// The response future of [`Deadline`](super::Deadline): the answer to an expired
+    /// request, or the inner service's future, run with the request's deadline as the
+    /// current one and cancelled when it passes.
+    pub struct ResponseFuture<F> {
+        #[pin]
+        state: State<F>,
+    }
+}
+
+pin_project! {
+    #[project = StateProj]
+    enum State<F> {
+        // The deadline had passed on arrival: the answer, at once.
+        Expired { protocol: Protocol },
+        Running {
+            #[pin]
+            inner: DeadlineScope<F>,
+            // Armed at the inner future's first `Pending`, so that work that completes at
+            // once costs no timer.
+            #[pin]
+            timer: Option<Sleep>,
+            // When to cancel the work, until the timer is armed; `None` without a deadline
+            // or when the layer lets work run to its end.
+            cancel_at: Option<Instant>,
+            protocol: Protocol,
+            layer: Arc<DeadlineState>,
+        },
+        // Cancelled: the inner future was dropped.
+        Done,
+    }
+}
+
+impl<F> ResponseFuture<F> {
+    pub(super) const fn expired(protocol: Protocol) -> Self {
+        Self {
+            state: State::Expired { protocol },
+        }
+    }
+
+    pub(super) fn running(
+        inner: DeadlineScope<F>,
+        cancel_at: Option<Instant>,
+        protocol: Protocol,
+        layer: &Arc<DeadlineState>,
+    ) -> Self {
+        Self {
+            state: State::Running {
+                inner,
+                timer: None,
+                cancel_at,
+                protocol,
+                layer: Arc::clone(layer),
+            },
+        }
+    }
+}
+
+impl<F, B, E> Future for ResponseFuture<F>
+where
+    F: Future<Output = Result<Response<B>, E>>,
+    B: Default,
+{
+    type Output = Result<Response<B>, E>;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
+        let mut this = self.project();
+        let (protocol, layer) = match this.state.as_mut().project() {
+            StateProj::Expired { protocol } => {
+                return Poll::Ready(Ok(deadline_exceeded_response(*protocol)));
+            }
+            StateProj::Running {
+                inner,
+                mut timer,
+                cancel_at,
+                protocol,
+                layer,
+            } => {
+                if let Poll::Ready(output) = inner.poll(cx) {
+                    return Poll::Ready(output);
+                }
+                if let Some(at) = cancel_at.take() {
+                    timer.set(Some(sleep_until(at)));
+                }
+                let Some(timer) = timer.as_pin_mut() else {
+                    return Poll::Pending;
+                };
+                ready!(timer.poll(cx));
+                (*protocol, Arc::clone(layer))
+            }
+            StateProj::Done => panic!("deadline response future polled after completion"),
+        };
+        // The deadline passed while the work ran: drop it now, not when our caller drops
+        // this future.
+        this.state.set(State::Done);
+        layer.expired_running();
+        tracing::debug!("request cancelled at its deadline");
+        Poll::Ready(Ok(deadline_exceeded_response(protocol)))
+    }
+}
+
+impl<F> fmt::Debug for ResponseFuture<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let state = match self.state {
+            State::Expired { .. } => "expired",
+            State::Running { .. } => "running",
+            State::Done => "done",
+        };
+        f.debug_struct("ResponseFuture")
+            .field("state", &state)
+            .finish()
+    }
+}

@@ -1,0 +1,162 @@
+//! Deadlines: servers that drop work nobody waits for, and tiers that never give their
+//! downstream more time than their caller has left.
+//!
+//! A server that falls behind (paused, overloaded, restarted into a backlog) works on
+//! requests whose clients gave up long ago, while every new request waits behind them: the
+//! work nobody waits for keeps it down. Clients of this workspace say how long they wait
+//! (`backoff-layer`'s retry layer sends it with every attempt), and [`DeadlineLayer`] lets a
+//! server act on it:
+//!
+//! - a request whose deadline has **passed when it reaches the layer** is answered at once,
+//!   without running the inner service: HTTP `504 Gateway Timeout`, gRPC
+//!   `DEADLINE_EXCEEDED`
+//!   ([`deadline_exceeded_response`](crate::protocol::deadline_exceeded_response)). The cost of an
+//!   expired request is a header read, so a backlog of thousands drains in milliseconds;
+//! - a request **still running at its deadline** is cancelled (its future dropped) and
+//!   answered the same way, unless
+//!   [`cancel_at_deadline(false)`](DeadlineLayerBuilder::cancel_at_deadline);
+//! - the inner service **reads the time left**: [`time_left`] and [`current`], in its `call`
+//!   and while its future runs;
+//! - a downstream call made through `backoff-layer`'s retry layer, from that task, carries
+//!   **what is left** of the deadline, never more: a lower tier drops the work the top
+//!   caller gave up on.
+//!
+//! ```text
+//! network ──► OverloadSignalLayer ──► DeadlineLayer ──► rate or adaptive limit ──► handler
+//! ```
+//!
+//! Put it inside the overload layer (whose attempt histogram then sees every request, the
+//! expired included) and outside any limiter, so that an expired request spends no token
+//! and no concurrency slot. `ratelimit-layer`'s `OverloadProtectionLayer` takes one with its
+//! `deadline(..)` setting and puts it there.
+//!
+//! # Examples
+//!
+//! With the defaults (a 250 ms skew allowance, work cancelled at its deadline):
+//!
+//! ```
+//! use std::convert::Infallible;
+//! use std::time::Duration;
+//! use http::{Request, Response};
+//! use overload_signal::DeadlineLayer;
+//! use overload_signal::deadline;
+//! use tower::{ServiceBuilder, service_fn};
+//!
+//! let service = ServiceBuilder::new()
+//!     .layer(DeadlineLayer::new())
+//!     .service(service_fn(|_req: Request<()>| async {
+//!         // Work worth doing only with time left for it.
+//!         let left = deadline::time_left().unwrap_or(Duration::MAX);
+//!         let body = if left > Duration::from_millis(50) { "full" } else { "cached" };
+//!         Ok::<_, Infallible>(Response::new(body))
+//!     }));
+//! # drop(service);
+//! ```
+//!
+//! Customised: named `api` in its metrics and logs; a 50 ms skew allowance (hosts kept in
+//! step by chrony); handlers that must finish what they start are never cancelled:
+//!
+//! ```
+//! use std::time::Duration;
+//! use overload_signal::DeadlineLayer;
+//!
+//! let layer = DeadlineLayer::builder()
+//!     .name("api")
+//!     .skew_allowance(Duration::from_millis(50))
+//!     .cancel_at_deadline(false)
+//!     .build()?;
+//! # drop(layer);
+//! # Ok::<(), overload_core::ConfigError>(())
+//! ```
+//!
+//! # Where a request's deadline comes from
+//!
+//! The earliest of:
+//!
+//! - `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`
+//!   ([`WireDeadline`](crate::protocol::WireDeadline)): sent at `t` by the sender's clock, and
+//!   waited for until `t + timeout`. The send time lets the layer see the time a request sat
+//!   in the listen queue (or a proxy's), which a relative timeout cannot show: the request a
+//!   server reads after a pause is as old as the pause. See the skew allowance below;
+//! - `grpc-timeout`, on gRPC requests: gRPC's own, relative, counted from arrival at the
+//!   layer (a gRPC server's queue is unseen; HTTP/2 keeps connections open, so gRPC
+//!   requests seldom wait in a listen queue). A tonic server also enforces it itself, outside
+//!   every layer of `Server::layer` (answering `CANCELLED`), so behind tonic the layer's
+//!   value is the time left it gives the handler and its downstream calls;
+//! - a [`RequestDeadline`] already in the request's extensions (an outer layer's), and the
+//!   [current](current()) deadline of the task calling the layer (one service calling
+//!   another in-process).
+//!
+//! A malformed field is ignored and counted (`overload_signal_deadline_malformed_total`),
+//! never an error response. A request without any deadline is served as if the layer were
+//! not there.
+//!
+//! # Clock skew
+//!
+//! A send time is read on the server's clock, so the two hosts' clocks must agree to within
+//! the **skew allowance** (250 ms by default; [`DeadlineLayer::DEFAULT_SKEW_ALLOWANCE`] says
+//! why, and what happens beyond it). Within it, a request is dropped on arrival only once its
+//! deadline has passed by more than the allowance, and cancelled at the deadline plus the
+//! allowance: a server whose clock is ahead never drops work its callers still wait for. A
+//! send time further than the allowance in the server's future shows that the clocks
+//! disagree: the deadline is then counted from arrival (`timeout` alone), and the request is
+//! counted as skewed.
+//!
+//! # What the caller gets
+//!
+//! | request | HTTP | gRPC |
+//! |---|---|---|
+//! | deadline passed on arrival (by more than the allowance) | `504 Gateway Timeout`, empty body; the inner service is not called | `200`, `grpc-status: 4` (DEADLINE_EXCEEDED), trailers-only |
+//! | still running at its deadline (plus the allowance), cancelling on | the same; the inner future is dropped | the same |
+//! | anything else | the inner service's response, untouched | the same |
+//!
+//! gRPC-Web requests (`application/grpc-web...`) are read and answered as gRPC, in their own
+//! `content-type`.
+//!
+//! `backoff-layer` retries a `504` from another server, as any gateway timeout, but never
+//! after its own deadline: the retry layer of a caller whose deadline passed gives up.
+//!
+//! # Metrics
+//!
+//! Through the [`metrics`](https://docs.rs/metrics) facade, registered on the layer's first
+//! request, each with the label `name` (see [`metric_names`](crate::metric_names)):
+//!
+//! | name | kind | labels |
+//! |---|---|---|
+//! | `overload_signal_deadline_expired_total` | counter | `name`, `when` (`arrival`, `running`) |
+//! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
+//! | `overload_signal_deadline_malformed_total` | counter | `name` |
+//! | `overload_signal_deadline_skewed_total` | counter | `name` |
+//!
+//! # Logs
+//!
+//! Through [`tracing`](https://docs.rs/tracing), once per episode, each with the field
+//! `name`: a `WARN` when the layer starts dropping expired requests, and an `INFO` once none
+//! has expired for [`DeadlineLayer::QUIET`] (10 s); likewise for requests sent from the
+//! future (clock skew beyond the allowance). An episode's end is noticed by the next request.
+//! Each dropped or cancelled request is a `debug` event.
+//!
+//! # Limits
+//!
+//! The current deadline follows the request's future, not threads or tasks: a downstream
+//! call made from a task the handler spawns does not inherit it. Take [`current`] before
+//! spawning, move the [`RequestDeadline`] into the task, and put it in the extensions of the
+//! requests it sends (or run the task's work inside [`scope`]).
+//!
+//! The layer does not put the deadline in the request's extensions: inserting an extension
+//! allocates, and nothing on the admitted path of this workspace's layers does.
+
+mod current;
+pub mod future;
+mod layer;
+mod service;
+mod state;
+mod telemetry;
+#[cfg(test)]
+mod tests;
+mod value;
+
+pub use current::{DeadlineScope, current, scope, time_left};
+pub use layer::{DeadlineLayer, DeadlineLayerBuilder};
+pub use service::Deadline;
+pub use value::RequestDeadline;

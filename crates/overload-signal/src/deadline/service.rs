@@ -1,0 +1,112 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use overload_core::telemetry::LayerName;
+use tower_service::Service;
+
+use super::current;
+use super::future::ResponseFuture;
+use super::state::{Arrival, DeadlineSettings, DeadlineState};
+use crate::protocol::Protocol;
+
+/// Server middleware that drops work nobody waits for: a request whose caller's deadline
+/// has passed is answered at once (`504`, gRPC `DEADLINE_EXCEEDED`) without calling the
+/// inner service, and one still running at its deadline is cancelled.
+///
+/// Made by [`DeadlineLayer`](super::DeadlineLayer); see the [module docs](crate::deadline).
+pub struct Deadline<S> {
+    inner: S,
+    state: Arc<DeadlineState>,
+}
+
+impl<S> Deadline<S> {
+    /// Wraps `inner` with every default of [`DeadlineLayer::new`](super::DeadlineLayer::new).
+    pub fn new(inner: S) -> Self {
+        Self::from_state(inner, Arc::new(DeadlineState::new(DeadlineSettings::new())))
+    }
+
+    pub(super) const fn from_state(inner: S, state: Arc<DeadlineState>) -> Self {
+        Self { inner, state }
+    }
+
+    overload_core::define_inner_service_accessors!();
+
+    /// The name of the layer this middleware belongs to.
+    pub fn name(&self) -> &LayerName {
+        self.state.name()
+    }
+}
+
+impl<S: Clone> Clone for Deadline<S> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            state: Arc::clone(&self.state),
+        }
+    }
+}
+
+impl<S: fmt::Debug> fmt::Debug for Deadline<S> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Deadline")
+            .field("inner", &self.inner)
+            .field("state", &self.state)
+            .finish()
+    }
+}
+
+impl<S, ReqBody, ResBody> Service<Request<ReqBody>> for Deadline<S>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = ResponseFuture<S::Future>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // No capacity of our own: readiness is the inner service's. An expired request then
+        // leaves the inner service ready and unused, which Tower allows.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let (parts, body) = request.into_parts();
+        let protocol = Protocol::of_headers(&parts.headers);
+        match self.state.arrive(&parts, protocol) {
+            Arrival::Expired { queued } => {
+                self.state.expired_on_arrival(queued);
+                tracing::debug!(
+                    queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
+                    "request expired before it was served"
+                );
+                ResponseFuture::expired(protocol)
+            }
+            Arrival::Open => {
+                let request = Request::from_parts(parts, body);
+                let future = current::call_with(None, || self.inner.call(request));
+                ResponseFuture::running(current::enter(None, future), None, protocol, &self.state)
+            }
+            Arrival::Live {
+                deadline,
+                cancel_at,
+            } => {
+                // NOTE: not in the request's extensions: inserting one allocates, and the
+                // task-local is what handlers and the retry layer read: during the inner
+                // service's `call` (a retry layer right under this one reads it there) and
+                // while its future runs.
+                let request = Request::from_parts(parts, body);
+                let future = current::call_with(Some(deadline), || self.inner.call(request));
+                let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
+                ResponseFuture::running(
+                    current::enter(Some(deadline), future),
+                    cancel_at,
+                    protocol,
+                    &self.state,
+                )
+            }
+        }
+    }
+}

@@ -1,0 +1,257 @@
+//! [`DeadlineState`]: what a deadline layer's services share, and how a request's deadline
+//! is read when it arrives.
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use http::request::Parts;
+use overload_core::clock::{Clock, SystemWallClock, TokioClock, WallClock};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
+use tokio::time::Instant;
+
+use super::current::current;
+use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
+use super::value::RequestDeadline;
+use crate::protocol::{Protocol, WireDeadline, grpc_timeout};
+
+/// How long without an expired request (or a skewed one) before the layer logs that the
+/// episode ended: 10 seconds, as the overload layer's stop-signal episodes.
+pub(crate) const QUIET: Duration = Duration::from_secs(10);
+
+/// The default skew allowance; `DeadlineLayer::DEFAULT_SKEW_ALLOWANCE` says why.
+pub(crate) const DEFAULT_SKEW_ALLOWANCE: Duration = Duration::from_millis(250);
+
+/// The layer's settings, as the builder collects them.
+pub(crate) struct DeadlineSettings {
+    pub(crate) name: LayerName,
+    pub(crate) skew_allowance: Duration,
+    pub(crate) cancel_at_deadline: bool,
+    pub(crate) wall: Arc<dyn WallClock>,
+}
+
+impl DeadlineSettings {
+    pub(crate) fn new() -> Self {
+        Self {
+            name: LayerName::default(),
+            skew_allowance: DEFAULT_SKEW_ALLOWANCE,
+            cancel_at_deadline: true,
+            wall: Arc::new(SystemWallClock),
+        }
+    }
+}
+
+/// Everything the services of one deadline layer share.
+pub(crate) struct DeadlineState {
+    pub(crate) skew_allowance: Duration,
+    pub(crate) cancel_at_deadline: bool,
+    wall: Arc<dyn WallClock>,
+    metrics: LazyMetrics<DeadlineMetrics>,
+    /// Requests expiring: begins at the first, ends after [`QUIET`] without one.
+    expiring: Episode,
+    /// Requests sent from the future: begins at the first, ends after [`QUIET`] without one.
+    skew: Episode,
+    /// The episodes' clock.
+    clock: TokioClock,
+}
+
+/// What a request's deadline says when it reaches the layer.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) enum Arrival {
+    /// No deadline: the request runs as long as it takes.
+    Open,
+    /// The caller still waits: its deadline, on this server's clock, and when to cancel the
+    /// work (the deadline, plus the skew allowance when the deadline came with a send time).
+    Live {
+        deadline: RequestDeadline,
+        cancel_at: Instant,
+    },
+    /// The deadline has passed (by more than the allowance): answer at once. `queued` is the
+    /// time since the request was sent, when its send time is known (0 otherwise).
+    Expired { queued: Duration },
+}
+
+/// One source's reading of the deadline, before the earliest is kept.
+#[derive(Clone, Copy)]
+struct Reading {
+    deadline: Instant,
+    cancel_at: Instant,
+}
+
+impl DeadlineState {
+    pub(crate) fn new(settings: DeadlineSettings) -> Self {
+        Self {
+            skew_allowance: settings.skew_allowance,
+            cancel_at_deadline: settings.cancel_at_deadline,
+            wall: settings.wall,
+            metrics: LazyMetrics::new(settings.name),
+            expiring: Episode::new(),
+            skew: Episode::new(),
+            clock: TokioClock::new(),
+        }
+    }
+
+    pub(crate) const fn name(&self) -> &LayerName {
+        self.metrics.name()
+    }
+
+    #[inline]
+    fn metrics(&self) -> &DeadlineMetrics {
+        self.metrics.get()
+    }
+
+    /// Reads the deadline of a request (with these parts, of this protocol) arriving now:
+    /// the earliest of `X-Request-Deadline`, `grpc-timeout` (gRPC only), a
+    /// [`RequestDeadline`] already in its extensions, and the [current](current)
+    /// deadline of the task calling the layer.
+    pub(crate) fn arrive(&self, parts: &Parts, protocol: Protocol) -> Arrival {
+        // NOTE: registered on the first request; an episode's end is noticed here too.
+        let metrics = self.metrics();
+        self.end_quiet_episodes();
+        // NOTE: the clock is read only when a deadline is found: a request without one costs
+        // two header lookups, an extension lookup and a task-local read.
+        let mut read = None;
+        let mut now = || *read.get_or_insert_with(Instant::now);
+        let mut earliest: Option<Reading> = None;
+        let mut keep = |reading: Reading| {
+            earliest = Some(match earliest {
+                Some(e) => Reading {
+                    deadline: e.deadline.min(reading.deadline),
+                    cancel_at: e.cancel_at.min(reading.cancel_at),
+                },
+                None => reading,
+            });
+        };
+
+        match WireDeadline::from_headers(&parts.headers) {
+            Ok(None) => {}
+            Ok(Some(wire)) => {
+                let (queued, tolerance) = match wire.queued(self.wall.now(), self.skew_allowance) {
+                    Some(queued) => (queued, self.skew_allowance),
+                    None => {
+                        self.skewed(metrics);
+                        (Duration::ZERO, Duration::ZERO)
+                    }
+                };
+                let timeout = wire.timeout();
+                if queued >= timeout.saturating_add(tolerance) {
+                    return Arrival::Expired { queued };
+                }
+                // NOTE: queued < timeout + tolerance, so the deadline is at most `tolerance`
+                // before now, and the cancellation not before now.
+                let now = now();
+                let deadline = match timeout.checked_sub(queued) {
+                    Some(left) => RequestDeadline::after_from(now, left).instant(),
+                    None => now.checked_sub(queued - timeout).unwrap_or(now),
+                };
+                keep(Reading {
+                    deadline,
+                    cancel_at: deadline.checked_add(tolerance).unwrap_or(deadline),
+                });
+            }
+            Err(malformed) => {
+                metrics.malformed();
+                tracing::debug!(%malformed, "ignoring X-Request-Deadline");
+            }
+        }
+        // NOTE: gRPC-Web carries gRPC's `grpc-timeout` too.
+        if protocol.is_grpc() {
+            match grpc_timeout(&parts.headers) {
+                Ok(None) => {}
+                Ok(Some(timeout)) => {
+                    if timeout.is_zero() {
+                        return Arrival::Expired {
+                            queued: Duration::ZERO,
+                        };
+                    }
+                    let deadline = RequestDeadline::after_from(now(), timeout).instant();
+                    keep(Reading {
+                        deadline,
+                        cancel_at: deadline,
+                    });
+                }
+                Err(malformed) => {
+                    metrics.malformed();
+                    tracing::debug!(%malformed, "ignoring grpc-timeout");
+                }
+            }
+        }
+        let given = RequestDeadline::earliest(
+            parts.extensions.get::<RequestDeadline>().copied(),
+            current(),
+        );
+        if let Some(given) = given {
+            let deadline = given.instant();
+            if now() >= deadline {
+                return Arrival::Expired {
+                    queued: Duration::ZERO,
+                };
+            }
+            keep(Reading {
+                deadline,
+                cancel_at: deadline,
+            });
+        }
+        match earliest {
+            None => Arrival::Open,
+            Some(Reading {
+                deadline,
+                cancel_at,
+            }) => Arrival::Live {
+                deadline: RequestDeadline::at(deadline),
+                cancel_at,
+            },
+        }
+    }
+
+    /// Counts a request answered at once, expired, and logs it if it begins an episode.
+    pub(crate) fn expired_on_arrival(&self, queued: Duration) {
+        self.metrics().expired_on_arrival(queued);
+        if self.expiring.seen(self.clock.now()) {
+            expiring_began(self.name(), queued);
+        }
+    }
+
+    /// Counts a request whose work was cancelled at its deadline.
+    pub(crate) fn expired_running(&self) {
+        self.metrics().expired_running();
+        if self.expiring.seen(self.clock.now()) {
+            expiring_began(self.name(), Duration::ZERO);
+        }
+    }
+
+    fn skewed(&self, metrics: &DeadlineMetrics) {
+        metrics.skewed();
+        if self.skew.seen(self.clock.now()) {
+            skew_began(self.name(), self.skew_allowance);
+        }
+    }
+
+    #[inline]
+    fn end_quiet_episodes(&self) {
+        if self.expiring.is_active() || self.skew.is_active() {
+            self.end_episodes();
+        }
+    }
+
+    #[cold]
+    fn end_episodes(&self) {
+        let now = self.clock.now();
+        if let Some(ended) = self.expiring.quiet_for(QUIET, now) {
+            expiring_ended(self.name(), ended, QUIET);
+        }
+        if let Some(ended) = self.skew.quiet_for(QUIET, now) {
+            skew_ended(self.name(), ended, QUIET);
+        }
+    }
+}
+
+impl fmt::Debug for DeadlineState {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("DeadlineState")
+            .field("name", self.name())
+            .field("skew_allowance", &self.skew_allowance)
+            .field("cancel_at_deadline", &self.cancel_at_deadline)
+            .finish_non_exhaustive()
+    }
+}

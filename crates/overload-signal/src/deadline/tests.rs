@@ -1,0 +1,421 @@
+//! The deadline layer's behaviour, under paused tokio time, with tower-test's mock service
+//! where the inner service's calls matter.
+
+use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, SystemTime};
+
+use http::{HeaderValue, Request, Response, StatusCode};
+use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+use overload_core::clock::TokioWallClock;
+use tokio::time::Instant;
+use tower::{Layer, Service, ServiceExt, service_fn};
+
+use super::*;
+use crate::protocol::{GRPC_STATUS, GRPC_TIMEOUT, WireDeadline, X_REQUEST_DEADLINE};
+
+const MS: Duration = Duration::from_millis(1);
+
+/// A request carrying `X-Request-Deadline`: sent `ago` before now on the test's wall clock,
+/// with `timeout`.
+fn sent(wall: &TokioWallClock, ago: Duration, timeout: Duration) -> Request<String> {
+    use overload_core::clock::WallClock;
+    let mut req = Request::new(String::new());
+    WireDeadline::new(wall.now() - ago, timeout).set(req.headers_mut());
+    req
+}
+
+fn grpc(timeout: &'static str) -> Request<String> {
+    let mut req = Request::new(String::new());
+    req.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+    req.headers_mut()
+        .insert(GRPC_TIMEOUT, HeaderValue::from_static(timeout));
+    req
+}
+
+/// A wall clock on a whole millisecond (the field's resolution), moved by paused time.
+fn wall() -> TokioWallClock {
+    TokioWallClock::starting_at(SystemTime::UNIX_EPOCH + Duration::from_millis(1_767_225_600_000))
+}
+
+/// A layer reading a wall clock that tokio's paused time moves, with `allowance`.
+fn layer(wall: TokioWallClock, allowance: Duration) -> DeadlineLayer {
+    DeadlineLayer::builder()
+        .wall_clock(wall)
+        .skew_allowance(allowance)
+        .build()
+        .unwrap()
+}
+
+/// A service that counts its calls, takes `work`, and answers with the time left it saw.
+fn worker(
+    work: Duration,
+) -> (
+    impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
+    Arc<AtomicUsize>,
+) {
+    let calls = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&calls);
+    let svc = service_fn(move |_req: Request<String>| {
+        counted.fetch_add(1, Ordering::SeqCst);
+        async move {
+            let left = time_left().map_or("none".to_owned(), |d| format!("{}", d.as_millis()));
+            tokio::time::sleep(work).await;
+            Ok::<_, Infallible>(Response::new(left))
+        }
+    });
+    (svc, calls)
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_that_queued_past_its_deadline_is_answered_at_once_without_the_handler() {
+    let wall = wall();
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = layer(wall, 250 * MS).layer(svc);
+    let start = Instant::now();
+    // Sent 3 s ago with a 2 s timeout: expired by 1 s, more than the allowance.
+    let response = svc
+        .clone()
+        .oneshot(sent(&wall, 3000 * MS, 2000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(response.body(), "");
+    assert_eq!(start.elapsed(), Duration::ZERO, "at once");
+    assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler never ran");
+    // Expired by less than the allowance: served (a clock ahead by that much is no reason
+    // to drop it), with nothing left to pass on.
+    let response = svc
+        .clone()
+        .oneshot(sent(&wall, 2200 * MS, 2000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(response.body(), "0");
+    // Queued 500 ms of its 2 s: served, with 1.5 s left.
+    let response = svc.oneshot(sent(&wall, 500 * MS, 2000 * MS)).await.unwrap();
+    assert_eq!(response.body(), "1500");
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn work_still_running_at_its_deadline_is_cancelled_unless_the_user_opts_out() {
+    let wall = wall();
+    // The handler takes 5 s; the caller waits 1 s, sent just now.
+    let (svc, _) = worker(5000 * MS);
+    let dropped = Arc::new(AtomicUsize::new(0));
+    struct OnDrop(Arc<AtomicUsize>);
+    impl Drop for OnDrop {
+        fn drop(&mut self) {
+            self.0.fetch_add(1, Ordering::SeqCst);
+        }
+    }
+    let guard = Arc::clone(&dropped);
+    let svc = svc.map_future(move |f| {
+        let guard = OnDrop(Arc::clone(&guard));
+        async move {
+            let _guard = guard;
+            f.await
+        }
+    });
+    let start = Instant::now();
+    let response = layer(wall, 250 * MS)
+        .layer(svc.clone())
+        .oneshot(sent(&wall, Duration::ZERO, 1000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(
+        start.elapsed(),
+        1250 * MS,
+        "the deadline plus the skew allowance"
+    );
+    assert_eq!(dropped.load(Ordering::SeqCst), 1, "the work was dropped");
+
+    let keep_going = DeadlineLayer::builder()
+        .wall_clock(wall)
+        .cancel_at_deadline(false)
+        .build()
+        .unwrap();
+    assert!(!keep_going.cancels_at_deadline());
+    let start = Instant::now();
+    let response = keep_going
+        .layer(svc)
+        .oneshot(sent(&wall, Duration::ZERO, 1000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(response.status(), StatusCode::OK);
+    assert_eq!(start.elapsed(), 5000 * MS, "ran to its end");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_time_from_the_future_beyond_the_allowance_falls_back_to_the_timeout() {
+    let wall = wall();
+    let ahead = |by: Duration| {
+        let mut req = Request::new(String::new());
+        use overload_core::clock::WallClock;
+        WireDeadline::new(wall.now() + by, 1000 * MS).set(req.headers_mut());
+        req
+    };
+    let (svc, _) = worker(Duration::ZERO);
+    let svc = layer(wall, 250 * MS).layer(svc);
+    // Within the allowance: as if sent now.
+    let r = svc.clone().oneshot(ahead(200 * MS)).await.unwrap();
+    assert_eq!(r.body(), "1000");
+    // Far ahead: the sender's clock is wrong; the timeout counts from arrival, never more.
+    let r = svc.oneshot(ahead(60_000 * MS)).await.unwrap();
+    assert_eq!(r.body(), "1000");
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_reads_grpc_timeout_from_arrival_and_answers_deadline_exceeded() {
+    let (svc, calls) = worker(3000 * MS);
+    let svc = DeadlineLayer::new().layer(svc);
+    let start = Instant::now();
+    let r = svc.clone().oneshot(grpc("1S")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[GRPC_STATUS], "4");
+    assert_eq!(
+        start.elapsed(),
+        1000 * MS,
+        "no allowance: no send time to doubt"
+    );
+    let r = svc.clone().oneshot(grpc("0m")).await.unwrap();
+    assert_eq!(r.headers()[GRPC_STATUS], "4");
+    assert_eq!(calls.load(Ordering::SeqCst), 1, "a zero timeout never runs");
+    // An HTTP request's grpc-timeout means nothing.
+    let mut http = grpc("1m");
+    http.headers_mut().remove("content-type");
+    let r = svc.oneshot(http).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.body(), "none");
+}
+
+#[tokio::test(start_paused = true)]
+async fn grpc_web_reads_grpc_timeout_and_answers_in_its_own_content_type() {
+    let (svc, calls) = worker(3000 * MS);
+    let svc = DeadlineLayer::new().layer(svc);
+    for (content_type, answer) in [
+        ("application/grpc-web+proto", "application/grpc-web+proto"),
+        (
+            "application/grpc-web-text",
+            "application/grpc-web-text+proto",
+        ),
+    ] {
+        let mut req = grpc("1S");
+        req.headers_mut()
+            .insert("content-type", HeaderValue::from_static(content_type));
+        let start = Instant::now();
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK, "{content_type}");
+        assert_eq!(r.headers()[GRPC_STATUS], "4", "{content_type}");
+        assert_eq!(r.headers()["content-type"], answer);
+        assert_eq!(start.elapsed(), 1000 * MS, "cancelled at its grpc-timeout");
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn malformed_fields_are_ignored_and_counted_never_an_error() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = DeadlineLayer::builder()
+        .name("api")
+        .build()
+        .unwrap()
+        .layer(svc);
+    for junk in [
+        "t=1, timeout=-1",
+        "timeout=5",
+        "",
+        "t=99999999999999999999, timeout=1",
+    ] {
+        let mut req = Request::new(String::new());
+        req.headers_mut()
+            .insert(X_REQUEST_DEADLINE, HeaderValue::from_static(junk));
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            (r.status(), r.body().as_str()),
+            (StatusCode::OK, "none"),
+            "{junk:?}"
+        );
+    }
+    let r = svc.oneshot(grpc("1.5S")).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    let malformed = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .find(|(key, ..)| key.key().name() == crate::metric_names::DEADLINE_MALFORMED)
+        .map(|(key, _, _, value)| {
+            let labels: Vec<_> = key
+                .key()
+                .labels()
+                .map(|l| (l.key().to_owned(), l.value().to_owned()))
+                .collect();
+            (labels, value)
+        });
+    assert_eq!(
+        malformed,
+        Some((
+            vec![("name".to_owned(), "api".to_owned())],
+            DebugValue::Counter(5)
+        ))
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn expired_requests_are_counted_with_the_time_they_queued() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let wall = wall();
+    let (svc, _) = worker(5000 * MS);
+    let svc = layer(wall, Duration::ZERO).layer(svc);
+    for ago in [3000, 4000] {
+        let r = svc
+            .clone()
+            .oneshot(sent(&wall, ago * MS, 2000 * MS))
+            .await
+            .unwrap();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+    let r = svc
+        .oneshot(sent(&wall, Duration::ZERO, 1000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    let mut seen = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let when = key
+            .key()
+            .labels()
+            .find(|l| l.key() == "when")
+            .map(|l| l.value().to_owned());
+        seen.insert((key.key().name().to_owned(), when), value);
+    }
+    let mut take = |name: &str, when: Option<&str>| {
+        seen.remove(&(name.to_owned(), when.map(str::to_owned)))
+            .unwrap_or_else(|| panic!("{name} {when:?} registered"))
+    };
+    let expired = crate::metric_names::DEADLINE_EXPIRED;
+    assert_eq!(take(expired, Some("arrival")), DebugValue::Counter(2));
+    assert_eq!(take(expired, Some("running")), DebugValue::Counter(1));
+    let DebugValue::Histogram(queued) = take(crate::metric_names::DEADLINE_EXPIRED_QUEUED, None)
+    else {
+        panic!("a histogram");
+    };
+    let queued: Vec<f64> = queued.into_iter().map(|v| v.into_inner()).collect();
+    assert_eq!(queued, [3.0, 4.0]);
+    assert_eq!(
+        take(crate::metric_names::DEADLINE_SKEWED, None),
+        DebugValue::Counter(0),
+        "registered at zero"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_current_deadline_of_an_outer_request_bounds_an_inner_one() {
+    // An in-process tier: a handler behind one deadline layer calls a service behind
+    // another with a request of its own, carrying a later deadline of its own.
+    let wall = wall();
+    let (inner, _) = worker(Duration::ZERO);
+    let inner = layer(wall, Duration::ZERO).layer(inner);
+    let outer = service_fn(move |_req: Request<String>| {
+        let inner = inner.clone();
+        async move {
+            inner
+                .oneshot(sent(&wall, Duration::ZERO, 10_000 * MS))
+                .await
+        }
+    });
+    let r = layer(wall, Duration::ZERO)
+        .layer(outer)
+        .oneshot(sent(&wall, Duration::ZERO, 700 * MS))
+        .await
+        .unwrap();
+    assert_eq!(r.body(), "700", "the outer caller's 700 ms, not 10 s");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deadline_in_the_extensions_is_honoured() {
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = DeadlineLayer::new().layer(svc);
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(RequestDeadline::after(300 * MS));
+    assert_eq!(svc.clone().oneshot(req).await.unwrap().body(), "300");
+    let mut late = Request::new(String::new());
+    late.extensions_mut()
+        .insert(RequestDeadline::at(Instant::now()));
+    let r = svc.oneshot(late).await.unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+#[test]
+fn invalid_settings_are_refused_by_name() {
+    let err = DeadlineLayer::builder()
+        .skew_allowance(Duration::from_secs(61))
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "skew_allowance");
+    assert_eq!(
+        err.to_string(),
+        "skew_allowance must be at most 60s, got 61s"
+    );
+    let err = DeadlineLayer::builder().name("").build().unwrap_err();
+    assert_eq!(err.field(), "name");
+    let ok = DeadlineLayer::builder()
+        .skew_allowance(Duration::from_secs(60))
+        .build()
+        .unwrap();
+    assert_eq!(ok.skew_allowance(), DeadlineLayer::MAX_SKEW_ALLOWANCE);
+    let defaults = DeadlineLayer::new();
+    assert_eq!(defaults.skew_allowance(), Duration::from_millis(250));
+    assert_eq!(
+        defaults.skew_allowance(),
+        DeadlineLayer::DEFAULT_SKEW_ALLOWANCE
+    );
+    assert!(defaults.cancels_at_deadline());
+    assert_eq!(defaults.name().as_str(), "default");
+}
+
+#[test]
+fn layer_and_service_are_send_sync_clone() {
+    fn assert_traits<T: Clone + Send + Sync + 'static>() {}
+    assert_traits::<DeadlineLayer>();
+    assert_traits::<Deadline<()>>();
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_inner_services_call_sees_the_deadline_too() {
+    // A proxy: a service whose `call` reads the deadline before any future runs, as a
+    // retry layer right under the deadline layer does.
+    let seen = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let log = Arc::clone(&seen);
+    let inner = tower::util::MapRequest::new(
+        service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(String::new()))
+        }),
+        move |req: Request<String>| {
+            log.lock().unwrap().push(time_left());
+            req
+        },
+    );
+    let svc = DeadlineLayer::new().layer(inner);
+    let mut req = Request::new(String::new());
+    req.extensions_mut()
+        .insert(RequestDeadline::after(Duration::from_millis(700)));
+    svc.clone().oneshot(req).await.unwrap();
+    svc.oneshot(Request::new(String::new())).await.unwrap();
+    assert_eq!(
+        *seen.lock().unwrap(),
+        [Some(Duration::from_millis(700)), None]
+    );
+}
