@@ -1,6 +1,6 @@
 //! The outage experiment in the paper's topology, short: three `demo-server` processes on
 //! 127.0.0.1 behind a real HAProxy (Debian's package; the test fails, never skips, without
-//! it), one of them stopped with SIGSTOP for 8 s and resumed, through the same code as
+//! it), one of them stopped with SIGSTOP for 16 s and resumed, through the same code as
 //! `demo-client fleet --quick`.
 
 use std::ffi::OsString;
@@ -37,7 +37,7 @@ async fn quick(spec: RunSpec, dir: &std::path::Path) -> FleetRecord {
         capacity: CAPACITY,
         dir,
     };
-    // NOTE: a run of 21 s plus the processes' startup; the bound keeps a broken run from
+    // NOTE: a run of 28 s plus the processes' startup; the bound keeps a broken run from
     // hanging CI.
     tokio::time::timeout(
         Duration::from_secs(60),

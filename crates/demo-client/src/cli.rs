@@ -262,8 +262,8 @@ pub struct FleetArgs {
     /// Observation after the server returns, in whole seconds.
     #[arg(long, default_value = "60s", value_parser = parse_duration, conflicts_with = "quick")]
     pub observe: Duration,
-    /// A short run of the same comparison: 2 s steady, 14 s outage, 10 s observed (about
-    /// 110 s for the four runs); its files go to `target/fleet/quick`.
+    /// A short run of the same comparison: 2 s steady, 16 s outage, 10 s observed (about
+    /// 115 s for the four runs); its files go to `target/fleet/quick`.
     #[arg(long)]
     pub quick: bool,
     /// The runs, as STRATEGY:STACK, comma separated.
@@ -305,10 +305,13 @@ pub struct FleetArgs {
     pub out: Option<PathBuf>,
 }
 
-/// The phases of `fleet --quick`: 2 s steady, 14 s outage, 10 s observed. The outage is
-/// the shortest in which the bare fleet tips over with the default load (its survivors'
-/// queues pass the clients' 2 s timeout about 12 s after the third server stops).
-pub const FLEET_QUICK: Timing = match Timing::from_secs(2, 14, 10) {
+/// The phases of `fleet --quick`: 2 s steady, 16 s outage, 10 s observed (the shortest
+/// observation the timing takes), 112 s for the four runs. The bare fleet tips over with
+/// the default load when its survivors' queues pass the clients' 2 s timeout, about 12 s
+/// after the third server stops; an outage of 14 s left it so little time down before the
+/// return that the returning server's first second could still answer more than a tenth of
+/// the baseline (seen once in the suite).
+pub const FLEET_QUICK: Timing = match Timing::from_secs(2, 16, 10) {
     Some(t) => t,
     None => panic!("valid phases"),
 };
@@ -597,7 +600,7 @@ mod tests {
             panic!("not fleet");
         };
         assert_eq!(q.timing(), Ok(FLEET_QUICK));
-        assert_eq!(FLEET_QUICK.total(), Duration::from_secs(26));
+        assert_eq!(FLEET_QUICK.total(), Duration::from_secs(28));
         assert_eq!(q.check_interval, Check(None));
         assert_eq!(q.out_dir(), PathBuf::from("target/fleet/quick"));
         assert!(parse(&["fleet", "--check-interval", "1ms"]).is_err());
