@@ -50,6 +50,10 @@ pub enum Command {
     /// The same experiment in virtual time, in process: the demo server's model and
     /// middleware behind the real client layers, a paused clock and seeded randomness.
     Simulate(SimulateArgs),
+    /// The outage experiment in the paper's topology: three `demo-server` processes behind
+    /// HAProxy, one of them stopped and resumed; one run per strategy; the scenario's table
+    /// plus what the survivors served, and the balancer's own view.
+    Fleet(FleetArgs),
     /// The article's figure: retry delay against attempt number for its two parameter
     /// sets, in linear and log scale, as SVG.
     PlotDelays(PlotDelaysArgs),
@@ -228,6 +232,159 @@ pub struct ScenarioArgs {
     /// An extra argument for every `demo-server` child (repeat for several).
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
+}
+
+/// `demo-client fleet`.
+#[derive(Debug, Clone, Args)]
+pub struct FleetArgs {
+    /// Number of concurrent clients. With the default think time, about 455 req/s: 76 % of
+    /// the fleet's capacity (three servers of about 200 req/s, the paper's M/M/10), 114 % of
+    /// two servers'. Many clients with a long think time make the load close to an open
+    /// arrival process, as in the paper: a client waiting for an answer sends nothing new,
+    /// so with few clients the load falls as latency rises and a slow fleet never tips over.
+    #[arg(long, default_value = "20000")]
+    pub clients: NonZeroUsize,
+    /// Mean of each client's exponential think time between requests.
+    #[arg(long, default_value = "44s", value_parser = parse_duration)]
+    pub think_time: Duration,
+    /// Timeout of each attempt.
+    #[arg(long, default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// Seed of the clients' think times and of the retry jitter.
+    #[arg(long, default_value = "1")]
+    pub seed: u64,
+    /// Longest response body read, in bytes.
+    #[arg(long, value_name = "SIZE", default_value = "1MiB", value_parser = parse_size)]
+    pub max_body: usize,
+    /// Steady state before the outage, in whole seconds.
+    #[arg(long, default_value = "15s", value_parser = parse_duration, conflicts_with = "quick")]
+    pub steady: Duration,
+    /// How long one server is stopped (SIGSTOP to SIGCONT), in whole seconds.
+    #[arg(long, default_value = "20s", value_parser = parse_duration, conflicts_with = "quick")]
+    pub outage: Duration,
+    /// Observation after the server returns, in whole seconds.
+    #[arg(long, default_value = "60s", value_parser = parse_duration, conflicts_with = "quick")]
+    pub observe: Duration,
+    /// A short run of the same comparison: 2 s steady, 16 s outage, 10 s observed (about
+    /// 115 s for the four runs); its files go to `target/fleet/quick`.
+    #[arg(long)]
+    pub quick: bool,
+    /// The runs, as STRATEGY:STACK, comma separated.
+    #[arg(
+        long,
+        value_delimiter = ',',
+        default_value = "fixed:none,full:none,full:full,fixed:full"
+    )]
+    pub runs: Vec<RunSpec>,
+    /// One server's capacity in requests per second, to judge what the survivors served.
+    /// The default is the default model's: demo-server --model mmc, 10 workers of 50 ms.
+    #[arg(long, value_name = "REQ_PER_S", default_value_t = 200.0)]
+    pub capacity: f64,
+    /// Interval of the balancer's health checks (GET /healthz), or `off`.
+    #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_check)]
+    pub check_interval: Check,
+    /// HAProxy's `retries` (its default: 3).
+    #[arg(long, value_name = "N", default_value_t = 3)]
+    pub balancer_retries: u32,
+    /// HAProxy's `retry-on`, space separated (its default: conn-failure).
+    #[arg(long, value_name = "CONDITIONS", default_value = "conn-failure")]
+    pub balancer_retry_on: String,
+    /// HAProxy's `option redispatch`: retry on another server.
+    #[arg(long)]
+    pub redispatch: bool,
+    /// The `haproxy` executable [default: haproxy on the PATH, or /usr/sbin/haproxy].
+    #[arg(long, value_name = "PATH")]
+    pub haproxy: Option<PathBuf>,
+    /// The `demo-server` executable; by default the one next to this executable.
+    #[arg(long)]
+    pub server_bin: Option<PathBuf>,
+    /// An extra argument for every `demo-server` (repeat for several); after the fleet's
+    /// own (`--model mmc --trusted-proxy 127.0.0.1`), so it can override them.
+    #[arg(long = "server-arg", allow_hyphen_values = true)]
+    pub server_args: Vec<String>,
+    /// Directory for the CSV, the SVG plot, the tables, the configurations and the logs
+    /// [default: target/fleet, or target/fleet/quick with --quick].
+    #[arg(long)]
+    pub out: Option<PathBuf>,
+}
+
+/// The phases of `fleet --quick`: 2 s steady, 16 s outage, 10 s observed (the shortest
+/// observation the timing takes), 112 s for the four runs. The bare fleet tips over with
+/// the default load when its survivors' queues pass the clients' 2 s timeout, about 12 s
+/// after the third server stops; an outage of 14 s left it so little time down before the
+/// return that the returning server's first second could still answer more than a tenth of
+/// the baseline (seen once in the suite).
+pub const FLEET_QUICK: Timing = match Timing::from_secs(2, 16, 10) {
+    Some(t) => t,
+    None => panic!("valid phases"),
+};
+
+/// A health-check interval, or none.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Check(pub Option<Duration>);
+
+fn parse_check(s: &str) -> Result<Check, String> {
+    if s == "off" {
+        return Ok(Check(None));
+    }
+    let d = parse_duration(s).map_err(|e| e.to_string())?;
+    if d < Duration::from_millis(10) {
+        return Err("the health-check interval must be at least 10ms, or off".to_owned());
+    }
+    Ok(Check(Some(d)))
+}
+
+impl FleetArgs {
+    /// The phases, `--quick` applied.
+    pub fn timing(&self) -> Result<Timing, InvalidTiming> {
+        if self.quick {
+            Ok(FLEET_QUICK)
+        } else {
+            Timing::new(self.steady, self.outage, self.observe)
+        }
+    }
+
+    /// Where the outputs go.
+    pub fn out_dir(&self) -> PathBuf {
+        match (&self.out, self.quick) {
+            (Some(out), _) => out.clone(),
+            (None, false) => PathBuf::from("target/fleet"),
+            (None, true) => PathBuf::from("target/fleet/quick"),
+        }
+    }
+
+    /// The clients, as `run` and `scenario` take them.
+    pub fn load(&self) -> LoadArgs {
+        LoadArgs {
+            clients: self.clients,
+            think_time: self.think_time,
+            timeout: self.timeout,
+            seed: self.seed,
+            max_body: self.max_body,
+        }
+    }
+
+    /// Checks every setting before anything starts.
+    pub fn validate(
+        &self,
+        url: Uri,
+    ) -> Result<(Timing, LoadConfig), Box<dyn std::error::Error + Send + Sync>> {
+        let timing = self.timing()?;
+        let load = self.load();
+        load.attempt_timeout()?;
+        if !(self.capacity.is_finite() && self.capacity > 0.0) {
+            return Err("--capacity must be a positive number of requests per second".into());
+        }
+        if self.balancer_retry_on.trim().is_empty()
+            || self.balancer_retry_on.contains(['\n', '\r', '#'])
+        {
+            return Err(
+                "--balancer-retry-on must be HAProxy retry-on keywords, such as conn-failure"
+                    .into(),
+            );
+        }
+        Ok((timing, load.load_config(url)?))
+    }
 }
 
 /// What the server does with a request whose client gave up.
@@ -427,6 +584,45 @@ mod tests {
             let err = experiment.validate(url.clone()).unwrap_err().to_string();
             assert!(err.contains(needle), "{args:?}: {err}");
         }
+    }
+
+    #[test]
+    fn fleet_defaults_and_quick() {
+        let Command::Fleet(f) = parse(&["fleet"]).unwrap().command else {
+            panic!("not fleet");
+        };
+        let (timing, load) = f
+            .validate(Uri::from_static("http://127.0.0.1:1/api"))
+            .unwrap();
+        assert_eq!(timing.phases().pause_for, 20);
+        assert!((load.offered_rate() - 454.5).abs() < 0.1);
+        assert_eq!(f.check_interval, Check(Some(Duration::from_millis(500))));
+        assert_eq!(f.out_dir(), PathBuf::from("target/fleet"));
+        assert_eq!(f.runs.len(), 4);
+        let Command::Fleet(q) = parse(&["fleet", "--quick", "--check-interval", "off"])
+            .unwrap()
+            .command
+        else {
+            panic!("not fleet");
+        };
+        assert_eq!(q.timing(), Ok(FLEET_QUICK));
+        assert_eq!(FLEET_QUICK.total(), Duration::from_secs(28));
+        assert_eq!(q.check_interval, Check(None));
+        assert_eq!(q.out_dir(), PathBuf::from("target/fleet/quick"));
+        assert!(parse(&["fleet", "--check-interval", "1ms"]).is_err());
+        assert!(parse(&["fleet", "--quick", "--outage", "5s"]).is_err());
+        let Command::Fleet(bad) = parse(&["fleet", "--balancer-retry-on", "x\nbackend y"])
+            .unwrap()
+            .command
+        else {
+            panic!("not fleet");
+        };
+        let url = Uri::from_static("http://127.0.0.1:1/api");
+        assert!(bad.validate(url.clone()).is_err());
+        let Command::Fleet(bad) = parse(&["fleet", "--capacity", "0"]).unwrap().command else {
+            panic!("not fleet");
+        };
+        assert!(bad.validate(url).is_err());
     }
 
     #[test]

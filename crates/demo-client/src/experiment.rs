@@ -204,6 +204,21 @@ impl Timing {
         })
     }
 
+    /// The phases from whole seconds, in a constant: `None` where [`Timing::new`] would
+    /// refuse them.
+    pub const fn from_secs(steady: usize, pause: usize, observe: usize) -> Option<Self> {
+        if steady < 2 || pause < 1 || observe < 10 || steady + pause + observe > 86_400 {
+            return None;
+        }
+        Some(Self {
+            phases: Phases {
+                pause_at: steady,
+                pause_for: pause,
+                observe_for: observe,
+            },
+        })
+    }
+
     /// The phases in whole seconds.
     pub const fn phases(&self) -> Phases {
         self.phases

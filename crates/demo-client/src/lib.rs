@@ -16,6 +16,7 @@
 //! - [`load`]: the load generator;
 //! - [`experiment`], [`drive`], [`scenario`], [`simulate`], [`server`], [`process`]: the
 //!   outage experiment, against real processes or in virtual time;
+//! - [`fleet`]: the same experiment in the paper's topology, three servers behind HAProxy;
 //! - [`record`]: the per-second recorder;
 //! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
 //! - [`output`]: the CSV and the SVG plots;
@@ -29,6 +30,7 @@ pub mod cli;
 pub mod client;
 pub mod drive;
 pub mod experiment;
+pub mod fleet;
 pub mod load;
 pub mod output;
 pub mod plot;

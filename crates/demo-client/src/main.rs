@@ -10,7 +10,9 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime};
 
 use clap::Parser;
-use demo_client::cli::{Cli, Command, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs};
+use demo_client::cli::{
+    Cli, Command, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
+};
 use demo_client::client::http_transport;
 use demo_client::drive::Progress;
 use demo_client::load::{spawn_clients, status_line};
@@ -30,6 +32,7 @@ fn main() -> ExitCode {
         Command::Run(args) => runtime().and_then(|rt| rt.block_on(run(args))),
         Command::Scenario(args) => runtime().and_then(|rt| rt.block_on(scenario(args))),
         Command::Simulate(args) => simulate(&args),
+        Command::Fleet(args) => runtime().and_then(|rt| rt.block_on(fleet(args))),
         Command::PlotDelays(args) => plot_delays(&args),
     };
     match result {
@@ -265,6 +268,83 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
     };
     if !done.is_empty() {
         print_and_write(&out, "scenario", &done)?;
+    }
+    outcome
+}
+
+async fn fleet(args: FleetArgs) -> Result<(), BoxError> {
+    use demo_client::fleet::{
+        BalancerSettings, FleetRun, SurvivorTable, find_haproxy, fleet_run, write_fleet_outputs,
+    };
+    // NOTE: every flag is checked, and both executables found, before anything starts.
+    let (timing, load) = args.validate(demo_client::load::DEFAULT_URL.parse()?)?;
+    let server = find_server(args.server_bin.as_deref()).ok_or(
+        "cannot find the demo-server executable next to this one: build both with \
+         `cargo build --release -p demo-server -p demo-client` or pass --server-bin",
+    )?;
+    let haproxy = find_haproxy(args.haproxy.as_deref())?;
+    let mut server_args: Vec<OsString> = ["--model", "mmc", "--trusted-proxy", "127.0.0.1"]
+        .map(OsString::from)
+        .to_vec();
+    server_args.extend(args.server_args.iter().map(OsString::from));
+    let balancer = BalancerSettings {
+        check_interval: args.check_interval.0,
+        retries: args.balancer_retries,
+        retry_on: args.balancer_retry_on.clone(),
+        redispatch: args.redispatch,
+    };
+    let out = args.out_dir();
+    std::fs::create_dir_all(&out)?;
+    let run = FleetRun {
+        timing,
+        clients: args.clients,
+        think_time: load.think_time(),
+        timeout: args.timeout,
+        max_body: args.max_body,
+        seed: load.seed(),
+        server: &server,
+        server_args: &server_args,
+        haproxy: &haproxy,
+        balancer: &balancer,
+        capacity: args.capacity,
+        dir: &out,
+    };
+    let total = timing.total() * u32::try_from(args.runs.len()).unwrap_or(u32::MAX);
+    eprintln!(
+        "3 servers behind HAProxy, {} clients offering about {:.0} req/s ({:.0} % of 3 x {:.0} req/s); \
+         {} of {} s each ({} s steady, {} s with one server stopped, {} s observed): about {} s",
+        args.clients,
+        load.offered_rate(),
+        100.0 * load.offered_rate() / (3.0 * args.capacity),
+        args.capacity,
+        runs(args.runs.len()),
+        timing.total().as_secs(),
+        timing.steady().as_secs(),
+        timing.pause().as_secs(),
+        timing.observe().as_secs(),
+        total.as_secs()
+    );
+    let mut progress = Progress::new(true);
+    let mut done = Vec::new();
+    let all = async {
+        for (i, spec) in args.runs.iter().enumerate() {
+            progress.start_run(i + 1, args.runs.len(), &spec.label());
+            done.push(fleet_run(*spec, &run, &mut progress).await?);
+        }
+        Ok::<(), BoxError>(())
+    };
+    let outcome = tokio::select! {
+        r = all => r,
+        () = shutdown_signal() => Err("interrupted: the servers and the balancer were stopped".into()),
+    };
+    if !done.is_empty() {
+        let reports: Vec<_> = done.iter().map(|r| r.run.report.clone()).collect();
+        println!("{}", Table(&reports));
+        println!("{}", SurvivorTable(&done));
+        for p in write_fleet_outputs(&out, &done)? {
+            println!("wrote {}", p.display());
+        }
+        std::io::stdout().flush()?;
     }
     outcome
 }

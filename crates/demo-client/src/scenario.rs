@@ -133,7 +133,7 @@ pub async fn real_run(
         &recorder,
     );
     let clients = spawn_clients(&stack, &load, &recorder);
-    let sampler = spawn_sampler(metrics_url, recorder.clone());
+    let sampler = spawn_sampler(vec![metrics_url], recorder.clone());
 
     let mut target = PauseGuard::new(pausable);
     let driven = drive_phases(&recorder, run.timing, &mut target, progress).await;
@@ -156,16 +156,17 @@ pub async fn real_run(
 }
 
 /// `/metrics` on the same authority as `url`.
-fn metrics_url(url: &Uri) -> Result<Uri, http::Error> {
+pub(crate) fn metrics_url(url: &Uri) -> Result<Uri, http::Error> {
     let mut parts = url.clone().into_parts();
     parts.path_and_query = Some(http::uri::PathAndQuery::from_static("/metrics"));
     Ok(Uri::from_parts(parts)?)
 }
 
-/// Samples the server's concurrency gauge every [`SAMPLE_EVERY`] through its own connection
-/// pool (so samples are neither counted as load nor queued behind it). While the server is
-/// paused a sample times out and nothing is recorded.
-fn spawn_sampler(url: Uri, recorder: Recorder) -> JoinHandle<()> {
+/// Samples the servers' concurrency gauge every [`SAMPLE_EVERY`] through its own connection
+/// pool (so samples are neither counted as load nor queued behind it), and records the sum
+/// over `urls`. While a server is paused its sample times out and the others' sum is
+/// recorded; while all are, nothing is.
+pub(crate) fn spawn_sampler(urls: Vec<Uri>, recorder: Recorder) -> JoinHandle<()> {
     let client: Client<HttpConnector, Empty<Bytes>> =
         Client::builder(TokioExecutor::new()).build(HttpConnector::new());
     tokio::spawn(async move {
@@ -173,15 +174,32 @@ fn spawn_sampler(url: Uri, recorder: Recorder) -> JoinHandle<()> {
         interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Skip);
         loop {
             interval.tick().await;
-            let Ok(request) = Request::get(url.clone()).body(Empty::new()) else {
-                return;
-            };
-            let sample = async {
-                let response = client.request(request).await.ok()?;
-                let body = response.into_body().collect().await.ok()?.to_bytes();
-                parse_gauge(std::str::from_utf8(&body).ok()?, SERVER_CONCURRENCY_METRIC)
-            };
-            if let Ok(Some(c)) = tokio::time::timeout(SAMPLE_EVERY * 3, sample).await {
+            let samples: Vec<_> = urls
+                .iter()
+                .map(|url| {
+                    let client = client.clone();
+                    let url = url.clone();
+                    tokio::spawn(async move {
+                        let sample = async {
+                            let request = Request::get(url).body(Empty::new()).ok()?;
+                            let response = client.request(request).await.ok()?;
+                            let body = response.into_body().collect().await.ok()?.to_bytes();
+                            parse_gauge(std::str::from_utf8(&body).ok()?, SERVER_CONCURRENCY_METRIC)
+                        };
+                        tokio::time::timeout(SAMPLE_EVERY * 3, sample)
+                            .await
+                            .ok()
+                            .flatten()
+                    })
+                })
+                .collect();
+            let mut sum = None;
+            for sample in samples {
+                if let Ok(Some(c)) = sample.await {
+                    *sum.get_or_insert(0) += c;
+                }
+            }
+            if let Some(c) = sum {
                 recorder.record(Event::ServerConcurrency(c));
             }
         }

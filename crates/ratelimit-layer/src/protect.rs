@@ -107,6 +107,7 @@
 use std::fmt;
 
 use overload_core::clock::{Clock, TokioClock};
+use overload_signal::signal::TrustedProxies;
 use overload_signal::{DeadlineLayer, OverloadSignal, OverloadSignalLayer};
 use tower_layer::{Identity, Layer};
 
@@ -152,6 +153,7 @@ impl<L> OverloadProtectionLayer<L> {
             signal: OverloadSignalLayer::new(),
             deadline: Identity::new(),
             limit,
+            proxies: None,
         }
     }
 }
@@ -208,6 +210,7 @@ pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock, D = Identity
     signal: OverloadSignalLayer<C>,
     deadline: D,
     limit: L,
+    proxies: Option<TrustedProxies>,
 }
 
 impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
@@ -222,6 +225,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             signal,
             deadline: self.deadline,
             limit: self.limit,
+            proxies: self.proxies,
         }
     }
 
@@ -237,13 +241,47 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             signal: self.signal,
             deadline,
             limit: self.limit,
+            proxies: self.proxies,
         }
+    }
+
+    /// Trusts the load balancers `proxies` to say who the client is, for the **whole
+    /// protection**: the overload layer resolves each request's client from the header they
+    /// write (and from nobody else's), keys its callers by it, and leaves it in the request
+    /// for the limit inside, whose per-client key ([`ClientIp`](crate::key::ClientIp)) uses
+    /// it. Default: no proxy trusted (every request keyed by its peer address: behind a
+    /// balancer, all of them by the balancer's).
+    ///
+    /// Replaces any proxies set on the layer given to [`signal`](Self::signal).
+    ///
+    /// ```
+    /// use ratelimit_layer::key::{ClientIp, ForwardedHeader, TrustedProxies};
+    /// use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
+    ///
+    /// // 20 req/s per client, behind HAProxy at 10.0.0.2 (`option forwardfor`).
+    /// let limit = RateLimitLayer::builder(TokenBucket::new(20)?)
+    ///     .key_by_client_ip(ClientIp::new())
+    ///     .build()?;
+    /// let balancer = TrustedProxies::new(ForwardedHeader::XForwardedFor, ["10.0.0.2".parse()?])?;
+    /// let protection = OverloadProtectionLayer::builder(limit)
+    ///     .trusted_proxies(balancer)
+    ///     .build();
+    /// # drop(protection);
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = Some(proxies);
+        self
     }
 
     /// Builds the layer.
     pub fn build(self) -> OverloadProtectionLayer<L, C, D> {
+        let signal = match self.proxies {
+            Some(proxies) => self.signal.with_trusted_proxies(proxies),
+            None => self.signal,
+        };
         OverloadProtectionLayer {
-            signal: self.signal,
+            signal,
             deadline: self.deadline,
             limit: self.limit,
         }
@@ -258,6 +296,7 @@ impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug
             .field("signal", &self.signal)
             .field("deadline", &self.deadline)
             .field("limit", &self.limit)
+            .field("trusted_proxies", &self.proxies)
             .finish()
     }
 }

@@ -9,6 +9,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::callers::{self, CallerKey};
+use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::service::OverloadSignal;
 use super::state::{SignalSettings, SignalState};
@@ -32,12 +33,19 @@ use crate::histogram::AttemptHistogram;
 ///   weighing at most as much as the median class in the decision (see the
 ///   [module docs](crate::signal#trust-what-callers-can-and-cannot-do));
 /// - every caller's attempt counter counts (no trust predicate);
+/// - no proxy trusted: forwarding headers are ignored, and callers behind a load balancer
+///   all have its address until it is trusted
+///   ([`trusted_proxies`](OverloadSignalLayerBuilder::trusted_proxies));
 /// - only rejections a limiting layer marked with a [`Rejection`](super::Rejection) are
 ///   judged: the application's own `429`/`503` pass untouched;
 /// - named `"default"` ([`LayerName::DEFAULT`]) in its metrics and logs: name each layer
 ///   when a process has more than one.
 pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     state: Arc<SignalState<C>>,
+    /// NOTE: kept apart from `state` so that `with_trusted_proxies` can set it on a built
+    /// layer (what `ratelimit-layer`'s `OverloadProtectionLayerBuilder` does) and keep the
+    /// histogram shared.
+    proxies: Option<TrustedProxies>,
 }
 
 impl OverloadSignalLayer {
@@ -58,6 +66,7 @@ impl OverloadSignalLayer {
     pub fn new() -> Self {
         Self {
             state: Arc::new(SignalState::new(SignalSettings::new())),
+            proxies: None,
         }
     }
 
@@ -66,6 +75,7 @@ impl OverloadSignalLayer {
         OverloadSignalLayerBuilder {
             name: None,
             settings: SignalSettings::new(),
+            proxies: None,
         }
     }
 }
@@ -92,12 +102,29 @@ impl<C: Clock> OverloadSignalLayer<C> {
     pub fn name(&self) -> &LayerName {
         self.state.name()
     }
+
+    /// The proxies whose forwarding header this layer reads, if any (see
+    /// [`OverloadSignalLayerBuilder::trusted_proxies`]).
+    pub fn trusted_proxies(&self) -> Option<&TrustedProxies> {
+        self.proxies.as_ref()
+    }
+
+    /// This layer, its histogram and decision shared with the original, trusting `proxies`
+    /// instead of the proxies it was built with: what
+    /// [`OverloadSignalLayerBuilder::trusted_proxies`] sets, for a layer already built
+    /// (`ratelimit-layer`'s `OverloadProtectionLayerBuilder::trusted_proxies` uses it).
+    #[must_use]
+    pub fn with_trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = Some(proxies);
+        self
+    }
 }
 
 impl<C: Clock> Clone for OverloadSignalLayer<C> {
     fn clone(&self) -> Self {
         Self {
             state: Arc::clone(&self.state),
+            proxies: self.proxies.clone(),
         }
     }
 }
@@ -109,6 +136,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
             .field("histogram", &self.state.histogram)
             .field("rule", &self.state.rule)
             .field("trust", &self.state.callers.has_trust())
+            .field("trusted_proxies", &self.proxies)
             .finish_non_exhaustive()
     }
 }
@@ -117,7 +145,7 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
     type Service = OverloadSignal<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        OverloadSignal::from_state(inner, Arc::clone(&self.state))
+        OverloadSignal::from_state(inner, Arc::clone(&self.state), self.proxies.clone())
     }
 }
 
@@ -128,6 +156,7 @@ pub struct OverloadSignalLayerBuilder<C: Clock = TokioClock> {
     /// The name as set, checked by `build`; `None`: the default.
     name: Option<String>,
     settings: SignalSettings<C>,
+    proxies: Option<TrustedProxies>,
 }
 
 impl<C: Clock> OverloadSignalLayerBuilder<C> {
@@ -154,6 +183,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         OverloadSignalLayerBuilder {
             name: self.name,
             settings: self.settings.with_histogram(histogram),
+            proxies: self.proxies,
         }
     }
 
@@ -215,6 +245,43 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         self
     }
 
+    /// Trusts the load balancers (or any reverse proxies) `proxies` to say who the client is:
+    /// for a request whose peer is one of them, the client is the address they forward
+    /// (`X-Forwarded-For` or `Forwarded`, read right to left past every trusted hop; see
+    /// [`TrustedProxies`]). Default: no proxy trusted, forwarding headers ignored.
+    ///
+    /// **One setting for the whole server.** The layer resolves each request's client once,
+    /// before anything else, and leaves it in the request as a
+    /// [`ClientAddr`](super::ClientAddr): the default caller key ([`PeerIp`](super::PeerIp))
+    /// keys by it, and so does every layer inside this one that reads
+    /// [`client_addr`](super::client_addr), such as `ratelimit-layer`'s `ClientIp` (a
+    /// per-client limit, whose own proxy setting is then not needed). A header from any
+    /// other peer is never read: a client that connects past the balancer, or sends its
+    /// own `X-Forwarded-For` through it, is keyed by the address the balancer saw.
+    ///
+    /// Behind a balancer without this setting every request has the balancer's address, so
+    /// all callers share one caller class and one client that forges its attempt counter
+    /// can make the server tell everyone to stop (see the
+    /// [module docs](crate::signal#trust-what-callers-can-and-cannot-do)).
+    ///
+    /// ```
+    /// use overload_signal::OverloadSignalLayer;
+    /// use overload_signal::signal::{ForwardedHeader, TrustedProxies};
+    ///
+    /// // HAProxy at 10.0.0.2 and 10.0.0.3 with `option forwardfor`.
+    /// let proxies = TrustedProxies::new(
+    ///     ForwardedHeader::XForwardedFor,
+    ///     ["10.0.0.2".parse()?, "10.0.0.3".parse()?],
+    /// )?;
+    /// let layer = OverloadSignalLayer::builder().trusted_proxies(proxies).build()?;
+    /// # drop(layer);
+    /// # Ok::<(), overload_core::ConfigError>(())
+    /// ```
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = Some(proxies);
+        self
+    }
+
     /// Whether rejections that no limiting layer marked are judged too. Default: `false`:
     /// only a rejection carrying a [`Rejection`](super::Rejection) in its extensions (which
     /// every limit of `ratelimit-layer` inserts, and a limiter of your own can) may become
@@ -253,6 +320,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         }
         Ok(OverloadSignalLayer {
             state: Arc::new(SignalState::new(self.settings)),
+            proxies: self.proxies,
         })
     }
 }
@@ -265,6 +333,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayerBuilder<C> {
             .field("rule", &self.settings.rule)
             .field("trust", &self.settings.trust.is_some())
             .field("judge_every_rejection", &self.settings.judge_every)
+            .field("trusted_proxies", &self.proxies)
             .finish_non_exhaustive()
     }
 }

@@ -176,8 +176,13 @@
 //!   and the decision is the plain one: any caller can forge a storm. The default key reads
 //!   the peer address wherever axum, tonic and hyper put it ([`peer_addr`]); a request
 //!   without one is counted (`overload_signal_unkeyed_requests_total`) and logged at `WARN`,
-//!   at once and then at most once a minute while such requests keep coming. Key by the
-//!   client address the balancer forwards, or trust only what it vouches for.
+//!   at once and then at most once a minute while such requests keep coming. Behind a
+//!   balancer, trust it with
+//!   [`trusted_proxies`](OverloadSignalLayerBuilder::trusted_proxies): the layer then keys
+//!   each request by the client address the balancer forwards (`X-Forwarded-For` or
+//!   `Forwarded`, read only from the balancer's own address, never from anyone else's), and
+//!   leaves that address in the request ([`ClientAddr`]) for the limiter inside, so the
+//!   limit and this layer see the same callers from one setting (see [`TrustedProxies`]).
 //! - Whatever they send, callers cannot grow the layer's memory: the classes are fixed.
 //!
 //! # Limits
@@ -322,8 +327,10 @@
 
 mod callers;
 pub mod future;
+mod ip_net;
 mod layer;
 mod peer;
+mod proxies;
 mod rejection;
 mod rule;
 mod service;
@@ -334,8 +341,10 @@ mod telemetry;
 mod tests;
 
 pub use callers::CallerKey;
+pub use ip_net::IpNet;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
-pub use peer::{PeerIp, peer_addr};
+pub use peer::{ClientAddr, PeerIp, client_addr, peer_addr};
+pub use proxies::{ForwardedHeader, TrustedProxies};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;

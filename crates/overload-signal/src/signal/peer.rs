@@ -1,5 +1,6 @@
 //! Where a request's peer address is, whichever server accepted it ([`peer_addr`]), and the
-//! default caller key built on it ([`PeerIp`]).
+//! default caller key built on it and on the client address resolved behind trusted proxies
+//! ([`PeerIp`]).
 
 use std::hash::{Hash, Hasher};
 use std::net::{IpAddr, Ipv6Addr, SocketAddr};
@@ -52,15 +53,64 @@ pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
     extensions.get::<SocketAddr>().copied()
 }
 
-/// The default caller key: the IP address of the connection's peer, wherever the server
-/// put it ([`peer_addr`]: a `SocketAddr` extension, axum's `ConnectInfo`, tonic's
-/// `TcpConnectInfo`). A request with none has no key; the layer counts and logs such
-/// requests (see [`CallerKey`]).
+/// The client address of a request, as the server resolved it: put in the request's
+/// extensions by a layer that knows it, read by every caller key and client key after it.
 ///
-/// IPv6 peers are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
+/// The overload layer inserts it when it is set up with [`TrustedProxies`](super::TrustedProxies) and the request
+/// came through one of them. Insert it yourself when the client address comes from
+/// elsewhere (the PROXY protocol, a sidecar that terminates TLS): [`client_addr`] then
+/// returns it, so the overload layer's default caller key and `ratelimit-layer`'s `ClientIp`
+/// key by it. Only server code can insert an extension; a client cannot send one.
+///
+/// ```
+/// use http::Request;
+/// use overload_signal::signal::{ClientAddr, client_addr};
+///
+/// let mut request = Request::new(());
+/// request.extensions_mut().insert(ClientAddr::new("198.51.100.7".parse().unwrap()));
+/// assert_eq!(client_addr(request.extensions()), Some("198.51.100.7".parse().unwrap()));
+/// ```
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct ClientAddr(IpAddr);
+
+impl ClientAddr {
+    /// The client at `ip` (an IPv4-mapped IPv6 address is kept as the IPv4 address).
+    pub const fn new(ip: IpAddr) -> Self {
+        Self(ip.to_canonical())
+    }
+
+    /// The client's address.
+    pub const fn ip(&self) -> IpAddr {
+        self.0
+    }
+}
+
+/// The address of the request's client: the [`ClientAddr`] a layer resolved (through
+/// [`TrustedProxies`](super::TrustedProxies), or put there by your own code), or else the IP address of the
+/// connection's peer ([`peer_addr`]); `None` without either.
+///
+/// What the overload layer's default caller key ([`PeerIp`](super::PeerIp)) and
+/// `ratelimit-layer`'s `ClientIp` read.
+#[inline]
+pub fn client_addr(extensions: &Extensions) -> Option<IpAddr> {
+    if let Some(client) = extensions.get::<ClientAddr>() {
+        return Some(client.0);
+    }
+    peer_addr(extensions).map(|peer| peer.ip().to_canonical())
+}
+
+/// The default caller key: the client's IP address ([`client_addr`]): the one resolved
+/// behind a trusted load balancer (a [`ClientAddr`](super::ClientAddr) the layer leaves in
+/// the request when it is set up with
+/// [`trusted_proxies`](super::OverloadSignalLayerBuilder::trusted_proxies)), or else the
+/// connection's peer, wherever the server put it ([`peer_addr`]: a `SocketAddr` extension,
+/// axum's `ConnectInfo`, tonic's `TcpConnectInfo`). A request with neither has no key; the
+/// layer counts and logs such requests (see [`CallerKey`]).
+///
+/// IPv6 clients are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
 /// IPv6 addresses as IPv4. Behind a load balancer every request has the balancer's address:
-/// key by the client address the balancer forwards instead (`ratelimit-layer`'s `ClientIp`
-/// with trusted proxies implements [`CallerKey`], and reads the peer the same way).
+/// trust the balancer ([`TrustedProxies`](super::TrustedProxies)) and this key follows the
+/// client address it forwards, as `ratelimit-layer`'s `ClientIp` does.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerIp;
 
@@ -69,9 +119,10 @@ impl PeerIp {
     /// `/64` (RFC 6177) and could otherwise rotate addresses to become many callers.
     pub const IPV6_PREFIX: u8 = 64;
 
-    /// The peer address of a request, IPv6 masked to its `/64`, or `None` without one.
+    /// The client address of a request ([`client_addr`]: resolved behind trusted proxies,
+    /// else the peer's), IPv6 masked to its `/64`, or `None` without one.
     pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-        Some(match peer_addr(&parts.extensions)?.ip().to_canonical() {
+        Some(match client_addr(&parts.extensions)? {
             IpAddr::V6(v6) => {
                 let kept = u128::from(v6) >> (128 - u32::from(Self::IPV6_PREFIX));
                 IpAddr::V6(Ipv6Addr::from(kept << (128 - u32::from(Self::IPV6_PREFIX))))
@@ -127,6 +178,15 @@ mod tests {
         let mut h = DefaultHasher::new();
         assert!(!PeerIp.hash_key(&parts(None), &mut h));
         assert!(PeerIp.hash_key(&parts(Some("192.0.2.7:1")), &mut h));
+    }
+
+    #[test]
+    fn a_resolved_client_address_wins_over_the_peer() {
+        let mut p = parts(Some("10.0.0.2:40000"));
+        assert_eq!(PeerIp::peer_ip(&p), Some("10.0.0.2".parse().unwrap()));
+        p.extensions
+            .insert(ClientAddr::new("2001:db8:1:2:3::9".parse().unwrap()));
+        assert_eq!(PeerIp::peer_ip(&p), Some("2001:db8:1:2::".parse().unwrap()));
     }
 
     #[cfg(all(feature = "axum", not(loom)))]

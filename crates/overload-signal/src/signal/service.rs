@@ -9,6 +9,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::future::ResponseFuture;
+use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::state::{SignalSettings, SignalState};
 use crate::histogram::AttemptHistogram;
@@ -24,6 +25,7 @@ use crate::protocol::Protocol;
 pub struct OverloadSignal<S, C: Clock = TokioClock> {
     inner: S,
     state: Arc<SignalState<C>>,
+    proxies: Option<TrustedProxies>,
 }
 
 impl<S> OverloadSignal<S> {
@@ -35,13 +37,25 @@ impl<S> OverloadSignal<S> {
     /// Prefer [`OverloadSignalLayer`](super::OverloadSignalLayer): the services one layer
     /// makes share one histogram, so they judge the whole server's traffic.
     pub fn new(inner: S) -> Self {
-        Self::from_state(inner, Arc::new(SignalState::new(SignalSettings::new())))
+        Self::from_state(
+            inner,
+            Arc::new(SignalState::new(SignalSettings::new())),
+            None,
+        )
     }
 }
 
 impl<S, C: Clock> OverloadSignal<S, C> {
-    pub(super) fn from_state(inner: S, state: Arc<SignalState<C>>) -> Self {
-        Self { inner, state }
+    pub(super) fn from_state(
+        inner: S,
+        state: Arc<SignalState<C>>,
+        proxies: Option<TrustedProxies>,
+    ) -> Self {
+        Self {
+            inner,
+            state,
+            proxies,
+        }
     }
 
     overload_core::define_inner_service_accessors!();
@@ -69,6 +83,7 @@ impl<S: Clone, C: Clock> Clone for OverloadSignal<S, C> {
         Self {
             inner: self.inner.clone(),
             state: Arc::clone(&self.state),
+            proxies: self.proxies.clone(),
         }
     }
 }
@@ -80,6 +95,7 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for OverloadSignal<S, C> {
             .field("name", self.state.name())
             .field("histogram", &self.state.histogram)
             .field("rule", &self.state.rule)
+            .field("trusted_proxies", &self.proxies)
             .finish()
     }
 }
@@ -100,7 +116,12 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = request.into_parts();
+        let (mut parts, body) = request.into_parts();
+        if let Some(proxies) = &self.proxies {
+            // NOTE: before the caller is identified, and left in the request for the layers
+            // inside (a per-client limit): one resolution, one setting, for the whole stack.
+            proxies.resolve(&mut parts);
+        }
         let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.

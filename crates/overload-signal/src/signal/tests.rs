@@ -17,6 +17,7 @@ use crate::metric_names;
 use crate::propagation;
 use crate::protocol::{self, Attempt, Protocol};
 
+mod proxies_tests;
 mod telemetry_tests;
 
 type Body = Full<Bytes>;

@@ -3,36 +3,17 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::hash::{Hash, Hasher};
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
+use http::Extensions;
 use http::request::Parts;
-use http::{Extensions, HeaderMap, HeaderName};
 use overload_core::ConfigError;
-use overload_signal::signal::{CallerKey, peer_addr};
+use overload_signal::signal::{
+    CallerKey, ClientAddr, ForwardedHeader, IpNet, TrustedProxies, peer_addr,
+};
 
 use super::extractor::{KeyExtractor, MissingKey};
-use super::ip_net::{IpNet, mask};
-
-/// The header that carries client addresses through trusted proxies.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub enum ForwardedHeader {
-    /// `X-Forwarded-For: client, proxy1, proxy2` (de facto standard; addresses, possibly
-    /// with a port).
-    XForwardedFor,
-    /// `Forwarded: for=client, for=proxy1` (RFC 7239); the `for` parameter of each element.
-    Forwarded,
-}
-
-impl ForwardedHeader {
-    /// The header's name.
-    pub fn name(self) -> HeaderName {
-        match self {
-            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
-            Self::Forwarded => http::header::FORWARDED,
-        }
-    }
-}
 
 type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 
@@ -59,11 +40,20 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// # Proxies
 ///
 /// By default forwarding headers are **ignored**: anyone can send `X-Forwarded-For`, so
-/// trusting it would let a client pick its own key and escape its limit. When the server
-/// sits behind proxies, name them with [`ClientIpBuilder::trust_proxies`]: if the peer is
-/// one of them, the chosen header is read from right to left (nearest proxy first),
-/// skipping trusted proxies; the first address that is not a trusted proxy is the client.
-/// Only the one header you name is read, never both.
+/// trusting it would let a client pick its own key and escape its limit.
+///
+/// **Behind a load balancer, trust it once, on the overload layer**
+/// ([`OverloadProtectionLayerBuilder::trusted_proxies`](crate::OverloadProtectionLayerBuilder::trusted_proxies)):
+/// it resolves each request's client from the header the balancer writes and leaves it in
+/// the request (`overload_signal::signal::ClientAddr`), and this extractor keys by that
+/// address whenever it is there. One setting, so the limit and the overload layer's caller
+/// key always agree.
+///
+/// A limit used without the overload layer names the proxies itself with
+/// [`ClientIpBuilder::trust_proxies`]: if the peer is one of them, the chosen header is read
+/// from right to left (nearest proxy first), skipping trusted proxies; the first address that
+/// is not a trusted proxy is the client. Only the one header you name is read, never both.
+/// (A `ClientAddr` resolved outside still wins.)
 ///
 /// # IPv6
 ///
@@ -93,8 +83,7 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 #[derive(Clone)]
 pub struct ClientIp {
     peer: Arc<PeerFn>,
-    trusted: Arc<[IpNet]>,
-    header: HeaderName,
+    proxies: Option<TrustedProxies>,
     ipv6_prefix: u8,
 }
 
@@ -109,8 +98,7 @@ impl ClientIp {
     pub fn new() -> Self {
         Self {
             peer: Arc::new(peer_addr),
-            trusted: Arc::new([]),
-            header: ForwardedHeader::XForwardedFor.name(),
+            proxies: None,
             ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
     }
@@ -124,8 +112,7 @@ impl ClientIp {
     {
         Self {
             peer: Arc::new(move |ext: &Extensions| ext.get::<T>().and_then(&peer)),
-            trusted: Arc::new([]),
-            header: ForwardedHeader::XForwardedFor.name(),
+            proxies: None,
             ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
     }
@@ -134,58 +121,40 @@ impl ClientIp {
     pub fn builder() -> ClientIpBuilder {
         ClientIpBuilder {
             client_ip: Self::new(),
-            forwarded: ForwardedHeader::XForwardedFor,
+            proxies: None,
             ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
     }
 
-    /// The client address of a request (masked to the IPv6 prefix), if the peer address
-    /// extension is present.
+    /// The client address of a request (masked to the IPv6 prefix): the one a layer
+    /// outside resolved ([`ClientAddr`], left by the overload layer with trusted proxies),
+    /// or else the peer's, behind this extractor's own trusted proxies if it has any; `None`
+    /// without a peer address.
     pub fn client_ip(&self, parts: &Parts) -> Option<IpAddr> {
-        let peer = (self.peer)(&parts.extensions)?.ip().to_canonical();
-        Some(self.mask(self.behind_proxies(peer, &parts.headers)))
+        let client = match parts.extensions.get::<ClientAddr>() {
+            Some(resolved) => resolved.ip(),
+            None => {
+                let peer = (self.peer)(&parts.extensions)?.ip().to_canonical();
+                match &self.proxies {
+                    Some(proxies) => proxies.client(peer, &parts.headers),
+                    None => peer,
+                }
+            }
+        };
+        Some(self.mask(client))
+    }
+
+    /// The proxies this extractor trusts on its own, if any.
+    pub fn trusted_proxies(&self) -> Option<&TrustedProxies> {
+        self.proxies.as_ref()
     }
 
     fn mask(&self, ip: IpAddr) -> IpAddr {
         match ip {
             IpAddr::V4(_) => ip,
-            IpAddr::V6(_) => mask(ip, self.ipv6_prefix),
+            // NOTE: the prefix was checked (at most 128) when the extractor was built.
+            IpAddr::V6(_) => IpNet::new(ip, self.ipv6_prefix).map_or(ip, |net| net.addr()),
         }
-    }
-
-    fn is_trusted(&self, ip: IpAddr) -> bool {
-        self.trusted.iter().any(|net| net.contains(ip))
-    }
-
-    fn behind_proxies(&self, peer: IpAddr, headers: &HeaderMap) -> IpAddr {
-        if !self.is_trusted(peer) {
-            return peer;
-        }
-        let forwarded = self.header == http::header::FORWARDED;
-        let mut client = peer;
-        // Nearest proxy first: the last line, its last element.
-        for line in headers.get_all(&self.header).iter().rev() {
-            let Ok(line) = line.to_str() else {
-                return client;
-            };
-            for element in line.rsplit(',') {
-                let hop = if forwarded {
-                    forwarded_for(element)
-                } else {
-                    parse_node(element.trim())
-                };
-                // NOTE: an element we cannot read ends the walk: nothing left of it can be
-                // attributed to a trusted proxy.
-                let Some(hop) = hop else {
-                    return client;
-                };
-                client = hop.to_canonical();
-                if !self.is_trusted(client) {
-                    return client;
-                }
-            }
-        }
-        client
     }
 }
 
@@ -199,8 +168,7 @@ impl Default for ClientIp {
 impl fmt::Debug for ClientIp {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientIp")
-            .field("trusted", &self.trusted)
-            .field("header", &self.header)
+            .field("proxies", &self.proxies)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .finish_non_exhaustive()
     }
@@ -240,7 +208,8 @@ impl CallerKey for ClientIp {
 #[must_use]
 pub struct ClientIpBuilder {
     client_ip: ClientIp,
-    forwarded: ForwardedHeader,
+    /// The proxies as set, checked by `build`.
+    proxies: Option<ProxySetting>,
     ipv6_prefix: u8,
 }
 
@@ -257,14 +226,30 @@ impl ClientIpBuilder {
     }
 
     /// Trusts `proxies`: when the peer is one of them, the client address is read from
-    /// `header`. Default: nobody is trusted, and forwarding headers are ignored.
+    /// `header` (see `overload_signal::signal::TrustedProxies` for the rules). Default:
+    /// nobody is trusted, and forwarding headers are ignored.
+    ///
+    /// For a limit used **without** the overload layer. Behind `OverloadProtectionLayer` (or
+    /// `OverloadSignalLayer`), set the proxies there instead
+    /// ([`OverloadProtectionLayerBuilder::trusted_proxies`](crate::OverloadProtectionLayerBuilder::trusted_proxies)):
+    /// it resolves the client for the whole stack, and this extractor uses what it resolved,
+    /// so the limit and the overload layer cannot disagree.
     pub fn trust_proxies(
         mut self,
         header: ForwardedHeader,
         proxies: impl IntoIterator<Item = IpNet>,
     ) -> Self {
-        self.client_ip.trusted = proxies.into_iter().collect();
-        self.forwarded = header;
+        self.proxies = Some(ProxySetting::Unchecked(
+            header,
+            proxies.into_iter().collect(),
+        ));
+        self
+    }
+
+    /// Trusts `proxies`, already validated: the same setting the overload layer takes, for
+    /// a limit used without it. Default: nobody is trusted.
+    pub fn proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies = Some(ProxySetting::Checked(proxies));
         self
     }
 
@@ -279,7 +264,9 @@ impl ClientIpBuilder {
     ///
     /// # Errors
     ///
-    /// An `ipv6_prefix` above 128: a [`ConfigError`] of kind `OutOfRange`.
+    /// A [`ConfigError`]: an `ipv6_prefix` above 128 (kind `OutOfRange`); trusted proxies
+    /// that name no network, or a network of prefix 0, which would trust every client (on
+    /// `proxies`; see `TrustedProxies::new`).
     pub fn build(self) -> Result<ClientIp, ConfigError> {
         if self.ipv6_prefix > 128 {
             return Err(ConfigError::out_of_range(
@@ -288,60 +275,33 @@ impl ClientIpBuilder {
                 "at most 128",
             ));
         }
+        let proxies = self
+            .proxies
+            .map(|setting| match setting {
+                ProxySetting::Checked(proxies) => Ok(proxies),
+                ProxySetting::Unchecked(header, nets) => TrustedProxies::new(header, nets),
+            })
+            .transpose()?;
         Ok(ClientIp {
-            header: self.forwarded.name(),
+            proxies,
             ipv6_prefix: self.ipv6_prefix,
             ..self.client_ip
         })
     }
 }
 
+/// The proxies a builder was given: validated already, or to be checked by `build`.
+#[derive(Debug)]
+enum ProxySetting {
+    Checked(TrustedProxies),
+    Unchecked(ForwardedHeader, Vec<IpNet>),
+}
+
 impl fmt::Debug for ClientIpBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ClientIpBuilder")
-            .field("trusted", &self.client_ip.trusted)
-            .field("header", &self.forwarded)
+            .field("proxies", &self.proxies)
             .field("ipv6_prefix", &self.ipv6_prefix)
             .finish_non_exhaustive()
     }
-}
-
-/// The `for` parameter of one `Forwarded` element, as an address.
-fn forwarded_for(element: &str) -> Option<IpAddr> {
-    element.split(';').find_map(|pair| {
-        let (key, value) = pair.trim().split_once('=')?;
-        if !key.trim().eq_ignore_ascii_case("for") {
-            return None;
-        }
-        let value = value.trim();
-        let value = value
-            .strip_prefix('"')
-            .and_then(|v| v.strip_suffix('"'))
-            .unwrap_or(value);
-        parse_node(value)
-    })
-}
-
-/// An address as proxies write it: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`,
-/// `[2001:db8::1]` or `[2001:db8::1]:80`.
-fn parse_node(s: &str) -> Option<IpAddr> {
-    if let Some(rest) = s.strip_prefix('[') {
-        let (addr, after) = rest.split_once(']')?;
-        if !(after.is_empty() || after.strip_prefix(':').is_some_and(is_port)) {
-            return None;
-        }
-        return addr.parse::<Ipv6Addr>().ok().map(IpAddr::V6);
-    }
-    if let Ok(ip) = s.parse::<IpAddr>() {
-        return Some(ip);
-    }
-    let (addr, port) = s.rsplit_once(':')?;
-    if !is_port(port) {
-        return None;
-    }
-    addr.parse::<std::net::Ipv4Addr>().ok().map(IpAddr::V4)
-}
-
-fn is_port(s: &str) -> bool {
-    !s.is_empty() && s.len() <= 5 && s.bytes().all(|b| b.is_ascii_digit())
 }

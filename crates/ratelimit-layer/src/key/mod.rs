@@ -20,11 +20,12 @@
 mod client_ip;
 mod extractor;
 mod header;
-mod ip_net;
 #[cfg(test)]
 mod tests;
 
-pub use client_ip::{ClientIp, ClientIpBuilder, ForwardedHeader};
+pub use client_ip::{ClientIp, ClientIpBuilder};
 pub use extractor::{KeyExtractor, MissingKey, NoKey};
 pub use header::HeaderKey;
-pub use ip_net::IpNet;
+// NOTE: defined in `overload-signal`, which the overload layer's own proxy setting needs;
+// re-exported here so `ratelimit_layer::key::{ForwardedHeader, IpNet}` keep working.
+pub use overload_signal::signal::{ForwardedHeader, IpNet, TrustedProxies};

@@ -13,10 +13,11 @@ use demo_server::duration::parse_duration;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel};
 use demo_server::server::{Abandoned, ServerConfig};
 use demo_server::size::parse_size;
+use overload_signal::signal::StopRule;
 use overload_signal::{DeadlineLayer, OverloadSignalLayer};
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
-use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::key::{ClientIp, ForwardedHeader, IpNet, TrustedProxies};
 use ratelimit_layer::redis::RedisStore;
 
 #[cfg(test)]
@@ -273,6 +274,25 @@ pub(crate) struct Cli {
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "redis_url", help_heading = "Fleet")]
     redis_budget: Option<Duration>,
 
+    /// Trust this load balancer or reverse proxy (an address or a network such as
+    /// 10.0.0.0/8; repeat for several) to say who the client is: for a request whose peer is
+    /// one of them, the client is the address it forwards in --forwarded-header. One
+    /// setting for the overload layer's callers and the per-client rate limit (--key ip).
+    /// Default: none trusted, forwarding headers ignored: behind a balancer every request
+    /// has its address.
+    #[arg(long = "trusted-proxy", value_name = "NET", help_heading = "Fleet")]
+    trusted_proxies: Vec<IpNet>,
+
+    /// The header trusted proxies write the client's address in.
+    #[arg(long, value_enum, default_value_t = ForwardedArg::XForwardedFor, requires = "trusted_proxies", help_heading = "Fleet")]
+    forwarded_header: ForwardedArg,
+
+    /// The overload layer's stop rule: the retry share of the window above which a rejection
+    /// becomes the stop signal, within 0..1 [default: 0.05, the library's
+    /// `StopRule::DEFAULT_RETRY_SHARE`]. 0.5: only when retries are the majority.
+    #[arg(long, value_name = "FRACTION")]
+    stop_retry_share: Option<f64>,
+
     /// How far this server's clock and its clients' may be apart: a request whose
     /// X-Request-Deadline has passed by more is answered 504 at once, and one whose send time
     /// lies further in the future is timed from its arrival. The default covers hosts kept
@@ -289,6 +309,14 @@ pub(crate) struct Cli {
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
+}
+
+#[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
+enum ForwardedArg {
+    /// `X-Forwarded-For: client, proxy` (HAProxy's `option forwardfor`, nginx, Envoy).
+    XForwardedFor,
+    /// `Forwarded: for=client` (RFC 7239).
+    Forwarded,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -394,11 +422,12 @@ impl Cli {
                     .unwrap_or_default()
             ));
         }
+        let overload = self.overload_layer()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Deadline => Stack::Deadline,
             StackArg::Full => Stack::Full {
-                overload: OverloadSignalLayer::default(),
+                overload,
                 rate_limit: match &redis {
                     None => self.rate_limit_config().layer().map(Into::into),
                     Some(redis) => self.rate_limit_config().redis_layer(redis),
@@ -406,7 +435,7 @@ impl Cli {
                 .map_err(|e| e.to_string())?,
             },
             StackArg::Adaptive => Stack::Adaptive {
-                overload: OverloadSignalLayer::default(),
+                overload,
                 adaptive: AdaptiveLimitLayer::new(),
             },
         };
@@ -441,6 +470,29 @@ impl Cli {
             redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// The overload layer, trusting `--trusted-proxy` if given, with the stop rule of
+    /// `--stop-retry-share`.
+    fn overload_layer(&self) -> Result<OverloadSignalLayer, String> {
+        let mut builder = OverloadSignalLayer::builder();
+        if !self.trusted_proxies.is_empty() {
+            let header = match self.forwarded_header {
+                ForwardedArg::XForwardedFor => ForwardedHeader::XForwardedFor,
+                ForwardedArg::Forwarded => ForwardedHeader::Forwarded,
+            };
+            let proxies = TrustedProxies::new(header, self.trusted_proxies.iter().copied())
+                .map_err(|e| format!("--trusted-proxy: {e}"))?;
+            builder = builder.trusted_proxies(proxies);
+        }
+        if let Some(share) = self.stop_retry_share {
+            let rule = StopRule::builder()
+                .retry_share(share)
+                .build()
+                .map_err(|e| format!("--stop-retry-share: {e}"))?;
+            builder = builder.rule(rule);
+        }
+        builder.build().map_err(|e| e.to_string())
     }
 
     /// `--redis-url` and its settings, validated.

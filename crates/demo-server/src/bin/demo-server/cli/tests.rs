@@ -378,3 +378,59 @@ fn redis_flags_reach_the_plan_and_are_checked() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn trusted_proxies_reach_the_overload_layer_of_either_stack() {
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    assert!(plan.stack.overload().unwrap().trusted_proxies().is_none());
+    for stack in ["full", "adaptive"] {
+        let cli = parse(&[
+            "--stack",
+            stack,
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--trusted-proxy",
+            "10.0.0.0/8",
+            "--forwarded-header",
+            "forwarded",
+        ])
+        .unwrap();
+        let plan = cli.plan().unwrap();
+        let proxies = plan.stack.overload().unwrap().trusted_proxies().unwrap();
+        assert_eq!(proxies.header(), ForwardedHeader::Forwarded);
+        assert_eq!(proxies.proxies().len(), 2, "{stack}");
+    }
+    let err = parse(&["--trusted-proxy", "0.0.0.0/0"])
+        .unwrap()
+        .plan()
+        .err()
+        .unwrap();
+    assert!(err.contains("--trusted-proxy"), "{err}");
+    assert!(parse(&["--trusted-proxy", "nope"]).is_err());
+    assert!(parse(&["--forwarded-header", "forwarded"]).is_err());
+}
+
+#[test]
+fn the_stop_rule_threshold_reaches_the_overload_layer() {
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    let default = plan.stack.overload().unwrap().rule().retry_share();
+    assert_eq!(default.to_bits(), StopRule::DEFAULT_RETRY_SHARE.to_bits());
+    let plan = parse(&["--stop-retry-share", "0.5"])
+        .unwrap()
+        .plan()
+        .unwrap();
+    assert_eq!(
+        plan.stack
+            .overload()
+            .unwrap()
+            .rule()
+            .retry_share()
+            .to_bits(),
+        0.5_f64.to_bits()
+    );
+    for bad in ["1", "-0.1", "NaN"] {
+        let flag = format!("--stop-retry-share={bad}");
+        let err = parse(&[flag.as_str()]).unwrap().plan().err().unwrap();
+        assert!(err.contains("--stop-retry-share"), "{bad}: {err}");
+    }
+}

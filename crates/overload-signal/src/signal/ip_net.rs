@@ -1,4 +1,5 @@
-//! IP networks, for the proxies a [`ClientIp`](super::ClientIp) trusts: [`IpNet`].
+//! IP networks, for the proxies a server trusts ([`TrustedProxies`](super::TrustedProxies)):
+//! [`IpNet`].
 
 use std::fmt;
 use std::net::{IpAddr, Ipv6Addr};
@@ -10,7 +11,7 @@ use overload_core::ConfigError;
 /// one. IPv4-mapped IPv6 addresses (`::ffff:10.0.0.1`) are matched as the IPv4 address.
 ///
 /// ```
-/// use ratelimit_layer::key::IpNet;
+/// use overload_signal::signal::IpNet;
 ///
 /// let net: IpNet = "10.0.0.0/8".parse()?;
 /// assert!(net.contains("10.1.2.3".parse().unwrap()));
@@ -20,7 +21,7 @@ use overload_core::ConfigError;
 ///     "10.0.0.0/33".parse::<IpNet>().unwrap_err().to_string(),
 ///     "ip_net must be an IPv4 address with a prefix length of at most 32, got \"10.0.0.0/33\""
 /// );
-/// # Ok::<(), ratelimit_layer::ConfigError>(())
+/// # Ok::<(), overload_signal::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub struct IpNet {
@@ -53,6 +54,17 @@ impl IpNet {
             addr: mask(addr, prefix),
             prefix,
         })
+    }
+
+    /// The network's address: its first address, host bits cleared.
+    pub const fn addr(&self) -> IpAddr {
+        self.addr
+    }
+
+    /// The length of the network's prefix, in bits: 0 for a network that holds every
+    /// address of its family, 32 (IPv4) or 128 (IPv6) for a single address.
+    pub const fn prefix(&self) -> u8 {
+        self.prefix
     }
 
     /// Whether `ip` is in this network.
@@ -115,7 +127,7 @@ impl fmt::Display for IpNet {
 }
 
 /// `ip` with all but its first `prefix` bits cleared (`prefix` within the address length).
-pub(super) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
+pub(crate) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
     match ip {
         IpAddr::V4(v4) => {
             let bits = u32::from(v4);
@@ -129,5 +141,61 @@ pub(super) fn mask(ip: IpAddr, prefix: u8) -> IpAddr {
             let bits = kept.checked_shl(128 - u32::from(prefix)).unwrap_or(0);
             IpAddr::V6(Ipv6Addr::from(bits))
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn ip_networks() {
+        let net: IpNet = "192.168.0.0/16".parse().unwrap();
+        assert!(net.contains(ip("192.168.255.1")));
+        assert!(!net.contains(ip("192.169.0.1")));
+        assert_eq!(net.to_string(), "192.168.0.0/16");
+        assert_eq!(
+            "10.1.2.3/8".parse::<IpNet>().unwrap().to_string(),
+            "10.0.0.0/8"
+        );
+        assert!(
+            "0.0.0.0/0"
+                .parse::<IpNet>()
+                .unwrap()
+                .contains(ip("8.8.8.8"))
+        );
+        assert!(!"0.0.0.0/0".parse::<IpNet>().unwrap().contains(ip("::1")));
+        assert!("::1".parse::<IpNet>().unwrap().contains(ip("::1")));
+        for bad in [
+            "10.0.0.0/33",
+            "::/129",
+            "10.0.0.0/",
+            "10.0.0.0/x",
+            "10.0.0.0/-1",
+        ] {
+            let err = bad.parse::<IpNet>().unwrap_err();
+            assert_eq!(err.field(), "ip_net", "{bad}");
+            assert!(
+                err.to_string().contains("prefix length of at most"),
+                "{bad}: {err}"
+            );
+            assert!(err.to_string().contains(bad), "{bad}: {err}");
+        }
+        assert_eq!(
+            "nope/8".parse::<IpNet>().unwrap_err().to_string(),
+            "ip_net must be an IP address or network such as 10.0.0.0/8, got \"nope/8\""
+        );
+        let err = IpNet::new(ip("10.0.0.0"), 33).unwrap_err();
+        assert_eq!(
+            (err.field(), err.to_string().as_str()),
+            (
+                "prefix",
+                "prefix must be at most 32 for an IPv4 address, got 33"
+            )
+        );
     }
 }
