@@ -125,7 +125,8 @@ impl Warnings {
         static ANCHOR: std::sync::Once = std::sync::Once::new();
         ANCHOR.call_once(|| {
             let anchor = tracing_subscriber::registry().with(Anchor);
-            tracing::subscriber::set_global_default(anchor).expect("no global subscriber yet");
+            // NOTE: another global subscriber already installed serves as well.
+            let _ = tracing::subscriber::set_global_default(anchor);
         });
         let guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(self.clone()));

@@ -190,9 +190,11 @@ impl Logs {
     pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
         use tracing_subscriber::layer::SubscriberExt;
 
+        anchor_interest();
         let logs = Self::default();
         let guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+        tracing::callsite::rebuild_interest_cache();
         (logs, guard)
     }
 
@@ -277,4 +279,36 @@ impl Recorded {
         }
         out
     }
+}
+
+/// Keeps tracing's per-callsite interest right while tests run in parallel: the interest is
+/// cached process-wide, computed on the thread that reaches a callsite first, and with one
+/// dispatcher alive a sibling test's thread (no subscriber) would cache "never", so a
+/// capturing test would miss the event. A global subscriber interested in every callsite and
+/// enabling none keeps two dispatchers alive, so the interest is the union.
+fn anchor_interest() {
+    use tracing_subscriber::layer::SubscriberExt;
+
+    struct Anchor;
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Anchor {
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(
+            &self,
+            _: &tracing::Metadata<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) -> bool {
+            false
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // NOTE: another global subscriber already installed serves as well.
+        let _ =
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Anchor));
+    });
 }

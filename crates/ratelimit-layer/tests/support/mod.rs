@@ -23,9 +23,11 @@ pub(crate) struct Logs(Arc<Mutex<Vec<Logged>>>);
 impl Logs {
     /// Records from now until the guard is dropped.
     pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        anchor_interest();
         let logs = Self::default();
         let guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+        tracing::callsite::rebuild_interest_cache();
         (logs, guard)
     }
 
@@ -81,4 +83,30 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for Logs {
             name: fields.name,
         });
     }
+}
+
+/// Keeps tracing's per-callsite interest right while tests run in parallel: the interest is
+/// cached process-wide, computed on the thread that reaches a callsite first, and with one
+/// dispatcher alive a sibling test's thread (no subscriber) would cache "never", so a
+/// capturing test would miss the event. A global subscriber interested in every callsite and
+/// enabling none keeps two dispatchers alive, so the interest is the union.
+fn anchor_interest() {
+    struct Anchor;
+    impl<S: Subscriber> tracing_subscriber::Layer<S> for Anchor {
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(&self, _: &tracing::Metadata<'_>, _: Context<'_, S>) -> bool {
+            false
+        }
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // NOTE: another global subscriber already installed serves as well.
+        let _ =
+            tracing::subscriber::set_global_default(tracing_subscriber::registry().with(Anchor));
+    });
 }
