@@ -10,9 +10,9 @@
 //! "The adaptive limit from a fresh process").
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader};
-use std::net::SocketAddr;
-use std::process::{Child, Command, Stdio};
+mod support;
+
+use std::process::Stdio;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -22,44 +22,16 @@ use http::{Request, StatusCode};
 use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
+use support::Server;
 use tokio::task::JoinSet;
 use tokio::time::MissedTickBehavior;
 
-const BIN: &str = env!("CARGO_BIN_EXE_demo-server");
 const RATE: u64 = 150;
 const SECONDS: u64 = 10;
 
-/// A child server, killed on drop.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--quiet"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::null())
-        .spawn()
-        .expect("the demo-server binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    let addr = first
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in the startup line: {first:?}"));
-    Server { child, addr }
+/// A child `demo-server` (see `support::start`).
+fn start_server(args: &[&str]) -> Server {
+    support::start(args, Stdio::null())
 }
 
 #[derive(Debug, Default)]
@@ -86,7 +58,7 @@ impl Counts {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_fresh_adaptive_server_at_half_its_capacity_rejects_nothing() {
-    let server = start(&["--stack", "adaptive"]);
+    let server = start_server(&["--stack", "adaptive"]);
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();
     let (api, health) = (Arc::new(Counts::default()), Arc::new(Counts::default()));
     let run = async {

@@ -1,46 +1,14 @@
 //! The `demo-server` executable: startup line, a request, a busy port, graceful shutdown.
 #![cfg(unix)]
 
-use std::io::{BufRead, BufReader, Read, Write};
+mod support;
+
+use std::io::{Read, Write};
 use std::net::{SocketAddr, TcpStream};
 use std::process::{Child, Command, Stdio};
 use std::time::Duration;
 
-const BIN: &str = env!("CARGO_BIN_EXE_demo-server");
-
-/// A child server, killed on drop if the test failed before stopping it.
-struct Server {
-    child: Child,
-    addr: SocketAddr,
-}
-
-impl Drop for Server {
-    fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
-    }
-}
-
-fn start(args: &[&str]) -> Server {
-    let mut child = Command::new(BIN)
-        .args(["--listen", "127.0.0.1:0", "--quiet"])
-        .args(args)
-        .stdout(Stdio::piped())
-        .stderr(Stdio::piped())
-        .spawn()
-        .expect("the demo-server binary starts");
-    let stdout = child.stdout.take().unwrap();
-    let mut first = String::new();
-    BufReader::new(stdout).read_line(&mut first).unwrap();
-    // "demo-server listening on http://127.0.0.1:PORT (GET /api, ...)"
-    let addr = first
-        .split("http://")
-        .nth(1)
-        .and_then(|rest| rest.split_whitespace().next())
-        .and_then(|a| a.parse().ok())
-        .unwrap_or_else(|| panic!("no address in the startup line: {first:?}"));
-    Server { child, addr }
-}
+use support::{BIN, Server};
 
 fn get(addr: SocketAddr, path: &str) -> String {
     let mut stream = TcpStream::connect(addr).unwrap();
@@ -70,9 +38,14 @@ async fn wait_exit(child: &mut Child) -> std::process::ExitStatus {
 
 // NOTE: the blocking socket and process calls are fine here: nothing else runs on this
 // runtime; it is only there for the sleep while waiting for the child to exit.
+/// A child `demo-server` (see `support::start`).
+fn start_server(args: &[&str]) -> Server {
+    support::start(args, Stdio::piped())
+}
+
 #[tokio::test]
 async fn serves_refuses_a_busy_port_and_shuts_down_on_sigterm() {
-    let mut server = start(&[
+    let mut server = start_server(&[
         "--model",
         "instant",
         "--backlog",
@@ -191,7 +164,7 @@ fn bad_flags_exit_with_usage_errors() {
 #[tokio::test]
 async fn slow_clients_are_closed_and_cannot_lock_out_healthz() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let server = start(&[
+    let server = start_server(&[
         "--model",
         "instant",
         "--header-read-timeout",
@@ -253,7 +226,7 @@ async fn get_from(source: &str, addr: SocketAddr) -> String {
 #[cfg(target_os = "linux")]
 #[tokio::test]
 async fn key_ip_limits_each_client_address_separately() {
-    let server = start(&[
+    let server = start_server(&[
         "--model",
         "instant",
         "--key",
