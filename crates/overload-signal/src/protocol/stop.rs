@@ -145,24 +145,13 @@ pub fn too_many_requests_response<B: Default>(
     protocol: Protocol,
     retry_after: Duration,
 ) -> Response<B> {
-    let mut response = Response::new(B::default());
-    let headers = response.headers_mut();
-    match protocol.content_type() {
-        None => {
-            headers.insert(RETRY_AFTER, format_retry_after(retry_after));
-            *response.status_mut() = StatusCode::TOO_MANY_REQUESTS;
-        }
-        Some(content_type) => {
-            grpc_retry_later(
-                headers,
-                content_type,
-                GRPC_RESOURCE_EXHAUSTED,
-                RESOURCE_EXHAUSTED_MESSAGE,
-                retry_after,
-            );
-        }
-    }
-    response
+    retry_later_response(
+        protocol,
+        retry_after,
+        StatusCode::TOO_MANY_REQUESTS,
+        GRPC_RESOURCE_EXHAUSTED,
+        RESOURCE_EXHAUSTED_MESSAGE,
+    )
 }
 
 /// A new node-local rejection because the server is at its capacity (a concurrency limit:
@@ -178,21 +167,33 @@ pub fn service_unavailable_response<B: Default>(
     protocol: Protocol,
     retry_after: Duration,
 ) -> Response<B> {
+    retry_later_response(
+        protocol,
+        retry_after,
+        StatusCode::SERVICE_UNAVAILABLE,
+        GRPC_UNAVAILABLE,
+        AT_CAPACITY_MESSAGE,
+    )
+}
+
+/// A "retry later" answer: `status` with `Retry-After` over HTTP; over gRPC (and gRPC-Web),
+/// `code` and `message` with a non-negative pushback.
+fn retry_later_response<B: Default>(
+    protocol: Protocol,
+    retry_after: Duration,
+    status: StatusCode,
+    code: u16,
+    message: &'static str,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     let headers = response.headers_mut();
     match protocol.content_type() {
         None => {
             headers.insert(RETRY_AFTER, format_retry_after(retry_after));
-            *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
+            *response.status_mut() = status;
         }
         Some(content_type) => {
-            grpc_retry_later(
-                headers,
-                content_type,
-                GRPC_UNAVAILABLE,
-                AT_CAPACITY_MESSAGE,
-                retry_after,
-            );
+            grpc_retry_later(headers, content_type, code, message, retry_after);
         }
     }
     response
