@@ -354,34 +354,38 @@ pub fn app(config: AppConfig) -> Router {
         admin,
     } = config;
     let has_metrics = metrics.is_some();
+    let record = MapResponseLayer::new(move |response: Response| {
+        stats.record(&response);
+        response
+    });
+    // NOTE: one `.layer` call for the route, whatever the stack: axum boxes the route's
+    // service once per call, and clones it and boxes its future again on every request,
+    // so the stacked route pays that once, as the bare one does. The counts are
+    // outermost: they see what the client sees. With the stack, one `OverloadProtectionLayer`, as the README shows: the
+    // overload layer outside the limit whatever the nesting, the deadline layer between
+    // them (an expired request spends no token and the overload layer's histogram still
+    // records it).
     let api: MethodRouter<AppState> = match stack {
-        Stack::None => get(api),
-        Stack::Deadline => get(api).layer::<_, Infallible>(deadline),
-        // NOTE: one `OverloadProtectionLayer`, as the README shows: the overload layer outside
-        // the limit whatever the nesting, the deadline layer between them (an expired request
-        // spends no token and the overload layer's histogram still records it), and one layer
-        // rather than three, so axum boxes and clones one service per request for the stack,
-        // not one per layer.
+        Stack::None => get(api).layer::<_, Infallible>(record),
+        Stack::Deadline => get(api).layer::<_, Infallible>((record, deadline)),
         Stack::Full {
             overload,
             rate_limit,
-        } => get(api).layer::<_, Infallible>(
+        } => get(api).layer::<_, Infallible>((
+            record,
             OverloadProtectionLayer::builder(rate_limit)
                 .signal(overload)
                 .deadline(deadline)
                 .build(),
-        ),
-        Stack::Adaptive { overload, adaptive } => get(api).layer::<_, Infallible>(
+        )),
+        Stack::Adaptive { overload, adaptive } => get(api).layer::<_, Infallible>((
+            record,
             OverloadProtectionLayer::builder(adaptive)
                 .signal(overload)
                 .deadline(deadline)
                 .build(),
-        ),
+        )),
     };
-    let api = api.layer(MapResponseLayer::new(move |response: Response| {
-        stats.record(&response);
-        response
-    }));
     let router = Router::new()
         .route("/api", api)
         .route("/healthz", get(healthz));

@@ -84,10 +84,11 @@ where
                 );
                 ResponseFuture::expired(protocol)
             }
+            // NOTE: `Open` means no deadline on the request and none in the current scope,
+            // so the inner service runs outside any scope of ours: one of `None` would hide
+            // nothing, and cost a task-local swap on every poll.
             Arrival::Open => {
-                let request = Request::from_parts(parts, body);
-                let future = current::call_with(None, || self.inner.call(request));
-                ResponseFuture::running(current::enter(None, future), None, protocol, &self.state)
+                ResponseFuture::open(self.inner.call(Request::from_parts(parts, body)))
             }
             Arrival::Live {
                 deadline,

@@ -58,7 +58,8 @@ pub(crate) struct DeadlineState {
 /// What a request's deadline says when it reaches the layer.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) enum Arrival {
-    /// No deadline: the request runs as long as it takes.
+    /// No deadline, neither on the request nor in the current scope: the request runs as
+    /// long as it takes.
     Open,
     /// The caller still waits: its deadline, on this server's clock, and when to cancel the
     /// work (the deadline, plus the skew allowance when the deadline came with a send time).

@@ -35,8 +35,10 @@ pin_project! {
             #[pin]
             future: F,
         },
+        // Boxed: every layer outside moves this future, so it stays the inner future's
+        // size and a few words.
         Rejected {
-            response: Option<Response<B>>,
+            response: Option<Box<Response<B>>>,
         },
     }
 }
@@ -92,7 +94,7 @@ impl<F, B> ResponseFuture<F, B> {
     pub(super) fn rejected(response: Response<B>) -> Self {
         Self {
             state: State::Rejected {
-                response: Some(response),
+                response: Some(Box::new(response)),
             },
         }
     }
@@ -144,7 +146,7 @@ where
                 Poll::Ready(result)
             }
             StateProj::Exempt { future } => future.poll(cx),
-            StateProj::Rejected { response } => Poll::Ready(Ok(response
+            StateProj::Rejected { response } => Poll::Ready(Ok(*response
                 .take()
                 .expect("adaptive limit response future polled after completion"))),
         }

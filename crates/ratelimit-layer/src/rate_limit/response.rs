@@ -22,7 +22,7 @@ pub(crate) enum RateLimitAnswer<F, B> {
     /// fields to add to its response, if the layer adds them to admitted responses.
     Called {
         future: F,
-        fields: Option<(HeaderValue, HeaderValue)>,
+        fields: Option<Box<(HeaderValue, HeaderValue)>>,
     },
     /// Answered by the layer: a rejection, or a request without a key that the missing-key
     /// policy refuses.
@@ -58,10 +58,10 @@ where
             // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
             // no field describes it.
             let fields = status.filter(|_| state.admitted_headers).map(|status| {
-                (
+                Box::new((
                     state.policy_header.clone(),
                     state.policy.status(status.remaining, status.reset),
-                )
+                ))
             });
             let future = inner.call(Request::from_parts(parts, body));
             return RateLimitAnswer::Called { future, fields };
