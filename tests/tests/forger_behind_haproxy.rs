@@ -74,7 +74,7 @@ async fn client(from: Ipv4Addr, to: SocketAddr, attempt: u32, per_s: u64, secs: 
 
 /// The honest clients' answers: 20 clients at 20 requests a second, first tries, against a
 /// limit of 10 a second per client; the forger at 100 a second claiming third retries.
-async fn storm(trust: bool) -> Answers {
+async fn storm(trust: bool) -> Vec<Answers> {
     let server = integration_tests::workspace_binary("demo-server");
     let haproxy = find_haproxy(None).expect("haproxy is installed (scripts/test installs it)");
     let mut args: Vec<OsString> = [
@@ -110,18 +110,23 @@ async fn storm(trust: bool) -> Answers {
     let honest: Vec<_> = (0..HONEST)
         .map(|i| tokio::spawn(client(Ipv4Addr::new(127, 0, 0, 2 + i), to, 0, 20, 8)))
         .collect();
-    let mut total = Answers::default();
+    let mut each = Vec::new();
     for h in honest {
-        let a = h.await.unwrap();
-        total.ok += a.ok;
-        total.rejected += a.rejected;
-        total.stopped += a.stopped;
+        each.push(h.await.unwrap());
     }
     forger.await.unwrap();
     balancer.shutdown().await.unwrap();
     server.shutdown().await.unwrap();
     std::fs::remove_dir_all(&dir).ok();
-    total
+    each
+}
+
+fn total(each: &[Answers]) -> Answers {
+    each.iter().fold(Answers::default(), |t, a| Answers {
+        ok: t.ok + a.ok,
+        rejected: t.rejected + a.rejected,
+        stopped: t.stopped + a.stopped,
+    })
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -131,10 +136,12 @@ async fn behind_haproxy_one_forger_cannot_make_the_server_tell_everyone_to_stop(
         let trusted = storm(true).await;
         (untrusted, trusted)
     };
-    let (untrusted, trusted) = tokio::time::timeout(Duration::from_secs(60), run)
+    let (untrusted_each, trusted_each) = tokio::time::timeout(Duration::from_secs(60), run)
         .await
         .expect("the storms end by themselves");
+    let (untrusted, trusted) = (total(&untrusted_each), total(&trusted_each));
     eprintln!("honest clients' answers: untrusted {untrusted:?}, trusted {trusted:?}");
+    eprintln!("trusted, per honest client: {trusted_each:?}");
     // The anchor: every request has HAProxy's address, one caller and one limit for all;
     // the forger's claimed retries dominate the window and the honest clients' rejections
     // become the stop signal.
@@ -142,9 +149,18 @@ async fn behind_haproxy_one_forger_cannot_make_the_server_tell_everyone_to_stop(
         untrusted.stopped > untrusted.rejected,
         "untrusted: {untrusted:?}, trusted: {trusted:?}"
     );
-    // Trusted: each client is keyed by the address HAProxy forwards, limited at 10 a second
-    // of its 20, and none of its rejections is a stop signal.
-    assert_eq!(trusted.stopped, 0, "trusted: {trusted:?}");
+    // Trusted: each client is keyed by the address HAProxy forwards and limited at 10 a
+    // second of its 20. The forger can make the server tell only its own caller class to
+    // stop: callers are hashed into 128 classes with a key drawn for each process, so in
+    // about one run in seven one of the 20 honest clients shares the forger's class and is
+    // told to stop too (overload-signal's `signal` docs say so). Every other honest
+    // client's rejections stay plain `429`s. Four or more of the 20 in the forger's one
+    // class happen by chance in about one run in 55 000.
+    let told_to_stop: Vec<_> = trusted_each.iter().filter(|a| a.stopped > 0).collect();
+    assert!(
+        told_to_stop.len() <= 3,
+        "more honest clients told to stop than can share the forger's class: {told_to_stop:?}"
+    );
     assert!(
         trusted.rejected > u64::from(HONEST) * 8 * 5,
         "trusted: {trusted:?}"
