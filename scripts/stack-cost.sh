@@ -69,8 +69,14 @@ done
 
 ticks=$(getconf CLK_TCK)
 cpu_ticks() { awk '{print $14 + $15}' "/proc/$1/stat"; }
-# A number from oha's JSON output: the first value of `"name":`.
-json_number() { tr -d ' \n' | grep -o "\"$1\":[0-9.e+-]*" | head -n 1 | cut -d: -f2; }
+# A number from oha's JSON output: the first value of `"name":`, after `"section":` when
+# a section is given.
+json_number() {
+    local text
+    text=$(tr -d ' \n')
+    if [ -n "${2:-}" ]; then text=${text#*\"$2\":}; fi
+    grep -o "\"$1\":[0-9.e+-]*" <<<"$text" | head -n 1 | cut -d: -f2
+}
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
 printf '%-6s %-6s %12s %10s %16s\n' round stack 'req/s' 'p99 ms' 'server us/req'
@@ -84,7 +90,7 @@ for round in $(seq 1 "$ROUNDS"); do
             -c "$CONNECTIONS" "http://127.0.0.1:$port/api")
         after=$(cpu_ticks "$pid")
         rate=$(json_number requestsPerSec <<<"$json")
-        p99=$(json_number p99 <<<"$json")
+        p99=$(json_number p99 latencyPercentiles <<<"$json")
         took=$(json_number total <<<"$json")
         line=$(awk -v r="$rate" -v p="$p99" -v t="$((after - before))" -v hz="$ticks" \
             -v s="$took" -v round="$round" -v stack="$stack" 'BEGIN {
