@@ -361,10 +361,10 @@ pub fn app(config: AppConfig) -> Router {
     // NOTE: one `.layer` call for the route, whatever the stack: axum boxes the route's
     // service once per call, and clones it and boxes its future again on every request,
     // so the stacked route pays that once, as the bare one does. The counts are
-    // outermost: they see what the client sees. With the stack, one `OverloadProtectionLayer`, as the README shows: the
-    // overload layer outside the limit whatever the nesting, the deadline layer between
-    // them (an expired request spends no token and the overload layer's histogram still
-    // records it).
+    // outermost: they see what the client sees. The stack is one
+    // `OverloadProtectionLayer`, as the README shows: the overload layer outside the limit
+    // whatever the nesting, the deadline layer between them (an expired request spends no
+    // token and the overload layer's histogram still records it).
     let api: MethodRouter<AppState> = match stack {
         Stack::None => get(api).layer::<_, Infallible>(record),
         Stack::Deadline => get(api).layer::<_, Infallible>((record, deadline)),
