@@ -3,9 +3,10 @@
 //! A server handler that calls a downstream service and gets the stop signal back must
 //! answer its own caller with the stop signal too, or the tier above will retry and undo the
 //! whole point. The client middleware knows when it has seen the signal; the server
-//! middleware owns the response. This module connects them with a request-scoped marker: a
-//! [task-local](tokio::task_local) flag that the server layer installs around its inner
-//! service with [`scope`] and that the client layer raises with [`mark_stop_received`].
+//! middleware owns the response. This module connects them with a request-scoped marker,
+//! which the server layer installs around its inner service with [`scope`] and the client
+//! layer raises with [`mark_stop_received`]. Like a [task-local](tokio::task_local), the
+//! marker is current on the thread only while the scoped future is being polled.
 //!
 //! # Limits
 //!
@@ -37,41 +38,100 @@
 //! ```
 
 use std::cell::Cell;
+use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::task::{Context, Poll};
 
-use tokio::task::futures::TaskLocalFuture;
+use pin_project_lite::pin_project;
 
-tokio::task_local! {
-    static STOP_RECEIVED: Cell<bool>;
+/// The marker of the scope being polled on this thread, if any.
+const OUTSIDE: u8 = 0;
+const LOWERED: u8 = 1;
+const RAISED: u8 = 2;
+
+// NOTE: a thread-local with a constant initializer, swapped in for the duration of each poll
+// of a `Scoped` future, as `tokio::task_local!` does, minus what this flag does not need (a
+// `RefCell`, an `Option`, a lazily initialized slot): the overload layer installs a scope
+// around every request it serves, so the swap is on every poll of every request.
+thread_local! {
+    static MARKER: Cell<u8> = const { Cell::new(OUTSIDE) };
 }
 
-/// A future running inside a stop-signal scope; see [`scope`].
-pub type Scoped<F> = TaskLocalFuture<Cell<bool>, F>;
+pin_project! {
+    /// A future running inside a stop-signal scope; see [`scope`].
+    ///
+    /// While it is polled, [`mark_stop_received`] raises its marker and
+    /// [`in_scope_stop_received`] reads it; [`stop_received`] reads it once it has completed.
+    pub struct Scoped<F> {
+        #[pin]
+        future: F,
+        raised: bool,
+    }
+}
+
+impl<F: Future> Future for Scoped<F> {
+    type Output = F::Output;
+
+    fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
+        let this = self.project();
+        let outer = Restore(MARKER.replace(if *this.raised { RAISED } else { LOWERED }));
+        let output = this.future.poll(cx);
+        *this.raised = MARKER.get() == RAISED;
+        // The enclosing scope's marker (or none) is put back here, and on a panic too.
+        drop(outer);
+        output
+    }
+}
+
+impl<F> fmt::Debug for Scoped<F> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Scoped")
+            .field("raised", &self.raised)
+            .finish_non_exhaustive()
+    }
+}
+
+/// Puts back the marker of the enclosing scope when dropped.
+struct Restore(u8);
+
+impl Drop for Restore {
+    fn drop(&mut self) {
+        MARKER.set(self.0);
+    }
+}
 
 /// Runs `future` with a fresh, lowered stop marker.
 ///
 /// Scopes nest: an inner scope hides the outer one while it runs.
-pub fn scope<F: Future>(future: F) -> Scoped<F> {
-    STOP_RECEIVED.scope(Cell::new(false), future)
+pub const fn scope<F: Future>(future: F) -> Scoped<F> {
+    Scoped {
+        future,
+        raised: false,
+    }
 }
 
 /// Raises the marker of the scope the current task is running in. Returns `false` (and does
 /// nothing) outside any scope.
 pub fn mark_stop_received() -> bool {
-    STOP_RECEIVED.try_with(|m| m.set(true)).is_ok()
+    if MARKER.get() == OUTSIDE {
+        return false;
+    }
+    MARKER.set(RAISED);
+    true
 }
 
 /// Whether the marker of the current scope is raised, for code running inside the scope.
 /// `false` outside any scope.
 pub fn in_scope_stop_received() -> bool {
-    STOP_RECEIVED.try_with(Cell::get).unwrap_or(false)
+    MARKER.get() == RAISED
 }
 
 /// Whether the marker of `scoped` was raised while it ran. Call it once the future has
-/// completed (polling it again afterwards is a bug, as for any future).
+/// completed (polling it again afterwards is a bug, as for any future). The marker is taken:
+/// a second call returns `false`.
 pub fn stop_received<F: Future>(scoped: Pin<&mut Scoped<F>>) -> bool {
-    scoped.take_value().is_some_and(|m| m.get())
+    std::mem::take(scoped.project().raised)
 }
 
 #[cfg(test)]
@@ -111,6 +171,42 @@ mod tests {
             "inner mark must not raise the outer scope"
         );
         assert!(!stop_received(outer.as_mut()));
+    }
+
+    #[tokio::test]
+    async fn an_inner_scope_leaves_a_raised_outer_marker_raised() {
+        let mut outer = pin!(scope(async {
+            assert!(mark_stop_received());
+            let mut inner = pin!(scope(async { in_scope_stop_received() }));
+            assert!(!inner.as_mut().await, "the inner scope starts lowered");
+            in_scope_stop_received()
+        }));
+        assert!(outer.as_mut().await);
+        assert!(stop_received(outer.as_mut()));
+        assert!(!stop_received(outer.as_mut()), "the marker is taken");
+        assert!(
+            !mark_stop_received(),
+            "nothing is left current after the scope"
+        );
+    }
+
+    #[test]
+    fn a_panicking_future_leaves_no_scope_behind() {
+        let outcome = std::panic::catch_unwind(|| {
+            let waker = std::task::Waker::noop();
+            let mut cx = Context::from_waker(waker);
+            let mut s = pin!(scope(async {
+                mark_stop_received();
+                panic!("the handler panics");
+            }));
+            let _ = s.as_mut().poll(&mut cx);
+        });
+        assert!(outcome.is_err());
+        assert!(
+            !mark_stop_received(),
+            "the panic must not leave the scope current"
+        );
+        assert!(!in_scope_stop_received());
     }
 
     #[tokio::test]

@@ -73,9 +73,13 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        let (parts, body) = request.into_parts();
-        let protocol = Protocol::of_headers(&parts.headers);
-        match self.state.arrive(&parts, protocol) {
+        // NOTE: read in place, not through `into_parts`: the request is moved once, into
+        // the inner service.
+        let protocol = Protocol::of_headers(request.headers());
+        match self
+            .state
+            .arrive(request.headers(), request.extensions(), protocol)
+        {
             Arrival::Expired { queued } => {
                 self.state.expired_on_arrival(queued);
                 tracing::debug!(
@@ -87,9 +91,7 @@ where
             // NOTE: `Open` means no deadline on the request and none in the current scope,
             // so the inner service runs outside any scope of ours: one of `None` would hide
             // nothing, and cost a task-local swap on every poll.
-            Arrival::Open => {
-                ResponseFuture::open(self.inner.call(Request::from_parts(parts, body)))
-            }
+            Arrival::Open => ResponseFuture::open(self.inner.call(request)),
             Arrival::Live {
                 deadline,
                 cancel_at,
@@ -98,7 +100,6 @@ where
                 // task-local is what handlers and the retry layer read: during the inner
                 // service's `call` (a retry layer right under this one reads it there) and
                 // while its future runs.
-                let request = Request::from_parts(parts, body);
                 let future = current::call_with(Some(deadline), || self.inner.call(request));
                 let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
                 ResponseFuture::running(

@@ -5,7 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::request::Parts;
+use http::{Extensions, HeaderMap};
 use overload_core::clock::{Clock, SystemWallClock, TokioClock, WallClock};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use tokio::time::Instant;
@@ -13,7 +13,7 @@ use tokio::time::Instant;
 use super::current::current;
 use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
 use super::value::RequestDeadline;
-use crate::protocol::{Protocol, WireDeadline, grpc_timeout};
+use crate::protocol::{GRPC_TIMEOUT, Protocol, WireDeadline, X_REQUEST_DEADLINE, grpc_timeout};
 
 /// How long without an expired request (or a skewed one) before the layer logs that the
 /// episode ended: 10 seconds, as the overload layer's stop-signal episodes.
@@ -101,16 +101,45 @@ impl DeadlineState {
         self.metrics.get()
     }
 
-    /// Reads the deadline of a request (with these parts, of this protocol) arriving now:
-    /// the earliest of `X-Request-Deadline`, `grpc-timeout` (gRPC only), a
-    /// [`RequestDeadline`] already in its extensions, and the [current](current)
-    /// deadline of the task calling the layer.
-    pub(crate) fn arrive(&self, parts: &Parts, protocol: Protocol) -> Arrival {
+    /// Reads the deadline of a request (with these headers and extensions, of this protocol)
+    /// arriving now: the earliest of `X-Request-Deadline`, `grpc-timeout` (gRPC only), a
+    /// [`RequestDeadline`] already in its extensions, and the [current](current) deadline of
+    /// the task calling the layer.
+    #[inline]
+    pub(crate) fn arrive(
+        &self,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        protocol: Protocol,
+    ) -> Arrival {
         // NOTE: registered on the first request; an episode's end is noticed here too.
         let metrics = self.metrics();
         self.end_quiet_episodes();
-        // NOTE: the clock is read only when a deadline is found: a request without one costs
-        // two header lookups, an extension lookup and a task-local read.
+        // NOTE: most requests carry no deadline: finding that out costs a header lookup or
+        // two, an extension lookup and a task-local read, and the reading of a deadline is
+        // out of line, so that a server's hot path carries none of its code.
+        let any = headers.contains_key(X_REQUEST_DEADLINE)
+            || (protocol.is_grpc() && headers.contains_key(GRPC_TIMEOUT))
+            || extensions.get::<RequestDeadline>().is_some()
+            || current().is_some();
+        if any {
+            self.read_deadline(metrics, headers, extensions, protocol)
+        } else {
+            Arrival::Open
+        }
+    }
+
+    /// [`arrive`](Self::arrive) for a request that carries a deadline, or arrives in the
+    /// scope of one.
+    #[inline(never)]
+    fn read_deadline(
+        &self,
+        metrics: &DeadlineMetrics,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        protocol: Protocol,
+    ) -> Arrival {
+        // NOTE: the clock is read only when a deadline is found.
         let mut read = None;
         let mut now = || *read.get_or_insert_with(Instant::now);
         let mut earliest: Option<Reading> = None;
@@ -124,7 +153,7 @@ impl DeadlineState {
             });
         };
 
-        match WireDeadline::from_headers(&parts.headers) {
+        match WireDeadline::from_headers(headers) {
             Ok(None) => {}
             Ok(Some(wire)) => {
                 let (queued, tolerance) = match wire.queued(self.wall.now(), self.skew_allowance) {
@@ -157,7 +186,7 @@ impl DeadlineState {
         }
         // NOTE: gRPC-Web carries gRPC's `grpc-timeout` too.
         if protocol.is_grpc() {
-            match grpc_timeout(&parts.headers) {
+            match grpc_timeout(headers) {
                 Ok(None) => {}
                 Ok(Some(timeout)) => {
                     if timeout.is_zero() {
@@ -177,10 +206,8 @@ impl DeadlineState {
                 }
             }
         }
-        let given = RequestDeadline::earliest(
-            parts.extensions.get::<RequestDeadline>().copied(),
-            current(),
-        );
+        let given =
+            RequestDeadline::earliest(extensions.get::<RequestDeadline>().copied(), current());
         if let Some(given) = given {
             let deadline = given.instant();
             if now() >= deadline {

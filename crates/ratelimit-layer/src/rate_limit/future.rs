@@ -11,7 +11,6 @@ use http::{HeaderValue, Response};
 use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
 use pin_project_lite::pin_project;
 
-use super::response::RateLimitAnswer;
 #[cfg(feature = "redis")]
 pub use remote::RemoteResponseFuture;
 
@@ -43,15 +42,28 @@ pin_project! {
     }
 }
 
-impl<F, B> From<RateLimitAnswer<F, B>> for ResponseFuture<F, B> {
-    fn from(answer: RateLimitAnswer<F, B>) -> Self {
-        let state = match answer {
-            RateLimitAnswer::Called { future, fields } => State::Admitted { future, fields },
-            RateLimitAnswer::Answered(response) => State::Rejected {
+impl<F, B> ResponseFuture<F, B> {
+    /// An admitted request: the inner service's future, and the `RateLimit-Policy` and
+    /// `RateLimit` fields to add to its response, if the layer adds them to admitted
+    /// responses.
+    #[inline]
+    pub(crate) const fn admitted(
+        future: F,
+        fields: Option<Box<(HeaderValue, HeaderValue)>>,
+    ) -> Self {
+        Self {
+            state: State::Admitted { future, fields },
+        }
+    }
+
+    /// A request answered by the layer: a rejection, or a request without a key that the
+    /// missing-key policy refuses.
+    pub(crate) fn answered(response: Response<B>) -> Self {
+        Self {
+            state: State::Rejected {
                 response: Some(Box::new(response)),
             },
-        };
-        Self { state }
+        }
     }
 }
 
@@ -197,7 +209,7 @@ mod remote {
                             Err(_) => state.decide(&parts, cost),
                         };
                         let answer = respond(&state, &mut service, parts, body, decided);
-                        self.set(Self::decided(answer.into()));
+                        self.set(Self::decided(answer));
                     }
                 }
             }

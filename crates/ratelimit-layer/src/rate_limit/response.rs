@@ -12,22 +12,10 @@ use overload_signal::protocol::{
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use tower_service::Service;
 
+use super::future::ResponseFuture;
 use super::state::RateLimitState;
 use crate::algorithm::{Decision, QuotaStatus};
 use crate::keyed::KeyClass;
-
-/// The answer to a decided request, which a response future then drives.
-pub(crate) enum RateLimitAnswer<F, B> {
-    /// Admitted: the inner service's future, and the `RateLimit-Policy` and `RateLimit`
-    /// fields to add to its response, if the layer adds them to admitted responses.
-    Called {
-        future: F,
-        fields: Option<Box<(HeaderValue, HeaderValue)>>,
-    },
-    /// Answered by the layer: a rejection, or a request without a key that the missing-key
-    /// policy refuses.
-    Answered(Response<B>),
-}
 
 /// The answer to a request once its limit is decided, with the metrics counted; `decided`
 /// is `None` for a request without a key that the missing-key policy rejects.
@@ -37,7 +25,7 @@ pub(crate) fn respond<S, ReqBody, ResBody>(
     parts: Parts,
     body: ReqBody,
     decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
-) -> RateLimitAnswer<S::Future, ResBody>
+) -> ResponseFuture<S::Future, ResBody>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
@@ -49,7 +37,7 @@ where
             Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
                 .with_layer(state.name().clone()),
         );
-        return RateLimitAnswer::Answered(response);
+        return ResponseFuture::answered(response);
     };
     let retry_after = match decision {
         Decision::Allow => {
@@ -63,8 +51,7 @@ where
                     state.policy.status(status.remaining, status.reset),
                 ))
             });
-            let future = inner.call(Request::from_parts(parts, body));
-            return RateLimitAnswer::Called { future, fields };
+            return ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields);
         }
         Decision::Reject { retry_after } => retry_after,
         Decision::OverCapacity { .. } => state.window,
@@ -77,7 +64,7 @@ where
     });
     state.rejected(class, retry_after);
     let protocol = Protocol::of_headers(&parts.headers);
-    RateLimitAnswer::Answered(rejection(state, protocol, retry_after, status, class))
+    ResponseFuture::answered(rejection(state, protocol, retry_after, status, class))
 }
 
 fn rejection<B: Default>(

@@ -109,7 +109,7 @@ where
         let state = &*self.state;
         let cost = state.cost(&parts);
         let decided = state.decide(&parts, cost);
-        respond(state, &mut self.inner, parts, body, decided).into()
+        respond(state, &mut self.inner, parts, body, decided)
     }
 }
 
@@ -155,6 +155,6 @@ where
             }
             Some(RemoteStart::Local) | None => state.decide(&parts, cost),
         };
-        RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, decided).into())
+        RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, decided))
     }
 }
