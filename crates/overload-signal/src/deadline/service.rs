@@ -1,14 +1,17 @@
 use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
+use std::time::Duration;
 
 use http::{Request, Response};
 use overload_core::telemetry::LayerName;
+use tokio::time::Instant;
 use tower_service::Service;
 
 use super::current;
 use super::future::ResponseFuture;
 use super::state::{Arrival, DeadlineSettings, DeadlineState};
+use super::value::RequestDeadline;
 use crate::protocol::Protocol;
 
 /// Server middleware that drops work nobody waits for: a request whose caller's deadline
@@ -80,14 +83,7 @@ where
             .state
             .arrive(request.headers(), request.extensions(), protocol)
         {
-            Arrival::Expired { queued } => {
-                self.state.expired_on_arrival(queued);
-                tracing::debug!(
-                    queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
-                    "request expired before it was served"
-                );
-                ResponseFuture::expired(protocol)
-            }
+            Arrival::Expired { queued } => self.expired(queued, protocol),
             // NOTE: `Open` means no deadline on the request and none in the current scope,
             // so the inner service runs outside any scope of ours: one of `None` would hide
             // nothing, and cost a task-local swap on every poll.
@@ -95,20 +91,46 @@ where
             Arrival::Live {
                 deadline,
                 cancel_at,
-            } => {
-                // NOTE: not in the request's extensions: inserting one allocates, and the
-                // task-local is what handlers and the retry layer read: during the inner
-                // service's `call` (a retry layer right under this one reads it there) and
-                // while its future runs.
-                let future = current::call_with(Some(deadline), || self.inner.call(request));
-                let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
-                ResponseFuture::running(
-                    current::enter(Some(deadline), future),
-                    cancel_at,
-                    protocol,
-                    &self.state,
-                )
-            }
+            } => self.call_live(request, deadline, cancel_at, protocol),
         }
+    }
+}
+
+// NOTE: the paths of requests with a deadline are out of line, so that the hot path of a
+// server whose requests carry none holds none of their code.
+impl<S> Deadline<S> {
+    #[inline(never)]
+    fn call_live<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        deadline: RequestDeadline,
+        cancel_at: Instant,
+        protocol: Protocol,
+    ) -> ResponseFuture<S::Future>
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    {
+        // NOTE: not in the request's extensions: inserting one allocates, and the task-local
+        // is what handlers and the retry layer read: during the inner service's `call` (a
+        // retry layer right under this one reads it there) and while its future runs.
+        let future = current::call_with(Some(deadline), || self.inner.call(request));
+        let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
+        ResponseFuture::running(
+            current::enter(Some(deadline), future),
+            cancel_at,
+            protocol,
+            &self.state,
+        )
+    }
+
+    #[cold]
+    #[inline(never)]
+    fn expired<F>(&self, queued: Duration, protocol: Protocol) -> ResponseFuture<F> {
+        self.state.expired_on_arrival(queued);
+        tracing::debug!(
+            queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
+            "request expired before it was served"
+        );
+        ResponseFuture::expired(protocol)
     }
 }

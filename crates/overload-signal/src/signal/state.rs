@@ -167,14 +167,23 @@ impl<C: Clock> SignalState<C> {
     /// Sets the window gauges, once per bucket (by the first request of the bucket, or by
     /// the ticker), with the window that ended with the previous bucket: whole buckets, so
     /// the figure is stable.
+    #[inline]
     fn export_window(&self, bucket: u64) {
-        let mark = bucket + 1;
         let seen = self.exported.load(Ordering::Relaxed);
-        if seen < mark
-            && self
-                .exported
-                .compare_exchange(seen, mark, Ordering::Relaxed, Ordering::Relaxed)
-                .is_ok()
+        if seen <= bucket {
+            self.export_window_once(seen, bucket);
+        }
+    }
+
+    /// [`export_window`](Self::export_window) at the first request of a bucket: out of line,
+    /// once a bucket.
+    #[cold]
+    #[inline(never)]
+    fn export_window_once(&self, seen: u64, bucket: u64) {
+        if self
+            .exported
+            .compare_exchange(seen, bucket + 1, Ordering::Relaxed, Ordering::Relaxed)
+            .is_ok()
         {
             let last = bucket.saturating_sub(1);
             let window = self.histogram.snapshot_of(last);
