@@ -6,17 +6,19 @@
 # and the first-level data-cache misses per request, of each and added by the stack.
 #
 # Throughput on a small shared machine swings by 10 % from one run to the next, which hides
-# a 5 % cost (BENCHMARKS.md, issue 23); these counts are the same from run to run within a
-# few percent, and the misses are what the stack's time goes to on a real server, whose
-# caches the kernel's networking and the rest of the request path keep cold for it. They
-# count user space only, on valgrind's model of the host's caches. Needs valgrind (Debian:
-# valgrind), oha (cargo install oha) and curl. Every process listens on 127.0.0.1 only and
-# is stopped by its PID.
+# a 5 % cost (BENCHMARKS.md, issue 23); these counts hold from run to run within a few
+# percent. They include the first-level cache misses, which an in-process loop keeps out of
+# sight: in a real server the kernel's networking and hyper run between two requests, and
+# the stack's code is cold at each one. User space only, on valgrind's model of the host's
+# caches. Needs valgrind (Debian: valgrind), oha (cargo install oha), curl and Linux's
+# /proc. Every process listens on 127.0.0.1 only and is stopped by its PID (SIGTERM, then
+# SIGKILL after a minute).
 #
 #   cargo build --release -p demo-server
 #   bash scripts/stack-cachegrind.sh
 #
-# Settings (environment): REQUESTS (20000), CONNECTIONS (1: one request at a time, so that each takes the same path), PORT (18095).
+# Settings (environment): REQUESTS (20000), CONNECTIONS (1: one request at a time, so that
+# every request takes the same path), PORT (18095).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -47,8 +49,28 @@ cleanup() {
 }
 trap cleanup EXIT
 
-# One stack: the server under cachegrind, REQUESTS requests, then the server stopped
-# (SIGINT: it exits, and valgrind writes its summary).
+# Whether process $1 runs (a child that has exited stays as a zombie until waited for, and
+# `kill -0` would still find it).
+alive() {
+    local state
+    state=$(sed -E 's/.*\) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1)
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# Stops the server started last: SIGTERM (it exits, and valgrind writes its summary), then
+# SIGKILL if it is still there a minute later.
+stop() {
+    kill -TERM "$pid" 2>/dev/null || true
+    for _ in $(seq 1 600); do
+        if ! alive "$pid"; then break; fi
+        sleep 0.1
+    done
+    kill -KILL "$pid" 2>/dev/null || true
+    wait "$pid" 2>/dev/null || true
+    pid=
+}
+
+# One stack: the server under cachegrind, REQUESTS requests, then the server stopped.
 measure() {
     local stack=$1
     shift
@@ -59,23 +81,34 @@ measure() {
     pid=$!
     local ready=
     for _ in $(seq 1 100); do
-        if curl -sf -o /dev/null "http://127.0.0.1:$PORT/healthz"; then ready=1; break; fi
+        # NOTE: alive first, so that another process already on the port is not taken for
+        # ours (ours then fails to bind and exits).
+        if ! alive "$pid"; then break; fi
+        if curl -sf --max-time 2 -o /dev/null "http://127.0.0.1:$PORT/healthz"; then
+            ready=1
+            break
+        fi
         sleep 0.2
     done
-    if [ -z "$ready" ]; then
-        echo "error: the $stack server did not answer; its output:" >&2
+    if [ -z "$ready" ] || ! alive "$pid"; then
+        echo "error: the $stack server did not start on 127.0.0.1:$PORT; its output:" >&2
         cat "$out/$stack.log" >&2
         exit 1
     fi
     "$OHA" --no-tui -n "$REQUESTS" -c "$CONNECTIONS" "http://127.0.0.1:$PORT/api" >/dev/null
-    kill -INT "$pid"
-    wait "$pid" || true
-    pid=
+    stop
 }
 
-# A total from valgrind's summary: `I refs`, `I1 misses`, `D1 misses`.
+# A total from valgrind's summary (`I refs`, `I1 misses`, `D1 misses`), or an error.
 total() {
-    grep -E "== $2:" "$out/$1.log" | head -n 1 | sed -E 's/.*:[[:space:]]+([0-9,]+).*/\1/' | tr -d ,
+    local value
+    value=$(grep -E "== $2:" "$out/$1.log" | head -n 1 | sed -E 's/.*:[[:space:]]+([0-9,]+).*/\1/' | tr -d ,)
+    if ! [[ "$value" =~ ^[0-9]+$ ]]; then
+        echo "error: no '$2' in valgrind's summary for the $1 server; its output:" >&2
+        cat "$out/$1.log" >&2
+        exit 1
+    fi
+    echo "$value"
 }
 
 echo "load average before: $(cut -d' ' -f1-3 /proc/loadavg)"
@@ -83,14 +116,19 @@ measure bare --stack none
 measure full --stack full --rate-limit 10000000 --burst 10000000
 echo "load average after: $(cut -d' ' -f1-3 /proc/loadavg)"
 
+# NOTE: every total read first, in plain assignments, so that a missing one stops the script.
+bare_i=$(total bare 'I[[:space:]]+refs')
+bare_im=$(total bare 'I1[[:space:]]+misses')
+bare_dm=$(total bare 'D1[[:space:]]+misses')
+full_i=$(total full 'I[[:space:]]+refs')
+full_im=$(total full 'I1[[:space:]]+misses')
+full_dm=$(total full 'D1[[:space:]]+misses')
+per_request() {
+    awk -v n="$REQUESTS" -v s="$1" -v i="$2" -v im="$3" -v dm="$4" -v tail="${5:-}" \
+        'BEGIN { printf "%-6s %14.0f %14.0f %14.0f%s\n", s, i / n, im / n, dm / n, tail }'
+}
 printf '%-6s %14s %14s %14s\n' stack 'instructions' 'I1 misses' 'D1 misses'
-for stack in bare full; do
-    awk -v n="$REQUESTS" -v s="$stack" -v i="$(total "$stack" 'I[[:space:]]+refs')" \
-        -v im="$(total "$stack" 'I1[[:space:]]+misses')" -v dm="$(total "$stack" 'D1[[:space:]]+misses')" \
-        'BEGIN { printf "%-6s %14.0f %14.0f %14.0f\n", s, i / n, im / n, dm / n }'
-done
-awk -v n="$REQUESTS" \
-    -v i="$(( $(total full 'I[[:space:]]+refs') - $(total bare 'I[[:space:]]+refs') ))" \
-    -v im="$(( $(total full 'I1[[:space:]]+misses') - $(total bare 'I1[[:space:]]+misses') ))" \
-    -v dm="$(( $(total full 'D1[[:space:]]+misses') - $(total bare 'D1[[:space:]]+misses') ))" \
-    'BEGIN { printf "%-6s %14.0f %14.0f %14.0f   (per request; server start-up included)\n", "added", i / n, im / n, dm / n }'
+per_request bare "$bare_i" "$bare_im" "$bare_dm"
+per_request full "$full_i" "$full_im" "$full_dm"
+per_request added "$((full_i - bare_i))" "$((full_im - bare_im))" "$((full_dm - bare_dm))" \
+    '   (per request; server start-up included)'

@@ -135,9 +135,10 @@ impl PeerIp {
 // NOTE: masked IPv6 addresses end in a zero bit, which `ip_word` relies on.
 const _: () = assert!(PeerIp::IPV6_PREFIX < 128);
 
-/// One word per key, distinct for distinct keys: an IPv4 address shifted left with its lowest
-/// bit set, an IPv6 network as it is (its lowest bit is clear). One write to the hasher,
-/// where `IpAddr`'s `Hash` makes three through `dyn Hasher`, on every request.
+/// One word per key of [`PeerIp::peer_ip`], distinct for distinct keys: an IPv4 address
+/// shifted left with its lowest bit set, an IPv6 network (masked to its /64, so its lowest
+/// bit is clear) as it is. One write to the hasher, where `IpAddr`'s `Hash` makes three
+/// through `dyn Hasher`, on every request.
 const fn ip_word(ip: IpAddr) -> u128 {
     match ip {
         IpAddr::V4(v4) => ((v4.to_bits() as u128) << 1) | 1,
@@ -194,18 +195,31 @@ mod tests {
     }
 
     #[test]
-    fn every_key_word_is_distinct() {
-        // An IPv4 address and the IPv6 network whose bits would read the same.
-        let v4: IpAddr = "192.0.2.7".parse().unwrap();
-        let v6 = IpAddr::V6(Ipv6Addr::from(u128::from(0xC000_0207_u32) << 1));
-        assert_ne!(ip_word(v4), ip_word(v6));
+    fn ipv4_and_ipv6_keys_never_share_a_word() {
+        // What `hash_key` writes: the key of `peer_ip`, IPv6 masked to its /64. IPv4 words
+        // are odd, IPv6 networks' even, and each family's words are its addresses' bits.
+        let key = |addr: &str| PeerIp::peer_ip(&parts(Some(addr))).unwrap();
+        for v6 in [
+            "[::]:1",
+            "[::1]:1",
+            "[2001:db8::ffff:1]:1",
+            "[ffff:ffff:ffff:ffff::1]:1",
+        ] {
+            assert_eq!(ip_word(key(v6)) & 1, 0, "{v6}");
+        }
+        for v4 in ["0.0.0.0:1", "192.0.2.7:1", "255.255.255.255:1"] {
+            assert_eq!(ip_word(key(v4)) & 1, 1, "{v4}");
+        }
+        assert_ne!(ip_word(key("0.0.0.0:1")), ip_word(key("[::]:1")));
+        assert_ne!(ip_word(key("192.0.2.7:1")), ip_word(key("192.0.2.8:1")));
         assert_ne!(
-            ip_word("0.0.0.0".parse().unwrap()),
-            ip_word("::".parse().unwrap())
+            ip_word(key("[2001:db8:0:1::1]:1")),
+            ip_word(key("[2001:db8:0:2::1]:1"))
         );
-        assert_ne!(
-            ip_word("192.0.2.7".parse().unwrap()),
-            ip_word("192.0.2.8".parse().unwrap())
+        // Two addresses of one /64 are one key.
+        assert_eq!(
+            ip_word(key("[2001:db8:0:1::1]:1")),
+            ip_word(key("[2001:db8:0:1::2]:1"))
         );
     }
 

@@ -1,15 +1,25 @@
 //! The response futures of [`RateLimit`](crate::RateLimit): [`ResponseFuture`] for a limit
 //! decided in `call`, and, with a limit kept in Redis (feature `redis`),
-//! `RemoteResponseFuture`, which awaits the decision first.
+//! `RemoteResponseFuture`, which awaits the decision first; and how a decided request gets
+//! its future (`respond`).
 
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
+use std::time::Duration;
 
-use http::{HeaderValue, Response};
-use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
+use http::request::Parts;
+use http::{HeaderMap, HeaderValue, Request, Response};
+use overload_signal::protocol::{Protocol, RATELIMIT, RATELIMIT_POLICY};
+use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use pin_project_lite::pin_project;
+use tower_service::Service;
+
+use super::response::{missing_key, rejection};
+use super::state::RateLimitState;
+use crate::algorithm::{Decision, QuotaStatus};
+use crate::keyed::KeyClass;
 
 #[cfg(feature = "redis")]
 pub use remote::RemoteResponseFuture;
@@ -105,6 +115,85 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
     }
 }
 
+/// The answer to a request once its limit is decided, with the metrics counted; `decided`
+/// is `None` for a request without a key that the missing-key policy rejects.
+///
+/// NOTE: the admitted path is all that is inline; building a rejection, or the `RateLimit`
+/// fields of an admitted response, is out of line, so that a server's hot path carries
+/// none of that code.
+#[inline]
+pub(crate) fn respond<S, ReqBody, ResBody>(
+    state: &RateLimitState,
+    inner: &mut S,
+    parts: Parts,
+    body: ReqBody,
+    decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
+) -> ResponseFuture<S::Future, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    match decided {
+        Some((Decision::Allow, status, _)) => {
+            state.count_admitted();
+            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
+            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
+            // no field describes it.
+            let fields = match status {
+                Some(status) if state.admitted_headers => Some(admitted_fields(state, status)),
+                _ => None,
+            };
+            ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields)
+        }
+        Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
+            refuse(state, &parts.headers, Some((retry_after, status, class))),
+        ),
+        Some((Decision::OverCapacity { .. }, status, class)) => ResponseFuture::answered(refuse(
+            state,
+            &parts.headers,
+            Some((state.window, status, class)),
+        )),
+        None => ResponseFuture::answered(refuse(state, &parts.headers, None)),
+    }
+}
+
+/// The `RateLimit-Policy` and `RateLimit` fields of an admitted response.
+#[inline(never)]
+fn admitted_fields(state: &RateLimitState, status: QuotaStatus) -> Box<(HeaderValue, HeaderValue)> {
+    Box::new((
+        state.policy_header.clone(),
+        state.policy.status(status.remaining, status.reset),
+    ))
+}
+
+/// The answer to a request the layer refuses: over the limit, to be retried after the
+/// duration given, or without a key that the missing-key policy rejects (`refused` is
+/// `None`).
+#[inline(never)]
+fn refuse<B: Default>(
+    state: &RateLimitState,
+    headers: &HeaderMap,
+    refused: Option<(Duration, Option<QuotaStatus>, KeyClass)>,
+) -> Response<B> {
+    let protocol = Protocol::of_headers(headers);
+    let Some((retry_after, status, class)) = refused else {
+        let mut response = missing_key(protocol);
+        response.extensions_mut().insert(
+            Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
+                .with_layer(state.name().clone()),
+        );
+        return response;
+    };
+    // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
+    // reported as a full window.
+    let status = status.unwrap_or(QuotaStatus {
+        remaining: 0,
+        reset: state.window,
+    });
+    state.rejected(class, retry_after);
+    rejection(state, protocol, retry_after, status, class)
+}
+
 #[cfg(feature = "redis")]
 mod remote {
     use std::fmt;
@@ -118,9 +207,8 @@ mod remote {
     use pin_project_lite::pin_project;
     use tower_service::Service;
 
-    use crate::rate_limit::future::ResponseFuture;
+    use crate::rate_limit::future::{ResponseFuture, respond};
     use crate::rate_limit::remote_decision::RemoteDecision;
-    use crate::rate_limit::response::respond;
     use crate::rate_limit::state::RateLimitState;
 
     pin_project! {

@@ -1,102 +1,20 @@
-//! What a request gets once its limit is decided: the inner service's future (admitted),
-//! or the rejection this layer answers with ([`respond`]).
+//! The responses this layer answers with: a rejection ([`rejection`]) and the refusal of a
+//! request without a key ([`missing_key`]).
 
 use std::time::Duration;
 
 use http::header::CONTENT_TYPE;
-use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Request, Response, StatusCode};
+use http::{HeaderValue, Response, StatusCode};
 use overload_signal::protocol::{
     GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
 };
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
-use tower_service::Service;
 
-use super::future::ResponseFuture;
 use super::state::RateLimitState;
-use crate::algorithm::{Decision, QuotaStatus};
+use crate::algorithm::QuotaStatus;
 use crate::keyed::KeyClass;
 
-/// The answer to a request once its limit is decided, with the metrics counted; `decided`
-/// is `None` for a request without a key that the missing-key policy rejects.
-///
-/// NOTE: the admitted path is all that is inline; building a rejection, or the `RateLimit`
-/// fields of an admitted response, is out of line, so that a server's hot path carries
-/// none of that code.
-#[inline]
-pub(crate) fn respond<S, ReqBody, ResBody>(
-    state: &RateLimitState,
-    inner: &mut S,
-    parts: Parts,
-    body: ReqBody,
-    decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
-) -> ResponseFuture<S::Future, ResBody>
-where
-    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    ResBody: Default,
-{
-    match decided {
-        Some((Decision::Allow, status, _)) => {
-            state.count_admitted();
-            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
-            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
-            // no field describes it.
-            let fields = match status {
-                Some(status) if state.admitted_headers => Some(admitted_fields(state, status)),
-                _ => None,
-            };
-            ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields)
-        }
-        Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
-            refuse(state, &parts.headers, Some((retry_after, status, class))),
-        ),
-        Some((Decision::OverCapacity { .. }, status, class)) => ResponseFuture::answered(refuse(
-            state,
-            &parts.headers,
-            Some((state.window, status, class)),
-        )),
-        None => ResponseFuture::answered(refuse(state, &parts.headers, None)),
-    }
-}
-
-/// The `RateLimit-Policy` and `RateLimit` fields of an admitted response.
-#[inline(never)]
-fn admitted_fields(state: &RateLimitState, status: QuotaStatus) -> Box<(HeaderValue, HeaderValue)> {
-    Box::new((
-        state.policy_header.clone(),
-        state.policy.status(status.remaining, status.reset),
-    ))
-}
-
-/// The answer to a request the layer refuses: over the limit, to be retried after the
-/// duration given, or without a key that the missing-key policy rejects (`refused` is
-/// `None`).
-#[inline(never)]
-fn refuse<B: Default>(
-    state: &RateLimitState,
-    headers: &HeaderMap,
-    refused: Option<(Duration, Option<QuotaStatus>, KeyClass)>,
-) -> Response<B> {
-    let protocol = Protocol::of_headers(headers);
-    let Some((retry_after, status, class)) = refused else {
-        let mut response = missing_key(protocol);
-        response.extensions_mut().insert(
-            Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
-                .with_layer(state.name().clone()),
-        );
-        return response;
-    };
-    // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
-    // reported as a full window.
-    let status = status.unwrap_or(QuotaStatus {
-        remaining: 0,
-        reset: state.window,
-    });
-    state.rejected(class, retry_after);
-    rejection(state, protocol, retry_after, status, class)
-}
-
-fn rejection<B: Default>(
+pub(super) fn rejection<B: Default>(
     state: &RateLimitState,
     protocol: Protocol,
     retry_after: Duration,
@@ -131,7 +49,7 @@ fn rejection<B: Default>(
 /// `grpc-status: 13` (`INTERNAL`) in a trailers-only response.
 ///
 /// [`MissingKey::Reject`]: crate::key::MissingKey::Reject
-fn missing_key<B: Default>(protocol: Protocol) -> Response<B> {
+pub(super) fn missing_key<B: Default>(protocol: Protocol) -> Response<B> {
     let mut response = Response::new(B::default());
     match protocol.content_type() {
         None => *response.status_mut() = StatusCode::INTERNAL_SERVER_ERROR,

@@ -9,12 +9,11 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::future::ResponseFuture;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
+use super::future::{ResponseFuture, respond};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteStart;
-use super::response::respond;
 use super::state::RateLimitState;
 
 /// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit is decided in
