@@ -8,9 +8,10 @@
 //! Three things are not the classifier's business; the layer decides them first, whatever
 //! the classifier would say:
 //!
-//! - **the stop signal**: a *failure* (HTTP `429` or `5xx`, or a non-OK gRPC status) that
-//!   carries it is never retried and reaches the caller as [`Overloaded`]. Any other response
-//!   (a `200` that happens to carry `X-Overloaded`, say) is classified as usual;
+//! - **the stop signal**: a *failure* (HTTP `429` or `5xx`, or their gRPC codes: see
+//!   [`Outcome::is_failure`](overload_signal::protocol::Outcome::is_failure)) that carries
+//!   it is never retried and reaches the caller as [`Overloaded`]. Any other response (a
+//!   `200`, or a `404`, that happens to carry `X-Overloaded`, say) is classified as usual;
 //! - **what a retry layer below gave up on** ([`is_final`]): an error with a
 //!   [`GaveUp`] or an [`Overloaded`] in its source chain, or a response whose
 //!   [`RetryInfo`](crate::RetryInfo) says an inner layer gave up, is returned as it is, so
@@ -24,8 +25,11 @@
 //!   gRPC request (`content-type: application/grpc...`): gRPC has no idempotent methods,
 //!   and a gRPC client retries when its service config has a retry policy, so wrapping a
 //!   gRPC client in the retry layer is the opt-in, as a service config is in gRPC;
-//! - responses: `429`, `502`, `503` and `504`; and gRPC responses whose status is in their
-//!   headers (trailers-only responses, the form every rejection takes) with a retryable code:
+//! - responses, in the terms of the workspace's [one
+//!   classification](overload_signal::protocol#outcomes): the HTTP capacity signals (`429`,
+//!   `503`, `504`) and `502`; and gRPC responses (`content-type: application/grpc...`) whose
+//!   status is in their headers (trailers-only responses, the form every rejection takes)
+//!   with a retryable code:
 //!   by default `UNAVAILABLE` (14) and `RESOURCE_EXHAUSTED` (8) (gRPC's retry design, A6,
 //!   whose example policy retries `UNAVAILABLE`, and the protocol's node-local rejection),
 //!   configurable with [`DefaultClassifierBuilder::grpc_retryable_codes`] or
@@ -80,7 +84,7 @@ use http::{HeaderMap, Method, StatusCode};
 use overload_core::ConfigError;
 use overload_signal::Overloaded;
 use overload_signal::protocol::{
-    GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, grpc_status, is_grpc,
+    GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, IDEMPOTENCY_KEY, Outcome, Protocol, is_grpc,
 };
 
 use crate::outcome::{AttemptTimedOut, GaveUp};
@@ -181,15 +185,18 @@ impl Classify for DefaultClassifier {
     }
 
     fn classify_response(&self, status: StatusCode, headers: &HeaderMap) -> Classification {
-        match status {
-            StatusCode::TOO_MANY_REQUESTS
-            | StatusCode::BAD_GATEWAY
-            | StatusCode::SERVICE_UNAVAILABLE
-            | StatusCode::GATEWAY_TIMEOUT => Classification::Retryable,
-            StatusCode::OK if grpc_status(headers).is_some_and(|c| self.is_grpc_retryable(c)) => {
-                Classification::Retryable
-            }
-            _ => Classification::Final,
+        // NOTE: the protocol's one classification (see `overload_signal::protocol`'s
+        // outcomes table): HTTP capacity signals (429, 503, 504) and 502 are retried; a
+        // gRPC status in the head of an answer to a gRPC call, by the configured codes.
+        let outcome = Outcome::of_response(Protocol::of_headers(headers), status, headers);
+        let retryable = match outcome.grpc_status() {
+            Some(code) => self.is_grpc_retryable(code),
+            None => outcome.is_capacity_signal() || status == StatusCode::BAD_GATEWAY,
+        };
+        if retryable {
+            Classification::Retryable
+        } else {
+            Classification::Final
         }
     }
 
@@ -291,14 +298,6 @@ impl fmt::Debug for GrpcCodes {
             .entries((1..=Self::MAX).filter(|&c| self.contains(c)))
             .finish()
     }
-}
-
-/// Whether an outcome with this status and these headers is a failure, the only outcomes on
-/// which the stop signal counts: HTTP `429` or `5xx`, or a non-OK gRPC status in the headers.
-pub(crate) fn is_failure(status: StatusCode, headers: &HeaderMap) -> bool {
-    status == StatusCode::TOO_MANY_REQUESTS
-        || status.is_server_error()
-        || grpc_status(headers).is_some_and(|code| code != 0)
 }
 
 /// Whether `error` is final for any retry layer: a retry layer below gave up on it
@@ -490,6 +489,7 @@ mod tests {
             .build()
             .unwrap();
         let mut h = HeaderMap::new();
+        h.insert("content-type", HeaderValue::from_static("application/grpc"));
         h.insert("grpc-status", HeaderValue::from_static("13"));
         assert_eq!(
             only_internal.classify_response(StatusCode::OK, &h),
@@ -551,26 +551,6 @@ mod tests {
             HeaderValue::from_static("application/grpc-web"),
         );
         assert!(!c.may_retry(&Method::POST, &web));
-    }
-
-    #[test]
-    fn failures_are_429_5xx_and_non_ok_grpc() {
-        let none = HeaderMap::new();
-        for s in [429, 500, 502, 503, 599] {
-            assert!(is_failure(StatusCode::from_u16(s).unwrap(), &none), "{s}");
-        }
-        for s in [200, 204, 301, 400, 404, 428] {
-            assert!(!is_failure(StatusCode::from_u16(s).unwrap(), &none), "{s}");
-        }
-        let grpc = |v: &'static str| {
-            let mut h = HeaderMap::new();
-            h.insert("grpc-status", HeaderValue::from_static(v));
-            is_failure(StatusCode::OK, &h)
-        };
-        assert!(grpc("14"));
-        assert!(grpc("1"));
-        assert!(!grpc("0"));
-        assert!(!grpc("x"));
     }
 
     #[test]

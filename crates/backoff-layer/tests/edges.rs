@@ -180,7 +180,7 @@ async fn a_hostile_hint_gives_up_at_once() {
     let hostile = [
         Reply::Status(503, vec![("retry-after", "99999999999")]),
         Reply::Status(429, vec![("retry-after", "Fri, 31 Dec 9999 23:59:59 GMT")]),
-        grpc("8", &[("grpc-retry-pushback-ms", "99999999999999")]),
+        grpc("8", &[("grpc-retry-pushback-ms", "86400000")]),
         grpc("14", &[("grpc-retry-pushback-ms", "2147483647")]),
     ];
     for reply in hostile {
@@ -408,6 +408,57 @@ async fn grpc_resource_exhausted_is_retried_after_the_pushback() {
     );
     assert_eq!(seen[0].body, seen[1].body, "the message is replayed");
     assert_eq!(seen[1].attempt, Attempt::Number(1));
+}
+
+/// Regression (issue 30, finding 7): a `grpc-retry-pushback-ms` that did not parse was
+/// ignored and the call retried; by gRPC's retry design (A6), a pushback that is negative,
+/// not a number, or beyond the 32-bit range means "do not retry".
+#[tokio::test(start_paused = true)]
+async fn a_pushback_that_does_not_parse_means_do_not_retry() {
+    for junk in ["soon", "1.5", "", "+5", "2147483648", "99999999999999"] {
+        let mock = Mock::new(vec![
+            grpc("14", &[("grpc-retry-pushback-ms", junk)]),
+            grpc("0", &[]),
+        ]);
+        let err = layer()
+            .build()
+            .unwrap()
+            .layer(mock.clone())
+            .oneshot(grpc_call())
+            .await
+            .unwrap_err();
+        assert!(is_overloaded(&*err), "{junk:?}: {err}");
+        assert_eq!(mock.seen().len(), 1, "{junk:?}: never retried");
+    }
+}
+
+/// Regression (issue 30, finding 7): gRPC's retry design (A6) starts the backoff over after
+/// a pushback; the layer went on from where it was.
+#[tokio::test(start_paused = true)]
+async fn a_pushback_starts_the_backoff_over() {
+    let mock = Mock::new(vec![
+        grpc("14", &[]),
+        grpc("14", &[]),
+        grpc("8", &[("grpc-retry-pushback-ms", "10")]),
+        grpc("14", &[]),
+        grpc("0", &[]),
+    ]);
+    // 100 ms, 200 ms, 400 ms, ... without jitter.
+    let backoff = Exponential::builder().jitter(0.0).build().unwrap();
+    let response = layer()
+        .backoff(backoff)
+        .max_attempts(5)
+        .build()
+        .unwrap()
+        .layer(mock.clone())
+        .oneshot(grpc_call())
+        .await
+        .unwrap();
+    assert_eq!(response.headers()["grpc-status"], "0");
+    let seen = mock.seen();
+    let gaps: Vec<Duration> = seen.windows(2).map(|w| w[1].at - w[0].at).collect();
+    // 100, 200; then the backoff's 400 (above the 10 ms pushback); then from the start: 100.
+    assert_eq!(gaps, [100 * MS, 200 * MS, 400 * MS, 100 * MS]);
 }
 
 #[tokio::test(start_paused = true)]

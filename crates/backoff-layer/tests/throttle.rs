@@ -333,7 +333,7 @@ async fn throttling_logs_once_when_it_begins_and_once_when_it_ends() {
         .collect();
     assert_eq!(warnings.len(), 1, "{warnings:#?}");
     assert_eq!(warnings[0].fields["name"], "search");
-    assert_eq!(warnings[0].fields["destination"], "http://bad.test");
+    assert_eq!(warnings[0].fields["destination"], "http://bad.test:80");
     down.store(false, Ordering::Relaxed);
     let _ = drive(&client, "bad.test", Duration::from_secs(3)).await;
     let ended: Vec<_> = logs
@@ -342,7 +342,7 @@ async fn throttling_logs_once_when_it_begins_and_once_when_it_ends() {
         .filter(|l| l.message.contains("client-side throttling ended"))
         .collect();
     assert_eq!(ended.len(), 1, "{ended:#?}");
-    assert_eq!(ended[0].fields["destination"], "http://bad.test");
+    assert_eq!(ended[0].fields["destination"], "http://bad.test:80");
     let lasted: u64 = ended[0].fields["lasted_ms"].parse().unwrap();
     assert!((9_000..=11_000).contains(&lasted), "{lasted}");
 }

@@ -17,10 +17,10 @@
 //! - [`LogThrottle`]: a misconfiguration that requests keep showing (a missing key),
 //!   logged again at most once per interval with the count of what it skipped, never once
 //!   and then forgotten.
-//! - [`spawn_ticker`]: a task that wakes a layer's state at a fixed period for as long as
-//!   the layer lives, so gauges that describe a window fall back to zero when traffic stops
-//!   and an episode ends when its condition has not been seen for a while; [`Ticker`]
-//!   starts it on a layer's first request, once.
+//! - [`Ticker`]: a task that wakes a layer's state at a fixed period for as long as the
+//!   layer lives, so gauges that describe a window fall back to zero when traffic stops and
+//!   an episode ends when its condition has not been seen for a while; started by a layer's
+//!   first request, and again by a later one when the runtime that ran it has shut down.
 //!
 //! ```
 //! use metrics::Counter;
@@ -43,8 +43,12 @@
 //! ```
 
 use std::fmt;
-use std::sync::{Arc, OnceLock, Weak};
+use std::sync::OnceLock;
 use std::time::Duration;
+
+mod ticker;
+
+pub use ticker::{Ticker, spawn_ticker};
 
 use metrics::SharedString;
 
@@ -337,104 +341,8 @@ impl LogThrottle {
     }
 }
 
-/// Calls `tick` with `state` every `period` on the current tokio runtime, for as long as
-/// `state` has another owner; `false` (and nothing spawned) outside a runtime.
-///
-/// The task holds only a weak reference: it ends at the first tick after the layer's last
-/// clone is dropped. Late ticks are delayed, never bunched. Layers start it on their first
-/// request, where a runtime is current, to keep window gauges true while no request comes
-/// and to end [episodes](Episode) whose condition has gone.
-///
-/// The runtime needs its time driver (`Builder::enable_time` or `enable_all`, which
-/// `#[tokio::main]` and every server runtime have), as every timer of the layers does;
-/// without it the ticker task fails at its first tick and the layer falls back to what its
-/// requests update.
-pub fn spawn_ticker<T: Send + Sync + 'static>(
-    state: &Arc<T>,
-    period: Duration,
-    tick: fn(&T),
-) -> bool {
-    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-        return false;
-    };
-    let weak: Weak<T> = Arc::downgrade(state);
-    let period = period.max(Duration::from_millis(1));
-    runtime.spawn(async move {
-        let mut interval = tokio::time::interval_at(tokio::time::Instant::now() + period, period);
-        interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-        loop {
-            interval.tick().await;
-            let Some(state) = weak.upgrade() else { break };
-            tick(&state);
-        }
-    });
-    true
-}
-
-/// A layer's ticker, started by its first request: the one place where the "first request
-/// registers the metrics and starts the ticker" step lives.
-///
-/// [`start`](Self::start) is cheap while the ticker runs (one relaxed load). The first
-/// call claims the start, runs the layer's first-request work and [spawns](spawn_ticker)
-/// the tick; outside a tokio runtime nothing can tick, so the claim is given back and the
-/// next request tries again (running its first-request work again: keep it idempotent).
-#[derive(Debug, Default)]
-pub struct Ticker {
-    running: AtomicBool,
-}
-
-impl Ticker {
-    /// A ticker not started yet.
-    pub fn new() -> Self {
-        Self::default()
-    }
-
-    /// Whether the tick task runs (a layer may leave per-request work to it then).
-    #[inline]
-    pub fn is_running(&self) -> bool {
-        self.running.load(Ordering::Relaxed)
-    }
-
-    /// On every request: if the ticker does not run yet, `first` runs on `state` and
-    /// `tick` is spawned to run on it every `period` (see [`spawn_ticker`]).
-    #[inline]
-    pub fn start<T: Send + Sync + 'static>(
-        &self,
-        state: &Arc<T>,
-        period: Duration,
-        first: impl FnOnce(&T),
-        tick: fn(&T),
-    ) {
-        if !self.is_running() {
-            self.start_cold(state, period, first, tick);
-        }
-    }
-
-    #[cold]
-    fn start_cold<T: Send + Sync + 'static>(
-        &self,
-        state: &Arc<T>,
-        period: Duration,
-        first: impl FnOnce(&T),
-        tick: fn(&T),
-    ) {
-        if self
-            .running
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        first(state);
-        if !spawn_ticker(state, period, tick) {
-            self.running.store(false, Ordering::Release);
-        }
-    }
-}
-
 #[cfg(all(test, not(loom)))]
 mod tests {
-    use std::sync::atomic::AtomicUsize;
 
     use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
@@ -511,21 +419,6 @@ mod tests {
         );
     }
 
-    #[tokio::test(start_paused = true)]
-    async fn the_ticker_runs_while_its_state_lives() {
-        static TICKS: AtomicUsize = AtomicUsize::new(0);
-        let state = Arc::new(());
-        assert!(spawn_ticker(&state, Duration::from_secs(1), |()| {
-            TICKS.fetch_add(1, Ordering::Relaxed);
-        }));
-        tokio::time::sleep(Duration::from_millis(3_500)).await;
-        assert_eq!(TICKS.load(Ordering::Relaxed), 3);
-        drop(state);
-        tokio::time::sleep(Duration::from_secs(5)).await;
-        // The tick after the drop found no state and ended the task.
-        assert_eq!(TICKS.load(Ordering::Relaxed), 3);
-    }
-
     #[test]
     fn a_throttled_log_recurs_once_per_interval_and_counts_what_it_skipped() {
         let throttle = LogThrottle::new(Duration::from_secs(60));
@@ -538,54 +431,6 @@ mod tests {
         assert_eq!(throttle.note(s(66)), None);
         // A clock that starts at zero logs the first occurrence too.
         assert_eq!(LogThrottle::new(Duration::ZERO).note(0), Some(1));
-    }
-
-    #[test]
-    fn a_ticker_outside_a_runtime_is_tried_again_by_the_next_request() {
-        let ticker = Ticker::new();
-        let state = Arc::new(AtomicUsize::new(0));
-        let first = |s: &AtomicUsize| {
-            s.fetch_add(1, Ordering::Relaxed);
-        };
-        ticker.start(&state, Duration::from_secs(1), first, |_| {});
-        ticker.start(&state, Duration::from_secs(1), first, |_| {});
-        assert!(!ticker.is_running());
-        assert_eq!(state.load(Ordering::Relaxed), 2, "each request tried");
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn a_ticker_starts_once_on_the_first_request() {
-        let ticker = Ticker::new();
-        let state = Arc::new((AtomicUsize::new(0), AtomicUsize::new(0)));
-        for _ in 0..5 {
-            ticker.start(
-                &state,
-                Duration::from_secs(1),
-                |s| {
-                    s.0.fetch_add(1, Ordering::Relaxed);
-                },
-                |s| {
-                    s.1.fetch_add(1, Ordering::Relaxed);
-                },
-            );
-        }
-        assert!(ticker.is_running());
-        tokio::time::sleep(Duration::from_millis(2_500)).await;
-        assert_eq!(
-            state.0.load(Ordering::Relaxed),
-            1,
-            "first-request work once"
-        );
-        assert_eq!(state.1.load(Ordering::Relaxed), 2, "one tick task");
-    }
-
-    #[test]
-    fn no_ticker_outside_a_runtime() {
-        assert!(!spawn_ticker(
-            &Arc::new(()),
-            Duration::from_secs(1),
-            |()| {}
-        ));
     }
 }
 

@@ -12,6 +12,7 @@
 //! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
 //! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
 //! | `overload_signal_propagated_total` | counter | `name`; `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
+//! | `overload_signal_errors_answered_total` | counter | `name`; `answer`: `stop_signal`, `deadline_exceeded`, `throttled` or `gave_up` | errors of the inner service answered as the protocol says because a downstream call of the request was marked (see [`propagation`](crate::propagation)): the stop signal, `504`, `503` or `502`, in place of a reset connection |
 //! | `overload_signal_deadline_expired_total` | counter | `name`; `when`: `arrival` or `running` | requests a [`DeadlineLayer`](crate::DeadlineLayer) answered with `504` (gRPC `DEADLINE_EXCEEDED`) because their caller's deadline had passed: on `arrival` (the handler never ran), or while `running` (the work was cancelled) |
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` | for each request expired on arrival, the time since it was sent (from `X-Request-Deadline`'s `t`; 0 for a deadline without a send time): how long it queued |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` | `X-Request-Deadline` or `grpc-timeout` fields that broke the protocol's rules, ignored |
@@ -41,6 +42,10 @@ pub const REJECTIONS_PASSED: &str = "overload_signal_rejections_passed_total";
 /// Counter, labels `name` and `via` (`marker` or `response`): downstream stop signals passed
 /// up.
 pub const PROPAGATED: &str = "overload_signal_propagated_total";
+
+/// Counter, labels `name` and `answer` (`stop_signal`, `deadline_exceeded`, `throttled`,
+/// `gave_up`): errors of the inner service answered because a downstream call was marked.
+pub const ERRORS_ANSWERED: &str = "overload_signal_errors_answered_total";
 
 /// Counter, labels `name` and `when` (`arrival` or `running`): requests answered with the
 /// deadline's outcome because their caller's deadline had passed.

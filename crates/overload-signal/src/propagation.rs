@@ -1,4 +1,4 @@
-//! Carrying a downstream stop signal up through a server, without handler code.
+//! Carrying what a downstream call ended with up through a server, without handler code.
 //!
 //! A server handler that calls a downstream service and gets the stop signal back must
 //! answer its own caller with the stop signal too, or the tier above will retry and undo the
@@ -7,6 +7,16 @@
 //! which the server layer installs around its inner service with [`scope`] and the client
 //! layer raises with [`mark_stop_received`]. Like a [task-local](tokio::task_local), the
 //! marker is current on the thread only while the scoped future is being polled.
+//!
+//! The marker says more than the stop signal: `backoff-layer`'s retry layer also marks a
+//! request that its client-side throttle refused to send, and one it gave up on
+//! ([`mark_downstream`], [`Downstream`]). The overload layer reads the marks when its inner
+//! service returns an **error**: in a server that is a proxy (a tower stack with a retry
+//! layer over a hyper client, behind the overload layer), the retry layer's `Overloaded`,
+//! `Throttled` or `GaveUp` is then answered as the protocol says (the stop signal, `503`,
+//! `504` or `502`) instead of reaching the HTTP server as an error, which resets the
+//! connection: the most retryable failure there is. The adaptive limit reads them too, to
+//! leave out of its measurements what a downstream did.
 //!
 //! # Limits
 //!
@@ -45,10 +55,10 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
-/// The marker of the scope being polled on this thread, if any.
+/// The marker of the scope being polled on this thread: `OUTSIDE` when none, else
+/// `IN_SCOPE` and the marks raised so far.
 const OUTSIDE: u8 = 0;
-const LOWERED: u8 = 1;
-const RAISED: u8 = 2;
+const IN_SCOPE: u8 = 1;
 
 // NOTE: a thread-local with a constant initializer, swapped in for the duration of each poll
 // of a `Scoped` future, as `tokio::task_local!` does, minus what this flag does not need (a
@@ -58,15 +68,80 @@ thread_local! {
     static MARKER: Cell<u8> = const { Cell::new(OUTSIDE) };
 }
 
+/// What a downstream call made inside a request's scope ended with, besides an answer:
+/// one mark of [`Marks`].
+///
+/// Non-exhaustive: a mark may be added.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+#[non_exhaustive]
+pub enum Downstream {
+    /// A downstream answered with the stop signal.
+    StopSignal,
+    /// A client-side throttle refused to send a call: its destination keeps failing.
+    Throttled,
+    /// A retry layer gave up on a call (its attempts, its budget, a server's hint too long).
+    GaveUp,
+    /// A call ran out of its deadline (the caller's, or the retry layer's).
+    DeadlineExceeded,
+}
+
+impl Downstream {
+    const fn bit(self) -> u8 {
+        match self {
+            Self::StopSignal => 1 << 1,
+            Self::Throttled => 1 << 2,
+            Self::GaveUp => 1 << 3,
+            Self::DeadlineExceeded => 1 << 4,
+        }
+    }
+}
+
+/// The marks raised in a request's scope: what its downstream calls ended with. Empty for a
+/// request whose calls all had answers (or that made none).
+#[derive(Clone, Copy, Default, PartialEq, Eq, Hash)]
+pub struct Marks(u8);
+
+impl Marks {
+    /// Whether no mark was raised.
+    pub const fn is_empty(self) -> bool {
+        self.0 == 0
+    }
+
+    /// Whether `mark` was raised.
+    pub const fn contains(self, mark: Downstream) -> bool {
+        self.0 & mark.bit() != 0
+    }
+
+    /// Whether a downstream answered with the stop signal.
+    pub const fn stop_signal(self) -> bool {
+        self.contains(Downstream::StopSignal)
+    }
+}
+
+impl fmt::Debug for Marks {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let all = [
+            Downstream::StopSignal,
+            Downstream::Throttled,
+            Downstream::GaveUp,
+            Downstream::DeadlineExceeded,
+        ];
+        f.debug_set()
+            .entries(all.into_iter().filter(|&m| self.contains(m)))
+            .finish()
+    }
+}
+
 pin_project! {
-    /// A future running inside a stop-signal scope; see [`scope`].
+    /// A future running inside a downstream-marker scope; see [`scope`].
     ///
-    /// While it is polled, [`mark_stop_received`] raises its marker and
-    /// [`in_scope_stop_received`] reads it; [`stop_received`] reads it once it has completed.
+    /// While it is polled, [`mark_downstream`] (and [`mark_stop_received`]) raise its marks
+    /// and [`in_scope_marks`] reads them; [`take_marks`] (and [`stop_received`]) read them
+    /// once it has completed.
     pub struct Scoped<F> {
         #[pin]
         future: F,
-        raised: bool,
+        marks: u8,
     }
 }
 
@@ -75,9 +150,9 @@ impl<F: Future> Future for Scoped<F> {
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let outer = Restore(MARKER.replace(if *this.raised { RAISED } else { LOWERED }));
+        let outer = Restore(MARKER.replace(IN_SCOPE | *this.marks));
         let output = this.future.poll(cx);
-        *this.raised = MARKER.get() == RAISED;
+        *this.marks = MARKER.get() & !IN_SCOPE;
         // The enclosing scope's marker (or none) is put back here, and on a panic too.
         drop(outer);
         output
@@ -87,7 +162,7 @@ impl<F: Future> Future for Scoped<F> {
 impl<F> fmt::Debug for Scoped<F> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("Scoped")
-            .field("raised", &self.raised)
+            .field("marks", &Marks(self.marks))
             .finish_non_exhaustive()
     }
 }
@@ -101,37 +176,54 @@ impl Drop for Restore {
     }
 }
 
-/// Runs `future` with a fresh, lowered stop marker.
+/// Runs `future` with fresh, lowered marks.
 ///
 /// Scopes nest: an inner scope hides the outer one while it runs.
 pub const fn scope<F: Future>(future: F) -> Scoped<F> {
-    Scoped {
-        future,
-        raised: false,
-    }
+    Scoped { future, marks: 0 }
 }
 
-/// Raises the marker of the scope the current task is running in. Returns `false` (and does
+/// Raises `mark` in the scope the current task is running in. Returns `false` (and does
 /// nothing) outside any scope.
-pub fn mark_stop_received() -> bool {
-    if MARKER.get() == OUTSIDE {
+pub fn mark_downstream(mark: Downstream) -> bool {
+    let marker = MARKER.get();
+    if marker == OUTSIDE {
         return false;
     }
-    MARKER.set(RAISED);
+    MARKER.set(marker | mark.bit());
     true
 }
 
-/// Whether the marker of the current scope is raised, for code running inside the scope.
-/// `false` outside any scope.
-pub fn in_scope_stop_received() -> bool {
-    MARKER.get() == RAISED
+/// Raises the stop-signal mark of the scope the current task is running in. Returns `false`
+/// (and does nothing) outside any scope. The same as
+/// `mark_downstream(Downstream::StopSignal)`.
+pub fn mark_stop_received() -> bool {
+    mark_downstream(Downstream::StopSignal)
 }
 
-/// Whether the marker of `scoped` was raised while it ran. Call it once the future has
-/// completed (polling it again afterwards is a bug, as for any future). The marker is taken:
-/// a second call returns `false`.
+/// The marks of the current scope so far, for code running inside the scope (empty outside
+/// any scope).
+pub fn in_scope_marks() -> Marks {
+    Marks(MARKER.get() & !IN_SCOPE)
+}
+
+/// Whether the stop-signal mark of the current scope is raised, for code running inside
+/// the scope. `false` outside any scope.
+pub fn in_scope_stop_received() -> bool {
+    in_scope_marks().stop_signal()
+}
+
+/// The marks raised while `scoped` ran. Call it once the future has completed (polling it
+/// again afterwards is a bug, as for any future). The marks are taken: a second call returns
+/// none.
+pub fn take_marks<F: Future>(scoped: Pin<&mut Scoped<F>>) -> Marks {
+    Marks(std::mem::take(scoped.project().marks))
+}
+
+/// Whether the stop-signal mark of `scoped` was raised while it ran; see [`take_marks`],
+/// which this calls (the marks are taken: a second call returns `false`).
 pub fn stop_received<F: Future>(scoped: Pin<&mut Scoped<F>>) -> bool {
-    std::mem::take(scoped.project().raised)
+    take_marks(scoped).stop_signal()
 }
 
 #[cfg(test)]
@@ -207,6 +299,26 @@ mod tests {
             "the panic must not leave the scope current"
         );
         assert!(!in_scope_stop_received());
+    }
+
+    #[tokio::test]
+    async fn every_mark_is_kept_and_read_apart() {
+        let mut s = pin!(scope(async {
+            assert!(mark_downstream(Downstream::Throttled));
+            tokio::task::yield_now().await;
+            assert!(mark_downstream(Downstream::DeadlineExceeded));
+            in_scope_marks()
+        }));
+        let inside = s.as_mut().await;
+        assert!(inside.contains(Downstream::Throttled));
+        assert!(inside.contains(Downstream::DeadlineExceeded));
+        assert!(!inside.stop_signal() && !inside.contains(Downstream::GaveUp));
+        assert_eq!(format!("{inside:?}"), "{Throttled, DeadlineExceeded}");
+        let taken = take_marks(s.as_mut());
+        assert_eq!(taken, inside);
+        assert!(take_marks(s.as_mut()).is_empty(), "taken once");
+        assert!(!mark_downstream(Downstream::GaveUp), "outside any scope");
+        assert!(in_scope_marks().is_empty());
     }
 
     #[tokio::test]

@@ -10,8 +10,8 @@ use std::time::{Duration, SystemTime};
 
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
-use overload_signal::propagation;
-use overload_signal::protocol::{self, Attempt, GrpcPushback};
+use overload_signal::propagation::{self, Downstream};
+use overload_signal::protocol::{self, Attempt, GrpcPushback, Outcome, Protocol};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -23,7 +23,7 @@ use super::deadline::{OnWire, Timing, attempt_window};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
-use crate::classify::{Classification, is_failure, is_final};
+use crate::classify::{Classification, is_final};
 use crate::outcome::{AttemptTimedOut, GaveUp, GiveUpReason, RetryInfo};
 use crate::throttle::{self, ThrottleTicket};
 
@@ -92,6 +92,9 @@ struct RetryState<B> {
     wire: OnWire,
     /// The previous delay the backoff strategy returned.
     previous_delay: Option<Duration>,
+    /// Attempts sent when the backoff last started over (a server's pushback starts it over,
+    /// as gRPC's retry design, A6, says): the backoff counts retries from there.
+    backoff_origin: u32,
     /// The request's own generator, made at its first retry.
     rng: Option<SmallRng>,
     /// Where the throttle counts this request's outcomes; `None` without a throttle (or for
@@ -118,7 +121,7 @@ enum AttemptVerdict {
     /// Given up on now, for this reason.
     GiveUp(GiveUpReason),
     /// Retryable, with the server's hint for the wait, if any.
-    Retryable(Option<Duration>),
+    Retryable(Option<ServerHint>),
 }
 
 impl<S, B, A> ResponseFuture<S, B, A>
@@ -153,6 +156,7 @@ where
             deadline: timing.deadline,
             wire: timing.wire,
             previous_delay: None,
+            backoff_origin: 0,
             rng: None,
             ticket,
         };
@@ -190,6 +194,7 @@ where
             deadline: None,
             wire: OnWire::Nothing,
             previous_delay: None,
+            backoff_origin: 0,
             rng: None,
             ticket: None,
         };
@@ -214,15 +219,17 @@ impl<B> RetryState<B> {
         self.deadline.is_some_and(|d| Instant::now() >= d)
     }
 
-    /// Tells the throttle how an attempt ended.
+    /// Tells the throttle how an attempt ended: `outcome` for an answer (`None` for an
+    /// error, read from `error`).
     #[inline]
-    fn observe<ResBody>(&self, outcome: &Result<Response<ResBody>, BoxError>) {
+    fn observe(&self, outcome: Option<Outcome>, error: Option<&BoxError>) {
         if let (Some(ticket), Some(throttle)) = (self.ticket, &self.config.throttle) {
-            let outcome = match outcome {
-                Ok(response) => Some(throttle::of_response(response.status(), response.headers())),
-                Err(e) => throttle::of_error(&**e),
+            let counted = match (outcome, error) {
+                (Some(outcome), _) => Some(throttle::of_outcome(outcome)),
+                (None, Some(e)) => throttle::of_error(&**e),
+                (None, None) => None,
             };
-            throttle.record(ticket, outcome);
+            throttle.record(ticket, counted);
         }
     }
 
@@ -231,17 +238,18 @@ impl<B> RetryState<B> {
         &mut self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Next<Response<ResBody>> {
-        self.observe(&outcome);
         let classifier = &*self.config.classifier;
         let verdict = match &outcome {
             Ok(response) => {
                 let (status, headers) = (response.status(), response.headers());
-                // NOTE: the stop signal counts on failures only: a success is a success
-                // whatever its headers (any proxy may add `X-Overloaded`).
-                let failure = is_failure(status, headers);
-                if failure && protocol::is_stop_signal(headers) {
+                // NOTE: the stop signal counts on failures only (the protocol's `Outcome`):
+                // a success is a success whatever its headers (any proxy may add
+                // `X-Overloaded`).
+                let answer = Outcome::of_response(Protocol::of_headers(headers), status, headers);
+                self.observe(Some(answer), None);
+                if answer.is_stop_signal() {
                     AttemptVerdict::Stop
-                } else if failure && self.deadline_passed() {
+                } else if answer.is_failure() && self.deadline_passed() {
                     AttemptVerdict::GiveUp(GiveUpReason::Deadline)
                 } else if classifier.classify_response(status, headers) == Classification::Final {
                     AttemptVerdict::Final
@@ -252,6 +260,7 @@ impl<B> RetryState<B> {
                 }
             }
             Err(e) => {
+                self.observe(None, Some(e));
                 if is_final(&**e) {
                     AttemptVerdict::GivenUpBelow
                 } else if self.deadline_passed() {
@@ -284,14 +293,14 @@ impl<B> RetryState<B> {
         if self.attempts >= config.max_attempts {
             return give_up(self, GiveUpReason::MaxAttempts);
         }
-        if hint.is_some_and(|h| h > config.max_retry_after) {
+        if hint.is_some_and(|h| h.wait > config.max_retry_after) {
             return give_up(self, GiveUpReason::RetryAfterTooLong);
         }
         let Some(body) = self.body.replay() else {
             return give_up(self, GiveUpReason::BodyNotReplayable);
         };
 
-        let retry = self.attempts - 1;
+        let retry = self.attempts - 1 - self.backoff_origin;
         let rng = self
             .rng
             .get_or_insert_with(|| SmallRng::seed_from_u64(config.seeds.next_seed()));
@@ -300,7 +309,18 @@ impl<B> RetryState<B> {
         // A server's hint is a lower bound on the wait, whatever the strategy's own maximum:
         // the server knows when it can take the request again. `max_retry_after` (checked
         // above) is what bounds it.
-        let delay = hint.map_or(backoff, |h| backoff.max(h));
+        let delay = match hint {
+            None => backoff,
+            Some(ServerHint { wait, pushback }) => {
+                if pushback {
+                    // NOTE: gRPC's retry design (A6): after a pushback the backoff starts
+                    // over, from its first delay.
+                    self.backoff_origin = self.attempts;
+                    self.previous_delay = None;
+                }
+                backoff.max(wait)
+            }
+        };
         let now = Instant::now();
         let at = now.checked_add(delay);
         if let Some(deadline) = self.deadline {
@@ -357,7 +377,7 @@ impl<B> RetryState<B> {
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Result<Response<ResBody>, BoxError> {
         self.config.stop_signal_seen();
-        propagation::mark_stop_received();
+        propagation::mark_downstream(Downstream::StopSignal);
         tracing::debug!(attempts = self.attempts, "stop signal received");
         let headers = match outcome {
             Ok(response) => response.into_parts().0.headers,
@@ -376,6 +396,12 @@ impl<B> RetryState<B> {
         if let Some(reason) = gave_up {
             self.config.metrics().gave_up(reason).increment(1);
             tracing::debug!(attempts = self.attempts, %reason, "giving up");
+            // NOTE: a server layer above (the overload layer) answers the caller from these
+            // marks when this error reaches it, instead of letting it reset the connection.
+            propagation::mark_downstream(match reason {
+                GiveUpReason::Deadline => Downstream::DeadlineExceeded,
+                _ => Downstream::GaveUp,
+            });
         }
         let info = RetryInfo {
             attempts: self.attempts,
@@ -405,14 +431,35 @@ fn gave_up_below<ResBody>(response: &Response<ResBody>) -> bool {
         .is_some_and(|info| info.gave_up.is_some())
 }
 
+/// The wait a server asked for, and whether a gRPC pushback asked for it.
+#[derive(Clone, Copy, Debug)]
+struct ServerHint {
+    wait: Duration,
+    pushback: bool,
+}
+
 /// A server's `Retry-After` or (non-negative) `grpc-retry-pushback-ms`, whichever is longer.
-fn server_hint(headers: &HeaderMap) -> Option<Duration> {
+fn server_hint(headers: &HeaderMap) -> Option<ServerHint> {
     let retry_after = protocol::retry_after(headers, SystemTime::now());
     let pushback = match protocol::grpc_pushback(headers) {
         Some(GrpcPushback::Delay(d)) => Some(d),
         _ => None,
     };
-    retry_after.max(pushback)
+    match (retry_after, pushback) {
+        (Some(r), Some(p)) if r > p => Some(ServerHint {
+            wait: r,
+            pushback: false,
+        }),
+        (_, Some(p)) => Some(ServerHint {
+            wait: p,
+            pushback: true,
+        }),
+        (Some(r), None) => Some(ServerHint {
+            wait: r,
+            pushback: false,
+        }),
+        (None, None) => None,
+    }
 }
 
 impl<S, B, A, ResBody> Future for ResponseFuture<S, B, A>
@@ -454,7 +501,7 @@ where
                             let timed_out: Result<Response<ResBody>, BoxError> =
                                 Err(Box::new(AttemptTimedOut::new()));
                             if *this.timer_is_deadline {
-                                this.retry.observe(&timed_out);
+                                this.retry.observe(None, timed_out.as_ref().err());
                                 this.state.set(State::Done);
                                 return Poll::Ready(
                                     this.retry
@@ -542,6 +589,9 @@ where
                     let Some(error) = error.take() else {
                         unreachable!("the refused state holds its error until it is returned");
                     };
+                    // NOTE: marked here, not in `call`: the future is polled inside the
+                    // server's scope, the call is made before it.
+                    propagation::mark_downstream(Downstream::Throttled);
                     this.state.set(State::Done);
                     return Poll::Ready(Err(error));
                 }

@@ -14,6 +14,7 @@ use super::future::ResponseFuture;
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
+use crate::throttle::{ServiceId, Target};
 
 /// Retries requests to the inner service; see the [crate docs](crate).
 ///
@@ -23,6 +24,9 @@ use crate::body::{BodySource, ReplayBody};
 pub struct Retry<S, A = Direct> {
     inner: S,
     config: Arc<RetryConfig>,
+    /// The service the layer wrapped, shared by clones: the throttle's destination for
+    /// requests without an authority.
+    service: ServiceId,
     adapter: PhantomData<fn() -> A>,
 }
 
@@ -31,6 +35,7 @@ impl<S: Clone, A> Clone for Retry<S, A> {
         Self {
             inner: self.inner.clone(),
             config: Arc::clone(&self.config),
+            service: self.service,
             adapter: PhantomData,
         }
     }
@@ -47,10 +52,11 @@ impl<S: fmt::Debug, A> fmt::Debug for Retry<S, A> {
 }
 
 impl<S, A> Retry<S, A> {
-    pub(crate) const fn new(inner: S, config: Arc<RetryConfig>) -> Self {
+    pub(crate) fn new(inner: S, config: Arc<RetryConfig>) -> Self {
         Self {
             inner,
             config,
+            service: ServiceId::next(),
             adapter: PhantomData,
         }
     }
@@ -80,7 +86,7 @@ where
         // The client-side throttle decides first: a refused request is never sent, earns
         // nothing in the budget and fails at once.
         let ticket = match &config.throttle {
-            Some(throttle) => match throttle.admit(&parts.uri) {
+            Some(throttle) => match throttle.admit(Target::of(&parts, self.service)) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
                     let refused = A::throttled(refused);

@@ -12,7 +12,7 @@ use overload_core::telemetry::LayerName;
 use crate::backoff::Seeds;
 use crate::throttle::refused::Throttled;
 use crate::throttle::rule::ThrottleRule;
-use crate::throttle::scope::ThrottleScope;
+use crate::throttle::scope::{Target, ThrottleScope};
 use crate::throttle::shared::{ThrottleSettings, ThrottleShared};
 use crate::throttle::table::{ThrottleOutcome, ThrottleTicket};
 
@@ -152,12 +152,12 @@ impl Throttle {
     /// # Ok::<(), http::uri::InvalidUri>(())
     /// ```
     pub fn probability(&self, uri: &Uri) -> f64 {
-        self.shared.probability(uri)
+        self.shared.probability(Target::uri(uri))
     }
 
     #[inline]
-    pub(crate) fn admit(&self, uri: &Uri) -> Result<Option<ThrottleTicket>, Throttled> {
-        self.shared.admit(uri)
+    pub(crate) fn admit(&self, target: Target<'_>) -> Result<Option<ThrottleTicket>, Throttled> {
+        self.shared.admit(target)
     }
 
     #[inline]
@@ -191,7 +191,7 @@ impl Default for Throttle {
 /// | [`max_probability`](Self::max_probability) | 0.9: one request in ten always probes | Envoy's cap (0.8), a little higher |
 /// | [`min_failures`](Self::min_failures) | 10 per window | Envoy's `rps_threshold`, as a count of failures |
 /// | [`max_destinations`](Self::max_destinations) | 256, beyond them not throttled | |
-/// | [`scope`](Self::scope) | [`ThrottleScope::Destination`]: scheme and authority | the issue's per-destination scope |
+/// | [`scope`](Self::scope) | [`ThrottleScope::Destination`]: scheme, host and port | the SRE book's per-backend throttle |
 /// | [`clock`](Self::clock) | [`TokioClock`] | |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
 ///

@@ -67,33 +67,42 @@
 //!
 //! # What counts
 //!
-//! For each attempt sent (first attempts and retries), its outcome:
+//! For each attempt sent (first attempts and retries), its [outcome in the workspace's
+//! vocabulary](overload_signal::protocol#outcomes):
 //!
-//! - **failed**: a timeout (a per-attempt timeout, the deadline cutting an attempt, tower's
-//!   or tonic's timeout under the layer), any other error from the inner service (a refused
-//!   or reset connection), HTTP `429` and any `5xx` (the stop signal included), and a gRPC
-//!   status in the response headers of `UNAVAILABLE` (14), `RESOURCE_EXHAUSTED` (8) or
-//!   `DEADLINE_EXCEEDED` (4);
-//! - **accepted**: any other response: a success, another `4xx`, another gRPC status (the
-//!   destination answered);
-//! - **neither**: a [`Throttled`] from a throttle below (never sent), an attempt whose
+//! - **failed**: a capacity signal ([`Outcome::is_capacity_signal`]): `429`, `503`, `504`,
+//!   gRPC `DEADLINE_EXCEEDED`, `RESOURCE_EXHAUSTED` and `UNAVAILABLE`, the stop signal, and
+//!   every error without an answer (a timeout, a refused or reset connection);
+//! - **accepted**: any other answer: a success, a client error, and a server failure that
+//!   is not about capacity (a bug's `500`, a `501`, a `502`): the destination answered, and
+//!   a bug is not overload, so a route answering `500` never throttles its host;
+//! - **neither**: a [`Throttled`] from a throttle below (never sent), and an attempt whose
 //!   future its caller dropped (its outcome is never seen: put the timeout under the retry
-//!   layer, as its `attempt_timeout` and deadline are), and a gRPC status sent in trailers
-//!   after the response started (the layer returned the response before it).
+//!   layer, as its `attempt_timeout` and deadline are).
+//!
+//! A gRPC call whose status comes in trailers, after the response started, counts as
+//! accepted: the destination took the call (every rejection, and every capacity signal
+//! gRPC servers send, is a trailers-only answer, whose status is in the headers).
+//!
+//! [`Outcome::is_capacity_signal`]: overload_signal::protocol::Outcome::is_capacity_signal
 //!
 //! # Scope and memory
 //!
-//! Per destination by default: the request URI's scheme and authority
-//! ([`ThrottleScope::Destination`]), so a failing destination never throttles a healthy one
-//! behind the same client stack; [`ThrottleScope::Layer`] makes one state of every request.
-//! A throttle is shared by every clone of the layer that made it (and by every layer given a
-//! clone of it), so behind a pool of client tasks it sees the whole load of each
-//! destination.
+//! Per destination by default: the request URI's scheme, host and port
+//! ([`ThrottleScope::Destination`]; never its user information), so a failing destination
+//! never throttles a healthy one behind the same client stack. [`ThrottleScope::Route`]
+//! keeps each path of a destination apart, a [`ThrottleKey`] in a request's extensions
+//! names a route of your own, and [`ThrottleScope::Layer`] makes one state of every
+//! request. A request without an authority (a tonic generated client's above its
+//! `Channel`) is tracked under the service the layer wrapped, so two channels wrapped by
+//! one layer are two destinations. A throttle is shared by every clone of the layer that
+//! made it (and by every layer given a clone of it), so behind a pool of client tasks it
+//! sees the whole load of each destination.
 //!
 //! The table is fixed at the first request: `max_destinations` (256) slots in buckets of 8,
 //! about 300 bytes each with the tick's window and names (a 256-destination throttle takes
 //! about 75 KiB, allocated on its first request). A destination takes a free slot of its
-//! bucket, found by a keyed hash of its scheme and authority. **Beyond
+//! bucket, found by a keyed hash of its scheme, host and port (and route or key). **Beyond
 //! the bound**, a destination whose bucket holds 8 others is sent **without throttling**
 //! (it fails open: never refused, never counted), counted in
 //! `backoff_layer_throttle_untracked_total` and logged once; a destination without a request
@@ -156,7 +165,7 @@
 //! | highest refusal probability | 0.9: one request in ten always probes ([`Throttle::DEFAULT_MAX_PROBABILITY`]) | Envoy's 0.8 cap, a little higher |
 //! | failures to start | 10 per window ([`Throttle::DEFAULT_MIN_FAILURES`]) | Envoy's `rps_threshold`, counted in failures |
 //! | destinations | 256, beyond them not throttled ([`Throttle::DEFAULT_MAX_DESTINATIONS`]) | |
-//! | scope | scheme and authority ([`ThrottleScope::Destination`]) | the SRE book's per-backend throttle |
+//! | scope | scheme, host and port ([`ThrottleScope::Destination`]) | the SRE book's per-backend throttle |
 //! | name | the retry layer's (`"default"` for one built alone) | |
 //!
 //! # Metrics
@@ -182,17 +191,22 @@
 //!
 //! # Cost and concurrency
 //!
-//! A request to a destination that is not throttled costs a keyed hash of its scheme and
-//! authority, one cache line of keys, one load of its probability, and one `fetch_add` for
+//! A request to a destination that is not throttled costs a keyed hash of its scheme, host
+//! and port, one cache line of keys, one load of its probability, and one `fetch_add` for
 //! its outcome; no lock, no allocation, no clock read. Only the first request to a new
 //! destination allocates (its name, for the gauge), and only a throttled destination's
 //! requests draw a random number. The window's slots are closed by a ticker task that the
 //! first request spawns on its tokio runtime and that ends with the throttle; it takes the
 //! counters with a `swap`, so no outcome is lost. The table's lock-free parts are checked
-//! with [loom](https://docs.rs/loom). Without a runtime nothing ticks and nothing is
-//! refused; if the runtime that ran the ticker shuts down, the next request to a throttled
-//! destination sees the stale ticks, is let through, and starts a ticker on its own
-//! runtime.
+//! with [loom](https://docs.rs/loom).
+//!
+//! **Across runtimes.** A throttle built once and used from several runtimes, one after the
+//! other (a client in a `static`, a synchronous wrapper that builds a runtime per call, a
+//! test suite sharing a client), keeps throttling: when the runtime that ran its ticker
+//! shuts down, the next request starts a ticker on its own runtime. A ticker that is late
+//! (a client starved of CPU) is not taken for a dead one: the throttle keeps refusing at
+//! the last probability until the probes' outcomes move it. Without a runtime nothing ticks
+//! and nothing is refused.
 
 mod config;
 mod evidence;
@@ -211,7 +225,8 @@ mod tests;
 
 pub use config::{Throttle, ThrottleBuilder};
 pub use refused::{Throttled, is_throttled};
-pub use scope::ThrottleScope;
+pub use scope::{ThrottleKey, ThrottleScope};
 
-pub(crate) use evidence::{of_error, of_response};
+pub(crate) use evidence::{of_error, of_outcome};
+pub(crate) use scope::{ServiceId, Target};
 pub(crate) use table::ThrottleTicket;

@@ -1,44 +1,144 @@
-//! [`ThrottleScope`]: which requests share one throttle state, and the key and name of a
-//! request's destination.
+//! [`ThrottleScope`] and [`ThrottleKey`]: which requests share one throttle state, and the
+//! key and name of a request's destination.
 
-use std::hash::BuildHasher;
+use std::borrow::Cow;
+use std::fmt;
+use std::hash::{BuildHasher, Hash, Hasher};
 
 use foldhash::quality::RandomState;
-
 use http::Uri;
+use http::request::Parts;
 
 /// Which requests share one throttle state.
+///
+/// Whatever the scope (but [`Layer`](Self::Layer)), a request carrying a [`ThrottleKey`] in
+/// its extensions is tracked under its destination and that key.
 ///
 /// ```
 /// use backoff_layer::throttle::{Throttle, ThrottleScope};
 ///
 /// // One state for everything the layer sends: a layer in front of one service.
 /// let throttle = Throttle::builder().scope(ThrottleScope::Layer).build()?;
-/// # let _ = throttle;
+/// // One state per path of each destination: a route whose dependency is down does not
+/// // throttle the other routes of its host.
+/// let per_route = Throttle::builder().scope(ThrottleScope::Route).build()?;
+/// # let _ = (throttle, per_route);
 /// # Ok::<(), backoff_layer::ConfigError>(())
 /// ```
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ThrottleScope {
-    /// One state per destination: the request URI's scheme and authority
-    /// (`http://10.0.0.7:8080`), as spelled in the URI. Requests without an authority (a
-    /// tonic `Channel`'s, whose channel fills it in below the layer) share one destination,
-    /// named `(no authority)`. The default.
+    /// One state per destination: the request URI's scheme, host and port
+    /// (`http://10.0.0.7:8080`; the port the scheme implies when the URI has none; never
+    /// the user information, `user:secret@`). A request without an authority (a tonic
+    /// generated client's, whose `Channel` fills the origin in below the layer) is tracked
+    /// under the service the layer wrapped: each `layer.layer(channel)` is a destination of
+    /// its own (or build the client `with_origin`, and its requests carry the origin). The
+    /// default.
     #[default]
     Destination,
+    /// One state per destination and path (the query left out): for a host whose routes
+    /// fail apart, such as one whose `/reports` depend on a database that is down while its
+    /// `/orders` are served. Paths with identifiers in them (`/users/1234`) make a
+    /// destination each, up to the table's size; name routes with a [`ThrottleKey`]
+    /// instead.
+    Route,
     /// One state for every request the layer sends, named `(layer)`: for a layer in front of
     /// one service whatever its requests' URIs say.
     Layer,
 }
 
-/// The key of the destination shared by requests without an authority, and by every
-/// request of a [`ThrottleScope::Layer`] throttle.
-const SHARED_KEY: u64 = 1;
+/// A route name of your own, put in a request's extensions: the throttle tracks the request
+/// under its destination and this key, whatever the [`ThrottleScope`] (but `Layer`).
+///
+/// For routes a path does not name well (`/users/{id}`), or requests of one path that
+/// depend on different things:
+///
+/// ```
+/// use backoff_layer::throttle::ThrottleKey;
+///
+/// let mut request = http::Request::get("http://users.internal/users/1234")
+///     .body(String::new())
+///     .unwrap();
+/// request.extensions_mut().insert(ThrottleKey::new("users.get"));
+/// ```
+#[derive(Clone, PartialEq, Eq, Hash)]
+pub struct ThrottleKey(Cow<'static, str>);
 
-/// The longest destination name a gauge is labelled with, in bytes; longer ones are cut.
+impl ThrottleKey {
+    /// A key of this name. Names longer than 128 bytes are cut in gauges and logs (not in
+    /// the key).
+    pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
+        Self(name.into())
+    }
+
+    /// The key's name.
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Debug for ThrottleKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_tuple("ThrottleKey").field(&self.as_str()).finish()
+    }
+}
+
+/// What the throttle needs of a request to find its destination.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Target<'a> {
+    pub(crate) uri: &'a Uri,
+    pub(crate) key: Option<&'a ThrottleKey>,
+    /// The service the layer wrapped (see [`ServiceId`]): the destination of a request
+    /// without an authority.
+    pub(crate) service: ServiceId,
+}
+
+impl<'a> Target<'a> {
+    /// The target of a request sent through the service `service`.
+    #[inline]
+    pub(crate) fn of(parts: &'a Parts, service: ServiceId) -> Self {
+        Self {
+            uri: &parts.uri,
+            // NOTE: an extension lookup is a branch on an empty map for most requests.
+            key: parts.extensions.get::<ThrottleKey>(),
+            service,
+        }
+    }
+
+    /// The target of a bare URI, sent through no service in particular.
+    pub(crate) const fn uri(uri: &'a Uri) -> Self {
+        Self {
+            uri,
+            key: None,
+            service: ServiceId::NONE,
+        }
+    }
+}
+
+/// One service a layer wrapped (each `Layer::layer` call makes one; clones share it):
+/// requests without an authority are tracked per service.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct ServiceId(u64);
+
+impl ServiceId {
+    const NONE: Self = Self(0);
+
+    /// A new service, numbered from 1 in the process.
+    pub(crate) fn next() -> Self {
+        use std::sync::atomic::{AtomicU64, Ordering};
+        static NEXT: AtomicU64 = AtomicU64::new(1);
+        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+    }
+}
+
+/// The key of every request of a [`ThrottleScope::Layer`] throttle.
+const LAYER_KEY: u64 = 1;
+
+/// The longest destination name a gauge or log is given, in bytes; longer ones are cut.
 const MAX_LABEL: usize = 256;
 
-/// Turns a request's URI into its destination's key (nonzero) and name.
+/// Turns a request's target into its destination's key (nonzero) and name.
 pub(crate) struct DestinationKeys {
     scope: ThrottleScope,
     /// foldhash's quality hasher, seeded at random per throttle: a request's key costs a few
@@ -57,35 +157,65 @@ impl DestinationKeys {
         }
     }
 
-    /// The key of `uri`'s destination: never 0 (a free slot).
+    /// The key of `target`'s destination: never 0 (a free slot).
     #[inline]
-    pub(crate) fn key(&self, uri: &Uri) -> u64 {
-        let authority = match (self.scope, uri.authority()) {
-            (ThrottleScope::Layer, _) | (_, None) => return SHARED_KEY,
-            (ThrottleScope::Destination, Some(authority)) => authority.as_str(),
-        };
-        // NOTE: the authority alone is hashed (one string, not two); the scheme turns the
-        // hash by a bijection of its own, so `http` and `https` of one authority differ.
-        // `| 2` keeps every key apart from 0 (free) and `SHARED_KEY`.
-        let hash = self.hasher.hash_one(authority);
-        let keyed = match uri.scheme_str() {
-            Some("http") | None => hash,
-            Some("https") => hash.rotate_left(21) ^ 0x9E37_79B9_7F4A_7C15,
-            Some(other) => hash ^ self.hasher.hash_one(other).rotate_left(42),
-        };
-        keyed | 2
+    pub(crate) fn key(&self, target: Target<'_>) -> u64 {
+        if self.scope == ThrottleScope::Layer {
+            return LAYER_KEY;
+        }
+        let mut state = self.hasher.build_hasher();
+        match target.uri.authority() {
+            None => {
+                state.write_u8(0);
+                state.write_u64(target.service.0);
+            }
+            Some(authority) => {
+                // NOTE: the host and port, never the user information; the scheme's own
+                // port when none is written, so `http://a` and `http://a:80` are one.
+                state.write_u8(1);
+                authority.host().hash(&mut state);
+                let scheme = target.uri.scheme_str().unwrap_or("http");
+                state.write_u16(authority.port_u16().unwrap_or(default_port(scheme)));
+                scheme.hash(&mut state);
+            }
+        }
+        match target.key {
+            Some(key) => {
+                state.write_u8(2);
+                key.as_str().hash(&mut state);
+            }
+            None if self.scope == ThrottleScope::Route => {
+                state.write_u8(3);
+                target.uri.path().hash(&mut state);
+            }
+            None => {}
+        }
+        // NOTE: `| 2` keeps every key apart from 0 (free) and `LAYER_KEY`.
+        state.finish() | 2
     }
 
-    /// The name of `uri`'s destination, for its gauge and logs.
-    pub(crate) fn label(&self, uri: &Uri) -> Box<str> {
-        let mut label = match (self.scope, uri.authority()) {
-            (ThrottleScope::Layer, _) => return "(layer)".into(),
-            (_, None) => return "(no authority)".into(),
-            (ThrottleScope::Destination, Some(authority)) => match uri.scheme_str() {
-                Some(scheme) => format!("{scheme}://{authority}"),
-                None => authority.to_string(),
-            },
+    /// The name of `target`'s destination, for its gauge and logs: scheme, host and port
+    /// (never the user information), then the route or the key.
+    pub(crate) fn label(&self, target: Target<'_>) -> Box<str> {
+        use std::fmt::Write;
+        if self.scope == ThrottleScope::Layer {
+            return "(layer)".into();
+        }
+        let mut label = match target.uri.authority() {
+            None => format!("(service {})", target.service.0),
+            Some(authority) => {
+                let scheme = target.uri.scheme_str().unwrap_or("http");
+                let port = authority.port_u16().unwrap_or(default_port(scheme));
+                format!("{scheme}://{}:{port}", authority.host())
+            }
         };
+        match target.key {
+            Some(key) => {
+                let _ = write!(label, " [{}]", key.as_str());
+            }
+            None if self.scope == ThrottleScope::Route => label.push_str(target.uri.path()),
+            None => {}
+        }
         if label.len() > MAX_LABEL {
             let mut end = MAX_LABEL;
             while !label.is_char_boundary(end) {
@@ -97,34 +227,129 @@ impl DestinationKeys {
     }
 }
 
+/// The port a scheme implies: 443 for `https` and `wss`, 80 otherwise.
+fn default_port(scheme: &str) -> u16 {
+    if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("wss") {
+        443
+    } else {
+        80
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
 
+    fn parts(uri: &str, key: Option<&'static str>) -> Parts {
+        let mut request = http::Request::get(uri).body(()).unwrap();
+        if let Some(key) = key {
+            request.extensions_mut().insert(ThrottleKey::new(key));
+        }
+        request.into_parts().0
+    }
+
     #[test]
-    fn destinations_are_scheme_and_authority() {
+    fn destinations_are_scheme_host_and_port() {
         let keys = DestinationKeys::new(ThrottleScope::Destination);
-        let key = |s: &str| keys.key(&s.parse().unwrap());
+        let key = |s: &str| keys.key(Target::uri(&s.parse().unwrap()));
         assert_eq!(key("http://a:1/x"), key("http://a:1/y?z"));
         assert_ne!(key("http://a:1/x"), key("http://a:2/x"));
         assert_ne!(key("http://a:1/x"), key("https://a:1/x"));
         assert_ne!(key("http://a:1/x"), key("ws://a:1/x"));
         assert_eq!(key("https://a:1/x"), key("https://a:1/y"));
-        assert_eq!(key("/only/a/path"), SHARED_KEY);
-        assert_ne!(key("http://a:1/"), SHARED_KEY);
+        assert_eq!(key("http://a/x"), key("http://a:80/x"), "the scheme's port");
+        assert_eq!(key("https://a/x"), key("https://a:443/x"));
+        assert_ne!(key("http://a:1/"), LAYER_KEY);
         assert_ne!(key("http://a:1/"), 0);
-        let label = |s: &str| keys.label(&s.parse().unwrap());
+        let label = |s: &str| keys.label(Target::uri(&s.parse().unwrap()));
         assert_eq!(&*label("http://a:1/x"), "http://a:1");
-        assert_eq!(&*label("/x"), "(no authority)");
+        assert_eq!(&*label("https://a/x"), "https://a:443");
         let long = format!("http://{}:1/", "h".repeat(400));
         assert_eq!(label(&long).len(), MAX_LABEL);
+    }
+
+    /// Regression (issue 30, finding 3; and issue 31's finding 5): the key and the label
+    /// were the URI's authority as written, user information included: a secret in every
+    /// gauge and log line, and one destination per set of credentials.
+    #[test]
+    fn user_information_is_never_part_of_a_destination() {
+        let keys = DestinationKeys::new(ThrottleScope::Destination);
+        let with = "http://user:secret@a:1/x".parse().unwrap();
+        let without = "http://a:1/x".parse().unwrap();
+        assert_eq!(
+            keys.key(Target::uri(&with)),
+            keys.key(Target::uri(&without))
+        );
+        let label = keys.label(Target::uri(&with));
+        assert_eq!(&*label, "http://a:1");
+        assert!(!label.contains("secret"));
+    }
+
+    #[test]
+    fn requests_without_an_authority_are_kept_apart_by_service() {
+        let keys = DestinationKeys::new(ThrottleScope::Destination);
+        let path = parts("/pkg.Health/Check", None);
+        let (one, two) = (ServiceId::next(), ServiceId::next());
+        let key = |service| keys.key(Target::of(&path, service));
+        assert_eq!(key(one), key(one));
+        assert_ne!(key(one), key(two));
+        assert!(keys.label(Target::of(&path, one)).starts_with("(service "));
+    }
+
+    #[test]
+    fn routes_and_keys_of_ones_own() {
+        let by_route = DestinationKeys::new(ThrottleScope::Route);
+        let (bad, good) = (
+            parts("http://a:1/bad?x", None),
+            parts("http://a:1/good", None),
+        );
+        let none = ServiceId::NONE;
+        assert_ne!(
+            by_route.key(Target::of(&bad, none)),
+            by_route.key(Target::of(&good, none))
+        );
+        assert_eq!(
+            by_route.key(Target::of(&bad, none)),
+            by_route.key(Target::of(&parts("http://a:1/bad?y", None), none))
+        );
+        assert_eq!(&*by_route.label(Target::of(&bad, none)), "http://a:1/bad");
+
+        let by_host = DestinationKeys::new(ThrottleScope::Destination);
+        let (k1, k2) = (
+            parts("http://a:1/users/1", Some("users.get")),
+            parts("http://a:1/users/2", Some("users.get")),
+        );
+        assert_eq!(
+            by_host.key(Target::of(&k1, none)),
+            by_host.key(Target::of(&k2, none))
+        );
+        assert_ne!(
+            by_host.key(Target::of(&k1, none)),
+            by_host.key(Target::of(&parts("http://a:1/users/1", None), none))
+        );
+        assert_eq!(
+            &*by_host.label(Target::of(&k1, none)),
+            "http://a:1 [users.get]"
+        );
+        // A key is the same whatever the path, in the route scope too.
+        assert_eq!(
+            by_route.key(Target::of(&k1, none)),
+            by_route.key(Target::of(&k2, none))
+        );
     }
 
     #[test]
     fn a_layer_scope_is_one_destination() {
         let keys = DestinationKeys::new(ThrottleScope::Layer);
-        assert_eq!(keys.key(&"http://a:1/".parse().unwrap()), SHARED_KEY);
-        assert_eq!(keys.key(&"http://b:2/".parse().unwrap()), SHARED_KEY);
-        assert_eq!(&*keys.label(&"http://a:1/".parse().unwrap()), "(layer)");
+        let a = parts("http://a:1/", Some("k"));
+        assert_eq!(
+            keys.key(Target::uri(&"http://a:1/".parse().unwrap())),
+            LAYER_KEY
+        );
+        assert_eq!(keys.key(Target::of(&a, ServiceId::next())), LAYER_KEY);
+        assert_eq!(
+            &*keys.label(Target::uri(&"http://a:1/".parse().unwrap())),
+            "(layer)"
+        );
     }
 }

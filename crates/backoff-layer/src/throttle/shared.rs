@@ -6,15 +6,13 @@ use std::sync::mpsc::{Sender, channel};
 use std::sync::{Arc, Mutex, OnceLock, PoisonError};
 use std::time::Duration;
 
-use http::Uri;
 use overload_core::clock::Clock;
-use overload_core::sync::{AtomicU64, Ordering};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 
 use crate::backoff::Seeds;
 use crate::throttle::refused::Throttled;
 use crate::throttle::rule::{ThrottleRule, from_units};
-use crate::throttle::scope::{DestinationKeys, ThrottleScope};
+use crate::throttle::scope::{DestinationKeys, Target, ThrottleScope};
 use crate::throttle::table::{Claim, DestinationTable, ThrottleOutcome, ThrottleTicket};
 use crate::throttle::telemetry::{ThrottleMetrics, untracked_began, untracked_ended};
 use crate::throttle::tick::{ClaimedLabel, TickReport, TickState};
@@ -31,10 +29,6 @@ pub(crate) struct ThrottleSettings {
 
 /// Windows without a request after which a destination's slot is released.
 pub(crate) const IDLE_WINDOWS: u64 = 10;
-
-/// Slots of time without a tick after which the refusal path deems the ticker gone (its
-/// runtime shut down) and admits the request.
-const STALE_SLOTS: u64 = 10;
 
 /// The table and the tick's state, made on the first request.
 struct ThrottleState {
@@ -53,11 +47,10 @@ pub(crate) struct ThrottleShared {
     seeds: Seeds,
     metrics: LazyMetrics<ThrottleMetrics>,
     state: OnceLock<ThrottleState>,
-    /// The ticker that may tick: each spawned ticker ends once this moves past its own.
-    /// 0 until the first ticker is spawned.
-    ticker: AtomicU64,
-    /// When the last tick ran, in the clock's nanoseconds.
-    last_tick: AtomicU64,
+    /// The task that closes a slot of time every `slot_nanos`: started by the first
+    /// request, and again by a later one when the runtime that ran it has shut down (a
+    /// client built once and used from several runtimes).
+    ticker: Ticker,
     /// Requests sent to a destination the table had no room for.
     untracked: Episode,
 }
@@ -88,8 +81,7 @@ impl ThrottleShared {
             seeds,
             metrics: LazyMetrics::new(name),
             state: OnceLock::new(),
-            ticker: AtomicU64::new(0),
-            last_tick: AtomicU64::new(0),
+            ticker: Ticker::new(),
             untracked: Episode::new(),
         }
     }
@@ -117,7 +109,6 @@ impl ThrottleShared {
         });
         let (names, received) = channel();
         let now = self.clock.now();
-        self.last_tick.store(now, Ordering::Relaxed);
         let slots = self.settings.slots as usize;
         let tick = TickState::new(
             table.capacity(),
@@ -134,19 +125,25 @@ impl ThrottleShared {
         }
     }
 
-    /// Decides whether a request to `uri` is sent: `Ok(Some(ticket))` to record its
+    /// Decides whether a request to `target` is sent: `Ok(Some(ticket))` to record its
     /// attempts' outcomes with, `Ok(None)` for a destination the table has no room for
     /// (sent, not throttled), or `Err` when the throttle refuses it.
     #[inline]
-    pub(crate) fn admit(self: &Arc<Self>, uri: &Uri) -> Result<Option<ThrottleTicket>, Throttled> {
+    pub(crate) fn admit(
+        self: &Arc<Self>,
+        target: Target<'_>,
+    ) -> Result<Option<ThrottleTicket>, Throttled> {
         let state = self.state();
-        if self.ticker.load(Ordering::Relaxed) == 0 {
-            self.spawn_ticker();
-        }
-        let key = self.keys.key(uri);
+        self.ticker.start(
+            self,
+            Duration::from_nanos(self.slot_nanos),
+            |_| {},
+            Self::tick_now,
+        );
+        let key = self.keys.key(target);
         let ticket = match state.table.find(key) {
             Some(ticket) => ticket,
-            None => match self.claim(state, key, uri) {
+            None => match self.claim(state, key, target) {
                 Some(ticket) => ticket,
                 None => return Ok(None),
             },
@@ -160,7 +157,7 @@ impl ThrottleShared {
 
     /// A slot for a destination not in the table yet.
     #[cold]
-    fn claim(&self, state: &ThrottleState, key: u64, uri: &Uri) -> Option<ThrottleTicket> {
+    fn claim(&self, state: &ThrottleState, key: u64, target: Target<'_>) -> Option<ThrottleTicket> {
         match state.table.claim(key) {
             Claim::Known(ticket) => Some(ticket),
             Claim::New(ticket) => {
@@ -168,7 +165,7 @@ impl ThrottleShared {
                 // fails only once the tick's state is gone with the throttle.
                 let _ = state
                     .names
-                    .send((ticket.index(), key, self.keys.label(uri)));
+                    .send((ticket.index(), key, self.keys.label(target)));
                 Some(ticket)
             }
             Claim::Full => {
@@ -182,21 +179,18 @@ impl ThrottleShared {
     }
 
     /// The decision for a destination being throttled: refused with `probability`.
+    ///
+    /// NOTE: the probability is the last tick's, however long ago that was: a late tick (a
+    /// client starved of CPU, which is what a storm looks like) is not a dead ticker, and a
+    /// dead one is started again by the next request (see `Ticker`). Refusing stops only
+    /// when the probes' outcomes say so.
     #[cold]
     fn draw(
-        self: &Arc<Self>,
+        &self,
         state: &ThrottleState,
         ticket: ThrottleTicket,
         probability: u64,
     ) -> Result<Option<ThrottleTicket>, Throttled> {
-        let now = self.clock.now();
-        let last = self.last_tick.load(Ordering::Relaxed);
-        if now.saturating_sub(last) > STALE_SLOTS.saturating_mul(self.slot_nanos) {
-            // NOTE: no tick for ten slots: the ticker's runtime is gone. The probability
-            // would never move again, so admit, and start a ticker here.
-            self.spawn_ticker();
-            return Ok(Some(ticket));
-        }
         if self.seeds.next_seed() >> 32 < probability {
             state.table.refused(ticket);
             self.metrics.get().refused.increment(1);
@@ -213,14 +207,14 @@ impl ThrottleShared {
         }
     }
 
-    /// The refusal probability of `uri`'s destination now (0 when it is not tracked).
-    pub(crate) fn probability(&self, uri: &Uri) -> f64 {
+    /// The refusal probability of `target`'s destination now (0 when it is not tracked).
+    pub(crate) fn probability(&self, target: Target<'_>) -> f64 {
         let Some(state) = self.state.get() else {
             return 0.0;
         };
         state
             .table
-            .find(self.keys.key(uri))
+            .find(self.keys.key(target))
             .map_or(0.0, |ticket| from_units(state.table.probability(ticket)))
     }
 
@@ -230,7 +224,6 @@ impl ThrottleShared {
             return TickReport::default();
         };
         let now = self.clock.now();
-        self.last_tick.store(now, Ordering::Relaxed);
         let report = state
             .tick
             .lock()
@@ -245,29 +238,8 @@ impl ThrottleShared {
         report
     }
 
-    /// Spawns the task that ticks every slot of time on the current tokio runtime, for as
-    /// long as the throttle lives; nothing outside a runtime (the next request tries again).
-    /// A ticker spawned later ends the earlier ones.
-    #[cold]
-    fn spawn_ticker(self: &Arc<Self>) {
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return;
-        };
-        let me = self.ticker.fetch_add(1, Ordering::AcqRel) + 1;
-        let weak = Arc::downgrade(self);
-        let period = Duration::from_nanos(self.slot_nanos);
-        runtime.spawn(async move {
-            let start = tokio::time::Instant::now() + period;
-            let mut interval = tokio::time::interval_at(start, period);
-            interval.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
-            loop {
-                interval.tick().await;
-                let Some(shared) = weak.upgrade() else { break };
-                if shared.ticker.load(Ordering::Relaxed) != me {
-                    break;
-                }
-                shared.tick();
-            }
-        });
+    /// What the ticker runs every slot of time.
+    fn tick_now(&self) {
+        let _ = self.tick();
     }
 }

@@ -7,6 +7,7 @@ use http::Uri;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use overload_core::clock::FakeClock;
 
+use super::scope::Target;
 use super::table::ThrottleOutcome::{Accepted, Failed};
 use super::*;
 use crate::backoff::Seeds;
@@ -74,7 +75,7 @@ impl<'a> Traffic<'a> {
                 self.next_tick += SLOT;
                 each_slot(self.now, self.throttle.probability(to));
             }
-            match self.throttle.admit(to) {
+            match self.throttle.admit(Target::uri(to)) {
                 Ok(ticket) => {
                     self.sent += 1;
                     if let (Some(ticket), Some(outcome)) = (ticket, answer(i)) {
@@ -213,7 +214,7 @@ fn a_silent_destination_is_throttled_at_its_first_timeouts() {
                 throttled_at = Some(traffic.now - stopped_at);
             }
         }
-        if let Ok(Some(ticket)) = t.admit(&to) {
+        if let Ok(Some(ticket)) = t.admit(Target::uri(&to)) {
             in_flight.push((step, ticket));
         }
         // Each attempt times out 2 s (200 steps) after it was sent.
@@ -240,7 +241,7 @@ fn it_starts_only_at_min_failures_and_stays_with_fewer() {
     let to = uri("http://few:80/");
     let fail = |n: u32| {
         for _ in 0..n {
-            if let Ok(Some(ticket)) = t.admit(&to) {
+            if let Ok(Some(ticket)) = t.admit(Target::uri(&to)) {
                 t.record(ticket, Some(Failed));
             }
         }
@@ -409,12 +410,12 @@ fn a_failing_destination_never_throttles_a_healthy_one() {
         if step % 20 == 0 {
             t.tick();
         }
-        match t.admit(&bad) {
+        match t.admit(Target::uri(&bad)) {
             Ok(Some(ticket)) => t.record(ticket, Some(Failed)),
             Ok(None) => unreachable!("room for two"),
             Err(_) => refused_bad += 1,
         }
-        match t.admit(&good) {
+        match t.admit(Target::uri(&good)) {
             Ok(Some(ticket)) => t.record(ticket, Some(Accepted)),
             Ok(None) => unreachable!("room for two"),
             Err(_) => refused_good += 1,
@@ -435,13 +436,16 @@ fn destinations_beyond_the_table_are_sent_unthrottled_and_counted() {
             .map(|i| format!("http://host{i}:80/").parse().unwrap())
             .collect();
         // One bucket of 8: the ninth destination finds no room.
-        let tickets: Vec<_> = uris.iter().map(|u| t.admit(u).unwrap()).collect();
+        let tickets: Vec<_> = uris
+            .iter()
+            .map(|u| t.admit(Target::uri(u)).unwrap())
+            .collect();
         let untracked: Vec<usize> = (0..9).filter(|&i| tickets[i].is_none()).collect();
         // Failing, the untracked one is never refused.
         for _ in 0..10 {
             for _ in 0..100 {
                 let u = &uris[untracked[0]];
-                assert!(matches!(t.admit(u), Ok(None)));
+                assert!(matches!(t.admit(Target::uri(u)), Ok(None)));
             }
             clock.advance(SLOT);
             t.tick();
@@ -458,8 +462,11 @@ fn destinations_beyond_the_table_are_sent_unthrottled_and_counted() {
     assert_eq!(counted, Some(DebugValue::Counter(1_001)));
 }
 
+/// Regression (issue 30, finding 1): a ticker that had not ticked for ten slots was taken
+/// for a dead one, and every request let through; but a client starved of CPU (the storm
+/// itself) ticks late. The throttle keeps refusing at the last probability.
 #[test]
-fn a_throttle_whose_ticker_stopped_fails_open() {
+fn a_late_ticker_keeps_the_throttle_refusing() {
     let clock = FakeClock::new();
     let t = throttle(&clock);
     let mut traffic = Traffic::new(&t, &clock);
@@ -472,11 +479,71 @@ fn a_throttle_whose_ticker_stopped_fails_open() {
         |_, _| {},
     );
     assert!((t.probability(&to) - 0.9).abs() < 1e-6);
-    // No tick for 10 slots: the probability would never move again.
-    clock.advance(SLOT * 11);
-    for _ in 0..100 {
-        assert!(t.admit(&to).is_ok(), "admitted while no tick runs");
-    }
+    // No tick for a hundred slots.
+    clock.advance(SLOT * 100);
+    let refused = (0..1_000)
+        .filter(|_| t.admit(Target::uri(&to)).is_err())
+        .count();
+    assert!((850..=950).contains(&refused), "{refused} of 1000 refused");
+}
+
+/// Regression (issue 30, finding 1): the ticker was spawned on the runtime of the first
+/// request, behind a flag that never reset; a client used from a second runtime after the
+/// first was dropped (a `static` client, a runtime per call) never throttled again.
+#[test]
+fn a_throttle_used_from_a_second_runtime_throttles() {
+    let runtime = || {
+        tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .start_paused(true)
+            .build()
+            .unwrap()
+    };
+    // NOTE: a fake clock moved with tokio's paused time: each paused runtime's time starts
+    // anew, the fake clock's goes on.
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let to = uri("http://flaky:80/");
+    let step = |ms: u64| {
+        clock.advance(Duration::from_millis(ms));
+        tokio::time::sleep(Duration::from_millis(ms))
+    };
+    let send = |t: &Throttle, outcome| match t.admit(Target::uri(&to)) {
+        Ok(Some(ticket)) => {
+            t.record(ticket, Some(outcome));
+            true
+        }
+        Ok(None) => unreachable!("room for one"),
+        Err(_) => false,
+    };
+    // The first runtime: a healthy destination, then the runtime goes.
+    let first = runtime();
+    first.block_on(async {
+        for _ in 0..50 {
+            assert!(send(&t, Accepted));
+            step(20).await;
+        }
+    });
+    drop(first);
+    // The second runtime: the destination fails; once the window has forgotten the
+    // successes (2 s), it is throttled at the most.
+    let second = runtime();
+    let refused = second.block_on(async {
+        let mut refused = 0;
+        for _ in 0..300 {
+            if !send(&t, Failed) {
+                refused += 1;
+            }
+            step(10).await;
+        }
+        refused
+    });
+    assert!(
+        (t.probability(&to) - 0.9).abs() < 1e-6,
+        "{}",
+        t.probability(&to)
+    );
+    assert!(refused > 100, "{refused} of 300 refused");
 }
 
 #[test]
@@ -626,7 +693,7 @@ async fn the_ticker_closes_slots_by_itself() {
     let t = Throttle::new();
     let to = uri("http://down:80/");
     for _ in 0..20 {
-        if let Ok(Some(ticket)) = t.admit(&to) {
+        if let Ok(Some(ticket)) = t.admit(Target::uri(&to)) {
             t.record(ticket, Some(Failed));
         }
     }
@@ -635,7 +702,7 @@ async fn the_ticker_closes_slots_by_itself() {
     assert!((t.probability(&to) - 0.9).abs() < 1e-6);
     // Accepts reopen it, at the next slots.
     for _ in 0..200 {
-        if let Ok(Some(ticket)) = t.admit(&to) {
+        if let Ok(Some(ticket)) = t.admit(Target::uri(&to)) {
             t.record(ticket, Some(Accepted));
         }
     }

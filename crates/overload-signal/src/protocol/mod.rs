@@ -19,6 +19,39 @@
 //! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
 //! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`; the header's presence, whatever its value, is the signal | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying` |
 //!
+//! # Outcomes
+//!
+//! Every layer that judges an answer asks one classification, [`Outcome`], and nothing
+//! else: this table is the only list of what counts as what in the workspace. Its
+//! [classes](OutcomeClass) are disjoint; the questions a layer asks are
+//! [`is_capacity_signal`](Outcome::is_capacity_signal) (the caller should send less: a
+//! capacity signal or the stop signal), [`is_failure`](Outcome::is_failure) (a server
+//! failure, a capacity signal or the stop signal: what a client would retry, and the only
+//! answers the stop signal counts on), [`is_server_failure`](Outcome::is_server_failure)
+//! and [`is_stop_signal`](Outcome::is_stop_signal). Whether a failure is *retried* is the
+//! retry layer's classifier's question (by method and idempotency too); its default answer
+//! is in the table.
+//!
+//! | outcome | class | retry layer (default classifier) | client-side throttle | adaptive limit | overload layer |
+//! |---|---|---|---|---|---|
+//! | `1xx`–`3xx`; gRPC `OK`; a gRPC status sent in trailers (the call was taken) | success | final | accepted | latency sample | untouched |
+//! | `4xx` but `429`; gRPC `CANCELLED` (1), `INVALID_ARGUMENT` (3), `NOT_FOUND` (5), `ALREADY_EXISTS` (6), `PERMISSION_DENIED` (7), `FAILED_PRECONDITION` (9), `ABORTED` (10), `OUT_OF_RANGE` (11), `UNAUTHENTICATED` (16) | client error | final | accepted | latency sample | untouched |
+//! | `500`, `501`, `505`–`599`; gRPC `UNKNOWN` (2), `UNIMPLEMENTED` (12), `INTERNAL` (13), `DATA_LOSS` (15) | server failure | final | accepted: a bug is not overload | latency sample | the stop signal if a downstream call of the request received it, else untouched |
+//! | `502` | server failure | retried | accepted | latency sample | as above |
+//! | `429`, `503`, `504`; gRPC `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | capacity signal | retried (gRPC: 8 and 14; the codes are configurable) | failed | latency sample | a rejection marked by a limit of this workspace: judged by the stop rule; a downstream stop signal: rewritten as it; else untouched (judged too with [`judge_every_rejection`](crate::OverloadSignalLayerBuilder::judge_every_rejection)) |
+//! | any failure above carrying the stop signal (`X-Overloaded`; a `grpc-retry-pushback-ms` negative or not a number) | stop signal | never retried: an [`Overloaded`](crate::Overloaded) error | failed | left out | passed on |
+//! | a limit's own rejection (it carries a [`Rejection`](crate::signal::Rejection)) | (its status's) | (its status's) | (its status's) | left out: the service never ran | judged by the stop rule |
+//! | an error: a timeout, a refused connection | capacity signal | retried | failed | an overload failure (see its docs), unless marked | passed on as the error, or answered (below) |
+//! | an error: any other (a reset connection, a TLS failure, ...) | capacity signal | final (the request may have been processed) | failed | as above | as above |
+//! | an [`Overloaded`](crate::Overloaded) error | stop signal | final | failed | left out | the stop signal |
+//! | `backoff-layer`'s `Throttled`: a call the throttle refused to send | none: nothing was sent | final | not counted | left out | `503` with `Retry-After: 1` (gRPC `UNAVAILABLE`, pushback 1000) |
+//! | `backoff-layer`'s `GaveUp`: a retry layer below gave up | (its last outcome's) | final: retries never multiply | counted once, by the layer that sent it | left out | `504` for a deadline (gRPC `DEADLINE_EXCEEDED`), else `502` (gRPC `UNAVAILABLE`) |
+//!
+//! "Left out" (adaptive limit) and "answered" (overload layer) rely on the
+//! [`propagation`](crate::propagation) marks that `backoff-layer`'s retry layer raises in
+//! the request's scope: what a downstream did is not a measure of this service, and an
+//! error in a proxy becomes an answer instead of a reset connection.
+//!
 //! # Examples
 //!
 //! Reading the attempt counter of an incoming request:
@@ -74,6 +107,7 @@ mod attempt;
 mod deadline;
 mod grpc;
 mod headers;
+mod outcome;
 mod ratelimit_fields;
 mod retry_after;
 mod stop;
@@ -92,12 +126,13 @@ pub use headers::{
     IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_OVERLOADED, X_REQUEST_ATTEMPT,
     X_REQUEST_DEADLINE,
 };
+pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
 pub use retry_after::{
     GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback, parse_grpc_pushback,
     parse_retry_after, retry_after,
 };
 pub use stop::{
-    Protocol, is_stop_signal, service_unavailable_response, set_stop_signal, stop_signal_response,
-    too_many_requests_response,
+    Protocol, bad_gateway_response, is_stop_signal, service_unavailable_response, set_stop_signal,
+    stop_signal_response, too_many_requests_response,
 };

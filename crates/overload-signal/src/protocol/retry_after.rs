@@ -58,15 +58,22 @@ pub fn format_retry_after(wait: Duration) -> HeaderValue {
 /// A parsed `grpc-retry-pushback-ms`.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum GrpcPushback {
-    /// Retry no sooner than this.
+    /// Retry no sooner than this (and start the backoff over: gRPC's retry design, A6).
     Delay(Duration),
-    /// A negative value: do not retry (the gRPC form of the stop signal).
+    /// Do not retry: a negative value, or one that is not a 32-bit integer (the gRPC form
+    /// of the stop signal, by gRPC's retry design, A6).
     Stop,
 }
 
-/// Parses a `grpc-retry-pushback-ms` value: a decimal integer of milliseconds, negative for
-/// "do not retry". Junk (empty, fractional, whitespace inside, non-UTF-8, a positive value
-/// over 64 bits) gives `None`.
+/// The largest pushback gRPC's retry design (A6) allows: the value is a signed 32-bit
+/// integer of milliseconds, about 24.8 days.
+const MAX_PUSHBACK_MS: u64 = i32::MAX as u64;
+
+/// Parses a `grpc-retry-pushback-ms` value: a decimal integer of milliseconds, within the
+/// 32-bit signed range. By gRPC's retry design (A6), a negative value **and anything that
+/// does not parse** (empty, fractional, whitespace inside, a sign other than a leading
+/// `-`, non-UTF-8, outside the 32-bit range) mean "do not retry": [`GrpcPushback::Stop`].
+/// Whitespace around the value is allowed; `-0` is zero.
 ///
 /// ```
 /// use std::time::Duration;
@@ -75,40 +82,40 @@ pub enum GrpcPushback {
 ///
 /// assert_eq!(
 ///     parse_grpc_pushback(&HeaderValue::from_static("250")),
-///     Some(GrpcPushback::Delay(Duration::from_millis(250))),
+///     GrpcPushback::Delay(Duration::from_millis(250)),
 /// );
-/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("-1")), Some(GrpcPushback::Stop));
-/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("1.5")), None);
+/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("-1")), GrpcPushback::Stop);
+/// assert_eq!(parse_grpc_pushback(&HeaderValue::from_static("1.5")), GrpcPushback::Stop);
 /// ```
-pub fn parse_grpc_pushback(value: &HeaderValue) -> Option<GrpcPushback> {
+pub fn parse_grpc_pushback(value: &HeaderValue) -> GrpcPushback {
     let text = value.as_bytes().trim_ascii();
-    match text.split_first() {
-        Some((b'-', digits)) => {
-            if digits.is_empty() || !digits.iter().all(u8::is_ascii_digit) {
-                None
-            } else if digits.iter().all(|&b| b == b'0') {
-                // "-0" is zero, not negative.
-                Some(GrpcPushback::Delay(Duration::ZERO))
-            } else {
-                Some(GrpcPushback::Stop)
-            }
+    let (negative, digits) = match text.split_first() {
+        Some((b'-', digits)) => (true, digits),
+        _ => (false, text),
+    };
+    match parse_digits(digits) {
+        Some(0) => GrpcPushback::Delay(Duration::ZERO),
+        Some(ms) if !negative && ms <= MAX_PUSHBACK_MS => {
+            GrpcPushback::Delay(Duration::from_millis(ms))
         }
-        _ => parse_digits(text).map(|ms| GrpcPushback::Delay(Duration::from_millis(ms))),
+        _ => GrpcPushback::Stop,
     }
 }
 
-/// The `grpc-retry-pushback-ms` of a response, if present and well-formed.
+/// The `grpc-retry-pushback-ms` of a response, if present (see [`parse_grpc_pushback`]
+/// for what a value means).
 pub fn grpc_pushback(headers: &HeaderMap) -> Option<GrpcPushback> {
-    parse_grpc_pushback(headers.get(GRPC_RETRY_PUSHBACK_MS)?)
+    headers.get(GRPC_RETRY_PUSHBACK_MS).map(parse_grpc_pushback)
 }
 
-/// Formats a `grpc-retry-pushback-ms` value: whole milliseconds, rounded up.
+/// Formats a `grpc-retry-pushback-ms` value: whole milliseconds, rounded up, at most the
+/// 32-bit limit gRPC allows (`2147483647`, about 24.8 days; a longer wait is sent as that).
 pub fn format_grpc_pushback(wait: Duration) -> HeaderValue {
     let mut ms = u64::try_from(wait.as_millis()).unwrap_or(u64::MAX);
     if wait.subsec_nanos() % 1_000_000 > 0 {
         ms = ms.saturating_add(1);
     }
-    HeaderValue::from(ms)
+    HeaderValue::from(ms.min(MAX_PUSHBACK_MS))
 }
 
 /// One or more ASCII digits into a `u64`; `None` for anything else or on overflow.
@@ -214,20 +221,26 @@ mod tests {
         );
     }
 
+    /// Regression (issue 30, finding 7): a pushback that did not parse was ignored, and a
+    /// retry followed; gRPC's retry design (A6) reads it as "do not retry".
     #[test]
     fn pushback() {
         assert_eq!(
             parse_grpc_pushback(&hv("0")),
-            Some(GrpcPushback::Delay(Duration::ZERO))
+            GrpcPushback::Delay(Duration::ZERO)
         );
         assert_eq!(
             parse_grpc_pushback(&hv("-0")),
-            Some(GrpcPushback::Delay(Duration::ZERO))
+            GrpcPushback::Delay(Duration::ZERO)
         );
-        assert_eq!(parse_grpc_pushback(&hv("-1")), Some(GrpcPushback::Stop));
+        assert_eq!(
+            parse_grpc_pushback(&hv(" 2147483647 ")),
+            GrpcPushback::Delay(Duration::from_millis(2_147_483_647))
+        );
+        assert_eq!(parse_grpc_pushback(&hv("-1")), GrpcPushback::Stop);
         assert_eq!(
             parse_grpc_pushback(&hv("-99999999999999999999999")),
-            Some(GrpcPushback::Stop)
+            GrpcPushback::Stop
         );
         for junk in [
             "",
@@ -236,13 +249,24 @@ mod tests {
             "1.0",
             "1 0",
             "abc",
+            "2147483648",
             "99999999999999999999999",
             "--1",
         ] {
-            assert_eq!(parse_grpc_pushback(&hv(junk)), None, "{junk:?}");
+            assert_eq!(
+                parse_grpc_pushback(&hv(junk)),
+                GrpcPushback::Stop,
+                "{junk:?}"
+            );
         }
+        assert_eq!(
+            parse_grpc_pushback(&HeaderValue::from_bytes(b"\xff1").unwrap()),
+            GrpcPushback::Stop
+        );
+        assert_eq!(grpc_pushback(&HeaderMap::new()), None);
         assert_eq!(format_grpc_pushback(Duration::from_micros(1500)), "2");
         assert_eq!(format_grpc_pushback(Duration::from_millis(7)), "7");
+        assert_eq!(format_grpc_pushback(Duration::MAX), "2147483647");
     }
 
     proptest! {
@@ -286,9 +310,9 @@ mod tests {
         }
 
         #[test]
-        fn pushback_round_trips(ms in 0u64..=u64::MAX) {
+        fn pushback_round_trips(ms in 0u64..=2_147_483_647) {
             let v = format_grpc_pushback(Duration::from_millis(ms));
-            prop_assert_eq!(parse_grpc_pushback(&v), Some(GrpcPushback::Delay(Duration::from_millis(ms))));
+            prop_assert_eq!(parse_grpc_pushback(&v), GrpcPushback::Delay(Duration::from_millis(ms)));
         }
     }
 }

@@ -84,7 +84,8 @@ impl Protocol {
 }
 
 /// Whether a response's headers carry the stop signal: an `X-Overloaded` header (any value,
-/// even empty), or a negative `grpc-retry-pushback-ms`.
+/// even empty), or a `grpc-retry-pushback-ms` that is negative or not a number (gRPC's
+/// retry design, A6, reads both as "do not retry").
 ///
 /// A client that sees it must not retry, and should surface it to its caller.
 pub fn is_stop_signal(headers: &HeaderMap) -> bool {
@@ -94,6 +95,7 @@ pub fn is_stop_signal(headers: &HeaderMap) -> bool {
 const STOP_MESSAGE: &str = "system overloaded, stop retrying";
 const RESOURCE_EXHAUSTED_MESSAGE: &str = "rate limit exceeded, retry later";
 const AT_CAPACITY_MESSAGE: &str = "server at capacity, retry later";
+const BAD_GATEWAY_MESSAGE: &str = "downstream call failed";
 
 /// A new response carrying the stop signal, with an empty (default) body.
 ///
@@ -176,6 +178,26 @@ pub fn service_unavailable_response<B: Default>(
     )
 }
 
+/// A new answer of a proxy whose downstream call failed without an answer to pass on (its
+/// retry layer gave up), with an empty (default) body.
+///
+/// - HTTP: `502 Bad Gateway`.
+/// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `grpc-status: 14`
+///   (UNAVAILABLE, gRPC's code for HTTP 502), `grpc-message`, no pushback.
+pub fn bad_gateway_response<B: Default>(protocol: Protocol) -> Response<B> {
+    let mut response = Response::new(B::default());
+    match protocol.content_type() {
+        None => *response.status_mut() = StatusCode::BAD_GATEWAY,
+        Some(content_type) => {
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_UNAVAILABLE));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static(BAD_GATEWAY_MESSAGE));
+        }
+    }
+    response
+}
+
 /// A "retry later" answer: `status` with `Retry-After` over HTTP; over gRPC (and gRPC-Web),
 /// `code` and `message` with a non-negative pushback.
 fn retry_later_response<B: Default>(
@@ -254,8 +276,9 @@ mod tests {
         assert!(is_stop_signal(&h));
         h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("250"));
         assert!(!is_stop_signal(&h));
+        // gRPC's retry design (A6): a pushback that does not parse means "do not retry".
         h.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("junk"));
-        assert!(!is_stop_signal(&h));
+        assert!(is_stop_signal(&h));
     }
 
     #[test]
@@ -347,6 +370,18 @@ mod tests {
             assert!(!is_stop_signal(limited.headers()) && !is_stop_signal(full.headers()));
             assert!(is_stop_signal(stop.headers()));
         }
+    }
+
+    #[test]
+    fn bad_gateway_rows() {
+        let r = bad_gateway_response::<()>(Protocol::Http);
+        assert_eq!(r.status(), StatusCode::BAD_GATEWAY);
+        assert!(!is_stop_signal(r.headers()));
+        let r = bad_gateway_response::<()>(Protocol::GrpcWeb);
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(r.headers()[CONTENT_TYPE], "application/grpc-web+proto");
+        assert_eq!(grpc_status(r.headers()), Some(14));
+        assert!(r.headers().get(GRPC_RETRY_PUSHBACK_MS).is_none());
     }
 
     #[test]

@@ -63,10 +63,19 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         let mut result = ready!(this.inner.as_mut().poll(cx));
-        if let Ok(response) = &mut result {
-            let downstream_stop = propagation::stop_received(this.inner);
-            this.state
-                .respond(response, *this.protocol, downstream_stop, *this.caller);
+        let marks = propagation::take_marks(this.inner);
+        match &mut result {
+            Ok(response) => {
+                this.state
+                    .respond(response, *this.protocol, marks.stop_signal(), *this.caller);
+            }
+            // NOTE: an error after a downstream call was marked: a proxy's retry layer gave
+            // up, was throttled or was told to stop. Answered, never passed on as an error,
+            // which would reset the caller's connection.
+            Err(_) if !marks.is_empty() => {
+                result = Ok(this.state.answer_error(*this.protocol, marks));
+            }
+            Err(_) => {}
         }
         Poll::Ready(result)
     }

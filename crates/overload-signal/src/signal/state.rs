@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
+use http::Response;
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
-use http::{Response, StatusCode};
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
@@ -16,9 +16,15 @@ use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn, UNKEY
 use super::peer::PeerIp;
 use super::rejection::{Rejection, RejectionKind, RejectionScope};
 use super::rule::StopRule;
-use super::telemetry::{SignalMetrics, StopTrigger, log_disengaged, log_engaged, log_unkeyed};
+use super::telemetry::{
+    ErrorAnswer, SignalMetrics, StopTrigger, log_disengaged, log_engaged, log_unkeyed,
+};
 use crate::histogram::{AttemptClass, AttemptHistogram};
-use crate::protocol::{self, Protocol};
+use crate::propagation::{Downstream, Marks};
+use crate::protocol::{self, Outcome, Protocol};
+
+/// The wait a proxy's answer asks for when its retry layer's throttle refused the call.
+const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
 
 /// What every service made by one layer shares: the histogram, the rule, the caller
 /// ledger, and what the layer reports.
@@ -205,8 +211,9 @@ impl<C: Clock> SignalState<C> {
         // NOTE: every case below is a failure (rejections and stop signals included: 429,
         // 503 and gRPC 8 and 14 are failures), so successes and deliberate 4xx, the admitted
         // path, leave here after a status check, the response not even moved.
-        if is_failure(response, protocol) {
-            self.respond_to_failure(response, protocol, downstream_stop, caller);
+        let outcome = Outcome::of_response(protocol, response.status(), response.headers());
+        if outcome.is_failure() {
+            self.respond_to_failure(response, protocol, outcome, downstream_stop, caller);
         }
     }
 
@@ -218,10 +225,11 @@ impl<C: Clock> SignalState<C> {
         &self,
         response: &mut Response<B>,
         protocol: Protocol,
+        outcome: Outcome,
         downstream_stop: bool,
         caller: Caller,
     ) {
-        if protocol::is_stop_signal(response.headers()) {
+        if outcome.is_stop_signal() {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
             // (or an inner layer sent it). Pass it on.
             self.metrics.get().propagated(false);
@@ -246,7 +254,7 @@ impl<C: Clock> SignalState<C> {
         let rejection = match marked {
             Some(rejection) if rejection.is_judged() => rejection.clone(),
             Some(_) => return,
-            None if self.judge_every && is_rejection(response, protocol) => {
+            None if self.judge_every && outcome.is_capacity_signal() => {
                 Rejection::new(RejectionKind::RateLimited, RejectionScope::Server)
             }
             None => return,
@@ -280,6 +288,52 @@ impl<C: Clock> SignalState<C> {
         }
     }
 
+    /// The answer for an inner service that returned an error after a downstream call of
+    /// the request was marked (`marks` not empty): a proxy's retry layer gave up, was
+    /// throttled, or received the stop signal. An error would reset the caller's connection
+    /// (the most retryable failure there is); this answers as the protocol says instead:
+    ///
+    /// | marked | HTTP | gRPC |
+    /// |---|---|---|
+    /// | the stop signal | `503`, `X-Overloaded` | `UNAVAILABLE`, pushback `-1` |
+    /// | a deadline passed | `504` | `DEADLINE_EXCEEDED` |
+    /// | throttled (not sent) | `503`, `Retry-After: 1` | `UNAVAILABLE`, pushback `1000` |
+    /// | gave up | `502` | `UNAVAILABLE` |
+    #[cold]
+    pub(super) fn answer_error<B: Default>(&self, protocol: Protocol, marks: Marks) -> Response<B> {
+        let (response, answer) = if marks.stop_signal() {
+            let mut response = Response::new(B::default());
+            let rejection = Rejection::new(RejectionKind::StopRetrying, RejectionScope::Server)
+                .with_layer(self.name().clone());
+            rewrite_as_stop_signal(&mut response, protocol, rejection);
+            self.metrics.get().propagated(true);
+            (response, ErrorAnswer::StopSignal)
+        } else if marks.contains(Downstream::DeadlineExceeded) {
+            (
+                protocol::deadline_exceeded_response(protocol),
+                ErrorAnswer::DeadlineExceeded,
+            )
+        } else if marks.contains(Downstream::Throttled) {
+            (
+                protocol::service_unavailable_response(protocol, THROTTLED_RETRY_AFTER),
+                ErrorAnswer::Throttled,
+            )
+        } else {
+            (
+                protocol::bad_gateway_response(protocol),
+                ErrorAnswer::GaveUp,
+            )
+        };
+        tracing::debug!(
+            name = self.name().as_str(),
+            ?marks,
+            status = %response.status(),
+            "the inner service returned an error after a downstream call failed; answering"
+        );
+        self.metrics.get().error_answered(answer);
+        response
+    }
+
     /// The rule on the whole server's window: its retry pressure, and the same with each
     /// caller class's weight capped, both above the threshold. What it judged when it fires.
     fn server_is_drowning(&self, bucket: u64) -> Option<StopTrigger> {
@@ -307,40 +361,6 @@ impl<C: Clock> SignalState<C> {
             retry_share: pressure.unwrap_or(0.0),
         })
     }
-}
-
-/// What looks like a rejection (HTTP 429 or 503; for gRPC also `grpc-status` 8
-/// (RESOURCE_EXHAUSTED) or 14 (UNAVAILABLE) in a trailers-only response): judged, without a
-/// [`Rejection`] marker, only when the layer is told to judge every rejection.
-pub(super) fn is_rejection<B>(response: &Response<B>, protocol: Protocol) -> bool {
-    if matches!(
-        response.status(),
-        StatusCode::TOO_MANY_REQUESTS | StatusCode::SERVICE_UNAVAILABLE
-    ) {
-        return true;
-    }
-    protocol.is_grpc()
-        && matches!(
-            protocol::grpc_status(response.headers()),
-            Some(protocol::GRPC_RESOURCE_EXHAUSTED | protocol::GRPC_UNAVAILABLE)
-        )
-}
-
-/// A failure a client would retry, which a downstream stop signal replaces: HTTP 5xx or
-/// 429; for gRPC also the server-side failure codes in a trailers-only response.
-pub(super) fn is_failure<B>(response: &Response<B>, protocol: Protocol) -> bool {
-    let status = response.status();
-    if status.is_server_error() || status == StatusCode::TOO_MANY_REQUESTS {
-        return true;
-    }
-    // UNKNOWN (2), DEADLINE_EXCEEDED (4), RESOURCE_EXHAUSTED (8), INTERNAL (13),
-    // UNAVAILABLE (14), DATA_LOSS (15): the codes gRPC maps from 5xx and 429. The others
-    // are the caller's fault or a deliberate answer, and are never retried.
-    protocol.is_grpc()
-        && matches!(
-            protocol::grpc_status(response.headers()),
-            Some(2 | 4 | 8 | 13 | 14 | 15)
-        )
 }
 
 /// Rewrites `response` as the stop signal, marked with `rejection` (of kind

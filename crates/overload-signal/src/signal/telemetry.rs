@@ -10,6 +10,34 @@ use super::rule::StopRule;
 use crate::histogram::{AttemptSnapshot, AttemptWindowGauges};
 use crate::metric_names;
 
+/// What the layer answered in place of an inner service's error (the label `answer` of
+/// `overload_signal_errors_answered_total`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) enum ErrorAnswer {
+    StopSignal = 0,
+    DeadlineExceeded = 1,
+    Throttled = 2,
+    GaveUp = 3,
+}
+
+impl ErrorAnswer {
+    const ALL: [Self; 4] = [
+        Self::StopSignal,
+        Self::DeadlineExceeded,
+        Self::Throttled,
+        Self::GaveUp,
+    ];
+
+    const fn as_str(self) -> &'static str {
+        match self {
+            Self::StopSignal => "stop_signal",
+            Self::DeadlineExceeded => "deadline_exceeded",
+            Self::Throttled => "throttled",
+            Self::GaveUp => "gave_up",
+        }
+    }
+}
+
 /// The layer's metric handles, each labelled [`NAME_LABEL`] with the layer's name.
 ///
 /// NOTE: registered on the layer's first request (kept in a `LazyMetrics`), not when the
@@ -22,6 +50,8 @@ pub(crate) struct SignalMetrics {
     rejections_passed: [Counter; 2],
     propagated_marker: Counter,
     propagated_response: Counter,
+    /// Indexed by [`ErrorAnswer`].
+    errors_answered: [Counter; 4],
     unkeyed: Counter,
     window: AttemptWindowGauges,
     window_per_caller_pressure: Gauge,
@@ -40,6 +70,13 @@ impl MetricSet for SignalMetrics {
             rejections_passed: scoped(metric_names::REJECTIONS_PASSED),
             propagated_marker: propagated("marker"),
             propagated_response: propagated("response"),
+            errors_answered: ErrorAnswer::ALL.map(|answer| {
+                metrics::counter!(
+                    metric_names::ERRORS_ANSWERED,
+                    NAME_LABEL => name.label(),
+                    "answer" => answer.as_str()
+                )
+            }),
             unkeyed: metrics::counter!(metric_names::UNKEYED_REQUESTS, NAME_LABEL => name.label()),
             window: AttemptWindowGauges::register(name),
             window_per_caller_pressure: metrics::gauge!(
@@ -69,6 +106,11 @@ impl SignalMetrics {
         } else {
             self.propagated_response.increment(1);
         }
+    }
+
+    /// An inner service's error answered after a downstream call was marked.
+    pub(super) fn error_answered(&self, answer: ErrorAnswer) {
+        self.errors_answered[answer as usize].increment(1);
     }
 
     /// A request without a caller key.

@@ -565,7 +565,6 @@ async fn inner_errors_pass_through() {
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|_req: Request<Body>| async {
-            propagation::mark_stop_received();
             Err::<Response<Body>, _>(std::io::Error::other("boom"))
         }),
     );
@@ -578,6 +577,78 @@ async fn inner_errors_pass_through() {
         .unwrap_err();
     assert_eq!(err.to_string(), "boom");
     assert_eq!(layer.histogram().snapshot().retries(), 1);
+}
+
+/// Regression (issue 30, finding 2): in a proxy (`OverloadProtectionLayer -> RetryLayer ->
+/// hyper client`), the retry layer returns a downstream stop signal as `Err(Overloaded)`,
+/// and gives up or is throttled as `Err` too; the overload layer read the marker only on
+/// `Ok`, so the error reached the HTTP server, which reset the caller's connection. An error
+/// after a marked downstream call is answered as the protocol says.
+#[tokio::test(start_paused = true)]
+async fn an_error_after_a_marked_downstream_call_is_answered_not_passed_on() {
+    use crate::propagation::Downstream;
+    let cases = [
+        (
+            vec![Downstream::StopSignal],
+            StatusCode::SERVICE_UNAVAILABLE,
+            14,
+            true,
+        ),
+        (
+            vec![Downstream::DeadlineExceeded],
+            StatusCode::GATEWAY_TIMEOUT,
+            4,
+            false,
+        ),
+        (
+            vec![Downstream::Throttled],
+            StatusCode::SERVICE_UNAVAILABLE,
+            14,
+            false,
+        ),
+        (vec![Downstream::GaveUp], StatusCode::BAD_GATEWAY, 14, false),
+        // The stop signal wins over what else was marked.
+        (
+            vec![Downstream::GaveUp, Downstream::StopSignal],
+            StatusCode::SERVICE_UNAVAILABLE,
+            14,
+            true,
+        ),
+    ];
+    for (marks, http_status, grpc_code, stop) in cases {
+        for grpc in [false, true] {
+            let layer = OverloadSignalLayer::new();
+            let marks = marks.clone();
+            let mut svc = tower::Layer::layer(
+                &layer,
+                service_fn(move |_req: Request<Body>| {
+                    let marks = marks.clone();
+                    async move {
+                        for mark in marks {
+                            assert!(propagation::mark_downstream(mark));
+                        }
+                        Err::<Response<Body>, _>(std::io::Error::other("downstream"))
+                    }
+                }),
+            );
+            let mut req = request(Some(0));
+            if grpc {
+                req.headers_mut()
+                    .insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+            }
+            let response = svc.ready().await.unwrap().call(req).await.unwrap();
+            if grpc {
+                assert_eq!(response.status(), StatusCode::OK);
+                assert_eq!(protocol::grpc_status(response.headers()), Some(grpc_code));
+            } else {
+                assert_eq!(response.status(), http_status);
+            }
+            assert_eq!(protocol::is_stop_signal(response.headers()), stop, "{grpc}");
+            if http_status == StatusCode::SERVICE_UNAVAILABLE && !stop && !grpc {
+                assert_eq!(response.headers()[RETRY_AFTER], "1");
+            }
+        }
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -11,7 +11,7 @@ use overload_signal::protocol::grpc_status;
 use overload_signal::signal::Rejection;
 use pin_project_lite::pin_project;
 
-use super::state::{AdmittedRequest, CompleteRequest, Outcome};
+use super::state::{AdmittedRequest, CompleteRequest, Completion};
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the inner
@@ -60,7 +60,7 @@ impl AdmissionGuard {
         }
     }
 
-    fn finish(&mut self, outcome: Outcome) {
+    fn finish(&mut self, outcome: Completion) {
         if !self.done {
             self.done = true;
             self.state.complete(&self.admitted, outcome);
@@ -73,7 +73,7 @@ impl Drop for AdmissionGuard {
         if !self.done {
             // NOTE: dropped before completing (the client went away, a timeout above fired):
             // the slot is given back; `complete` decides whether the time it ran is a sample.
-            self.state.complete(&self.admitted, Outcome::Dropped);
+            self.state.complete(&self.admitted, Completion::Dropped);
         }
     }
 }
@@ -100,18 +100,18 @@ impl<F, B> ResponseFuture<F, B> {
     }
 }
 
-/// How an admitted request's response counts: [`Outcome::Ignored`] when a limiting layer
+/// How an admitted request's response counts: [`Completion::Ignored`] when a limiting layer
 /// inside this one made it (it carries a [`Rejection`]: the service never ran, and a global
 /// rate limit's `429`s must not drive this limit down until it, rather than the rate limit,
-/// sheds the excess), [`Outcome::Overloaded`] when [`is_overload`] says so,
-/// [`Outcome::Served`] otherwise.
-pub(super) fn outcome_of<B>(response: &Response<B>) -> Outcome {
+/// sheds the excess), [`Completion::Overloaded`] when [`is_overload`] says so,
+/// [`Completion::Served`] otherwise.
+pub(super) fn outcome_of<B>(response: &Response<B>) -> Completion {
     if response.extensions().get::<Rejection>().is_some() {
-        Outcome::Ignored
+        Completion::Ignored
     } else if is_overload(response) {
-        Outcome::Overloaded
+        Completion::Overloaded
     } else {
-        Outcome::Served
+        Completion::Served
     }
 }
 
@@ -141,7 +141,7 @@ where
                 let result = ready!(future.poll(cx));
                 // NOTE: an error of the inner service (no response at all) is the strongest
                 // sign of trouble there is; it counts as an overload failure.
-                let outcome = result.as_ref().map_or(Outcome::Overloaded, outcome_of);
+                let outcome = result.as_ref().map_or(Completion::Overloaded, outcome_of);
                 guard.finish(outcome);
                 Poll::Ready(result)
             }
@@ -215,14 +215,14 @@ mod tests {
     #[test]
     fn a_limiters_own_rejections_are_neither_samples_nor_failures() {
         use overload_signal::signal::{RejectionKind, RejectionScope};
-        assert_eq!(outcome_of(&status(200)), Outcome::Served);
-        assert_eq!(outcome_of(&status(429)), Outcome::Overloaded);
+        assert_eq!(outcome_of(&status(200)), Completion::Served);
+        assert_eq!(outcome_of(&status(429)), Completion::Overloaded);
         for scope in [RejectionScope::Server, RejectionScope::Caller] {
             let mut limited = status(429);
             limited
                 .extensions_mut()
                 .insert(Rejection::new(RejectionKind::RateLimited, scope));
-            assert_eq!(outcome_of(&limited), Outcome::Ignored, "{scope:?}");
+            assert_eq!(outcome_of(&limited), Completion::Ignored, "{scope:?}");
         }
     }
 }

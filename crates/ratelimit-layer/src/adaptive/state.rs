@@ -71,7 +71,7 @@ pub(super) type ExemptFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
 /// How an admitted request ended, as the limit counts it.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(super) enum Outcome {
+pub(super) enum Completion {
     /// A response that is not an overload failure: its latency is a sample.
     Served,
     /// An overload failure (see [`is_overload`](super::future::is_overload)) or an error of
@@ -282,23 +282,23 @@ pub(super) trait CompleteRequest: Send + Sync + 'static {
     /// timeout layer above this one, a slowing service's requests are dropped, not
     /// completed, and without these samples only the fast completions would be measured and
     /// the limit would hold while most requests time out.
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Outcome);
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Completion);
 }
 
 impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
     #[inline]
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Outcome) {
+    fn complete(&self, admitted: &AdmittedRequest, outcome: Completion) {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
         if admitted.started >= self.sample_floor.load(Ordering::Relaxed) {
             let elapsed = now.saturating_sub(admitted.started);
             match outcome {
-                Outcome::Overloaded => self.sampler.record_failure(),
-                Outcome::Served => self.sampler.record(elapsed),
-                Outcome::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
+                Completion::Overloaded => self.sampler.record_failure(),
+                Completion::Served => self.sampler.record(elapsed),
+                Completion::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
                     self.sampler.record(elapsed);
                 }
-                Outcome::Dropped | Outcome::Ignored => {}
+                Completion::Dropped | Completion::Ignored => {}
             }
         }
         // NOTE: checked whatever the outcome, so that a probe whose requests are all

@@ -131,6 +131,12 @@ async fn a_recorder_installed_after_the_layer_is_built_sees_every_metric() {
     for via in ["marker", "response"] {
         expected.push(with(metric_names::PROPAGATED, Some(("via", via))));
     }
+    for answer in ["stop_signal", "deadline_exceeded", "throttled", "gave_up"] {
+        expected.push(with(
+            metric_names::ERRORS_ANSWERED,
+            Some(("answer", answer)),
+        ));
+    }
     for class in AttemptClass::ALL {
         expected.push(with(
             metric_names::WINDOW_REQUESTS,
