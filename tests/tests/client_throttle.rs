@@ -108,3 +108,115 @@ async fn a_failing_destination_never_throttles_a_healthy_one_behind_the_same_sta
     let sent = failing_seen.load(Ordering::Relaxed);
     assert!(sent < 3 * bad.failed + 1, "{sent} attempts for {bad:?}");
 }
+
+/// Regression (issue 30, finding 3): the throttle counted every `5xx` as a failure and kept
+/// one state per scheme and authority: with `/bad` answering `500` (a bug, not overload) to
+/// 60 % of a host's traffic, about a fifth of the host's `/good` requests were refused
+/// locally, never sent. A `500` is an answer, not a capacity signal: nothing is refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_route_answering_500_never_throttles_its_host() {
+    let host = TestServer::start(|req: Request<hyper::body::Incoming>| async move {
+        let bad = req.uri().path() == "/bad";
+        let mut r = Response::new(Full::new(Bytes::from_static(b"body")));
+        if bad {
+            *r.status_mut() = StatusCode::INTERNAL_SERVER_ERROR;
+        }
+        r
+    })
+    .await
+    .unwrap();
+    let hyper: Client<HttpConnector, ReplayBody<Empty<Bytes>>> =
+        Client::builder(TokioExecutor::new()).build_http();
+    let stack: Stack = BoxCloneService::new(RetryLayer::new().layer(hyper).map_err(Into::into));
+    let for_ = Duration::from_secs(5);
+    let (bad, good) = tokio::join!(
+        drive(&stack, host.url("/bad"), 150, for_),
+        drive(&stack, host.url("/good"), 100, for_),
+    );
+    assert_eq!(good.refused, 0, "{good:?}");
+    assert_eq!(good.ok, 500, "{good:?}");
+    assert_eq!(bad.refused, 0, "a bug is not overload: {bad:?}");
+    assert!((750..=751).contains(&bad.failed), "{bad:?}");
+}
+
+/// Regression (issue 30, finding 3): every tonic channel behind one layer shared one
+/// throttle state (a generated client's requests carry no authority at the layer), so a
+/// failing server throttled the calls to a healthy one. Each channel the layer wraps is a
+/// destination of its own.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_tonic_channels_behind_one_layer_are_two_destinations() {
+    use backoff_layer::adapter::Tonic;
+    use backoff_layer::Retry;
+    use tonic::transport::{Channel, Server};
+    use tonic_health::pb::HealthCheckRequest;
+    use tonic_health::pb::health_client::HealthClient;
+
+    // A gRPC server that answers every call `UNAVAILABLE`, trailers-only.
+    let failing = TestServer::start(|_req: Request<hyper::body::Incoming>| async move {
+        let mut r = Response::new(Full::new(Bytes::new()));
+        let h = r.headers_mut();
+        h.insert("content-type", http::HeaderValue::from_static("application/grpc"));
+        h.insert("grpc-status", http::HeaderValue::from_static("14"));
+        r
+    })
+    .await
+    .unwrap();
+    // A healthy one: tonic's health service.
+    let (_reporter, health) = tonic_health::server::health_reporter();
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let healthy = listener.local_addr().unwrap();
+    let server = tokio::spawn(
+        Server::builder()
+            .add_service(health)
+            .serve_with_incoming(tonic::transport::server::TcpIncoming::from(listener)),
+    );
+    let channel = |url: String| async move {
+        Channel::from_shared(url)
+            .unwrap()
+            .connect_timeout(Duration::from_secs(10))
+            .connect()
+            .await
+            .unwrap()
+    };
+    let layer = RetryLayer::new().for_tonic();
+    let bad: HealthClient<Retry<Channel, Tonic>> =
+        HealthClient::new(layer.layer(channel(failing.url("/").to_string()).await));
+    let good: HealthClient<Retry<Channel, Tonic>> =
+        HealthClient::new(layer.layer(channel(format!("http://{healthy}")).await));
+
+    async fn drive_grpc(
+        client: HealthClient<Retry<Channel, Tonic>>,
+        per_second: u32,
+        for_: Duration,
+    ) -> Ended {
+        let mut tasks = tokio::task::JoinSet::new();
+        let gap = Duration::from_secs(1) / per_second;
+        let start = Instant::now();
+        let mut next = start;
+        while next < start + for_ {
+            tokio::time::sleep_until(next).await;
+            next += gap;
+            let mut client = client.clone();
+            tasks.spawn(async move { client.check(HealthCheckRequest::default()).await });
+        }
+        let mut ended = Ended::default();
+        while let Some(done) = tasks.join_next().await {
+            match done.unwrap() {
+                Ok(_) => ended.ok += 1,
+                Err(status) if is_throttled(&status) => ended.refused += 1,
+                Err(_) => ended.failed += 1,
+            }
+        }
+        ended
+    }
+
+    let for_ = Duration::from_secs(4);
+    let (bad, good) = tokio::join!(
+        drive_grpc(bad, 100, for_),
+        drive_grpc(good, 100, for_),
+    );
+    server.abort();
+    assert_eq!(good.refused, 0, "{good:?}");
+    assert_eq!(good.ok, 400, "{good:?}");
+    assert!(bad.refused > 100, "the failing channel is throttled: {bad:?}");
+}
