@@ -145,8 +145,8 @@ async fn a_route_answering_500_never_throttles_its_host() {
 /// destination of its own.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_tonic_channels_behind_one_layer_are_two_destinations() {
-    use backoff_layer::adapter::Tonic;
     use backoff_layer::Retry;
+    use backoff_layer::adapter::Tonic;
     use tonic::transport::{Channel, Server};
     use tonic_health::pb::HealthCheckRequest;
     use tonic_health::pb::health_client::HealthClient;
@@ -155,7 +155,10 @@ async fn two_tonic_channels_behind_one_layer_are_two_destinations() {
     let failing = TestServer::start(|_req: Request<hyper::body::Incoming>| async move {
         let mut r = Response::new(Full::new(Bytes::new()));
         let h = r.headers_mut();
-        h.insert("content-type", http::HeaderValue::from_static("application/grpc"));
+        h.insert(
+            "content-type",
+            http::HeaderValue::from_static("application/grpc"),
+        );
         h.insert("grpc-status", http::HeaderValue::from_static("14"));
         r
     })
@@ -211,12 +214,12 @@ async fn two_tonic_channels_behind_one_layer_are_two_destinations() {
     }
 
     let for_ = Duration::from_secs(4);
-    let (bad, good) = tokio::join!(
-        drive_grpc(bad, 100, for_),
-        drive_grpc(good, 100, for_),
-    );
+    let (bad, good) = tokio::join!(drive_grpc(bad, 100, for_), drive_grpc(good, 100, for_),);
     server.abort();
     assert_eq!(good.refused, 0, "{good:?}");
     assert_eq!(good.ok, 400, "{good:?}");
-    assert!(bad.refused > 100, "the failing channel is throttled: {bad:?}");
+    assert!(
+        bad.refused > 100,
+        "the failing channel is throttled: {bad:?}"
+    );
 }

@@ -118,7 +118,8 @@ async fn server(signal: OverloadSignalLayer, upstream: SocketAddr) -> SocketAddr
         .layer(
             OverloadProtectionLayer::builder(limit)
                 .signal(signal)
-                .build(),
+                .build()
+                .unwrap(),
         );
     serve(router).await
 }

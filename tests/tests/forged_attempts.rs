@@ -74,7 +74,8 @@ async fn server(signal: OverloadSignalLayer) -> (String, AttemptHistogram) {
     let limit = RateLimitLayer::new(TokenBucket::builder(100).burst(10).build().unwrap());
     let protection = OverloadProtectionLayer::builder(limit)
         .signal(signal)
-        .build();
+        .build()
+        .unwrap();
     let app = Router::new()
         .route("/api", get(|| async { "ok" }))
         .layer(protection);

@@ -17,8 +17,8 @@ use std::convert::Infallible;
 use std::net::SocketAddr;
 use std::time::Duration;
 
-use backoff_layer::{ReplayBody, RetryLayer};
 use backoff_layer::backoff::Fixed;
+use backoff_layer::{ReplayBody, RetryLayer};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::{BodyExt, Empty, Full};
@@ -32,7 +32,6 @@ use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-
 /// An upstream that answers every request with `answer` after `delay`.
 async fn upstream(status: StatusCode, stop_signal: bool, delay: Duration) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
@@ -43,18 +42,20 @@ async fn upstream(status: StatusCode, stop_signal: bool, delay: Duration) -> Soc
                 return;
             };
             tokio::spawn(async move {
-                let service = hyper::service::service_fn(move |_req: Request<Incoming>| async move {
-                    tokio::time::sleep(delay).await;
-                    let mut response = Response::new(Full::new(Bytes::from_static(b"upstream")));
-                    *response.status_mut() = status;
-                    if stop_signal {
-                        response.headers_mut().insert(
-                            protocol::X_OVERLOADED,
-                            http::HeaderValue::from_static(protocol::STOP_RETRYING),
-                        );
-                    }
-                    Ok::<_, Infallible>(response)
-                });
+                let service =
+                    hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+                        tokio::time::sleep(delay).await;
+                        let mut response =
+                            Response::new(Full::new(Bytes::from_static(b"upstream")));
+                        *response.status_mut() = status;
+                        if stop_signal {
+                            response.headers_mut().insert(
+                                protocol::X_OVERLOADED,
+                                http::HeaderValue::from_static(protocol::STOP_RETRYING),
+                            );
+                        }
+                        Ok::<_, Infallible>(response)
+                    });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
@@ -123,7 +124,10 @@ async fn call(gateway: SocketAddr) -> Result<Response<()>, String> {
     let request = Request::get(format!("http://{gateway}/"))
         .body(Empty::new())
         .unwrap();
-    let response = client.request(request).await.map_err(|e| format!("{e:?}"))?;
+    let response = client
+        .request(request)
+        .await
+        .map_err(|e| format!("{e:?}"))?;
     let (parts, body) = response.into_parts();
     let _ = body.collect().await;
     Ok(Response::from_parts(parts, ()))
@@ -139,7 +143,9 @@ fn retry_after(response: &Response<()>) -> Option<&str> {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_stop_signal_is_answered_as_the_stop_signal() {
     let up = upstream(StatusCode::SERVICE_UNAVAILABLE, true, Duration::ZERO).await;
-    let response = call(gateway(up).await).await.expect("an answer, not a reset");
+    let response = call(gateway(up).await)
+        .await
+        .expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(protocol::is_stop_signal(response.headers()));
 }
@@ -155,7 +161,9 @@ async fn a_downstream_that_refuses_connections_is_a_bad_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_past_the_deadline_is_a_gateway_timeout() {
     let up = upstream(StatusCode::OK, false, Duration::from_secs(5)).await;
-    let response = call(gateway(up).await).await.expect("an answer, not a reset");
+    let response = call(gateway(up).await)
+        .await
+        .expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::GATEWAY_TIMEOUT);
 }
 
@@ -193,7 +201,9 @@ async fn a_throttled_downstream_is_a_503_with_retry_after() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_answer_given_up_on_passes_as_it_was_sent() {
     let up = upstream(StatusCode::SERVICE_UNAVAILABLE, false, Duration::ZERO).await;
-    let response = call(gateway(up).await).await.expect("an answer, not a reset");
+    let response = call(gateway(up).await)
+        .await
+        .expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(!protocol::is_stop_signal(response.headers()));
     assert_eq!(retry_after(&response), None);

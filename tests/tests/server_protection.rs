@@ -125,7 +125,8 @@ async fn tonic_fires_the_stop_signal_behind_the_combined_layer() {
     let histogram = signal.histogram().clone();
     let protection = OverloadProtectionLayer::builder(admits(1).build().unwrap())
         .signal(signal)
-        .build();
+        .build()
+        .unwrap();
     let mut client = tonic_server!(protection);
     let codes = ten_retries(&mut client).await;
     assert_eq!(
@@ -220,7 +221,8 @@ async fn axum_fires_the_stop_signal_behind_the_combined_layer() {
                 .build()
                 .unwrap(),
         )
-        .build();
+        .build()
+        .unwrap();
     let url = axum_server(protection, true).await;
     let client = client_from(Ipv4Addr::LOCALHOST);
     let mut answers = Vec::new();
@@ -255,7 +257,8 @@ async fn axum_per_client_limits_stop_only_the_client_that_storms() {
                 .build()
                 .unwrap(),
         )
-        .build();
+        .build()
+        .unwrap();
     let url = axum_server(protection, true).await;
     let (storm, calm) = (
         client_from(Ipv4Addr::new(127, 0, 0, 21)),

@@ -376,14 +376,16 @@ pub fn app(config: AppConfig) -> Router {
             OverloadProtectionLayer::builder(rate_limit)
                 .signal(overload)
                 .deadline(deadline)
-                .build(),
+                .build()
+                .expect("the demo sets no proxies twice"),
         )),
         Stack::Adaptive { overload, adaptive } => get(api).layer::<_, Infallible>((
             record,
             OverloadProtectionLayer::builder(adaptive)
                 .signal(overload)
                 .deadline(deadline)
-                .build(),
+                .build()
+                .expect("the demo sets no proxies twice"),
         )),
     };
     let router = Router::new()

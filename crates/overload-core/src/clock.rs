@@ -21,6 +21,23 @@
 //! Implement [`Clock`] yourself to read another source, for example a TSC-based clock where
 //! the operating system's monotonic clock is slow to read.
 //!
+//! # How the layers take a clock
+//!
+//! One rule across the workspace: **a clock read on the request path is never a virtual
+//! call.** Every type that reads the time for each request (a [`window`](crate::window),
+//! `overload-signal`'s attempt histogram, `backoff-layer`'s retry budget, `ratelimit-layer`'s
+//! limiters and adaptive limit) takes its clock as a type parameter, `C: Clock =
+//! TokioClock`, and a builder's `.clock(..)` changes the type it builds: the read is inlined
+//! (`CoarseClock`'s costs a few nanoseconds, a vtable call and the lost inlining would
+//! double it). A layer that already makes its per-request decision through a trait object
+//! of its own erases the clock there, inside the decision (`RateLimitLayer`, whose builder
+//! takes the clock as a parameter and whose layer does not carry it), so the type a user
+//! names stays short; the layers that decide in place carry it (`OverloadSignal<S, C>`,
+//! `AdaptiveLimit<S, C>`), defaulted, so that naming them without a test clock is
+//! unchanged. A type that reads the time only off the request path (the client-side
+//! throttle, read by its ticker and when a destination first fills the table) takes it
+//! erased, as `Box<dyn Clock>`, and its type names no clock.
+//!
 //! ```
 //! use std::time::Duration;
 //! use overload_core::clock::{Clock, TokioClock};

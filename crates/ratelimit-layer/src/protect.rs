@@ -98,7 +98,7 @@
 //! let protection = OverloadProtectionLayer::builder(limit)
 //!     .signal(signal)
 //!     .deadline(DeadlineLayer::new())
-//!     .build();
+//!     .build()?;
 //! # drop(protection);
 //! # Ok(())
 //! # }
@@ -204,7 +204,8 @@ impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug for OverloadProtectionLa
 }
 
 /// Builds an [`OverloadProtectionLayer`]; from [`OverloadProtectionLayer::builder`]. Its
-/// parts are layers, already validated, so [`build`](Self::build) cannot fail.
+/// parts are layers, already validated; [`build`](Self::build) checks only that no setting
+/// of this builder silently replaces one of theirs.
 #[must_use]
 pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock, D = Identity> {
     signal: OverloadSignalLayer<C>,
@@ -252,7 +253,8 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
     /// it. Default: no proxy trusted (every request keyed by its peer address: behind a
     /// balancer, all of them by the balancer's).
     ///
-    /// Replaces any proxies set on the layer given to [`signal`](Self::signal).
+    /// Not together with proxies set on the layer given to [`signal`](Self::signal):
+    /// [`build`](Self::build) refuses that rather than replace one set with the other.
     ///
     /// ```
     /// use ratelimit_layer::key::{ClientIp, ForwardedHeader, TrustedProxies};
@@ -265,7 +267,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
     /// let balancer = TrustedProxies::new(ForwardedHeader::XForwardedFor, ["10.0.0.2".parse()?])?;
     /// let protection = OverloadProtectionLayer::builder(limit)
     ///     .trusted_proxies(balancer)
-    ///     .build();
+    ///     .build()?;
     /// # drop(protection);
     /// # Ok::<(), ratelimit_layer::ConfigError>(())
     /// ```
@@ -275,16 +277,31 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
     }
 
     /// Builds the layer.
-    pub fn build(self) -> OverloadProtectionLayer<L, C, D> {
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`](crate::ConfigError) of kind `Conflict` on `trusted_proxies` when
+    /// they are set here and on the layer given to [`signal`](Self::signal) too.
+    pub fn build(self) -> Result<OverloadProtectionLayer<L, C, D>, crate::ConfigError> {
         let signal = match self.proxies {
-            Some(proxies) => self.signal.with_trusted_proxies(proxies),
+            Some(proxies) => {
+                if let Some(theirs) = self.signal.trusted_proxies() {
+                    return Err(crate::ConfigError::conflict(
+                        "trusted_proxies",
+                        format_args!(
+                            "trusted_proxies set on this builder ({proxies:?}) and on the                              overload layer given to `signal` ({theirs:?}): set them once"
+                        ),
+                    ));
+                }
+                self.signal.with_trusted_proxies(proxies)
+            }
             None => self.signal,
         };
-        OverloadProtectionLayer {
+        Ok(OverloadProtectionLayer {
             signal,
             deadline: self.deadline,
             limit: self.limit,
-        }
+        })
     }
 }
 
@@ -334,6 +351,7 @@ mod tests {
         OverloadProtectionLayer::builder(limit)
             .signal(OverloadSignalLayer::builder().rule(rule).build().unwrap())
             .build()
+            .unwrap()
     }
 
     async fn statuses<S>(svc: S) -> Vec<StatusCode>
@@ -394,7 +412,8 @@ mod tests {
         let both =
             OverloadProtectionLayer::builder((tower::layer::layer_fn(|s| s), p.limit().clone()))
                 .signal(p.signal().clone())
-                .build();
+                .build()
+                .unwrap();
         let got = statuses(both.layer(hello())).await;
         assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
         let r = both.layer(hello()).oneshot(retry()).await.unwrap();
@@ -412,7 +431,8 @@ mod tests {
         let with_deadline = OverloadProtectionLayer::builder(p.limit().clone())
             .signal(p.signal().clone())
             .deadline(DeadlineLayer::new())
-            .build();
+            .build()
+            .unwrap();
         let svc = with_deadline.layer(hello());
         let mut expired = Request::new(String::new());
         expired
@@ -441,6 +461,35 @@ mod tests {
         assert!(format!("{:?}", OverloadProtectionLayer::builder(())).contains("limit: ()"));
     }
 
+    /// Regression (issue 30, review item D3): proxies set on this builder silently replaced
+    /// those set on the overload layer given to `signal`.
+    #[test]
+    fn proxies_set_twice_are_refused_not_replaced() {
+        use overload_signal::signal::{ForwardedHeader, TrustedProxies};
+        let proxies = |ip: &str| {
+            TrustedProxies::new(ForwardedHeader::XForwardedFor, [ip.parse().unwrap()]).unwrap()
+        };
+        let signal = OverloadSignalLayer::builder()
+            .trusted_proxies(proxies("10.0.0.2"))
+            .build()
+            .unwrap();
+        let err = OverloadProtectionLayer::builder(())
+            .signal(signal.clone())
+            .trusted_proxies(proxies("10.0.0.3"))
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "trusted_proxies");
+        assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
+        // Either one alone is kept.
+        let theirs = OverloadProtectionLayer::builder(()).signal(signal).build().unwrap();
+        assert!(theirs.signal().trusted_proxies().is_some());
+        let ours = OverloadProtectionLayer::builder(())
+            .trusted_proxies(proxies("10.0.0.3"))
+            .build()
+            .unwrap();
+        assert!(ours.signal().trusted_proxies().is_some());
+    }
+
     /// A layer that may decide in Redis (`RateLimitLayer<Remote>`, here a local limit
     /// converted to that type, as a program that chooses at run time holds it) goes inside
     /// the overload layer the same way.
@@ -454,7 +503,8 @@ mod tests {
         let remote: RateLimitLayer<Remote> = local.limit().clone().into();
         let p = OverloadProtectionLayer::builder(remote)
             .signal(local.signal().clone())
-            .build();
+            .build()
+            .unwrap();
         let got = statuses(p.layer(hello())).await;
         assert_eq!(got.first(), Some(&StatusCode::OK));
         assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));

@@ -119,7 +119,8 @@ async fn trusting_the_balancer_in_the_limit_only_lets_one_forger_stop_everyone()
         .unwrap();
     let protection = OverloadProtectionLayer::builder(limit)
         .signal(signal)
-        .build();
+        .build()
+        .unwrap();
     let honest = storm(protection.layer(hello())).await;
     assert!(honest.stopped > honest.limited, "{honest:?}");
     assert_eq!(honest.clients_stopped.len(), 40, "{honest:?}");
@@ -134,7 +135,8 @@ async fn one_setting_keys_the_limit_and_the_callers_by_the_forwarded_client() {
     let protection = OverloadProtectionLayer::builder(per_client_limit(ClientIp::new()))
         .signal(signal)
         .trusted_proxies(balancer())
-        .build();
+        .build()
+        .unwrap();
     assert_eq!(protection.signal().trusted_proxies(), Some(&balancer()));
     let honest = storm(protection.layer(hello())).await;
     // A rejection of a client over its own limit is judged on its own caller class: only a
@@ -157,7 +159,8 @@ async fn a_client_past_the_balancer_is_keyed_by_its_own_address() {
     // balancer): one bucket, its own, whatever addresses it claims.
     let protection = OverloadProtectionLayer::builder(per_client_limit(ClientIp::new()))
         .trusted_proxies(balancer())
-        .build();
+        .build()
+        .unwrap();
     let mut svc = protection.layer(hello());
     let mut statuses = Vec::new();
     for i in 0..7 {

@@ -150,6 +150,7 @@ impl RetryLayer {
             seeds: None,
             throttle: ThrottleChoice::Default,
             wall: None,
+            contradictions: Contradictions::NONE,
         }
     }
 
@@ -235,7 +236,9 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// - `deadline`, if set, is greater than zero;
 /// - `attempt_timeout`, if set, is greater than zero;
 /// - every code in `grpc_retryable_codes` is a gRPC status other than `OK` (1..=16), and
-///   `grpc_retryable_codes` is not set together with a `classifier` of your own.
+///   `grpc_retryable_codes` is not set together with a `classifier` of your own;
+/// - a setting is not both given and turned off (`deadline` with `no_deadline`, `throttle`
+///   with `no_throttle`): the last call does not silently win.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct RetryBuilder {
     name: Option<String>,
@@ -254,6 +257,44 @@ pub struct RetryBuilder {
     seeds: Option<Arc<Seeds>>,
     wall: Option<Arc<dyn WallClock>>,
     throttle: ThrottleChoice,
+    /// Settings both set and turned off: `build` refuses them.
+    contradictions: Contradictions,
+}
+
+/// Which settings were both given and turned off on one builder (`deadline` and
+/// `no_deadline`, `throttle` and `no_throttle`): `build` refuses that rather than let the
+/// last call win silently.
+#[derive(Clone, Copy, Debug, Default)]
+struct Contradictions {
+    deadline_set: bool,
+    deadline_off: bool,
+    throttle_given: bool,
+    throttle_off: bool,
+}
+
+impl Contradictions {
+    const NONE: Self = Self {
+        deadline_set: false,
+        deadline_off: false,
+        throttle_given: false,
+        throttle_off: false,
+    };
+
+    fn check(self) -> Result<(), ConfigError> {
+        if self.deadline_set && self.deadline_off {
+            return Err(ConfigError::conflict(
+                "deadline",
+                "deadline and no_deadline were both called: keep one",
+            ));
+        }
+        if self.throttle_given && self.throttle_off {
+            return Err(ConfigError::conflict(
+                "throttle",
+                "throttle and no_throttle were both called: keep one",
+            ));
+        }
+        Ok(())
+    }
 }
 
 /// The throttle a builder gives its layer.
@@ -325,6 +366,7 @@ impl RetryBuilder {
     pub const fn deadline(mut self, deadline: Duration) -> Self {
         self.deadline = Some(deadline);
         self.deadline_on_wire = true;
+        self.contradictions.deadline_set = true;
         self
     }
 
@@ -333,9 +375,12 @@ impl RetryBuilder {
     /// the layer still honours and sends). For a caller with a deadline of its own above the
     /// layer, or a stack with a per-attempt timeout that bounds every attempt. Without a
     /// deadline nor a timeout, an attempt to a downstream that never answers never ends.
+    ///
+    /// Not with [`deadline`](Self::deadline): [`build`](Self::build) refuses both.
     pub const fn no_deadline(mut self) -> Self {
         self.deadline = None;
         self.deadline_on_wire = false;
+        self.contradictions.deadline_off = true;
         self
     }
 
@@ -445,13 +490,16 @@ impl RetryBuilder {
     /// [`throttle`](crate::throttle) module says why and how).
     pub fn throttle(mut self, throttle: Throttle) -> Self {
         self.throttle = ThrottleChoice::Given(throttle);
+        self.contradictions.throttle_given = true;
         self
     }
 
     /// No client-side throttle: every request is sent, however its destination has been
-    /// failing (retries are still bounded by the budget).
+    /// failing (retries are still bounded by the budget). Not with
+    /// [`throttle`](Self::throttle): [`build`](Self::build) refuses both.
     pub fn no_throttle(mut self) -> Self {
         self.throttle = ThrottleChoice::Off;
+        self.contradictions.throttle_off = true;
         self
     }
 
@@ -466,6 +514,7 @@ impl RetryBuilder {
             Some(name) => LayerName::new(name)?,
             None => LayerName::default(),
         };
+        self.contradictions.check()?;
         if self.max_attempts == 0 {
             return Err(ConfigError::out_of_range(
                 "max_attempts",

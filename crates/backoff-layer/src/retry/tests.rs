@@ -123,7 +123,7 @@ async fn the_inner_service_is_cloned_only_for_a_request_that_may_be_retried() {
 }
 
 /// A layer makes its own throttle, named after it, unless given one (which keeps its own
-/// name and is shared) or told to have none; the last call wins.
+/// name and is shared) or told to have none; both is refused.
 #[test]
 fn the_throttle_can_be_given_shared_or_turned_off() {
     let debug = |layer: &RetryLayer| format!("{layer:?}");
@@ -147,10 +147,29 @@ fn the_throttle_can_be_given_shared_or_turned_off() {
         debug(&given).contains("throttle: Some(Throttle { name: \"inventory\""),
         "{given:?}"
     );
-    let on_again = RetryLayer::builder()
+    // Regression (issue 30, review item D3): the last of `throttle` and `no_throttle` won
+    // silently; so did the last of `deadline` and `no_deadline`.
+    let both = RetryLayer::builder()
         .no_throttle()
-        .throttle(mine)
+        .throttle(mine.clone())
         .build()
-        .unwrap();
-    assert!(debug(&on_again).contains("throttle: Some("), "{on_again:?}");
+        .unwrap_err();
+    assert_eq!(both.field(), "throttle");
+    assert_eq!(both.kind(), crate::ConfigErrorKind::Conflict);
+    assert_eq!(
+        both.to_string(),
+        "throttle and no_throttle were both called: keep one"
+    );
+    let both = RetryLayer::builder()
+        .throttle(mine)
+        .no_throttle()
+        .build()
+        .unwrap_err();
+    assert_eq!(both.field(), "throttle");
+    let both = RetryLayer::builder()
+        .deadline(std::time::Duration::from_secs(1))
+        .no_deadline()
+        .build()
+        .unwrap_err();
+    assert_eq!(both.field(), "deadline");
 }

@@ -50,6 +50,18 @@ const LEDGER_COUNTERS: usize = 2 * LANES;
 /// included, passed to both). A closure needs its argument's type written out
 /// (`|parts: &Parts| ...`).
 ///
+/// **Why a trait of its own**, beside `ratelimit-layer`'s `KeyExtractor` (which the same
+/// types implement) and its `RedisKey`: this layer keeps no key. It feeds a request's key
+/// to a keyed hash that picks one of its caller classes, once, and forgets it; so the trait
+/// asks for nothing but [`Hash`], is object-safe (the layer holds it as
+/// `Arc<dyn CallerKey>`, and its type names no key), and has no policy for a missing key
+/// (such requests share one class, counted and logged). A rate limit stores a bucket per
+/// key: its `KeyExtractor` needs an owned key with `Eq`, a borrowed form to look a known key
+/// up without allocating, and a policy for a request without one. A Redis-backed limit
+/// names each key in Redis: its `RedisKey` writes bytes that every process of a fleet writes
+/// alike, which a `Hash` (seeded per process) cannot give. One trait for all three would
+/// force the bounds of the strictest on each.
+///
 /// ```
 /// use http::request::Parts;
 /// use overload_signal::OverloadSignalLayer;

@@ -54,6 +54,11 @@ impl MissingKey {
 /// and looks up the header's bytes in place. The two must hash and compare alike, as
 /// [`Borrow`] requires.
 ///
+/// Why it is not `overload-signal`'s `CallerKey`, which the built-in extractors implement
+/// too: a limit stores state per key, so this trait needs an owned, comparable key, a
+/// borrowed lookup and a missing-key policy, where the overload layer only hashes a key into
+/// a class and forgets it (`CallerKey`'s docs say more).
+///
 /// Implemented by [`ClientIp`](super::ClientIp), [`HeaderKey`](super::HeaderKey), and every
 /// closure `Fn(&Parts) -> Option<K>` whose key `K` is `Hash + Eq + Clone + Send + Sync`. A closure
 /// passed to [`RateLimitBuilder::key_by`](crate::RateLimitBuilder::key_by) needs its
