@@ -148,15 +148,13 @@ fn only_an_explicit_deadline_goes_on_the_wire_and_no_deadline_removes_it() {
         (Some(s(3)), true)
     );
     assert_eq!(config(RetryLayer::builder().no_deadline()), (None, false));
-    // The last call wins.
-    assert_eq!(
-        config(RetryLayer::builder().deadline(s(3)).no_deadline()),
-        (None, false)
-    );
-    assert_eq!(
-        config(RetryLayer::builder().no_deadline().deadline(s(3))),
-        (Some(s(3)), true)
-    );
+    // Both: refused (the last call won silently before issue 30's review item D3).
+    for both in [
+        RetryLayer::builder().deadline(s(3)).no_deadline(),
+        RetryLayer::builder().no_deadline().deadline(s(3)),
+    ] {
+        assert_eq!(both.build().unwrap_err().field(), "deadline");
+    }
 }
 
 #[test]
