@@ -247,6 +247,15 @@
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
 //! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
 //!
+//! **In a server that is a proxy.** Besides the stop signal, the layer marks the request's
+//! [propagation scope](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html)
+//! when it gives up (a deadline apart from other reasons) and when its throttle refuses a
+//! call. `overload-signal`'s overload layer, outside, answers its caller from these marks
+//! when the error reaches it (the stop signal, `504`, `503` with `Retry-After`, `502`),
+//! instead of letting the error reset the caller's connection; the workspace's [outcomes
+//! table](https://docs.rs/overload-signal/latest/overload_signal/protocol/index.html#outcomes)
+//! has every row.
+//!
 //! # Metrics
 //!
 //! Recorded through the [`metrics`](https://docs.rs/metrics) facade (install any recorder;
@@ -275,7 +284,7 @@
 //! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
 //! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's) | requests the client-side throttle refused, never sent |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
-//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` | a destination's refusal probability; registered the first time it is throttled |
+//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled |
 //!
 //! # Logs
 //!
