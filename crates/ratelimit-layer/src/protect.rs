@@ -481,7 +481,10 @@ mod tests {
         assert_eq!(err.field(), "trusted_proxies");
         assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
         // Either one alone is kept.
-        let theirs = OverloadProtectionLayer::builder(()).signal(signal).build().unwrap();
+        let theirs = OverloadProtectionLayer::builder(())
+            .signal(signal)
+            .build()
+            .unwrap();
         assert!(theirs.signal().trusted_proxies().is_some());
         let ours = OverloadProtectionLayer::builder(())
             .trusted_proxies(proxies("10.0.0.3"))

@@ -122,6 +122,7 @@ impl ClientIp {
         ClientIpBuilder {
             client_ip: Self::new(),
             proxies: None,
+            proxies_twice: false,
             ipv6_prefix: Self::DEFAULT_IPV6_PREFIX,
         }
     }
@@ -210,6 +211,8 @@ pub struct ClientIpBuilder {
     client_ip: ClientIp,
     /// The proxies as set, checked by `build`.
     proxies: Option<ProxySetting>,
+    /// Whether both `trust_proxies` and `trusted_proxies` were called.
+    proxies_twice: bool,
     ipv6_prefix: u8,
 }
 
@@ -234,11 +237,15 @@ impl ClientIpBuilder {
     /// ([`OverloadProtectionLayerBuilder::trusted_proxies`](crate::OverloadProtectionLayerBuilder::trusted_proxies)):
     /// it resolves the client for the whole stack, and this extractor uses what it resolved,
     /// so the limit and the overload layer cannot disagree.
+    ///
+    /// The same setting as [`trusted_proxies`](Self::trusted_proxies), unchecked until
+    /// [`build`](Self::build); call one of the two.
     pub fn trust_proxies(
         mut self,
         header: ForwardedHeader,
         proxies: impl IntoIterator<Item = IpNet>,
     ) -> Self {
+        self.proxies_twice |= matches!(self.proxies, Some(ProxySetting::Checked(_)));
         self.proxies = Some(ProxySetting::Unchecked(
             header,
             proxies.into_iter().collect(),
@@ -246,9 +253,12 @@ impl ClientIpBuilder {
         self
     }
 
-    /// Trusts `proxies`, already validated: the same setting the overload layer takes, for
-    /// a limit used without it. Default: nobody is trusted.
-    pub fn proxies(mut self, proxies: TrustedProxies) -> Self {
+    /// Trusts `proxies`, already validated: the same setting the overload layer takes
+    /// ([`OverloadSignalLayerBuilder::trusted_proxies`](overload_signal::OverloadSignalLayerBuilder::trusted_proxies)),
+    /// for a limit used without it; read back with [`ClientIp::trusted_proxies`]. Default:
+    /// nobody is trusted. Not together with [`trust_proxies`](Self::trust_proxies).
+    pub fn trusted_proxies(mut self, proxies: TrustedProxies) -> Self {
+        self.proxies_twice |= matches!(self.proxies, Some(ProxySetting::Unchecked(..)));
         self.proxies = Some(ProxySetting::Checked(proxies));
         self
     }
@@ -266,8 +276,15 @@ impl ClientIpBuilder {
     ///
     /// A [`ConfigError`]: an `ipv6_prefix` above 128 (kind `OutOfRange`); trusted proxies
     /// that name no network, or a network of prefix 0, which would trust every client (on
-    /// `proxies`; see `TrustedProxies::new`).
+    /// `proxies`; see `TrustedProxies::new`); both `trust_proxies` and `trusted_proxies`
+    /// called (kind `Conflict`).
     pub fn build(self) -> Result<ClientIp, ConfigError> {
+        if self.proxies_twice {
+            return Err(ConfigError::conflict(
+                "trusted_proxies",
+                "trust_proxies and trusted_proxies set the same proxies: call one",
+            ));
+        }
         if self.ipv6_prefix > 128 {
             return Err(ConfigError::out_of_range(
                 "ipv6_prefix",

@@ -212,3 +212,28 @@ fn closures_and_client_ips_are_extractors() {
         Some(&ip("192.0.2.7"))
     );
 }
+
+/// Regression (issue 30, review item D3): `trust_proxies` and `proxies` (now
+/// `trusted_proxies`, as the getter and the overload layer's setter) set one setting, and
+/// the last call won silently.
+#[test]
+fn the_proxies_set_two_ways_are_refused() {
+    use crate::key::{ForwardedHeader, TrustedProxies};
+    let checked = TrustedProxies::new(
+        ForwardedHeader::XForwardedFor,
+        ["10.0.0.1".parse().unwrap()],
+    )
+    .unwrap();
+    let err = ClientIp::builder()
+        .trust_proxies(ForwardedHeader::Forwarded, ["10.0.0.2".parse().unwrap()])
+        .trusted_proxies(checked.clone())
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "trusted_proxies");
+    assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
+    let one = ClientIp::builder()
+        .trusted_proxies(checked)
+        .build()
+        .unwrap();
+    assert!(one.trusted_proxies().is_some());
+}
