@@ -234,7 +234,7 @@
 //! |---|---|
 //! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
 //! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable), [`NotRetryable`](GiveUpReason::NotRetryable) or [`RetryAfterTooLong`](GiveUpReason::RetryAfterTooLong) |
-//! | a failure (`429`, `5xx`, non-OK gRPC status) carrying the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the request-scoped marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
+//! | a failure (`429`, `5xx` and their gRPC codes: the protocol's `Outcome::is_failure`) carrying the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the request-scoped marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |

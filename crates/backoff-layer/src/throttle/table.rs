@@ -79,8 +79,9 @@ impl ThrottleTicket {
 pub(crate) enum ThrottleOutcome {
     /// The destination answered, and not with a failure.
     Accepted,
-    /// A timeout, an error, a `429` or `5xx`, or a gRPC `UNAVAILABLE`,
-    /// `RESOURCE_EXHAUSTED` or `DEADLINE_EXCEEDED`.
+    /// A capacity signal (the protocol's `Outcome::is_capacity_signal`): a timeout, an
+    /// error, a `429`, `503` or `504`, a gRPC `UNAVAILABLE`, `RESOURCE_EXHAUSTED` or
+    /// `DEADLINE_EXCEEDED`, the stop signal.
     Failed,
 }
 

@@ -80,9 +80,10 @@
 //!    [Trust](#trust-what-callers-can-and-cannot-do)), before the inner stack runs.
 //! 2. Runs the inner stack inside a [propagation scope](crate::propagation), so a client
 //!    layer used by the handler can report that a downstream call received the stop signal.
-//! 3. Looks at the response. A success, or any answer that is not a failure a client would
-//!    retry (HTTP 5xx or 429; gRPC `grpc-status` 2, 4, 8, 13, 14 or 15), passes after a
-//!    status check: that is the admitted path. A failure is examined in this order:
+//! 3. Looks at the response. A success, or any answer that is not a failure (the
+//!    protocol's [`Outcome::is_failure`](crate::protocol::Outcome::is_failure): HTTP 5xx or
+//!    429 and their gRPC codes), passes after a status check: that is the admitted path. A
+//!    failure is examined in this order:
 //!    - it **already carries the stop signal** (the handler returned
 //!      [`Overloaded`](crate::Overloaded) through its own mapping, or the `axum` feature's
 //!      `IntoResponse`): passed on unchanged, counted as propagated;
