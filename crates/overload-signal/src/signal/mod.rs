@@ -100,11 +100,19 @@
 //!      the whole server's window, and the rule must fire both on the plain figures and with
 //!      each caller class's weight capped; one that concerns a caller over its own quota
 //!      ([`RejectionScope::Caller`]) is judged on that caller's class alone;
-//!    - anything else passes through untouched, headers and body included: every `Err` of
-//!      the inner service, and a `429` or `503` (gRPC 8 or 14) that no limiting layer
-//!      marked: the handler's own, or an upstream's passed on by a gateway. (Unless the
-//!      layer is told to [judge every rejection](OverloadSignalLayerBuilder::judge_every_rejection),
-//!      for a limiter that cannot mark its answers.)
+//!    - anything else passes through untouched, headers and body included: a `429` or
+//!      `503` (gRPC 8 or 14) that no limiting layer marked: the handler's own, or an
+//!      upstream's passed on by a gateway. (Unless the layer is told to [judge every
+//!      rejection](OverloadSignalLayerBuilder::judge_every_rejection), for a limiter that
+//!      cannot mark its answers: it then judges every capacity signal.)
+//! 4. An **error** of the inner service (no response) passes through unchanged, unless a
+//!    downstream call of the request was [marked](crate::propagation::Downstream) (in a
+//!    server that is a tower proxy: its retry layer gave up, was throttled, or received the
+//!    stop signal). An error would reset the caller's connection, the most retryable
+//!    failure there is; the layer answers instead: the stop signal, `504` for a deadline
+//!    (gRPC `DEADLINE_EXCEEDED`), `503` with `Retry-After: 1` for a throttled call (gRPC
+//!    `UNAVAILABLE` with pushback 1000), `502` when the retry layer gave up (gRPC
+//!    `UNAVAILABLE`), counted in `overload_signal_errors_answered_total`.
 //!
 //! Answering with the stop signal rewrites the response in place with
 //! [`set_stop_signal`](crate::protocol::set_stop_signal): HTTP `503` with `X-Overloaded`, and
