@@ -15,6 +15,8 @@
 //! | `ratelimit_layer_adaptive_limit` | gauge | `name` | the adaptive limit in force |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | `name` | its measured no-load latency |
 //! | `ratelimit_layer_adaptive_latency_seconds` | gauge | `name` | its last window's latency percentile |
+//! | `ratelimit_layer_adaptive_held_total` | counter | `name` | requests the adaptive limit released for being in flight longer than their bound (`release_after`) |
+//! | `ratelimit_layer_adaptive_held_running` | gauge | `name` | those released requests still running (they count toward `max_limit`) |
 //!
 //! Every metric carries the label `name`
 //! ([`NAME_LABEL`](overload_core::telemetry::NAME_LABEL)): the name of the layer that wrote
@@ -80,3 +82,17 @@ pub const ADAPTIVE_BASELINE: &str = "ratelimit_layer_adaptive_baseline_seconds";
 /// Gauge, label `name`, seconds: the adaptive limit's last window's latency percentile; 0
 /// before the first window closes and once no request has completed for 10 seconds.
 pub const ADAPTIVE_LATENCY: &str = "ratelimit_layer_adaptive_latency_seconds";
+
+/// Counter, label `name`: requests the [adaptive limit](crate::adaptive) released for being
+/// in flight longer than their bound
+/// ([`release_after`](crate::AdaptiveLimitBuilder::release_after)): their slots came back,
+/// and each counted once as a latency sample of the time it had run. A steady rate here is
+/// a route that should be [exempt](crate::AdaptiveLimitBuilder::exempt) (a long poll, a
+/// stream) or a request body that needs a timeout inside the layer.
+pub const ADAPTIVE_HELD: &str = "ratelimit_layer_adaptive_held_total";
+
+/// Gauge, label `name`: the requests the [adaptive limit](crate::adaptive) released that are
+/// still running, set each time it releases (once per bound). They count toward
+/// [`max_limit`](crate::AdaptiveLimitBuilder::max_limit) with those in flight: near it, the
+/// service is piling up work that never ends.
+pub const ADAPTIVE_HELD_RUNNING: &str = "ratelimit_layer_adaptive_held_running";

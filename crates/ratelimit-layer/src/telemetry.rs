@@ -185,6 +185,8 @@ pub(crate) struct AdaptiveLimitMetrics {
     pub(crate) limit: Gauge,
     pub(crate) baseline: Gauge,
     pub(crate) latency: Gauge,
+    pub(crate) held: Counter,
+    pub(crate) held_running: Gauge,
 }
 
 impl MetricSet for AdaptiveLimitMetrics {
@@ -205,6 +207,11 @@ impl MetricSet for AdaptiveLimitMetrics {
             ),
             latency: metrics::gauge!(
                 metric_names::ADAPTIVE_LATENCY,
+                NAME_LABEL => name.label()
+            ),
+            held: metrics::counter!(metric_names::ADAPTIVE_HELD, NAME_LABEL => name.label()),
+            held_running: metrics::gauge!(
+                metric_names::ADAPTIVE_HELD_RUNNING,
                 NAME_LABEL => name.label()
             ),
         }

@@ -181,17 +181,19 @@ fn tracking_layer() -> AdaptiveLimitLayer {
 }
 
 /// The limit after a service of 10 ms ends the baseline measurement with ten successes and
-/// then answers thirty requests with `failure()`.
-async fn limit_after_failures(failure: impl Fn() -> Response<()> + Send + Sync + 'static) -> usize {
+/// then answers thirty requests with `failure()` (a response, or an error in its place).
+async fn limit_after_failures(
+    failure: impl Fn() -> Result<Response<()>, tower::BoxError> + Send + Sync + 'static,
+) -> usize {
     let layer = tracking_layer();
     let failing = Arc::new(AtomicUsize::new(0));
     let f = Arc::clone(&failing);
     let failure = Arc::new(failure);
     let service = layer.layer(service_fn(move |_: Request<()>| {
-        let response = (f.load(Ordering::SeqCst) == 1).then(|| failure());
+        let result = (f.load(Ordering::SeqCst) == 1).then(|| failure());
         async move {
             tokio::time::sleep(Duration::from_millis(10)).await;
-            Ok::<_, Infallible>(response.unwrap_or_else(|| Response::new(())))
+            result.unwrap_or_else(|| Ok(Response::new(())))
         }
     }));
     // End the probe: ten successes.
@@ -202,7 +204,7 @@ async fn limit_after_failures(failure: impl Fn() -> Response<()> + Send + Sync +
     failing.store(1, Ordering::SeqCst);
     for _ in 0..30 {
         tokio::time::sleep(Duration::from_millis(10)).await;
-        service.clone().oneshot(Request::new(())).await.unwrap();
+        let _ = service.clone().oneshot(Request::new(())).await;
     }
     layer.status().limit
 }
@@ -213,10 +215,16 @@ fn with_status(status: StatusCode) -> Response<()> {
     response
 }
 
+/// Errors of the inner service (no response at all: a timeout, a load shedder inside) are
+/// overload failures, and lower the limit. A `503` the handler makes is not: it is a latency
+/// sample like any response (issue 30, finding 4; before it, this test asserted that the
+/// handler's `503`s lowered the limit).
 #[tokio::test(start_paused = true)]
-async fn overload_failures_lower_the_limit() {
-    let limit = limit_after_failures(|| with_status(StatusCode::SERVICE_UNAVAILABLE)).await;
+async fn errors_of_the_inner_service_lower_the_limit_and_its_503s_do_not() {
+    let limit = limit_after_failures(|| Err("timed out".into())).await;
     assert!(limit < 50, "{limit}");
+    let limit = limit_after_failures(|| Ok(with_status(StatusCode::SERVICE_UNAVAILABLE))).await;
+    assert!(limit >= 50, "{limit}");
 }
 
 /// Under a timeout above the limit, a service that slows down sees its requests dropped,
@@ -267,7 +275,8 @@ async fn requests_dropped_by_a_timeout_above_still_bring_the_limit_down() {
 /// A limit inside the adaptive one rejects requests with `429`s it marks as its own (a
 /// [`Rejection`]): a keyed limit one caller over its own quota, a global rate limit the
 /// excess over its rate. Neither says anything about this service's capacity, so neither
-/// lowers the limit, where the same `429` from the service itself does.
+/// lowers the limit; nor does the same `429` from the service itself, a latency sample like
+/// any response since issue 30 (finding 4), where it was an overload failure.
 ///
 /// Regression (issue 23, finding 3): a global rate limit's `429`s inside the adaptive limit
 /// drove it down until it, not the rate limit, shed the excess (with `503`s and no
@@ -277,7 +286,7 @@ async fn a_limiter_insides_own_rejections_leave_the_limit_alone() {
     for (scope, lowered) in [
         (Some(RejectionScope::Caller), false),
         (Some(RejectionScope::Server), false),
-        (None, true),
+        (None, false),
     ] {
         let limit = limit_after_failures(move || {
             let mut response = with_status(StatusCode::TOO_MANY_REQUESTS);
@@ -286,7 +295,7 @@ async fn a_limiter_insides_own_rejections_leave_the_limit_alone() {
                     .extensions_mut()
                     .insert(Rejection::new(RejectionKind::RateLimited, scope));
             }
-            response
+            Ok(response)
         })
         .await;
         assert_eq!(limit < 50, lowered, "{scope:?}: limit {limit}");

@@ -50,7 +50,9 @@
 //! "Left out" (adaptive limit) and "answered" (overload layer) rely on the
 //! [`propagation`](crate::propagation) marks that `backoff-layer`'s retry layer raises in
 //! the request's scope: what a downstream did is not a measure of this service, and an
-//! error in a proxy becomes an answer instead of a reset connection.
+//! error in a proxy becomes an answer instead of a reset connection. The adaptive limit
+//! leaves out whatever ends a request during which a downstream call was marked, whichever
+//! row it falls in.
 //!
 //! # Examples
 //!

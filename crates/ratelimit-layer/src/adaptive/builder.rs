@@ -12,7 +12,7 @@ use overload_core::telemetry::LayerName;
 
 use super::controller::AdaptiveSettings;
 use super::layer::AdaptiveLimitLayer;
-use super::state::{AdaptiveLimitState, ExemptFn};
+use super::state::{AdaptiveLimitState, ExemptFn, TICK};
 
 impl AdaptiveLimitLayer {
     /// A builder starting from the defaults.
@@ -32,6 +32,7 @@ impl AdaptiveLimitLayer {
             probe_timeout: Self::DEFAULT_PROBE_TIMEOUT,
             failure_threshold: Self::DEFAULT_FAILURE_THRESHOLD,
             backoff: Self::DEFAULT_BACKOFF,
+            release_after: None,
             baseline: None,
             seed: None,
             retry_after: Self::DEFAULT_RETRY_AFTER,
@@ -60,6 +61,7 @@ pub struct AdaptiveLimitBuilder<C = TokioClock> {
     probe_timeout: Duration,
     failure_threshold: f64,
     backoff: f64,
+    release_after: Option<Duration>,
     baseline: Option<Duration>,
     seed: Option<u64>,
     retry_after: Duration,
@@ -109,7 +111,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         self
     }
 
-    /// The fewest outcomes (successes and overload failures) a window needs before it
+    /// The fewest outcomes (latency samples and overload failures) a window needs before it
     /// closes. Default: 50 ([`AdaptiveLimitLayer::DEFAULT_MIN_SAMPLES`]).
     pub const fn min_samples(mut self, samples: u64) -> Self {
         self.min_samples = samples;
@@ -193,19 +195,45 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         self
     }
 
-    /// The share of overload failures (see the [module docs](super#failures)) in a window,
-    /// within `0..=1` and above 0, at or above which the limit backs off instead of
-    /// following the latency. Default: 0.1
+    /// The share of overload failures in a window, within `0..=1` and above 0, at or above
+    /// which the limit backs off instead of following the latency. Default: 0.1
     /// ([`AdaptiveLimitLayer::DEFAULT_FAILURE_THRESHOLD`]).
+    ///
+    /// Overload failures are **errors of the inner service** (no response at all: a tower
+    /// `Timeout` or `LoadShed` inside this layer, a panic caught inside), not responses: a
+    /// `503` or `504` the handler makes is a latency sample like any response (see the
+    /// [module docs](super#outcomes)). A service that only ever answers has no overload
+    /// failures, and this setting does nothing for it.
     pub const fn failure_threshold(mut self, share: f64) -> Self {
         self.failure_threshold = share;
         self
     }
 
-    /// The factor applied to the limit when it backs off, within `0..1` and above 0.
-    /// Default: 0.9 ([`AdaptiveLimitLayer::DEFAULT_BACKOFF`], Netflix's AIMD).
+    /// The factor applied to the limit when it backs off on overload failures (errors of
+    /// the inner service; see [`failure_threshold`](Self::failure_threshold)), within `0..1`
+    /// and above 0. Default: 0.9 ([`AdaptiveLimitLayer::DEFAULT_BACKOFF`], Netflix's AIMD).
     pub const fn backoff(mut self, factor: f64) -> Self {
         self.backoff = factor;
+        self
+    }
+
+    /// How long a request may stay in flight before it is released from the limit: its
+    /// slot comes back, and it counts once as a latency sample of the time it has run (the
+    /// evidence that the service is slow); when it ends at last, nothing more is counted. It
+    /// is released between this and twice this after it was admitted (the layer counts
+    /// admissions by periods of this length), and at least 100 ms (the layer's tick).
+    /// Released requests still count toward [`max_limit`](Self::max_limit), so a service
+    /// that never answers cannot pile up work without bound. See the [module
+    /// docs](super#requests-that-take-long).
+    ///
+    /// Default: none set, the layer's own bound: ten times the target latency (the
+    /// baseline times the [`tolerance`](Self::tolerance)), at least 1 s and at most 30 s;
+    /// 5 s while no baseline is known
+    /// ([`AdaptiveLimitLayer::DEFAULT_RELEASE_AFTER_TARGETS`] and the constants after it).
+    /// Set it when you know your slowest legitimate request (a report that takes 20 s):
+    /// above that, not below.
+    pub const fn release_after(mut self, bound: Duration) -> Self {
+        self.release_after = Some(bound);
         self
     }
 
@@ -252,6 +280,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             probe_timeout: self.probe_timeout,
             failure_threshold: self.failure_threshold,
             backoff: self.backoff,
+            release_after: self.release_after,
             baseline: self.baseline,
             seed: self.seed,
             retry_after: self.retry_after,
@@ -268,8 +297,8 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
     /// A [`ConfigError`] naming the setting, when:
     ///
     /// - `min_limit`, `min_samples` or `probe_samples` is zero, or `window`,
-    ///   `probe_interval`, `probe_timeout` or `baseline` is zero or longer than 584 years
-    ///   (kind `OutOfRange`);
+    ///   `probe_interval`, `probe_timeout` or `baseline` is zero or longer than 584 years,
+    ///   or `release_after` is under 100 ms or longer than 584 years (kind `OutOfRange`);
     /// - `max_limit` is below `min_limit`, or `initial_limit` is outside
     ///   `min_limit..=max_limit` (kind `Conflict`);
     /// - a ratio is NaN or infinite (kind `NotFinite`), or out of its range: `percentile`
@@ -309,6 +338,15 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         positive_duration("probe_timeout", self.probe_timeout)?;
         if let Some(baseline) = self.baseline {
             positive_duration("baseline", baseline)?;
+        }
+        if let Some(bound) = self.release_after
+            && (bound < TICK || u64::try_from(bound.as_nanos()).is_err())
+        {
+            return Err(ConfigError::out_of_range(
+                "release_after",
+                bound,
+                "at least 100ms and at most 584 years",
+            ));
         }
         if self.min_samples == 0 {
             return Err(ConfigError::out_of_range("min_samples", 0, "at least 1"));
@@ -380,6 +418,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             name,
             AdaptiveLimitLayer::QUIET_PERIOD,
             self.exempt,
+            self.release_after,
         )))
     }
 }
@@ -401,6 +440,7 @@ impl<C: fmt::Debug> fmt::Debug for AdaptiveLimitBuilder<C> {
             .field("probe_timeout", &self.probe_timeout)
             .field("failure_threshold", &self.failure_threshold)
             .field("backoff", &self.backoff)
+            .field("release_after", &self.release_after)
             .field("baseline", &self.baseline)
             .field("seed", &self.seed)
             .field("retry_after", &self.retry_after)
@@ -512,6 +552,10 @@ mod tests {
             (
                 b().baseline(Duration::ZERO),
                 "baseline must be greater than zero and at most 584 years, got 0ns",
+            ),
+            (
+                b().release_after(Duration::from_millis(50)),
+                "release_after must be at least 100ms and at most 584 years, got 50ms",
             ),
             (
                 b().probe_interval(Duration::MAX),

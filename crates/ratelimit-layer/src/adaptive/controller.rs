@@ -41,9 +41,9 @@ const GRADIENT_MAX: f64 = 2.0;
 /// What a closed window held, as the controller sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct AdaptiveWindowStats {
-    /// Successful requests measured in the window.
+    /// Requests measured in the window (their latencies).
     pub(super) samples: u64,
-    /// Requests that failed in a way that means overload.
+    /// Overload failures: errors of the inner service.
     pub(super) failures: u64,
     /// The configured percentile of the successes' latencies, in nanoseconds.
     pub(super) latency: Option<u64>,
@@ -263,7 +263,7 @@ impl GradientController {
         let s = &self.settings;
         let outcomes = stats.samples + stats.failures;
         if outcomes > 0 && stats.failures as f64 >= s.failure_threshold * outcomes as f64 {
-            // Overload failures from the service itself: back off, whatever the latency.
+            // Errors of the inner service itself: back off, whatever the latency.
             self.limit = (self.limit * s.backoff).max(s.min_limit as f64);
             return;
         }

@@ -1,17 +1,24 @@
 //! The response future of [`AdaptiveLimit`](super::AdaptiveLimit): [`ResponseFuture`].
 
+use std::any::Any;
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
 
-use http::{Response, StatusCode};
-use overload_signal::protocol::grpc_status;
+use http::Response;
+use overload_signal::Overloaded;
+use overload_signal::propagation;
+use overload_signal::protocol::{Outcome, Protocol};
 use overload_signal::signal::Rejection;
 use pin_project_lite::pin_project;
 
 use super::state::{AdmittedRequest, CompleteRequest, Completion};
+
+/// tower's boxed error, the one error type a classifier can look into without knowing the
+/// inner service's.
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
 
 pin_project! {
     /// The response future of [`AdaptiveLimit`](super::AdaptiveLimit): the inner
@@ -60,10 +67,10 @@ impl AdmissionGuard {
         }
     }
 
-    fn finish(&mut self, outcome: Completion) {
+    fn finish(&mut self, completion: Completion) {
         if !self.done {
             self.done = true;
-            self.state.complete(&self.admitted, outcome);
+            self.state.complete(&self.admitted, completion);
         }
     }
 }
@@ -100,38 +107,51 @@ impl<F, B> ResponseFuture<F, B> {
     }
 }
 
-/// How an admitted request's response counts: [`Completion::Ignored`] when a limiting layer
-/// inside this one made it (it carries a [`Rejection`]: the service never ran, and a global
-/// rate limit's `429`s must not drive this limit down until it, rather than the rate limit,
-/// sheds the excess), [`Completion::Overloaded`] when [`is_overload`] says so,
-/// [`Completion::Served`] otherwise.
-pub(super) fn outcome_of<B>(response: &Response<B>) -> Completion {
+/// How an admitted request's response counts, as the workspace's outcome table says (the
+/// "adaptive limit" column of `overload_signal::protocol`'s "Outcomes"): left out
+/// ([`Completion::LeftOut`]) when a limiting layer inside this one made it (it carries a
+/// [`Rejection`]: the service never ran, and a global rate limit's `429`s must not drive this
+/// limit down until it, rather than the rate limit, sheds the excess) or when it is the stop
+/// signal (passed on from a downstream: a measure of the downstream, not of this service);
+/// else a latency sample ([`Completion::Served`]), whatever its status: a handler's `503`
+/// because its dependency is down is served as fast as the service serves anything, and
+/// counting it as this service's overload would shed the routes that never use that
+/// dependency (Envoy's adaptive concurrency filter uses latency alone, too).
+pub(super) fn completion_of<B>(response: &Response<B>) -> Completion {
     if response.extensions().get::<Rejection>().is_some() {
-        Completion::Ignored
-    } else if is_overload(response) {
-        Completion::Overloaded
+        return Completion::LeftOut;
+    }
+    let headers = response.headers();
+    let outcome = Outcome::of_response(Protocol::of_headers(headers), response.status(), headers);
+    if outcome.is_stop_signal() {
+        Completion::LeftOut
     } else {
         Completion::Served
     }
 }
 
-/// Whether a response says that the service is overloaded: HTTP 429, 503 or 504, or gRPC
-/// `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8) or `UNAVAILABLE` (14) in its head.
-///
-/// Other failures (a 500 from a bug, a 404) are not about capacity: they neither lower the
-/// limit nor count as latency samples.
-pub(super) fn is_overload<B>(response: &Response<B>) -> bool {
-    matches!(
-        response.status(),
-        StatusCode::TOO_MANY_REQUESTS
-            | StatusCode::SERVICE_UNAVAILABLE
-            | StatusCode::GATEWAY_TIMEOUT
-    ) || matches!(grpc_status(response.headers()), Some(4 | 8 | 14))
+/// How an error of the inner service (no response at all) counts: left out when it is the
+/// stop signal (an [`Overloaded`](overload_signal::Overloaded) in a `tower::BoxError`'s
+/// chain, or one alone), an overload failure otherwise: a timeout or a load shedder inside,
+/// the strongest sign of trouble there is.
+pub(super) fn completion_of_error<E: 'static>(error: &E) -> Completion {
+    let error: &dyn Any = error;
+    let stop = if let Some(boxed) = error.downcast_ref::<BoxError>() {
+        Outcome::of_error(&**boxed).is_stop_signal()
+    } else {
+        error.is::<Overloaded>()
+    };
+    if stop {
+        Completion::LeftOut
+    } else {
+        Completion::Overloaded
+    }
 }
 
 impl<F, B, E> Future for ResponseFuture<F, B>
 where
     F: Future<Output = Result<Response<B>, E>>,
+    E: 'static,
 {
     type Output = Result<Response<B>, E>;
 
@@ -139,10 +159,20 @@ where
         match self.project().state.project() {
             StateProj::Admitted { future, guard } => {
                 let result = ready!(future.poll(cx));
-                // NOTE: an error of the inner service (no response at all) is the strongest
-                // sign of trouble there is; it counts as an overload failure.
-                let outcome = result.as_ref().map_or(Completion::Overloaded, outcome_of);
-                guard.finish(outcome);
+                // NOTE: read now, while the overload layer's propagation scope is still the
+                // one being polled: a request during which a downstream call was marked (a
+                // stop signal received, a call throttled, given up on, out of time) measures
+                // that downstream, not this service, whatever it answers. Outside any scope
+                // there are no marks.
+                let completion = if !propagation::in_scope_marks().is_empty() {
+                    Completion::LeftOut
+                } else {
+                    match &result {
+                        Ok(response) => completion_of(response),
+                        Err(error) => completion_of_error(error),
+                    }
+                };
+                guard.finish(completion);
                 Poll::Ready(result)
             }
             StateProj::Exempt { future } => future.poll(cx),
@@ -178,7 +208,9 @@ impl fmt::Debug for AdmissionGuard {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use overload_signal::protocol::GRPC_STATUS;
+    use http::{HeaderValue, StatusCode};
+    use overload_signal::protocol::{GRPC_STATUS, X_OVERLOADED, stop_signal_response};
+    use overload_signal::signal::{RejectionKind, RejectionScope};
 
     fn status(code: u16) -> Response<()> {
         let mut r = Response::new(());
@@ -188,41 +220,80 @@ mod tests {
 
     fn grpc(code: &'static str) -> Response<()> {
         let mut r = Response::new(());
+        r.headers_mut().insert(
+            http::header::CONTENT_TYPE,
+            HeaderValue::from_static("application/grpc"),
+        );
         r.headers_mut()
-            .insert(GRPC_STATUS, http::HeaderValue::from_static(code));
+            .insert(GRPC_STATUS, HeaderValue::from_static(code));
         r
     }
 
+    /// Regression (issue 30, finding 4): a handler's `429`, `503` and `504` (and their gRPC
+    /// codes) were this limit's overload failures, so a dependency that was down walked the
+    /// limit to its floor and shed every route. Every response the service made is a
+    /// latency sample, whatever its status.
     #[test]
-    fn overload_failures_are_the_ones_about_capacity() {
-        for code in [429, 503, 504] {
-            assert!(is_overload(&status(code)), "{code}");
+    fn every_response_the_service_made_is_a_latency_sample() {
+        for code in [200, 204, 301, 400, 404, 429, 500, 501, 502, 503, 504] {
+            assert_eq!(completion_of(&status(code)), Completion::Served, "{code}");
         }
-        for code in [200, 204, 301, 400, 404, 500, 501, 502] {
-            assert!(!is_overload(&status(code)), "{code}");
+        for code in ["0", "2", "4", "8", "13", "14", "junk"] {
+            assert_eq!(
+                completion_of(&grpc(code)),
+                Completion::Served,
+                "grpc {code}"
+            );
         }
-        for code in ["4", "8", "14"] {
-            assert!(is_overload(&grpc(code)), "grpc {code}");
+    }
+
+    /// The stop signal passed on from a downstream says how that downstream is doing, not
+    /// this service: left out, over HTTP and gRPC, whatever the status it rides on.
+    #[test]
+    fn the_stop_signal_is_left_out() {
+        for protocol in [Protocol::Http, Protocol::Grpc, Protocol::GrpcWeb] {
+            let stop = stop_signal_response::<()>(protocol);
+            assert_eq!(completion_of(&stop), Completion::LeftOut, "{protocol:?}");
         }
-        for code in ["0", "2", "5", "13", "junk"] {
-            assert!(!is_overload(&grpc(code)), "grpc {code}");
-        }
+        let mut gateway = status(502);
+        gateway
+            .headers_mut()
+            .insert(X_OVERLOADED, HeaderValue::from_static("stop-retrying"));
+        assert_eq!(completion_of(&gateway), Completion::LeftOut);
+        // The header on a success is not the signal (any proxy may add a header).
+        let mut ok = status(200);
+        ok.headers_mut()
+            .insert(X_OVERLOADED, HeaderValue::from_static("stop-retrying"));
+        assert_eq!(completion_of(&ok), Completion::Served);
     }
 
     /// Regression (issue 23, finding 3): a global rate limit's `429`s inside the adaptive
     /// limit counted as the service's overload failures, and drove the limit down until it,
-    /// not the rate limit, shed the excess. A limiter's marked rejection is ignored.
+    /// not the rate limit, shed the excess. A limiter's marked rejection is left out.
     #[test]
     fn a_limiters_own_rejections_are_neither_samples_nor_failures() {
-        use overload_signal::signal::{RejectionKind, RejectionScope};
-        assert_eq!(outcome_of(&status(200)), Completion::Served);
-        assert_eq!(outcome_of(&status(429)), Completion::Overloaded);
+        assert_eq!(completion_of(&status(200)), Completion::Served);
         for scope in [RejectionScope::Server, RejectionScope::Caller] {
             let mut limited = status(429);
             limited
                 .extensions_mut()
                 .insert(Rejection::new(RejectionKind::RateLimited, scope));
-            assert_eq!(outcome_of(&limited), Completion::Ignored, "{scope:?}");
+            assert_eq!(completion_of(&limited), Completion::LeftOut, "{scope:?}");
         }
+    }
+
+    /// An error of the inner service is an overload failure, unless it is the stop signal
+    /// (`Overloaded`, alone or in a boxed error's chain).
+    #[test]
+    fn errors_are_overload_failures_but_the_stop_signal() {
+        let timeout: BoxError = Box::new(std::io::Error::from(std::io::ErrorKind::TimedOut));
+        assert_eq!(completion_of_error(&timeout), Completion::Overloaded);
+        assert_eq!(
+            completion_of_error(&std::io::Error::other("reset")),
+            Completion::Overloaded
+        );
+        let stop: BoxError = Box::new(Overloaded::new());
+        assert_eq!(completion_of_error(&stop), Completion::LeftOut);
+        assert_eq!(completion_of_error(&Overloaded::new()), Completion::LeftOut);
     }
 }

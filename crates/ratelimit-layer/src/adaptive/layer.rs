@@ -9,6 +9,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
 
+use super::held;
 use super::service::AdaptiveLimit;
 use super::state::{AdaptiveLimitState, Status};
 
@@ -103,7 +104,8 @@ impl AdaptiveLimitLayer {
     /// timeout drops never holds the limit down for good.
     pub const DEFAULT_PROBE_TIMEOUT: Duration = Duration::from_secs(5);
 
-    /// The share of overload failures in a window above which the limit backs off: 0.1
+    /// The share of overload failures (errors of the inner service, such as a tower
+    /// `Timeout` or `LoadShed` inside) in a window above which the limit backs off: 0.1
     /// (10 %). This crate's choice: a rare failure is noise, one in ten is a service
     /// shedding load.
     pub const DEFAULT_FAILURE_THRESHOLD: f64 = 0.1;
@@ -111,6 +113,37 @@ impl AdaptiveLimitLayer {
     /// The factor applied to the limit when it backs off on failures: 0.9, the backoff
     /// ratio of Netflix's concurrency-limits AIMD limit.
     pub const DEFAULT_BACKOFF: f64 = 0.9;
+
+    /// The default [`release_after`](super::AdaptiveLimitBuilder::release_after), in target
+    /// latencies (the baseline times the tolerance): a request in flight ten times longer
+    /// than the latency the limit aims at is released, within
+    /// [`DEFAULT_RELEASE_AFTER_MIN`](Self::DEFAULT_RELEASE_AFTER_MIN) and
+    /// [`DEFAULT_RELEASE_AFTER_MAX`](Self::DEFAULT_RELEASE_AFTER_MAX).
+    ///
+    /// This crate's choice. The bound must stay above the slow tail of a healthy service, or
+    /// the limit would stop counting requests that are merely slow: with exponential service
+    /// times, one request in 5000 runs ten times the target latency (the median times 12.5);
+    /// with a heavier tail (log-normal, sigma 1) one in 800 does, and the 1 s floor puts a
+    /// service of 50 ms further out, at one in 5000. And it must be short enough that
+    /// requests that never end (20 uploads whose bodies trickle in, a hung dependency) give
+    /// their slots back within a few seconds, not never.
+    pub const DEFAULT_RELEASE_AFTER_TARGETS: f64 = held::RELEASE_AFTER_TARGETS;
+
+    /// The least default [`release_after`](super::AdaptiveLimitBuilder::release_after): 1
+    /// second, whatever the baseline. A service of a few milliseconds has a tail of
+    /// garbage-collection pauses and cold caches much longer than ten of its latencies.
+    pub const DEFAULT_RELEASE_AFTER_MIN: Duration = held::RELEASE_AFTER_MIN;
+
+    /// The most default [`release_after`](super::AdaptiveLimitBuilder::release_after): 30
+    /// seconds, whatever the baseline: a request longer than that holds its slot for
+    /// longer than most clients and proxies wait for it.
+    pub const DEFAULT_RELEASE_AFTER_MAX: Duration = held::RELEASE_AFTER_MAX;
+
+    /// The default [`release_after`](super::AdaptiveLimitBuilder::release_after) while no
+    /// baseline is known (a fresh layer measuring its first one): 5 seconds, the
+    /// [`DEFAULT_PROBE_TIMEOUT`](Self::DEFAULT_PROBE_TIMEOUT), long enough for any request
+    /// of the first window of a healthy service.
+    pub const DEFAULT_RELEASE_AFTER_UNMEASURED: Duration = held::RELEASE_AFTER_UNMEASURED;
 
     /// The `Retry-After` of a rejection: 1 second, the shortest the header can say (and
     /// `grpc-retry-pushback-ms: 1000` for gRPC). A slot frees within one request's latency,

@@ -3,10 +3,12 @@
 //!
 //! `RUSTFLAGS="--cfg loom" CARGO_TARGET_DIR=target/loom cargo test -p ratelimit-layer --lib --release loom`
 //!
-//! The in-flight count and the window's counters are loom's atomics under `cfg(loom)`. The
-//! models check that admission never overdraws the limit (more requests held at once than
-//! it allows), that every admitted request gives its slot back exactly once, whether it
-//! completes or is dropped, and that no outcome recorded into the window is lost.
+//! The in-flight count, the generations of admissions and the window's counters are loom's
+//! atomics under `cfg(loom)`. The models check that admission never overdraws the limit
+//! (more requests held at once than it allows), that every admitted request gives its slot
+//! back exactly once, whether it completes, is dropped, or is released by the tick for
+//! being held too long (and then completes), and that no outcome recorded into the window
+//! is lost.
 
 use std::time::Duration;
 
@@ -16,7 +18,7 @@ use loom::thread;
 use overload_core::clock::Clock;
 
 use super::controller::AdaptiveSettings;
-use super::state::{AdaptiveLimitState, CompleteRequest, Outcome};
+use super::state::{AdaptiveLimitState, CompleteRequest, Completion};
 
 /// A clock that stands still: windows never close, so the model is admission alone.
 struct Still;
@@ -53,8 +55,12 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         overload_core::telemetry::LayerName::new("loom").unwrap(),
         Duration::from_secs(10),
         None,
+        Some(Duration::from_secs(1)),
     )
 }
+
+/// One second, the bound of [`shared`]'s layers, in clock nanoseconds.
+const EPOCH: u64 = 1_000_000_000;
 
 /// Every interleaving: two threads keep the models to a few thousand schedules (a third
 /// multiplies them past what a CI run can wait for).
@@ -78,22 +84,22 @@ fn loom_admission_never_overdraws_and_every_slot_comes_back() {
                 let shared = Arc::clone(&shared);
                 let held = Arc::clone(&held);
                 let admitted = Arc::clone(&admitted);
-                move |outcome: Outcome| {
+                move |completion: Completion| {
                     if let Some(slot) = shared.try_admit() {
                         admitted.fetch_add(1, Ordering::Relaxed);
                         let now = held.fetch_add(1, Ordering::AcqRel) + 1;
                         assert!(now <= 1, "{now} requests held under a limit of 1");
                         held.fetch_sub(1, Ordering::AcqRel);
-                        shared.complete(&slot, outcome);
+                        shared.complete(&slot, completion);
                     }
                 }
             };
             let other = request.clone();
-            let t = thread::spawn(move || other(Outcome::Served));
+            let t = thread::spawn(move || other(Completion::Served));
             request(if dropped {
-                Outcome::Dropped
+                Completion::Dropped
             } else {
-                Outcome::Overloaded
+                Completion::Overloaded
             });
             t.join().unwrap();
             assert_eq!(
@@ -117,11 +123,64 @@ fn loom_no_recorded_outcome_is_lost() {
         let other = Arc::clone(&shared);
         let t = thread::spawn(move || {
             let slot = other.try_admit().expect("under the limit");
-            other.complete(&slot, Outcome::Overloaded);
+            other.complete(&slot, Completion::Overloaded);
         });
         let slot = shared.try_admit().expect("under the limit");
-        shared.complete(&slot, Outcome::Served);
+        shared.complete(&slot, Completion::Served);
         t.join().unwrap();
         assert_eq!(shared.outcomes(), 2);
+    });
+}
+
+/// A request admitted and completed (or dropped) while the tick changes generations twice,
+/// which releases any request admitted before the first change: in every interleaving its
+/// slot comes back once, by its completion or by the release (then its completion counts
+/// nothing). A double decrement wraps the in-flight count; a lost slot leaves it at 1; a
+/// release counted twice or never leaves the released count off zero.
+#[test]
+fn loom_a_request_racing_the_release_gives_its_slot_back_once() {
+    for completion in [Completion::Served, Completion::Dropped] {
+        model(move || {
+            let shared = Arc::new(shared(2));
+            let other = Arc::clone(&shared);
+            let t = thread::spawn(move || {
+                let slot = other.try_admit().expect("under the limit");
+                other.complete(&slot, completion);
+            });
+            shared.release_held(EPOCH);
+            shared.release_held(2 * EPOCH);
+            t.join().unwrap();
+            let status = shared.status();
+            assert_eq!(status.in_flight, 0, "{status:?}");
+            assert_eq!(status.released, 0, "{status:?}");
+        });
+    }
+}
+
+/// A request admitted before the tick released its generation, completed after: the tick
+/// takes it off the in-flight count, its completion does not again; another request racing
+/// the release is counted in one generation only. The limit (2) is never overdrawn by the
+/// released request's slot coming back.
+#[test]
+fn loom_a_released_request_is_not_counted_again_when_it_completes() {
+    model(|| {
+        let shared = Arc::new(shared(2));
+        let old = shared.try_admit().expect("under the limit");
+        let other = Arc::clone(&shared);
+        let t = thread::spawn(move || {
+            other.release_held(EPOCH);
+            other.release_held(2 * EPOCH);
+        });
+        let racing = shared.try_admit().expect("under the limit");
+        t.join().unwrap();
+        let status = shared.status();
+        // `old` was admitted before the first change: released by the second. `racing` is
+        // still counted, or was released with `old`: never both, never neither.
+        assert!(status.released >= 1, "{status:?}");
+        assert_eq!(status.in_flight + status.released, 2, "{status:?}");
+        shared.complete(&racing, Completion::Served);
+        shared.complete(&old, Completion::Served);
+        let status = shared.status();
+        assert_eq!((status.in_flight, status.released), (0, 0), "{status:?}");
     });
 }

@@ -31,9 +31,9 @@
 //!
 //! The limit `L` bounds the requests in flight. Latencies of admitted requests are sampled
 //! in windows (at least [`window`](AdaptiveLimitBuilder::window) long and at least
-//! [`min_samples`](AdaptiveLimitBuilder::min_samples) outcomes), and at the end of each
-//! window, with `s` the window's latency percentile (the median by default) and `b` the
-//! baseline:
+//! [`min_samples`](AdaptiveLimitBuilder::min_samples) outcomes; or sooner, see [requests
+//! that take long](#requests-that-take-long)), and at the end of each window, with `s` the
+//! window's latency percentile (the median by default) and `b` the baseline:
 //!
 //! ```text
 //! gradient = clamp(b * tolerance / s, 0.5, 2)
@@ -50,8 +50,9 @@
 //!   that traffic never reached says nothing, and growing it would let a burst in all at
 //!   once;
 //! - a window where at least [`failure_threshold`](AdaptiveLimitBuilder::failure_threshold)
-//!   of the outcomes were [overload failures](#failures) multiplies `L` by
-//!   [`backoff`](AdaptiveLimitBuilder::backoff) (0.9), whatever the latency.
+//!   of the outcomes were [overload failures](#outcomes) (errors of the inner service, not
+//!   responses) multiplies `L` by [`backoff`](AdaptiveLimitBuilder::backoff) (0.9),
+//!   whatever the latency.
 //!
 //! **The start.** A new layer admits up to
 //! [`initial_limit`](AdaptiveLimitBuilder::initial_limit) (20) requests at once from its
@@ -103,26 +104,88 @@
 //! limit only under overload, and their deadline are this crate's, as are the
 //! implementation and the combination.
 //!
-//! # Failures
+//! # Outcomes
 //!
-//! An admitted request ends in one of four ways:
+//! What each admitted request counts for is the "adaptive limit" column of the workspace's
+//! one outcome table (`overload_signal::protocol`, "Outcomes"): **latency alone**, as
+//! Envoy's adaptive concurrency filter. An admitted request ends in one of four ways:
 //!
-//! - a **rejection by a limiting layer inside this one** (its answer carries a
-//!   [`Rejection`]: a global rate limit's `429`, a keyed limit's): the service never ran,
-//!   so it is neither a sample nor a failure, and a rate limit under this one sheds what
-//!   it must without driving this limit down;
-//! - a response that is not an overload failure (any 2xx, 3xx, 4xx other than 429, any 5xx
-//!   other than 503 and 504): its latency is sampled;
-//! - an **overload failure**: HTTP 429, 503 or 504, gRPC `DEADLINE_EXCEEDED`,
-//!   `RESOURCE_EXHAUSTED` or `UNAVAILABLE` in the response head, or an error from the inner
-//!   service. Counted toward the failure share; its latency is not sampled (a fast failure
-//!   says nothing about queueing);
-//! - its future is dropped before it completes (the client went away, a timeout above
+//! - a **response the service made**, whatever its status: 2xx, 4xx, a `500` from a bug,
+//!   and a `429`, `503` or `504` (or gRPC `RESOURCE_EXHAUSTED`, `UNAVAILABLE`,
+//!   `DEADLINE_EXCEEDED`) the handler made: its latency is a sample. A handler whose
+//!   dependency is down answers `503` as fast as it answers anything; were that this
+//!   service's overload, the limit would walk to its floor and shed the routes that never
+//!   use the dependency. If the service itself slows down, its latency shows it;
+//! - **left out**, neither a sample nor a failure:
+//!   - a **rejection by a limiting layer inside this one** (its answer carries a
+//!     [`Rejection`]: a global rate limit's `429`, a keyed limit's): the service never
+//!     ran, and a rate limit under this one sheds what it must without driving this limit
+//!     down;
+//!   - the **stop signal** (`X-Overloaded`, a negative `grpc-retry-pushback-ms`; or an
+//!     [`Overloaded`](overload_signal::Overloaded) error, alone or in a `tower::BoxError`'s
+//!     chain), which a handler passes on from a downstream: it says how the downstream is
+//!     doing;
+//!   - **anything that ends a request during which a downstream call was marked**: a
+//!     retry layer of `backoff-layer` below raises the marks (a stop signal received, a call
+//!     its client-side throttle refused, one it gave up on, one out of time) in the overload
+//!     layer's propagation scope ([`overload_signal::propagation`]), which is current while
+//!     this limit runs under [`OverloadProtectionLayer`](crate::OverloadProtectionLayer).
+//!     Such a request measures the downstream and its retries, not this service: its `502`,
+//!     its error, even its `200` are left out. Without the overload layer outside, there are
+//!     no marks, and these requests count as above;
+//! - an **overload failure**: an error of the inner service (no response at all: a tower
+//!   `Timeout` or `LoadShed` inside this layer), neither the stop signal nor marked. Counted
+//!   toward the failure share ([`failure_threshold`](AdaptiveLimitBuilder::failure_threshold));
+//!   its latency is not sampled (a fast failure says nothing about queueing);
+//! - its future is **dropped** before it completes (the client went away, a timeout above
 //!   fired): its slot is freed. If it ran longer than the baseline times the tolerance, the
 //!   time it ran is sampled as its latency (a lower bound), so that a timeout layer above
 //!   this one cannot hide a slowing service from the limit; a request dropped sooner
 //!   records nothing (a client leaving says nothing about the service). Nothing dropped is
 //!   sampled while the baseline is measured.
+//!
+//! # Requests that take long
+//!
+//! A request that does not end (an upload whose body trickles in, a long poll, a call to a
+//! dependency that never answers) would hold its slot for good, and twenty of them would
+//! hold a limit of twenty: every other request rejected, and no window closing, since
+//! windows close on completions. Two rules keep that from happening:
+//!
+//! - **Held requests are released.** A request still in flight after
+//!   [`release_after`](AdaptiveLimitBuilder::release_after) (by default ten times the
+//!   target latency, the baseline times the tolerance, within 1 to 30 s; 5 s while no
+//!   baseline is known) stops counting toward the limit: its slot comes back, and it counts
+//!   once as a latency sample of the time it has run, which is evidence of overload, so
+//!   many of them bring the limit down. When it ends at last, nothing more is counted. It is
+//!   released between one and two bounds after admission, by the layer's tick (every
+//!   100 ms). Released requests still run: they count toward
+//!   [`max_limit`](AdaptiveLimitBuilder::max_limit) with those in flight, so a service that
+//!   never answers holds at most that many, however long it lasts.
+//! - **A window held full closes on time.** When the limit turned requests away in a
+//!   window that has lasted twice its length, and nothing has completed for twice the
+//!   window and the target latency (once a baseline is known), the tick closes the window
+//!   whatever it holds: the
+//!   requests that completed before show whether the service was fine with the limit in
+//!   use, and the limit grows if so. (A window that is not held full still waits for its
+//!   outcomes: the percentile of a handful of samples is noise.)
+//!
+//! Until then, the held requests hold their slots: twenty that arrive at once into a limit
+//! of twenty, right after a window closed, leave nothing to learn from, and the other
+//! requests are rejected for one to two bounds (1 to 2 s at the default for a fast
+//! service). So do not let such requests reach the limit:
+//!
+//! - **exempt long polls and streams** ([`exempt`](AdaptiveLimitBuilder::exempt)): a
+//!   request that is meant to last has no latency to measure;
+//! - **a request-body timeout belongs inside the layer**, between it and the handler (for
+//!   example tower-http's `RequestBodyTimeoutLayer` added after this one in a
+//!   `ServiceBuilder`, or before it in axum's `Router::layer`), so that a slow upload fails
+//!   and frees its slot within your timeout. The body is read inside the handler, after
+//!   this layer admitted the request; a timeout outside cannot see it;
+//! - give calls to dependencies a timeout (`backoff-layer`'s retry layer has a per-attempt
+//!   one), so that a hung dependency answers `504` or `502` rather than never.
+//!
+//! `ratelimit_layer_adaptive_held_total` counts the requests released; a steady rate there
+//! is one of these missing.
 //!
 //! # Examples
 //!
@@ -199,11 +262,13 @@
 //!
 //! | name | kind | meaning |
 //! |---|---|---|
-//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service; counted per core, added to the counter once a second by the layer's tick |
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | requests passed to the inner service; counted per core, added to the counter by the layer's tick (every 100 ms) |
 //! | `ratelimit_layer_adaptive_rejected_total` | counter | requests rejected at the limit |
 //! | `ratelimit_layer_adaptive_limit` | gauge | the limit in force: set on the first request, then when a window closes |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | the measured no-load latency; 0 until the first measurement ends |
 //! | `ratelimit_layer_adaptive_latency_seconds` | gauge | the last window's latency percentile; 0 before the first window closes, and again once no request has completed for [`QUIET_PERIOD`](AdaptiveLimitLayer::QUIET_PERIOD) (10 s) |
+//! | `ratelimit_layer_adaptive_held_total` | counter | requests released for being in flight longer than [`release_after`](AdaptiveLimitBuilder::release_after) (see [requests that take long](#requests-that-take-long)) |
+//! | `ratelimit_layer_adaptive_held_running` | gauge | those released requests still running, set at each release (once per bound); they count toward [`max_limit`](AdaptiveLimitBuilder::max_limit) |
 //!
 //! The limit and the baseline stay true while no request comes (nothing changes them); the
 //! latency gauge describes a window of requests, so with no request to measure it falls to
@@ -215,21 +280,27 @@
 //! field `name`: the first rejection of an episode at `WARN` ("adaptive limit engaged",
 //! with the limit and the requests in flight), its end at `INFO` ("adaptive limit
 //! released") once no request has been rejected for
-//! [`QUIET_PERIOD`](AdaptiveLimitLayer::QUIET_PERIOD) (10 s; the layer checks every second),
-//! every rejection at `TRACE`, and each window's figures at `TRACE`.
+//! [`QUIET_PERIOD`](AdaptiveLimitLayer::QUIET_PERIOD) (10 s; the layer's tick checks every
+//! 100 ms), every rejection at `TRACE`, each window's figures at `TRACE`, and each release
+//! of requests held too long at `DEBUG`.
 //!
 //! # What a request costs
 //!
-//! Admission is a compare-and-swap on the in-flight count, a read of the window's peak (an
+//! Admission is a read of the released count, a compare-and-swap on the in-flight count,
+//! one on the current generation's count of admissions, a read of the window's peak (an
 //! atomic maximum when it grows), a clock read and an addition to the calling core's stripe
-//! of the admitted count; completion is an atomic subtraction, a clock
-//! read and two atomic additions into the window's histogram. The in-flight count is one
-//! shared word, as in any concurrency limit (tower's and tower-acc's semaphores included). Once per window one thread (never a waiting one: the lock is only tried)
-//! reads the histogram and moves the limit. Nothing on the admitted path allocates.
+//! of the admitted count; completion is a compare-and-swap on its generation's count, an
+//! atomic subtraction, a clock read and two atomic additions into the window's histogram.
+//! The in-flight count is one shared word, as in any concurrency limit (tower's and
+//! tower-acc's semaphores included). Once per window one thread (never a waiting one: the
+//! lock is only tried) reads the histogram and moves the limit; once per bound the tick
+//! releases the requests held too long, a generation at a time, without visiting them.
+//! Nothing on the admitted path allocates.
 
 mod builder;
 mod controller;
 pub mod future;
+mod held;
 mod layer;
 #[cfg(all(test, loom))]
 mod loom_tests;

@@ -84,6 +84,14 @@ impl LatencySampler {
         self.samples.fetch_add(1, Ordering::Relaxed);
     }
 
+    /// Records `count` latencies of `nanos` each (requests released for being held long).
+    pub(super) fn record_many(&self, nanos: u64, count: u64) {
+        // NOTE: a bucket counts in 32 bits; a window holds far fewer requests than that.
+        let added = u32::try_from(count).unwrap_or(u32::MAX);
+        self.buckets[bucket_of(nanos / 1_000)].fetch_add(added, StdOrdering::Relaxed);
+        self.samples.fetch_add(u64::from(added), Ordering::Relaxed);
+    }
+
     /// Records a failure (no latency: a failure's latency says nothing about queueing).
     #[inline]
     pub(super) fn record_failure(&self) {

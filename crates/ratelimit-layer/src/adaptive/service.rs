@@ -53,6 +53,7 @@ impl<S: fmt::Debug, C> fmt::Debug for AdaptiveLimit<S, C> {
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for AdaptiveLimit<S, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: 'static,
     ResBody: Default,
     C: Clock,
 {

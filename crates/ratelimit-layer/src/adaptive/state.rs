@@ -1,5 +1,6 @@
-//! What a layer and its services share: the limit, the in-flight count, the window being
-//! sampled, the controller, the metric handles, and the episode of the limit engaged.
+//! What a layer and its services share: the limit, the in-flight count, the requests held
+//! too long, the window being sampled, the controller, the metric handles, and the episode
+//! of the limit engaged.
 
 use std::fmt;
 use std::sync::{Arc, Mutex, PoisonError, TryLockError};
@@ -14,15 +15,37 @@ use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use super::controller::{
     AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
 };
+use super::held::{
+    HeldRequests, RELEASE_AFTER_MAX, RELEASE_AFTER_MIN, RELEASE_AFTER_TARGETS,
+    RELEASE_AFTER_UNMEASURED, Released,
+};
 use super::sampler::LatencySampler;
-use crate::telemetry::{AdaptiveLimitMetrics, TICK};
+use crate::telemetry::AdaptiveLimitMetrics;
+
+/// How often the layer's tick runs: 100 ms, the default window. It releases requests held
+/// too long (at most one tick late), closes a window whose limit is held full while nothing
+/// completes (see [`AdaptiveLimitState::tick`]), adds the striped admissions to their
+/// counter, and ends an episode of the limit engaged.
+pub(super) const TICK: Duration = Duration::from_millis(100);
 
 /// The shared state of one adaptive limit.
 pub(crate) struct AdaptiveLimitState<C> {
     clock: C,
     /// The admission limit in force; written only when a window closes.
     limit: AtomicUsize,
+    /// Requests admitted and neither completed nor released.
     in_flight: AtomicUsize,
+    /// The ceiling of the limit, and of the requests in flight and released together.
+    max_limit: usize,
+    /// Requests by generation of admission, and those released for being held too long.
+    held: HeldRequests,
+    /// How long a request may be in flight before it is released (clock nanoseconds): the
+    /// setting, or ten times the target latency within 1..=30 s (5 s without a baseline);
+    /// set when a window closes. See [`release_after`].
+    release_after: AtomicU64,
+    fixed_release_after: Option<u64>,
+    /// The shortest window (clock nanoseconds), for the tick's closing of a held window.
+    window: u64,
     /// The most in flight at once since the window started.
     peak_in_flight: AtomicUsize,
     /// Whether a request was rejected since the window started.
@@ -69,17 +92,19 @@ pub(crate) struct AdaptiveLimitState<C> {
 /// Which requests bypass the limit.
 pub(super) type ExemptFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
-/// How an admitted request ended, as the limit counts it.
+/// How an admitted request ended, as the limit counts it (the "adaptive limit" column of
+/// the workspace's outcome table; see [`completion_of`](super::future::completion_of)).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(super) enum Completion {
-    /// A response that is not an overload failure: its latency is a sample.
+    /// A response the service made, whatever its status: its latency is a sample.
     Served,
-    /// An overload failure (see [`is_overload`](super::future::is_overload)) or an error of
-    /// the inner service: counted toward the failure share.
+    /// An error of the inner service (no response), not the stop signal and not after a
+    /// marked downstream call: counted toward the failure share.
     Overloaded,
-    /// A rejection a limiting layer inside this one made (it carries a `Rejection`): the
-    /// service never ran, so it is neither a sample nor a failure of the service.
-    Ignored,
+    /// Left out, neither a sample nor a failure: a rejection a limiting layer inside this
+    /// one made (the service never ran), the stop signal, or anything that ended a request
+    /// during which a downstream call was marked (it measures the downstream).
+    LeftOut,
     /// Its future was dropped before it completed (the client went away, a timeout above
     /// fired).
     Dropped,
@@ -89,6 +114,8 @@ pub(super) enum Completion {
 #[derive(Debug)]
 pub(super) struct AdmittedRequest {
     pub(super) started: u64,
+    /// The generation it was admitted in (see [`HeldRequests`]).
+    pub(super) generation: u64,
 }
 
 impl<C: Clock> AdaptiveLimitState<C> {
@@ -99,13 +126,21 @@ impl<C: Clock> AdaptiveLimitState<C> {
         name: LayerName,
         quiet: Duration,
         exempt: Option<Box<ExemptFn>>,
+        fixed_release_after: Option<Duration>,
     ) -> Self {
         let now = clock.now();
         let controller = GradientController::new(settings, now);
         let slow_drop = slow_drop(&controller, settings.tolerance);
+        let fixed_release_after = fixed_release_after.map(saturating_nanos);
+        let release_after = release_after(fixed_release_after, &controller, settings.tolerance);
         Self {
             limit: AtomicUsize::new(controller.limit()),
             in_flight: AtomicUsize::new(0),
+            max_limit: settings.max_limit,
+            held: HeldRequests::new(now),
+            release_after: AtomicU64::new(release_after),
+            fixed_release_after,
+            window: saturating_nanos(settings.window),
             peak_in_flight: AtomicUsize::new(0),
             rejected_in_window: AtomicBool::new(false),
             sampler: LatencySampler::new(),
@@ -161,17 +196,19 @@ impl<C: Clock> AdaptiveLimitState<C> {
             .unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Once a [`TICK`] while the layer lives: ends the episode of a limit that has
-    /// rejected nothing for the quiet period, and sets the latency gauge to zero once no
-    /// request has completed for the quiet period (it describes a window of requests, and
-    /// none has been measured).
+    /// Once a [`TICK`] while the layer lives: ends a probe past its deadline; releases the
+    /// requests held too long; closes a window whose limit is held full while nothing
+    /// completes; ends the episode of a limit that has rejected nothing for the quiet
+    /// period; and sets the latency gauge to zero once no request has completed for the
+    /// quiet period (it describes a window of requests, and none has been measured).
     fn tick(&self) {
         self.flush_admitted();
         let now = self.clock.now();
         if now >= self.close_by.load(Ordering::Relaxed) {
             // A probe whose requests stopped completing (or coming) ends here.
-            self.close_window(now);
+            self.close_window(now, Close::Deadline);
         }
+        self.release_held(now);
         if let Some(ended) = self.engaged.quiet_for(self.quiet, now) {
             tracing::info!(
                 name = %self.name(),
@@ -188,12 +225,75 @@ impl<C: Clock> AdaptiveLimitState<C> {
         if windows_moved || outcomes_moved {
             self.last_progress.store(now, Ordering::Relaxed);
             self.latency_idle.store(false, Ordering::Relaxed);
-        } else if now.saturating_sub(self.last_progress.load(Ordering::Relaxed))
-            >= saturating_nanos(self.quiet)
-            && !self.latency_idle.swap(true, Ordering::Relaxed)
+            return;
+        }
+        let still = now.saturating_sub(self.last_progress.load(Ordering::Relaxed));
+        if self.is_held_full(now, still) {
+            self.close_window(now, Close::HeldFull);
+        }
+        if still >= saturating_nanos(self.quiet) && !self.latency_idle.swap(true, Ordering::Relaxed)
         {
             self.metrics.get().latency.set(0.0);
         }
+    }
+
+    /// Whether the window (tracking, with a baseline) has been held full for a while: it has
+    /// lasted twice its length, the limit turned requests away in it, and nothing has
+    /// completed for `still` nanoseconds, at least twice the window and the target latency.
+    ///
+    /// Then the window closes whatever it holds, so that the controller moves without
+    /// completions: the requests that completed before say whether the service was fine
+    /// with the limit in use (it grows the limit if so), and the held ones are released at
+    /// their bound. A window that is not held full waits for its outcomes, as before: the
+    /// percentile of a handful of samples is noise, and at a low rate every window would
+    /// hold a handful.
+    fn is_held_full(&self, now: u64, still: u64) -> bool {
+        let target = self.slow_drop.load(Ordering::Relaxed);
+        target != u64::MAX
+            && self.rejected_in_window.load(Ordering::Relaxed)
+            && now
+                >= self
+                    .close_at
+                    .load(Ordering::Relaxed)
+                    .saturating_add(self.window)
+            && still >= target.max(self.window.saturating_mul(2))
+    }
+
+    /// Once per `release_after`, releases the requests in flight for longer: their slots
+    /// come back, and each is a latency sample of the least time it has run (not while a
+    /// baseline is measured, whose samples must be completed requests).
+    pub(super) fn release_held(&self, now: u64) {
+        let release_after = self.release_after.load(Ordering::Relaxed);
+        if let Some(released) = self.held.advance(now, release_after) {
+            self.release(released, release_after);
+        }
+    }
+
+    #[cold]
+    fn release(&self, released: Released, release_after: u64) {
+        if released.count == 0 {
+            let metrics = self.metrics.get();
+            metrics.held_running.set(self.held.released() as f64);
+            return;
+        }
+        // NOTE: the count the tick took off the generation's word is the number of those
+        // requests' admissions still in `in_flight` (each admission adds to `in_flight`
+        // before it adds to its word): this never takes off more than was added.
+        self.in_flight
+            .fetch_sub(released.count as usize, Ordering::AcqRel);
+        if self.slow_drop.load(Ordering::Relaxed) != u64::MAX {
+            self.sampler.record_many(released.age, released.count);
+        }
+        let metrics = self.metrics.get();
+        metrics.held.increment(released.count);
+        metrics.held_running.set(self.held.released() as f64);
+        tracing::debug!(
+            name = %self.name(),
+            released = released.count,
+            release_after = ?Duration::from_nanos(release_after),
+            still_running = self.held.released(),
+            "adaptive limit released requests held longer than their bound"
+        );
     }
 
     /// Whether `parts` bypasses the limit (an exempt route, such as a health check).
@@ -208,14 +308,19 @@ impl<C: Clock> AdaptiveLimitState<C> {
         self.exempt.is_some()
     }
 
-    /// Admits a request if fewer than the limit are in flight.
+    /// Admits a request if fewer than the limit are in flight, and fewer than the maximum
+    /// limit with the released requests still running.
     #[inline]
     pub(super) fn try_admit(&self) -> Option<AdmittedRequest> {
         let limit = self.limit.load(Ordering::Relaxed);
+        // NOTE: released requests no longer count toward the limit, but they still run: a
+        // service that never answers must not take an unbounded pile of them.
+        let ceiling = self.max_limit.saturating_sub(self.held.released());
+        let open = limit.min(ceiling);
         let admitted = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
-                (n < limit).then_some(n + 1)
+                (n < open).then_some(n + 1)
             });
         match admitted {
             Ok(before) => {
@@ -231,8 +336,12 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 } else {
                     self.metrics.get().admitted.increment(1);
                 }
+                // NOTE: after the in-flight count, never before: the tick takes a released
+                // generation's count off `in_flight`, which must already hold it.
+                let generation = self.held.admit();
                 Some(AdmittedRequest {
                     started: self.clock.now(),
+                    generation,
                 })
             }
             Err(_) => {
@@ -274,7 +383,10 @@ impl<C> Drop for AdaptiveLimitState<C> {
 /// Ends admitted requests; what a response future needs of [`AdaptiveLimitState`], without
 /// its clock type.
 pub(super) trait CompleteRequest: Send + Sync + 'static {
-    /// Ends an admitted request with `outcome`.
+    /// Ends an admitted request with `completion`.
+    ///
+    /// A request the tick released (held longer than its bound) was counted then, once:
+    /// its completion counts nothing more.
     ///
     /// A dropped request's latency is unknown. One dropped early (a client that went away)
     /// says nothing about the service and is not sampled. One dropped after running longer
@@ -282,32 +394,69 @@ pub(super) trait CompleteRequest: Send + Sync + 'static {
     /// timeout layer above this one, a slowing service's requests are dropped, not
     /// completed, and without these samples only the fast completions would be measured and
     /// the limit would hold while most requests time out.
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Completion);
+    fn complete(&self, admitted: &AdmittedRequest, completion: Completion);
 }
 
 impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
     #[inline]
-    fn complete(&self, admitted: &AdmittedRequest, outcome: Completion) {
+    fn complete(&self, admitted: &AdmittedRequest, completion: Completion) {
+        if !self.held.complete(admitted.generation) {
+            // NOTE: released by the tick, which gave its slot back and sampled it.
+            return;
+        }
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
         if admitted.started >= self.sample_floor.load(Ordering::Relaxed) {
             let elapsed = now.saturating_sub(admitted.started);
-            match outcome {
+            match completion {
                 Completion::Overloaded => self.sampler.record_failure(),
                 Completion::Served => self.sampler.record(elapsed),
                 Completion::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
                     self.sampler.record(elapsed);
                 }
-                Completion::Dropped | Completion::Ignored => {}
+                Completion::Dropped | Completion::LeftOut => {}
             }
         }
         // NOTE: checked whatever the outcome, so that a probe whose requests are all
         // dropped (or rejected inside) still ends at its deadline.
         let due = now >= self.close_at.load(Ordering::Relaxed)
             && self.sampler.outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed);
-        if due || now >= self.close_by.load(Ordering::Relaxed) {
-            self.close_window(now);
+        if due {
+            self.close_window(now, Close::Due);
+        } else if now >= self.close_by.load(Ordering::Relaxed) {
+            self.close_window(now, Close::Deadline);
         }
+    }
+}
+
+/// Why a window closes.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Close {
+    /// It has lasted its length and holds its outcomes (checked again under the lock).
+    Due,
+    /// A probe's deadline passed (checked again under the lock).
+    Deadline,
+    /// The tick found it held full while nothing completes: it closes whatever it holds.
+    HeldFull,
+}
+
+/// How long a request may be in flight before the tick releases it (clock nanoseconds):
+/// the setting, or ten times the target latency (the baseline times the tolerance) within
+/// 1..=30 s, or 5 s while no baseline is known.
+fn release_after(fixed: Option<u64>, controller: &GradientController, tolerance: f64) -> u64 {
+    if let Some(fixed) = fixed {
+        return fixed;
+    }
+    match controller.baseline() {
+        Some(baseline) => {
+            // Float to integer casts saturate.
+            let bound = (baseline as f64 * tolerance * RELEASE_AFTER_TARGETS) as u64;
+            bound.clamp(
+                saturating_nanos(RELEASE_AFTER_MIN),
+                saturating_nanos(RELEASE_AFTER_MAX),
+            )
+        }
+        None => saturating_nanos(RELEASE_AFTER_UNMEASURED),
     }
 }
 
@@ -340,7 +489,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
     /// Closes the window if no other thread is doing it, and applies the controller's
     /// answer.
     #[cold]
-    fn close_window(&self, now: u64) {
+    fn close_window(&self, now: u64, close: Close) {
         // NOTE: `try_lock`: a thread that finds the window being closed goes on at once;
         // the admitted path never waits for the controller. A lock poisoned by a panic
         // while a window closed (a metrics recorder or log subscriber that panicked) is
@@ -353,10 +502,21 @@ impl<C: Clock> AdaptiveLimitState<C> {
         };
         // Another thread may have closed it between our check and the lock.
         let timed_out = now >= self.close_by.load(Ordering::Relaxed);
-        if !timed_out
-            && (now < self.close_at.load(Ordering::Relaxed)
-                || self.sampler.outcomes() < self.close_after_outcomes.load(Ordering::Relaxed))
-        {
+        let close_at = self.close_at.load(Ordering::Relaxed);
+        let still_open = match close {
+            Close::Due | Close::Deadline => {
+                timed_out
+                    || (now >= close_at
+                        && self.sampler.outcomes()
+                            >= self.close_after_outcomes.load(Ordering::Relaxed))
+            }
+            // NOTE: the window the tick found held full, not a fresh one opened since.
+            Close::HeldFull => {
+                self.rejected_in_window.load(Ordering::Relaxed)
+                    && now >= close_at.saturating_add(self.window)
+            }
+        };
+        if !still_open {
             return;
         }
         let taken = self.sampler.take(self.quantile);
@@ -382,6 +542,10 @@ impl<C: Clock> AdaptiveLimitState<C> {
         self.limit.store(update.limit, Ordering::Relaxed);
         self.slow_drop
             .store(slow_drop(&controller, self.tolerance), Ordering::Relaxed);
+        self.release_after.store(
+            release_after(self.fixed_release_after, &controller, self.tolerance),
+            Ordering::Relaxed,
+        );
         self.close_after_outcomes
             .store(controller.samples_needed(), Ordering::Relaxed);
         self.close_at.store(
@@ -401,6 +565,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             peak_in_flight = stats.peak_in_flight,
             probing = update.probe_started,
             timed_out,
+            held_full = close == Close::HeldFull,
             "adaptive limit window closed"
         );
         self.windows_closed.fetch_add(1, Ordering::Relaxed);
@@ -426,6 +591,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
         Status {
             limit: self.limit.load(Ordering::Relaxed),
             in_flight: self.in_flight.load(Ordering::Relaxed),
+            released: self.held.released(),
             baseline: controller.baseline().map(Duration::from_nanos),
             latency: controller.last_latency().map(Duration::from_nanos),
             probing: matches!(controller.phase(), ControllerPhase::Probing { .. }),
@@ -440,8 +606,13 @@ impl<C: Clock> AdaptiveLimitState<C> {
 pub struct Status {
     /// The concurrency limit in force: requests beyond it are rejected.
     pub limit: usize,
-    /// Requests admitted and not yet completed.
+    /// Requests admitted and not yet completed, but those released.
     pub in_flight: usize,
+    /// Requests released from the limit for being in flight longer than
+    /// [`release_after`](super::AdaptiveLimitBuilder::release_after), and still running:
+    /// they no longer count toward the limit, only toward its ceiling
+    /// ([`max_limit`](super::AdaptiveLimitBuilder::max_limit)), with those in flight.
+    pub released: usize,
     /// The no-load latency measured by the last probe (`None` before the first ends).
     pub baseline: Option<Duration>,
     /// The latency percentile of the last closed window (`None` before the first).
@@ -456,6 +627,7 @@ impl<C> fmt::Debug for AdaptiveLimitState<C> {
             .field("name", self.metrics.name())
             .field("limit", &self.limit.load(Ordering::Relaxed))
             .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
+            .field("held", &self.held)
             .field("retry_after", &self.retry_after)
             .finish_non_exhaustive()
     }
