@@ -100,7 +100,10 @@
 //!      each caller class's weight capped; one that concerns a caller over its own quota
 //!      ([`RejectionScope::Caller`]) is judged on that caller's class alone;
 //!    - anything else passes through untouched, headers and body included: every `Err` of
-//!      the inner service, and a `429` or `503` (gRPC 8 or 14) that no limiting layer
+//!      the inner service, a rejection of a request for what it is (a marker of kind
+//!      [`MissingKey`](RejectionKind::MissingKey) or
+//!      [`ExceedsCapacity`](RejectionKind::ExceedsCapacity): no retry pressure makes it the
+//!      system's overload), and a `429` or `503` (gRPC 8 or 14) that no limiting layer
 //!      marked: the handler's own, or an upstream's passed on by a gateway. (Unless the
 //!      layer is told to [judge every rejection](OverloadSignalLayerBuilder::judge_every_rejection),
 //!      for a limiter that cannot mark its answers.)
