@@ -9,7 +9,16 @@
 //! | | HTTP | gRPC (`content-type: application/grpc...`) |
 //! |---|---|---|
 //! | rejected | `429 Too Many Requests`, `Retry-After` (whole seconds, rounded up, at least 1), `RateLimit-Policy`, `RateLimit` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms`, and the same `RateLimit` fields |
+//! | its cost exceeds the limit's capacity (burst or quota): never admissible, not to be retried | `413 Content Too Large`, `RateLimit-Policy`; no `Retry-After`, no `RateLimit` | HTTP `200`, `grpc-status: 3` (INVALID_ARGUMENT), `grpc-message`, the same `RateLimit-Policy`; no pushback |
 //! | admitted | the inner response; with [`admitted_headers`](RateLimitBuilder::admitted_headers), plus `RateLimit-Policy` and `RateLimit` | same |
+//!
+//! `RateLimit-Policy` advertises the limit as the IETF draft defines it: `q` units per `w`
+//! whole seconds, where `w` is the time the limiter takes to refill its whole capacity at
+//! its rate (the burst for a token bucket, the quota for a window), rounded up to whole
+//! seconds, at least one, and `q` what its rate admits over `w`, rounded down; `RateLimit`'s
+//! `r` (what the limiter holds now) is then never above `q`, and its `t` never above `w`. A
+//! `10 per 100 ms` bucket with a burst of 10 is `q=100;w=1`; `60 per minute` with a burst
+//! of 60 is `q=60;w=60`. See [`Limiter`] for each algorithm's figures.
 //!
 //! The layer is `Clone + Send + Sync` (clones share the limits), generic over request and
 //! response bodies (rejections use `ResBody::default()`), and fits `axum::Router::layer`,
@@ -231,7 +240,8 @@
 //!
 //! Every answer a limit of this crate makes itself carries an
 //! `overload_signal::signal::Rejection` in its extensions: why (`RateLimited`,
-//! `AtCapacity`, `MissingKey`), whom it concerns, the wait it asks for and the layer's name.
+//! `AtCapacity`, `MissingKey`, `ExceedsCapacity`), whom it concerns, the wait it asks for
+//! and the layer's name.
 //! The overload layer outside judges only such marked rejections (a `429` or `503` your
 //! handler makes, or an upstream's, passes untouched), and a response mapper outside both
 //! can give rejections a body of your own (a JSON problem, CORS headers) without guessing

@@ -5,7 +5,7 @@
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service (counted per core and added once a second, by the layer's tick) |
-//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection (`429`, or `413` for a cost above the limit's capacity) |
 //! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer |
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //! | `ratelimit_layer_redis_fallbacks_total` | counter | `name`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
@@ -42,7 +42,8 @@
 pub const REQUESTS_ADMITTED: &str = "ratelimit_layer_requests_admitted_total";
 
 /// Counter, labels `name` and `key_class` (`global`, `keyed`, `overflow` or `unkeyed`, see
-/// [`KeyClass`](crate::keyed::KeyClass)): requests answered with a rejection.
+/// [`KeyClass`](crate::keyed::KeyClass)): requests answered with a rejection: `429`, or
+/// `413` for a request whose cost exceeds the limit's capacity.
 pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
 
 /// Gauge, label `name`: keys tracked by a keyed layer, set every second after a sweep of

@@ -32,8 +32,10 @@
 //! tuple `(outer, inner)` (tower's `Layer` for tuples nests the first outermost) or a
 //! `tower::ServiceBuilder`. The marker says why (rate limited, at capacity) and whom the
 //! rejection concerns: one caller's own quota (a keyed limit's rejection, judged on that
-//! caller's own retries) or the whole server. Only marked rejections become the stop signal:
-//! a `429` or `503` the handler makes, or an upstream's passed on, goes through untouched. A
+//! caller's own retries) or the whole server. Only marked rejections become the stop signal,
+//! and only those of a limit that is full (never a request refused for what it is: a missing
+//! key, or a cost above the limit's capacity, answered `413`): a `429` or `503` the handler
+//! makes, or an upstream's passed on, goes through untouched. A
 //! limiter of your own inserts the marker in the rejections it makes; one you cannot change
 //! is judged with `OverloadSignalLayer::builder().judge_every_rejection(true)`.
 //!

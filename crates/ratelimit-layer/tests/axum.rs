@@ -63,7 +63,9 @@ async fn axum_router_answers_429_with_the_protocol_headers() {
     let res = get().await.unwrap();
     assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
     assert_eq!(res.headers()[http::header::RETRY_AFTER], "1");
-    assert_eq!(res.headers()[RATELIMIT_POLICY], "\"default\";q=1;w=1");
+    // One a second, bursts of 2: two over the 2 s the burst takes to refill (issue 30,
+    // finding 7: it was `q=1;w=1`, under the `r` of 2 a fresh bucket shows).
+    assert_eq!(res.headers()[RATELIMIT_POLICY], "\"default\";q=2;w=2");
     assert_eq!(res.headers()[RATELIMIT], "\"default\";r=0;t=2");
     let body = res.into_body().collect().await.unwrap().to_bytes();
     assert!(body.is_empty(), "the handler did not run");

@@ -12,7 +12,7 @@ use overload_signal::protocol::{GRPC_RETRY_PUSHBACK_MS, RATELIMIT, RATELIMIT_POL
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::key::{ClientIp, MissingKey};
 use ratelimit_layer::{
-    ConfigErrorKind, FixedWindow, RateLimit, RateLimitLayer, SlidingWindow, TokenBucket,
+    ConfigErrorKind, FixedWindow, Limiter, RateLimit, RateLimitLayer, SlidingWindow, TokenBucket,
 };
 use tower::util::BoxService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
@@ -233,27 +233,213 @@ async fn weighted_requests() {
     }
 }
 
+/// Regression (issue 30, finding 7): a request whose cost exceeds the limiter's capacity
+/// (its burst, or its quota) was answered `429` with `Retry-After`, an invitation to retry a
+/// request that can never be admitted. It is answered `413 Content Too Large` now, with the
+/// `RateLimit-Policy` field (the quota it exceeds) and neither `Retry-After` nor `RateLimit`;
+/// gRPC `INVALID_ARGUMENT`, trailers-only, no pushback; marked `ExceedsCapacity`, whatever
+/// the algorithm, global or keyed.
 #[tokio::test]
-async fn over_capacity_requests_are_rejected_with_the_window() {
-    let layer = RateLimitLayer::builder(
-        TokenBucket::builder(5)
+async fn a_request_too_heavy_for_the_limit_is_answered_413_never_429() {
+    use overload_signal::signal::{Rejection, RejectionScope};
+    fn layers() -> Vec<(&'static str, RateLimitLayer)> {
+        let costly = |parts: &http::request::Parts| {
+            parts
+                .headers
+                .get("x-cost")
+                .map_or(1, |v| v.to_str().unwrap().parse().unwrap())
+        };
+        let bucket = TokenBucket::builder(5)
             .period(Duration::from_secs(3))
             .build()
-            .unwrap(),
-    )
-    .clock(FakeClock::new())
-    .cost_by(|_| 6)
-    .build()
-    .unwrap();
-    let calls = Calls::default();
-    let res = layer
-        .layer(counting_service(&calls))
-        .oneshot(request())
-        .await
-        .unwrap();
-    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
-    assert_eq!(res.headers()[http::header::RETRY_AFTER], "3");
-    assert_eq!(calls.load(Ordering::SeqCst), 0);
+            .unwrap();
+        let fixed = FixedWindow::builder(5)
+            .window(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        let sliding = SlidingWindow::builder(5)
+            .window(Duration::from_secs(3))
+            .build()
+            .unwrap();
+        vec![
+            (
+                "token bucket",
+                RateLimitLayer::builder(bucket.clone())
+                    .clock(FakeClock::new())
+                    .cost_by(costly)
+                    .build()
+                    .unwrap(),
+            ),
+            (
+                "keyed token bucket",
+                RateLimitLayer::builder(bucket)
+                    .clock(FakeClock::new())
+                    .key_by_client_ip(ClientIp::new())
+                    .missing_key(MissingKey::Shared)
+                    .cost_by(costly)
+                    .build()
+                    .unwrap(),
+            ),
+            (
+                "fixed window",
+                RateLimitLayer::builder(fixed)
+                    .clock(FakeClock::new())
+                    .cost_by(costly)
+                    .build()
+                    .unwrap(),
+            ),
+            (
+                "sliding window",
+                RateLimitLayer::builder(sliding)
+                    .clock(FakeClock::new())
+                    .cost_by(costly)
+                    .build()
+                    .unwrap(),
+            ),
+        ]
+    }
+    let costing = |cost: u32, grpc: bool| {
+        let mut req = from("192.0.2.1:1");
+        req.headers_mut().insert("x-cost", HeaderValue::from(cost));
+        if grpc {
+            req.headers_mut().insert(
+                http::header::CONTENT_TYPE,
+                HeaderValue::from_static("application/grpc"),
+            );
+        }
+        req
+    };
+    let kind = |r: &Response<String>| r.extensions().get::<Rejection>().map(|m| m.kind().as_str());
+    for (algorithm, layer) in layers() {
+        let calls = Calls::default();
+        let svc = layer.layer(counting_service(&calls));
+        // Above the capacity of 5, on a full limit: never admissible.
+        let res = svc.clone().oneshot(costing(6, false)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE, "{algorithm}");
+        assert_eq!(
+            res.headers()[RATELIMIT_POLICY],
+            "\"default\";q=5;w=3",
+            "{algorithm}"
+        );
+        assert!(
+            res.headers().get(http::header::RETRY_AFTER).is_none(),
+            "{algorithm}"
+        );
+        assert!(res.headers().get(RATELIMIT).is_none(), "{algorithm}");
+        assert_eq!(kind(&res), Some("exceeds_capacity"), "{algorithm}");
+        let marker = res.extensions().get::<Rejection>().unwrap();
+        assert_eq!(marker.retry_after(), None, "{algorithm}");
+        assert_eq!(marker.scope(), RejectionScope::Caller, "{algorithm}");
+        let res = svc.clone().oneshot(costing(u32::MAX, true)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{algorithm}");
+        assert_eq!(
+            grpc_status(res.headers()),
+            Some(3),
+            "{algorithm}: INVALID_ARGUMENT"
+        );
+        assert_eq!(
+            res.headers()["grpc-message"],
+            "the request's cost exceeds the rate limit's capacity: it can never be admitted"
+        );
+        assert!(
+            res.headers().get(GRPC_RETRY_PUSHBACK_MS).is_none(),
+            "{algorithm}"
+        );
+        assert_eq!(
+            res.headers()[RATELIMIT_POLICY],
+            "\"default\";q=5;w=3",
+            "{algorithm}"
+        );
+        assert_eq!(kind(&res), Some("exceeds_capacity"), "{algorithm}");
+        // Nothing was taken: the whole capacity still admits, and only then does the limit
+        // answer `429`, to be retried.
+        let res = svc.clone().oneshot(costing(5, false)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::OK, "{algorithm}");
+        let res = svc.clone().oneshot(costing(1, false)).await.unwrap();
+        assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS, "{algorithm}");
+        assert_eq!(kind(&res), Some("rate_limited"), "{algorithm}");
+        assert_eq!(calls.load(Ordering::SeqCst), 1, "{algorithm}");
+    }
+}
+
+/// Regression (issue 30, finding 7): `RateLimit-Policy` advertised `q=rate;w=ceil(period)`
+/// while `RateLimit` counted out of the burst, so a `10 per 100 ms` bucket was advertised as
+/// `q=10;w=1`, ten times under its rate. Every algorithm now advertises its rate over the
+/// time its capacity takes to refill, in whole seconds, and `r` is never above `q`.
+#[tokio::test]
+async fn the_policy_field_advertises_the_real_rate_and_never_less_than_r() {
+    async fn fields<L: Limiter>(limiter: L) -> Vec<(String, String)> {
+        let svc = RateLimitLayer::builder(limiter)
+            .clock(FakeClock::new())
+            .admitted_headers(true)
+            .build()
+            .unwrap()
+            .layer(counting_service(&Calls::default()));
+        let mut seen = Vec::new();
+        for _ in 0..2 {
+            let res = svc.clone().oneshot(request()).await.unwrap();
+            let text = |name| res.headers()[name].to_str().unwrap().to_owned();
+            seen.push((text(&RATELIMIT_POLICY), text(&RATELIMIT)));
+        }
+        seen
+    }
+    let ms = Duration::from_millis;
+    let s = Duration::from_secs;
+    let both = |policy: &str, first: &str, second: &str| {
+        vec![
+            (policy.to_owned(), first.to_owned()),
+            (policy.to_owned(), second.to_owned()),
+        ]
+    };
+    let tb = |rate, period, burst| {
+        TokenBucket::builder(rate)
+            .period(period)
+            .burst(burst)
+            .build()
+            .unwrap()
+    };
+    assert_eq!(
+        fields(tb(10, ms(100), 10)).await,
+        both(
+            "\"default\";q=100;w=1",
+            "\"default\";r=9;t=1",
+            "\"default\";r=8;t=1"
+        )
+    );
+    assert_eq!(
+        fields(tb(300, s(1), 30)).await,
+        both(
+            "\"default\";q=300;w=1",
+            "\"default\";r=29;t=1",
+            "\"default\";r=28;t=1"
+        )
+    );
+    assert_eq!(
+        fields(tb(60, s(60), 60)).await,
+        both(
+            "\"default\";q=60;w=60",
+            "\"default\";r=59;t=1",
+            "\"default\";r=58;t=2"
+        )
+    );
+    let fixed = FixedWindow::builder(10).window(ms(100)).build().unwrap();
+    assert_eq!(
+        fields(fixed).await,
+        both(
+            "\"default\";q=100;w=1",
+            "\"default\";r=9;t=1",
+            "\"default\";r=8;t=1"
+        )
+    );
+    let sliding = SlidingWindow::builder(600).window(s(60)).build().unwrap();
+    assert_eq!(
+        fields(sliding).await,
+        both(
+            "\"default\";q=600;w=60",
+            "\"default\";r=599;t=60",
+            "\"default\";r=598;t=60"
+        )
+    );
 }
 
 #[test]
@@ -310,7 +496,7 @@ fn invalid_builds_name_the_setting() {
         .unwrap_err();
     assert_eq!(err.field(), "name");
     // A cost chosen per request is not checked at build time: an over-capacity request is
-    // rejected when it comes (see `over_capacity_requests_are_rejected_with_the_window`).
+    // answered `413` when it comes (see `a_request_too_heavy_for_the_limit_is_answered_413_never_429`).
     assert!(
         RateLimitLayer::builder(bucket(10, 5))
             .cost_by(|_| 6)

@@ -56,9 +56,11 @@ async fn separate_layers_share_one_limit() {
     for svc in [&a, &b] {
         let response = send(svc).await;
         assert_eq!(response.status(), StatusCode::TOO_MANY_REQUESTS);
+        // One an hour, bursts of 10: 10 over the 10 hours the burst takes to refill (issue
+        // 30, finding 7: it was `q=1;w=3600`, under the `r` of 10 a fresh bucket shows).
         assert_eq!(
             header(&response, &RATELIMIT_POLICY),
-            "\"default\";q=1;w=3600"
+            "\"default\";q=10;w=36000"
         );
         let retry_after: u64 = header(&response, &http::header::RETRY_AFTER)
             .parse()
@@ -391,6 +393,55 @@ async fn redis_never_there_is_a_local_limit() {
             StatusCode::TOO_MANY_REQUESTS
         ]
     );
+}
+
+/// Regression (issue 30, finding 7), for a limit kept in Redis: a request above the
+/// limit's capacity, which the decider leaves to the local limiter without asking Redis, is
+/// answered `413` with the fleet's policy, as a local limit answers it, whether Redis is
+/// there or not; a request above the local share's capacity but within the fleet's waits
+/// for Redis (`429`), since it is admissible once Redis is back.
+#[tokio::test(flavor = "current_thread")]
+async fn a_request_too_heavy_for_the_fleets_limit_is_413_with_redis_or_without() {
+    let costing = |cost: u32| {
+        let mut req = Request::new(());
+        req.headers_mut().insert("x-cost", cost.into());
+        req
+    };
+    let layer = |store| {
+        Svc::new(
+            RateLimitLayer::builder(hourly(10))
+                .cost_by(|parts| parts.headers["x-cost"].to_str().unwrap().parse().unwrap())
+                .redis(store)
+                .local_share(0.5)
+                .budget(GENEROUS)
+                .build()
+                .unwrap()
+                .layer(ok()),
+        )
+    };
+    let call = |svc: &Svc, cost| {
+        let svc = svc.clone();
+        async move { svc.oneshot(costing(cost)).await.unwrap() }
+    };
+    let fleet = "\"default\";q=10;w=36000";
+    let mut server = RedisServer::start();
+    let svc = layer(store(&server).await);
+    let res = call(&svc, 11).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(header(&res, &RATELIMIT_POLICY), fleet);
+    assert!(res.headers().get(http::header::RETRY_AFTER).is_none());
+    assert!(res.headers().get(RATELIMIT).is_none());
+    // Within the fleet's capacity, above the local share's: Redis decides.
+    assert_eq!(call(&svc, 7).await.status(), StatusCode::OK);
+
+    server.stop();
+    let res = call(&svc, 11).await;
+    assert_eq!(res.status(), StatusCode::PAYLOAD_TOO_LARGE);
+    assert_eq!(header(&res, &RATELIMIT_POLICY), fleet);
+    // The local share (a burst of 5) cannot take 7 now; the fleet can once Redis is back.
+    let res = call(&svc, 7).await;
+    assert_eq!(res.status(), StatusCode::TOO_MANY_REQUESTS);
+    assert!(res.headers().get(http::header::RETRY_AFTER).is_some());
 }
 
 type Builder = ratelimit_layer::redis::RedisLayerBuilder<

@@ -18,6 +18,11 @@ pin_project! {
     /// The response future of [`Deadline`](super::Deadline): the answer to an expired
     /// request, or the inner service's future, run with the request's deadline as the
     /// current one and cancelled when it passes.
+    ///
+    /// # Panics
+    ///
+    /// When polled again after it has returned its output, as tower's futures do (a request
+    /// without any deadline: whatever the inner future does then).
     pub struct ResponseFuture<F> {
         #[pin]
         state: State<F>,
@@ -49,7 +54,8 @@ pin_project! {
             protocol: Protocol,
             layer: Arc<DeadlineState>,
         },
-        // Cancelled: the inner future was dropped.
+        // Answered: expired on arrival, cancelled (the inner future dropped), or the inner
+        // future's output returned. Polling again panics.
         Done,
     }
 }
@@ -96,7 +102,11 @@ where
         let mut this = self.project();
         let (protocol, layer) = match this.state.as_mut().project() {
             StateProj::Expired { protocol } => {
-                return Poll::Ready(Ok(deadline_exceeded_response(*protocol)));
+                let protocol = *protocol;
+                // NOTE: `Done` before answering: a poll after this one panics, as tower's
+                // futures (and the retry layer's) do, rather than answer a second `504`.
+                this.state.set(State::Done);
+                return Poll::Ready(Ok(deadline_exceeded_response(protocol)));
             }
             StateProj::Open { inner } => return inner.poll(cx),
             StateProj::Running {
@@ -107,6 +117,9 @@ where
                 layer,
             } => {
                 if let Poll::Ready(output) = inner.poll(cx) {
+                    // NOTE: the finished work and its timer go now, and a further poll
+                    // panics here, by our name.
+                    this.state.set(State::Done);
                     return Poll::Ready(output);
                 }
                 if let Some(at) = cancel_at.take() {

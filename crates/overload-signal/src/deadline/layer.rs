@@ -60,7 +60,11 @@ impl DeadlineLayer {
     ///
     /// The deadline a handler reads, and passes on to its downstream calls, is the caller's,
     /// without the allowance: a tier never gives its downstream more time than its caller
-    /// has left. A gRPC `grpc-timeout`, which has no send time, needs no allowance.
+    /// has left. Except for a request admitted only thanks to the allowance (its deadline
+    /// passed, on this clock, by less than it): that one runs with the time until its work
+    /// would be cancelled, never more than its caller's timeout, rather than with none (see
+    /// [the time left a request runs with](crate::deadline#the-time-left-a-request-runs-with)).
+    /// A gRPC `grpc-timeout`, which has no send time, needs no allowance.
     pub const DEFAULT_SKEW_ALLOWANCE: Duration = state::DEFAULT_SKEW_ALLOWANCE;
 
     /// The largest skew allowance [`build`](DeadlineLayerBuilder::build) accepts: one

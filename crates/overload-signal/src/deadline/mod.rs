@@ -102,11 +102,37 @@
 //! disagree: the deadline is then counted from arrival (`timeout` alone), and the request is
 //! counted as skewed.
 //!
+//! # The time left a request runs with
+//!
+//! What [`time_left`] and [`current`] say in the handler, and what its downstream calls
+//! carry, for `X-Request-Deadline: t, timeout` read `queued` after `t` (on this server's
+//! clock), with the allowance `A`:
+//!
+//! | the request | time left on arrival | cancelled after |
+//! |---|---|---|
+//! | `queued < timeout`: the deadline not yet passed, as the clocks place it | `timeout - queued`: what the caller has left, never more | `timeout - queued + A` |
+//! | `timeout <= queued < timeout + A`: admitted only because this server's clock may be up to `A` ahead | `min(timeout + A - queued, timeout)`: the time until the work is cancelled, never more than the caller gave | `timeout + A - queued` |
+//! | `t` in the future, by at most `A` | `timeout`, from arrival | `timeout + A` |
+//! | `t` in the future, by more than `A` (skewed) | `timeout`, from arrival | `timeout` |
+//! | `queued >= timeout + A`, or `timeout` is 0 | expired on arrival: `504`, the handler never runs | |
+//!
+//! So every request the layer admits runs with some time left, never more than its caller
+//! gave: the second row is the layer's bet that the clocks disagree, and the handler's
+//! downstream calls get the same bet rather than a deadline already past, at which every
+//! one would fail at once. A zero `timeout` leaves nothing to give, whatever the clocks.
+//!
+//! The layer reads tokio's clock before the wall clock, so that time passing between the
+//! two reads (a thread preempted on a loaded host) counts as time queued: the deadline it
+//! places is never later than `t + timeout` as this server's clock reads it (`t` and
+//! `timeout` are whole milliseconds, truncated by the sender, so never later than the
+//! sender's own deadline either). A tier whose clock agrees with its caller's thus never
+//! tells its downstream more than the caller has left (outside the second row).
+//!
 //! # What the caller gets
 //!
 //! | request | HTTP | gRPC |
 //! |---|---|---|
-//! | deadline passed on arrival (by more than the allowance) | `504 Gateway Timeout`, empty body; the inner service is not called | `200`, `grpc-status: 4` (DEADLINE_EXCEEDED), trailers-only |
+//! | deadline passed on arrival (by more than the allowance), or a zero timeout | `504 Gateway Timeout`, empty body; the inner service is not called | `200`, `grpc-status: 4` (DEADLINE_EXCEEDED), trailers-only |
 //! | still running at its deadline (plus the allowance), cancelling on | the same; the inner future is dropped | the same |
 //! | anything else | the inner service's response, untouched | the same |
 //!

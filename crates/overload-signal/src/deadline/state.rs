@@ -156,6 +156,12 @@ impl DeadlineState {
         match WireDeadline::from_headers(headers) {
             Ok(None) => {}
             Ok(Some(wire)) => {
+                // NOTE: tokio's clock first, the wall clock second. Time that passes between
+                // the two reads (a thread preempted on a loaded host) then counts as time
+                // the request queued, which moves the deadline earlier; read the other way
+                // round, it would move it later, and a tier would pass on more time than its
+                // caller has left (issue 30, finding 7).
+                let now = now();
                 let (queued, tolerance) = match wire.queued(self.wall.now(), self.skew_allowance) {
                     Some(queued) => (queued, self.skew_allowance),
                     None => {
@@ -163,21 +169,10 @@ impl DeadlineState {
                         (Duration::ZERO, Duration::ZERO)
                     }
                 };
-                let timeout = wire.timeout();
-                if queued >= timeout.saturating_add(tolerance) {
-                    return Arrival::Expired { queued };
+                match place(now, queued, wire.timeout(), tolerance) {
+                    Some(reading) => keep(reading),
+                    None => return Arrival::Expired { queued },
                 }
-                // NOTE: queued < timeout + tolerance, so the deadline is at most `tolerance`
-                // before now, and the cancellation not before now.
-                let now = now();
-                let deadline = match timeout.checked_sub(queued) {
-                    Some(left) => RequestDeadline::after_from(now, left).instant(),
-                    None => now.checked_sub(queued - timeout).unwrap_or(now),
-                };
-                keep(Reading {
-                    deadline,
-                    cancel_at: deadline.checked_add(tolerance).unwrap_or(deadline),
-                });
             }
             Err(malformed) => {
                 metrics.malformed();
@@ -272,6 +267,51 @@ impl DeadlineState {
             skew_ended(self.name(), ended, QUIET);
         }
     }
+}
+
+/// Where a deadline read from `X-Request-Deadline` falls on this server's clock, for a
+/// request read `now`, `queued` after its send time (zero for a send time in the future),
+/// with the caller's `timeout` and the skew `tolerance` (the allowance; zero when the send
+/// time is not trusted); `None` when the request is expired on arrival.
+///
+/// - Expired: `queued >= timeout + tolerance` (the deadline passed by more than the
+///   allowance), or a zero `timeout`: the caller gave the work no time at all, whatever the
+///   clocks say, and a handler admitted with none could only fail its downstream calls.
+/// - Otherwise the work is cancelled at `now + timeout + tolerance - queued`: the deadline
+///   plus the allowance, since this server's clock may be that far ahead of the caller's.
+/// - The deadline the handler reads, and passes on, is `now + timeout - queued` while that
+///   is after `now`: the caller's, as the two clocks place it, never more than it has left.
+/// - When that has already passed (the request is admitted inside the allowance only
+///   because this server's clock may be ahead), it is the cancellation, but never more than
+///   `timeout` from now: the layer bets that the clocks disagree by enough for the caller
+///   to still wait, and its downstream calls get the same bet rather than failing at once,
+///   with never more than the caller gave.
+///
+/// Every admitted request thus has a deadline after `now`, and at most `timeout` after it.
+fn place(
+    now: Instant,
+    queued: Duration,
+    timeout: Duration,
+    tolerance: Duration,
+) -> Option<Reading> {
+    let until_cancel = timeout.saturating_add(tolerance).checked_sub(queued)?;
+    if until_cancel.is_zero() || timeout.is_zero() {
+        return None;
+    }
+    let left = match timeout.checked_sub(queued) {
+        Some(left) if !left.is_zero() => left,
+        // NOTE: admitted inside the allowance: 0 < until_cancel <= tolerance.
+        _ => until_cancel.min(timeout),
+    };
+    let deadline = RequestDeadline::after_from(now, left).instant();
+    // NOTE: `left <= until_cancel`, so the work is never cancelled before its deadline.
+    let cancel_at = deadline
+        .checked_add(until_cancel - left)
+        .unwrap_or(deadline);
+    Some(Reading {
+        deadline,
+        cancel_at,
+    })
 }
 
 impl fmt::Debug for DeadlineState {

@@ -86,14 +86,14 @@ async fn a_request_that_queued_past_its_deadline_is_answered_at_once_without_the
     assert_eq!(start.elapsed(), Duration::ZERO, "at once");
     assert_eq!(calls.load(Ordering::SeqCst), 0, "the handler never ran");
     // Expired by less than the allowance: served (a clock ahead by that much is no reason
-    // to drop it), with nothing left to pass on.
+    // to drop it), with the time until its work would be cancelled.
     let response = svc
         .clone()
         .oneshot(sent(&wall, 2200 * MS, 2000 * MS))
         .await
         .unwrap();
     assert_eq!(response.status(), StatusCode::OK);
-    assert_eq!(response.body(), "0");
+    assert_eq!(response.body(), "50");
     // Queued 500 ms of its 2 s: served, with 1.5 s left.
     let response = svc.oneshot(sent(&wall, 500 * MS, 2000 * MS)).await.unwrap();
     assert_eq!(response.body(), "1500");
@@ -233,6 +233,8 @@ async fn malformed_fields_are_ignored_and_counted_never_an_error() {
         "timeout=5",
         "",
         "t=99999999999999999999, timeout=1",
+        // Issue 30, finding 7: a send time no clock can read.
+        "t=999999999999999, timeout=1",
     ] {
         let mut req = Request::new(String::new());
         req.headers_mut()
@@ -246,7 +248,7 @@ async fn malformed_fields_are_ignored_and_counted_never_an_error() {
     }
     let r = svc.oneshot(grpc("1.5S")).await.unwrap();
     assert_eq!(r.status(), StatusCode::OK);
-    assert_eq!(calls.load(Ordering::SeqCst), 5);
+    assert_eq!(calls.load(Ordering::SeqCst), 6);
     let malformed = snapshotter
         .snapshot()
         .into_vec()
@@ -264,7 +266,7 @@ async fn malformed_fields_are_ignored_and_counted_never_an_error() {
         malformed,
         Some((
             vec![("name".to_owned(), "api".to_owned())],
-            DebugValue::Counter(5)
+            DebugValue::Counter(6)
         ))
     );
 }
@@ -417,5 +419,153 @@ async fn the_inner_services_call_sees_the_deadline_too() {
     assert_eq!(
         *seen.lock().unwrap(),
         [Some(Duration::from_millis(700)), None]
+    );
+}
+
+/// Regression (issue 30, finding 7): a request admitted inside the skew allowance (its
+/// deadline passed, on this server's clock, by less than the allowance) ran with
+/// `time_left() == 0`, so every downstream call it made through the retry layer failed at
+/// once. It now runs with the time until its work would be cancelled, never more than its
+/// caller's timeout; a zero timeout, which leaves nothing to give, is expired on arrival.
+#[tokio::test(start_paused = true)]
+async fn a_request_admitted_inside_the_skew_allowance_runs_with_time_left() {
+    let wall = wall();
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = layer(wall, 250 * MS).layer(svc);
+    let call = |ago: u32, timeout: u32| {
+        let svc = svc.clone();
+        async move {
+            let r = svc
+                .oneshot(sent(&wall, ago * MS, timeout * MS))
+                .await
+                .unwrap();
+            (r.status(), r.into_body())
+        }
+    };
+    let served = |left: &str| (StatusCode::OK, left.to_owned());
+    // 200 ms past a 2 s deadline: 50 ms until the work is cancelled, and the handler has
+    // them to pass on.
+    assert_eq!(call(2200, 2000).await, served("50"));
+    // At the deadline: the whole allowance.
+    assert_eq!(call(2000, 2000).await, served("250"));
+    // 150 ms into a 100 ms timeout: 200 ms until the cancellation, but never more than the
+    // caller gave.
+    assert_eq!(call(150, 100).await, served("100"));
+    // Before the deadline, as the clocks place it: what the caller has left, no more.
+    assert_eq!(call(1999, 2000).await, served("1"));
+    assert_eq!(calls.load(Ordering::SeqCst), 4);
+    // A zero timeout is expired on arrival, sent now or within the allowance's past or
+    // future: the handler could only fail.
+    for ago in [0, 100] {
+        assert_eq!(call(ago, 0).await.0, StatusCode::GATEWAY_TIMEOUT, "{ago}");
+    }
+    let mut future = Request::new(String::new());
+    use overload_core::clock::WallClock;
+    WireDeadline::new(wall.now() + 100 * MS, Duration::ZERO).set(future.headers_mut());
+    let r = svc.clone().oneshot(future).await.unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(calls.load(Ordering::SeqCst), 4, "no handler ran");
+
+    // The work is still cancelled where it was: at the deadline plus the allowance.
+    let (slow, _) = worker(5000 * MS);
+    let start = Instant::now();
+    let r = layer(wall, 250 * MS)
+        .layer(slow)
+        .oneshot(sent(&wall, 2200 * MS, 2000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(start.elapsed(), 50 * MS);
+}
+
+/// Regression (issue 30, finding 7): the future of a request expired on arrival answered a
+/// fresh `504` on every poll after its first answer. A poll after the output panics now,
+/// as tower's futures and the retry layer's do, whichever way the future ended.
+#[tokio::test(start_paused = true)]
+async fn a_future_polled_after_its_answer_panics() {
+    use std::future::Future;
+    use std::panic::{AssertUnwindSafe, catch_unwind};
+    use std::pin::pin;
+    use std::task::{Context, Poll, Waker};
+
+    let wall = wall();
+    let mut cx = Context::from_waker(Waker::noop());
+    for (ago, status) in [
+        (3000 * MS, StatusCode::GATEWAY_TIMEOUT), // expired on arrival
+        (Duration::ZERO, StatusCode::OK),         // run to its end
+    ] {
+        let (svc, _) = worker(Duration::ZERO);
+        let mut svc = layer(wall, Duration::ZERO).layer(svc);
+        svc.ready().await.unwrap();
+        let mut future = pin!(svc.call(sent(&wall, ago, 2000 * MS)));
+        match future.as_mut().poll(&mut cx) {
+            Poll::Ready(Ok(r)) => assert_eq!(r.status(), status),
+            other => panic!("answered at once: {other:?}"),
+        }
+        let again = catch_unwind(AssertUnwindSafe(|| future.as_mut().poll(&mut cx)));
+        let panic = again.expect_err("a second output");
+        let message = panic
+            .downcast_ref::<&str>()
+            .copied()
+            .or_else(|| panic.downcast_ref::<String>().map(String::as_str));
+        assert_eq!(
+            message,
+            Some("deadline response future polled after completion"),
+            "{status}"
+        );
+    }
+}
+
+/// A wall clock whose reader loses the CPU around each reading, as a thread preempted on a
+/// loaded host does: it sleeps before and after reading the system's time of day.
+struct PreemptedWallClock;
+
+/// How long [`PreemptedWallClock`]'s reader is away, each side of the reading.
+const PREEMPTED: Duration = Duration::from_millis(50);
+
+impl overload_core::clock::WallClock for PreemptedWallClock {
+    // NOTE: blocks the test's own thread on purpose: the pause is the point.
+    #[allow(clippy::disallowed_methods)]
+    fn now(&self) -> SystemTime {
+        std::thread::sleep(PREEMPTED);
+        let now = SystemTime::now();
+        std::thread::sleep(PREEMPTED);
+        now
+    }
+}
+
+/// Regression (issue 30, finding 7): the layer read the wall clock (for the time queued)
+/// before tokio's (for the deadline), so time passing between the two reads (a preempted
+/// thread) moved the deadline later by that much, and a tier told its downstream more than
+/// its caller had left: `deadline_tiers` saw 3 ms under load. It reads tokio's clock first
+/// now, so such a pause only ever shortens the deadline.
+#[tokio::test]
+async fn a_pause_between_the_clock_reads_never_moves_the_deadline_later() {
+    let svc = DeadlineLayer::builder()
+        .wall_clock(PreemptedWallClock)
+        .skew_allowance(Duration::ZERO)
+        .build()
+        .unwrap()
+        .layer(service_fn(|_req: Request<String>| async {
+            Ok::<_, Infallible>(Response::new(current().map(RequestDeadline::instant)))
+        }));
+    // The caller: sent 100 ms ago, waits a second. The wall clock is read before tokio's,
+    // so on tokio's clock the send time is at most `before - 100 ms` (truncated to the
+    // millisecond: earlier still), and the caller's deadline at most `before + 900 ms`.
+    let sent_at = SystemTime::now();
+    let before = Instant::now();
+    let mut req = Request::new(String::new());
+    WireDeadline::new(sent_at - 100 * MS, 1000 * MS).set(req.headers_mut());
+    let placed = svc
+        .oneshot(req)
+        .await
+        .unwrap()
+        .into_body()
+        .expect("a deadline");
+    let callers = before + 900 * MS;
+    assert!(
+        placed <= callers,
+        "the layer placed the deadline {:?} after the caller's",
+        placed - callers
     );
 }

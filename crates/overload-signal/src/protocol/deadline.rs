@@ -42,6 +42,10 @@ use super::stop::Protocol;
 ///   separated by a comma; spaces and tabs around members are ignored.
 /// - Each value is 1 to 15 ASCII digits (a Structured Field integer's range): no sign, no
 ///   fraction, nothing else. Leading zeros are allowed.
+/// - `t` is at most 18 446 744 073 709 (milliseconds: 2554-07-21, the last instant
+///   `u64` nanoseconds since the epoch hold, which is all some platforms' `SystemTime` can
+///   represent), and a time this platform's `SystemTime` can represent: a send time past
+///   it is no clock's reading, and is malformed on every receiver alike, never a panic.
 /// - Any other member, an empty member, a missing one, or a value that breaks these rules
 ///   makes the whole field malformed. So do several header lines, or a repeated member,
 ///   that disagree; lines that repeat the same values (a proxy that merged two) are read
@@ -77,29 +81,39 @@ pub struct WireDeadline {
 /// The largest value of either member: 15 digits, a Structured Field integer's range.
 const MAX_VALUE: u64 = 999_999_999_999_999;
 
+/// The largest `t`, in milliseconds: the last whole millisecond that `u64` nanoseconds since
+/// the Unix epoch hold (2554-07-21), the narrowest `SystemTime` among Rust's platforms (WASI
+/// and UEFI count so). A bound that does not depend on the receiver's platform, so that a
+/// field is well-formed or malformed on every host of a fleet alike.
+const MAX_SENT: u64 = u64::MAX / 1_000_000;
+
+/// `ms` milliseconds after the Unix epoch, if `SystemTime` can represent it here.
+fn since_epoch(ms: u64) -> Option<SystemTime> {
+    SystemTime::UNIX_EPOCH.checked_add(Duration::from_millis(ms))
+}
+
 impl WireDeadline {
     /// A deadline `timeout` after `sent`. Both are truncated to whole milliseconds, so that a
     /// receiver never places the deadline later than the sender's; a time before the Unix
-    /// epoch reads as the epoch, and either value above 15 digits of milliseconds (31 000
-    /// years) as that.
+    /// epoch reads as the epoch, one after 2554-07-21 (the largest `t`, see the parsing
+    /// rules) as that, and a timeout above 15 digits of milliseconds (31 000 years) as that.
     pub fn new(sent: SystemTime, timeout: Duration) -> Self {
-        let millis = |d: Duration| {
-            u64::try_from(d.as_millis())
-                .unwrap_or(u64::MAX)
-                .min(MAX_VALUE)
-        };
+        let millis = |d: Duration| u64::try_from(d.as_millis()).unwrap_or(u64::MAX);
         let sent = sent
             .duration_since(SystemTime::UNIX_EPOCH)
-            .map_or(0, millis);
+            .map_or(0, |d| millis(d).min(MAX_SENT));
         Self {
             sent,
-            timeout: millis(timeout),
+            timeout: millis(timeout).min(MAX_VALUE),
         }
     }
 
     /// When the request was sent, on the sender's clock (to the millisecond).
     pub fn sent(&self) -> SystemTime {
-        SystemTime::UNIX_EPOCH + Duration::from_millis(self.sent)
+        // NOTE: `new` takes `sent` from a `SystemTime` (truncated, so never later) and
+        // `parse` refuses a `t` that `since_epoch` cannot place, so this is always `Some`;
+        // the epoch is a fallback that cannot be reached, not a panic.
+        since_epoch(self.sent).unwrap_or(SystemTime::UNIX_EPOCH)
     }
 
     /// How long after [`sent`](Self::sent) the sender waits for the response's head.
@@ -244,6 +258,9 @@ impl Fields {
 
     fn finish(self) -> Result<WireDeadline, MalformedDeadline> {
         match (self.sent, self.timeout) {
+            (Some(sent), Some(_)) if sent > MAX_SENT || since_epoch(sent).is_none() => Err(
+                MalformedDeadline("`t` is past the last time a clock can read (2554-07-21)"),
+            ),
             (Some(sent), Some(timeout)) => Ok(WireDeadline { sent, timeout }),
             (None, _) => Err(MalformedDeadline("`t` is missing")),
             (_, None) => Err(MalformedDeadline("`timeout` is missing")),
@@ -418,6 +435,9 @@ mod tests {
         WireDeadline::parse(&HeaderValue::from_static(value))
     }
 
+    /// The largest `t` (2554-07-21), spelled out.
+    const LAST_T: u64 = 18_446_744_073_709;
+
     fn at(sent: u64, timeout: u64) -> WireDeadline {
         WireDeadline { sent, timeout }
     }
@@ -432,8 +452,8 @@ mod tests {
         assert_eq!(parse(" t=0 ,\ttimeout=0 "), Ok(at(0, 0)));
         assert_eq!(parse("t=007, timeout=010"), Ok(at(7, 10)));
         assert_eq!(
-            parse("t=999999999999999, timeout=999999999999999"),
-            Ok(at(MAX_VALUE, MAX_VALUE))
+            parse("t=18446744073709, timeout=999999999999999"),
+            Ok(at(LAST_T, MAX_VALUE))
         );
         // A proxy that merged two identical lines.
         assert_eq!(parse("t=5, timeout=9, t=5, timeout=9"), Ok(at(5, 9)));
@@ -513,6 +533,47 @@ mod tests {
         );
     }
 
+    /// Regression (issue 30, finding 7): `t` was added to the Unix epoch unchecked
+    /// (`UNIX_EPOCH + t`), which overflows, and panics, where `SystemTime` holds less than 15
+    /// digits of milliseconds (WASI and UEFI count `u64` nanoseconds: 584 years). A `t` that
+    /// no clock can read is now malformed, on every platform alike; the largest one that is
+    /// read is placed without a panic.
+    #[test]
+    fn a_send_time_no_clock_can_read_is_malformed_never_a_panic() {
+        for junk in [
+            "t=999999999999999, timeout=999999999999999",
+            "t=999999999999999, timeout=0",
+            "t=18446744073710, timeout=1",
+        ] {
+            assert_eq!(
+                parse(junk).map_err(|e| e.to_string()),
+                Err(
+                    "malformed deadline: `t` is past the last time a clock can read (2554-07-21)"
+                        .to_owned()
+                ),
+                "{junk:?}"
+            );
+        }
+        let last = parse("t=18446744073709, timeout=999999999999999").unwrap();
+        assert_eq!(
+            last.sent(),
+            SystemTime::UNIX_EPOCH + Duration::from_millis(18_446_744_073_709)
+        );
+        let now = SystemTime::now();
+        assert_eq!(
+            last.queued(now, Duration::from_secs(60)),
+            None,
+            "the future"
+        );
+        assert_eq!(last.timeout(), Duration::from_millis(MAX_VALUE));
+        // A sender's clock past it sends the largest `t`, which every receiver reads.
+        let far = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000_000_000_000);
+        assert_eq!(WireDeadline::new(far, Duration::MAX), at(LAST_T, MAX_VALUE));
+        assert!(
+            WireDeadline::parse(&WireDeadline::new(far, Duration::ZERO).to_header_value()).is_ok()
+        );
+    }
+
     #[test]
     fn queued_reads_the_senders_clock_within_the_allowance() {
         let now = SystemTime::UNIX_EPOCH + Duration::from_secs(1_000);
@@ -533,7 +594,7 @@ mod tests {
 
     proptest! {
         #[test]
-        fn every_value_round_trips(sent in 0..=MAX_VALUE, timeout in 0..=MAX_VALUE) {
+        fn every_value_round_trips(sent in 0..=LAST_T, timeout in 0..=MAX_VALUE) {
             let d = at(sent, timeout);
             prop_assert_eq!(WireDeadline::parse(&d.to_header_value()), Ok(d));
             prop_assert_eq!(

@@ -4,6 +4,10 @@ use http::header::HeaderMap;
 
 use super::headers::GRPC_STATUS;
 
+/// gRPC status code `INVALID_ARGUMENT` (3): the request itself is wrong, whatever the
+/// server's state; a request too heavy ever to pass a rate limit is answered with it.
+pub const GRPC_INVALID_ARGUMENT: u16 = 3;
+
 /// gRPC status code `DEADLINE_EXCEEDED` (4): a call's deadline passed before it completed.
 pub const GRPC_DEADLINE_EXCEEDED: u16 = 4;
 

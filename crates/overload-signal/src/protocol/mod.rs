@@ -14,6 +14,7 @@
 //! | counter missing | [`Attempt::Unknown`]: not counted as a retry | same |
 //! | counter malformed (empty, not decimal, signed, whitespace inside, over 64 bits, repeated with different values) | [`Attempt::Malformed`]: treated as unknown; never an error response, never a panic. Values above [`Attempt::CLAMP`] clamp to it | same |
 //! | node-local rejection: retry later, elsewhere | `429 Too Many Requests`, `Retry-After: <whole seconds, rounded up, at least 1>`, `RateLimit-Policy: "default";q=100;w=1`, `RateLimit: "default";r=0;t=1` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms: <ms>` |
+//! | a request whose cost exceeds a rate limit's capacity: never admissible, do not retry ([`exceeds_capacity_response`]) | `413 Content Too Large`, `RateLimit-Policy` (the quota it exceeds); no `Retry-After`, no `RateLimit` | HTTP `200`, `grpc-status: 3` (INVALID_ARGUMENT), `grpc-message`; no pushback |
 //! | how long the caller still waits | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`: when the attempt was sent, on the sender's clock, and how long from then the sender waits for the response's head ([`WireDeadline`]). A receiver measures the time the request queued from `t`, trusts `t` to within a skew allowance, and falls back on `timeout` from arrival when `t` lies further in its future. Malformed: ignored and counted, never an error response | `grpc-timeout` (gRPC's own): what is left of the caller's deadline when the attempt is sent, never more than the caller gave; read from arrival |
 //! | the deadline passed before the request was served | `504 Gateway Timeout` | HTTP `200`, `grpc-status: 4` (DEADLINE_EXCEEDED) |
 //! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
@@ -120,8 +121,8 @@ pub use deadline::{
     parse_grpc_timeout,
 };
 pub use grpc::{
-    GRPC_DEADLINE_EXCEEDED, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, grpc_status, is_grpc,
-    is_grpc_web,
+    GRPC_DEADLINE_EXCEEDED, GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
+    grpc_status, is_grpc, is_grpc_web,
 };
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
@@ -135,6 +136,7 @@ pub use retry_after::{
     parse_retry_after, retry_after,
 };
 pub use stop::{
-    Protocol, bad_gateway_response, is_stop_signal, service_unavailable_response, set_stop_signal,
-    stop_signal_response, too_many_requests_response,
+    Protocol, bad_gateway_response, exceeds_capacity_response, is_stop_signal,
+    service_unavailable_response, set_stop_signal, stop_signal_response,
+    too_many_requests_response,
 };

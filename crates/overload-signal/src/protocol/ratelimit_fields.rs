@@ -44,6 +44,22 @@ fn ceil_secs(d: Duration) -> u64 {
     secs.min(SF_INTEGER_MAX)
 }
 
+/// `quota` per `window` (not zero) as a quota per whole seconds: the window rounded up to
+/// whole seconds (at least one), the quota scaled to it and rounded down. A window past the
+/// Structured Field range keeps its quota.
+fn whole_seconds(quota: u64, window: Duration) -> (u64, Duration) {
+    let secs = ceil_secs(window).max(1);
+    let whole = Duration::from_secs(secs);
+    let Some(extra) = whole.checked_sub(window) else {
+        return (quota, whole);
+    };
+    // NOTE: floor(quota * whole / window) = quota + floor(quota * extra / window), with
+    // extra < 1 s: the product stays within a u128 whatever the quota.
+    let added = u128::from(quota) * extra.as_nanos() / window.as_nanos();
+    let quota = u64::try_from(u128::from(quota) + added).unwrap_or(u64::MAX);
+    (quota, whole)
+}
+
 fn header_value(s: String) -> HeaderValue {
     // NOTE: names are validated as printable ASCII and numbers are digits, so the value is
     // always a valid header value.
@@ -55,17 +71,34 @@ fn header_value(s: String) -> HeaderValue {
 /// Build it once at configuration time; [`to_header_value`](Self::to_header_value) is then
 /// a cheap clone, and [`status`](Self::status) writes the matching `RateLimit` field.
 ///
-/// The window is written in whole seconds, rounded up (the field has no finer unit).
+/// The draft's `w` is whole seconds (no finer unit, never zero), and `q` is the quota over
+/// that window. A window that is not a whole number of seconds is advertised as the next
+/// whole second, with the quota scaled to it and rounded down, so that the rate the field
+/// shows is never above the real one and never far below it:
+///
+/// ```
+/// use std::time::Duration;
+/// use overload_signal::protocol::RateLimitPolicy;
+///
+/// let ms = Duration::from_millis;
+/// let p = |quota, window| RateLimitPolicy::new("api", quota, window).unwrap().to_header_value();
+/// assert_eq!(p(100, Duration::from_secs(60)), "\"api\";q=100;w=60");
+/// assert_eq!(p(10, ms(100)), "\"api\";q=100;w=1"); // not q=10: a tenth of the rate
+/// assert_eq!(p(5, ms(1_500)), "\"api\";q=6;w=2"); // 6.67 per 2 s, rounded down
+/// ```
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct RateLimitPolicy {
     name: Box<str>,
+    /// `q`, over `window`.
     quota: u64,
+    /// `w`: whole seconds, at least one.
     window: Duration,
     header: HeaderValue,
 }
 
 impl RateLimitPolicy {
-    /// A policy named `name` allowing `quota` units per `window`.
+    /// A policy named `name` allowing `quota` units per `window`, advertised over a whole
+    /// number of seconds as the type's docs say.
     ///
     /// # Errors
     ///
@@ -81,14 +114,10 @@ impl RateLimitPolicy {
                 "more than zero",
             ));
         }
+        let (quota, window) = whole_seconds(quota, window);
         let mut s = String::with_capacity(name.len() + 32);
         write_sf_string(&mut s, name);
-        let _ = write!(
-            s,
-            ";q={};w={}",
-            quota.min(SF_INTEGER_MAX),
-            ceil_secs(window).max(1)
-        );
+        let _ = write!(s, ";q={};w={}", quota.min(SF_INTEGER_MAX), window.as_secs());
         Ok(Self {
             name: name.into(),
             quota,
@@ -102,12 +131,12 @@ impl RateLimitPolicy {
         &self.name
     }
 
-    /// The quota per window.
+    /// The quota the field advertises (`q`): units per [`window`](Self::window).
     pub fn quota(&self) -> u64 {
         self.quota
     }
 
-    /// The window.
+    /// The window the field advertises (`w`): whole seconds, at least one.
     pub fn window(&self) -> Duration {
         self.window
     }
@@ -277,12 +306,24 @@ mod tests {
         assert_eq!(p.status(7, Duration::ZERO), "\"default\";r=7;t=0");
     }
 
+    /// Regression (issue 30, finding 7): a window that is not whole seconds was rounded up
+    /// with its quota unchanged, so `10 per 100 ms` was advertised as `q=10;w=1`, ten times
+    /// under the real rate. The quota is scaled to the whole seconds now, rounded down.
     #[test]
-    fn window_rounds_up() {
-        let p = RateLimitPolicy::new("x", 5, Duration::from_millis(500)).unwrap();
-        assert_eq!(p.to_header_value(), "\"x\";q=5;w=1");
-        let p = RateLimitPolicy::new("x", 5, Duration::from_millis(10_500)).unwrap();
-        assert_eq!(p.to_header_value(), "\"x\";q=5;w=11");
+    fn a_window_rounded_up_to_whole_seconds_scales_its_quota() {
+        let p = |quota, ms| {
+            let p = RateLimitPolicy::new("x", quota, Duration::from_millis(ms)).unwrap();
+            (p.to_header_value(), p.quota(), p.window().as_secs())
+        };
+        assert_eq!(p(10, 100), ("\"x\";q=100;w=1".parse().unwrap(), 100, 1));
+        assert_eq!(p(5, 500), ("\"x\";q=10;w=1".parse().unwrap(), 10, 1));
+        assert_eq!(p(5, 10_500), ("\"x\";q=5;w=11".parse().unwrap(), 5, 11));
+        assert_eq!(p(5, 1_500), ("\"x\";q=6;w=2".parse().unwrap(), 6, 2));
+        assert_eq!(p(7, 3_000), ("\"x\";q=7;w=3".parse().unwrap(), 7, 3));
+        // One unit per nanosecond, and the largest quota: no overflow.
+        let fine = RateLimitPolicy::new("x", u64::MAX, Duration::from_nanos(1)).unwrap();
+        assert_eq!(fine.to_header_value(), "\"x\";q=999999999999999;w=1");
+        assert_eq!(fine.quota(), u64::MAX);
     }
 
     #[test]

@@ -5,7 +5,7 @@ use std::time::Duration;
 use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue, RETRY_AFTER};
 use http::{Response, StatusCode};
 
-use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, media_is};
+use super::grpc::{GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, media_is};
 use super::headers::{
     GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING, X_OVERLOADED,
 };
@@ -96,6 +96,8 @@ const STOP_MESSAGE: &str = "system overloaded, stop retrying";
 const RESOURCE_EXHAUSTED_MESSAGE: &str = "rate limit exceeded, retry later";
 const AT_CAPACITY_MESSAGE: &str = "server at capacity, retry later";
 const BAD_GATEWAY_MESSAGE: &str = "downstream call failed";
+const EXCEEDS_CAPACITY_MESSAGE: &str =
+    "the request's cost exceeds the rate limit's capacity: it can never be admitted";
 
 /// A new response carrying the stop signal, with an empty (default) body.
 ///
@@ -176,6 +178,49 @@ pub fn service_unavailable_response<B: Default>(
         GRPC_UNAVAILABLE,
         AT_CAPACITY_MESSAGE,
     )
+}
+
+/// A new answer to a request whose cost exceeds a rate limit's capacity (its burst, or its
+/// quota), with an empty (default) body: the request can never be admitted, however long
+/// the client waits, so the answer is not one a client retries.
+///
+/// - HTTP: `413 Content Too Large` (the request is larger than the server is willing to
+///   process), no `Retry-After`.
+/// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `grpc-status: 3`
+///   (INVALID_ARGUMENT: wrong whatever the server's state, unlike `RESOURCE_EXHAUSTED`),
+///   `grpc-message`, no pushback.
+///
+/// The `RateLimit-Policy` field, which shows the client the quota its request exceeds, is
+/// the caller's to add; a `RateLimit` field would say when quota comes back, which helps no
+/// such request.
+///
+/// ```
+/// use overload_signal::protocol::{Outcome, OutcomeClass, Protocol, exceeds_capacity_response};
+///
+/// let http = exceeds_capacity_response::<()>(Protocol::Http);
+/// assert_eq!(http.status(), 413);
+/// assert!(http.headers().get("retry-after").is_none());
+/// let grpc = exceeds_capacity_response::<()>(Protocol::Grpc);
+/// assert_eq!(grpc.headers()["grpc-status"], "3");
+/// // Neither is a failure a client retries.
+/// let outcome = Outcome::of_response(Protocol::Grpc, grpc.status(), grpc.headers());
+/// assert_eq!(outcome.class(), OutcomeClass::ClientError);
+/// ```
+pub fn exceeds_capacity_response<B: Default>(protocol: Protocol) -> Response<B> {
+    let mut response = Response::new(B::default());
+    match protocol.content_type() {
+        None => *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE,
+        Some(content_type) => {
+            let headers = response.headers_mut();
+            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
+            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_INVALID_ARGUMENT));
+            headers.insert(
+                GRPC_MESSAGE,
+                HeaderValue::from_static(EXCEEDS_CAPACITY_MESSAGE),
+            );
+        }
+    }
+    response
 }
 
 /// A new answer of a proxy whose downstream call failed without an answer to pass on (its

@@ -100,11 +100,13 @@
 //!      the whole server's window, and the rule must fire both on the plain figures and with
 //!      each caller class's weight capped; one that concerns a caller over its own quota
 //!      ([`RejectionScope::Caller`]) is judged on that caller's class alone;
-//!    - anything else passes through untouched, headers and body included: a `429` or
-//!      `503` (gRPC 8 or 14) that no limiting layer marked: the handler's own, or an
-//!      upstream's passed on by a gateway. (Unless the layer is told to [judge every
-//!      rejection](OverloadSignalLayerBuilder::judge_every_rejection), for a limiter that
-//!      cannot mark its answers: it then judges every capacity signal.)
+//!    - anything else passes through untouched, headers and body included: a rejection of
+//!      a request for what it is (a marker of kind [`MissingKey`](RejectionKind::MissingKey)
+//!      or [`ExceedsCapacity`](RejectionKind::ExceedsCapacity): no retry pressure makes it
+//!      the system's overload), and a `429` or `503` (gRPC 8 or 14) that no limiting layer
+//!      marked: the handler's own, or an upstream's passed on by a gateway. (Unless the
+//!      layer is told to [judge every rejection](OverloadSignalLayerBuilder::judge_every_rejection),
+//!      for a limiter that cannot mark its answers: it then judges every capacity signal.)
 //! 4. An **error** of the inner service (no response) passes through unchanged, unless a
 //!    downstream call of the request was [marked](crate::propagation::Downstream) (in a
 //!    server that is a tower proxy: its retry layer gave up, was throttled, or received the

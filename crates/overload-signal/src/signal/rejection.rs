@@ -143,7 +143,10 @@ impl Rejection {
 
     /// Whether the overload layer may turn this rejection into the stop signal: a limit's
     /// refusal to take more now ([`RateLimited`](RejectionKind::RateLimited),
-    /// [`AtCapacity`](RejectionKind::AtCapacity)).
+    /// [`AtCapacity`](RejectionKind::AtCapacity)). Never a request refused for what it is
+    /// ([`MissingKey`](RejectionKind::MissingKey),
+    /// [`ExceedsCapacity`](RejectionKind::ExceedsCapacity)): no retry pressure makes those
+    /// the system's overload.
     pub(crate) const fn is_judged(&self) -> bool {
         matches!(
             self.kind,
@@ -168,6 +171,10 @@ pub enum RejectionKind {
     /// A keyed limit found no key in the request and its policy is to refuse it (HTTP `500`,
     /// gRPC `INTERNAL`): the server is set up wrong, not overloaded.
     MissingKey,
+    /// The request's cost exceeds a rate limit's capacity (its burst, or its quota), so no
+    /// wait would ever let it in (HTTP `413`, gRPC `INVALID_ARGUMENT`): do not retry it. The
+    /// request is wrong, not the server overloaded: never turned into the stop signal.
+    ExceedsCapacity,
     /// The stop signal: the system is drowning in retries (or a downstream tier said so);
     /// do not retry (HTTP `503` with `X-Overloaded`, gRPC `UNAVAILABLE` with a negative
     /// pushback).
@@ -175,12 +182,14 @@ pub enum RejectionKind {
 }
 
 impl RejectionKind {
-    /// A short name: `rate_limited`, `at_capacity`, `missing_key` or `stop_retrying`.
+    /// A short name: `rate_limited`, `at_capacity`, `missing_key`, `exceeds_capacity` or
+    /// `stop_retrying`.
     pub const fn as_str(self) -> &'static str {
         match self {
             Self::RateLimited => "rate_limited",
             Self::AtCapacity => "at_capacity",
             Self::MissingKey => "missing_key",
+            Self::ExceedsCapacity => "exceeds_capacity",
             Self::StopRetrying => "stop_retrying",
         }
     }
@@ -242,5 +251,17 @@ mod tests {
         assert!(Rejection::new(RejectionKind::AtCapacity, RejectionScope::Server).is_judged());
         assert!(!Rejection::new(RejectionKind::MissingKey, RejectionScope::Server).is_judged());
         assert_eq!(RejectionKind::AtCapacity.as_str(), "at_capacity");
+    }
+
+    /// Issue 30, finding 7: a request too heavy for a limit's capacity is refused for what it
+    /// is, so the overload layer never turns its refusal into the stop signal.
+    #[test]
+    fn a_request_too_heavy_for_the_limit_is_never_judged() {
+        for scope in [RejectionScope::Caller, RejectionScope::Server] {
+            let r = Rejection::new(RejectionKind::ExceedsCapacity, scope);
+            assert!(!r.is_judged());
+            assert_eq!(r.retry_after(), None);
+        }
+        assert_eq!(RejectionKind::ExceedsCapacity.as_str(), "exceeds_capacity");
     }
 }

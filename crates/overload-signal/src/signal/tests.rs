@@ -295,6 +295,50 @@ async fn judging_every_rejection_rewrites_unmarked_ones_too() {
     assert!(!protocol::is_stop_signal(r.headers()));
 }
 
+/// Issue 30, finding 7: a request too heavy for a rate limit's capacity is answered `413`
+/// (gRPC `INVALID_ARGUMENT`), marked [`RejectionKind::ExceedsCapacity`]; the overload layer
+/// never turns it into the stop signal, even in a storm and judging every rejection.
+#[tokio::test(start_paused = true)]
+async fn a_request_too_heavy_for_the_limit_is_never_the_stop_signal() {
+    fn too_heavy(protocol: Protocol) -> Response<Body> {
+        marked(
+            protocol::exceeds_capacity_response(protocol),
+            RejectionKind::ExceedsCapacity,
+        )
+    }
+    type Answer = fn() -> Response<Body>;
+    type MakeRequest = fn(Option<u32>) -> Request<Body>;
+    let answers: [(Answer, MakeRequest, Protocol); 2] = [
+        (|| too_heavy(Protocol::Http), request, Protocol::Http),
+        (|| too_heavy(Protocol::Grpc), grpc_request, Protocol::Grpc),
+    ];
+    for judge_every in [false, true] {
+        let layer = OverloadSignalLayer::builder()
+            .rule(rule(0.1, 10))
+            .judge_every_rejection(judge_every)
+            .build()
+            .unwrap();
+        let mut storm = tower::Layer::layer(&layer, answering(http_429));
+        send(&mut storm, 30, &[Some(1)]).await;
+        for (answer, make_request, protocol) in answers {
+            let mut svc = tower::Layer::layer(&layer, answering(answer));
+            let r = one(&mut svc, make_request(Some(1))).await;
+            assert!(!protocol::is_stop_signal(r.headers()), "{protocol:?}");
+            let expected = protocol::exceeds_capacity_response::<Body>(protocol);
+            assert_eq!(r.status(), expected.status());
+            assert_eq!(r.headers(), expected.headers());
+            assert_eq!(
+                r.extensions().get::<Rejection>().map(Rejection::kind),
+                Some(RejectionKind::ExceedsCapacity)
+            );
+        }
+        // The window was a storm all along.
+        assert!(protocol::is_stop_signal(
+            one(&mut storm, request(Some(1))).await.headers()
+        ));
+    }
+}
+
 /// gRPC-Web requests (finding 4) get the stop signal in gRPC form, in gRPC-Web's content
 /// type.
 #[tokio::test(start_paused = true)]

@@ -21,8 +21,13 @@ use super::validate::{non_zero, positive_nanos};
 /// interval of length `L` at most `L / T + B` units are admitted. `T` is rounded down to
 /// whole nanoseconds, so the rate is at most one part in `T` (in nanoseconds) generous.
 ///
-/// In `RateLimit-Policy` it advertises `q = rate` per `w = period`; the burst shows in the
-/// `RateLimit` field's `r`, which can be up to `burst`.
+/// In `RateLimit-Policy` it advertises its rate over the time its burst takes to refill:
+/// `w` is `burst x T` rounded up to whole seconds (at least one), and `q` the units the rate
+/// admits over `w`, rounded down, never below the burst; the `RateLimit` field's `r` (up to
+/// `burst`) is then never above `q`. `10 per 100 ms` with a burst of 10 is `q=100;w=1`;
+/// `300 per second` with a burst of 30 is `q=300;w=1`; `60 per minute` with a burst of 60
+/// is `q=60;w=60`. A client that paces itself at `q` per `w` is never rejected; an idle one
+/// may send its burst at once besides.
 ///
 /// ```
 /// use std::time::Duration;

@@ -26,14 +26,23 @@ pub trait Limiter: Send + Sync + 'static {
     /// forgetting it loses nothing. Keyed limiters evict such keys.
     fn is_idle(&self, state: &Self::State, now: u64) -> bool;
 
-    /// The quota advertised in `RateLimit-Policy` (`q`): units per [`window`](Self::window).
+    /// The limiter's rate: units admitted per [`window`](Self::window), in the long run
+    /// (a token bucket's rate per its period, a window's quota).
     fn quota(&self) -> u64;
 
-    /// The window advertised in `RateLimit-Policy` (`w`).
+    /// The window the [`quota`](Self::quota) is counted over.
     fn window(&self) -> Duration;
 
-    /// The largest cost a request may have and still be admitted some day.
+    /// The most units the limiter holds at once, and so the largest cost a request may have
+    /// and still be admitted some day (a token bucket's burst, a window's quota). A request
+    /// above it is answered `413`, never `429`.
     fn capacity(&self) -> u64;
+
+    // NOTE: `RateLimit-Policy` is derived from the three, the same way for every limiter:
+    // `w` is the time `capacity` takes to refill at `quota` per `window`, rounded up to
+    // whole seconds (at least one), and `q` is what `quota` per `window` admits over `w`,
+    // rounded down; so `q >= capacity >= r` (the `RateLimit` field's remaining units, which
+    // `status` must keep within `capacity`). See `rate_limit::state::policy_window`.
 }
 
 /// What a limiter decided for one request.

@@ -26,6 +26,12 @@ use super::validate::{non_zero, positive_nanos};
 /// instructions. The estimate is computed in integers (nanoseconds times counts), so it is
 /// exact. The `RateLimit` field's reset time is the end of the current window.
 ///
+/// In `RateLimit-Policy` it advertises `q = quota` per `w = window` when the window is whole
+/// seconds; another window is advertised over the next whole second, the quota scaled to it
+/// and rounded down (`10 per 100 ms` is `q=100;w=1`, `5 per 1.5 s` is `q=6;w=2`), so that the
+/// rate shown is the real one, and the `RateLimit` field's `r` (up to `quota`) never above
+/// `q`.
+///
 /// The paper's worked example, quota 10 per second:
 ///
 /// ```

@@ -16,7 +16,7 @@ use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::response::{missing_key, rejection};
+use super::response::{exceeds_capacity, missing_key, rejection};
 use super::state::RateLimitState;
 use crate::algorithm::{Decision, QuotaStatus};
 use crate::keyed::KeyClass;
@@ -115,8 +115,8 @@ impl<F, B> fmt::Debug for ResponseFuture<F, B> {
     }
 }
 
-/// The answer to a request once its limit is decided, with the metrics counted; `decided`
-/// is `None` for a request without a key that the missing-key policy rejects.
+/// The answer to a request of `cost` once its limit is decided, with the metrics counted;
+/// `decided` is `None` for a request without a key that the missing-key policy rejects.
 ///
 /// NOTE: the admitted path is all that is inline; building a rejection, or the `RateLimit`
 /// fields of an admitted response, is out of line, so that a server's hot path carries
@@ -127,6 +127,7 @@ pub(crate) fn respond<S, ReqBody, ResBody>(
     inner: &mut S,
     parts: Parts,
     body: ReqBody,
+    cost: u32,
     decided: Option<(Decision, Option<QuotaStatus>, KeyClass)>,
 ) -> ResponseFuture<S::Future, ResBody>
 where
@@ -148,6 +149,12 @@ where
         Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
             refuse(state, &parts.headers, Some((retry_after, status, class))),
         ),
+        // NOTE: above the advertised limit's capacity, no wait would let the request in. Only
+        // the local share of a limit kept in Redis, deciding while Redis is away, has a
+        // capacity below it: a request between the two waits for Redis.
+        Some((Decision::OverCapacity { .. }, _, class)) if u64::from(cost) > state.capacity => {
+            ResponseFuture::answered(too_heavy(state, &parts.headers, class))
+        }
         Some((Decision::OverCapacity { .. }, status, class)) => ResponseFuture::answered(refuse(
             state,
             &parts.headers,
@@ -192,6 +199,26 @@ fn refuse<B: Default>(
     });
     state.rejected(class, retry_after);
     rejection(state, protocol, retry_after, status, class)
+}
+
+/// The answer to a request whose cost exceeds the limit's capacity: `413` (gRPC
+/// `INVALID_ARGUMENT`), counted as a rejection but no episode of the limit engaged: the
+/// limit is not what refuses it, its own weight is.
+#[cold]
+#[inline(never)]
+fn too_heavy<B: Default>(
+    state: &RateLimitState,
+    headers: &HeaderMap,
+    class: KeyClass,
+) -> Response<B> {
+    state.metrics.get().rejected(class).increment(1);
+    tracing::debug!(
+        name = %state.name(),
+        key_class = class.as_str(),
+        capacity = state.capacity,
+        "request cost exceeds the limit's capacity"
+    );
+    exceeds_capacity(state, Protocol::of_headers(headers))
 }
 
 #[cfg(feature = "redis")]
@@ -296,7 +323,7 @@ mod remote {
                             // The remote could not answer in time: the local share decides.
                             Err(_) => state.decide(&parts, cost),
                         };
-                        let answer = respond(&state, &mut service, parts, body, decided);
+                        let answer = respond(&state, &mut service, parts, body, cost, decided);
                         self.set(Self::decided(answer));
                     }
                 }

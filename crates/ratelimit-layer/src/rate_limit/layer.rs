@@ -288,8 +288,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// The cost (weight) of each request, from its head: heavier requests take more of
     /// the quota. A cost of 0 is always admitted. A cost above the limiter's
-    /// [capacity](Limiter::capacity) can never be admitted: it is rejected like any other,
-    /// with `Retry-After` set to the limiter's window. Default: 1 for every request.
+    /// [capacity](Limiter::capacity) (its burst, or its quota) can never be admitted, so it
+    /// is not answered as a rejection to retry: HTTP `413 Content Too Large` with the
+    /// `RateLimit-Policy` field and no `Retry-After` (gRPC `INVALID_ARGUMENT`), marked
+    /// `RejectionKind::ExceedsCapacity`. Default: 1 for every request.
     pub fn cost_by<F>(mut self, cost: F) -> Self
     where
         F: Fn(&Parts) -> u32 + Send + Sync + 'static,
@@ -309,8 +311,8 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
         self
     }
 
-    /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` too (rejections
-    /// always do). Default: `false`, because writing the `RateLimit` field costs an
+    /// Whether admitted responses carry `RateLimit-Policy` and `RateLimit` too (`429`
+    /// rejections always do). Default: `false`, because writing the `RateLimit` field costs an
     /// allocation per admitted request.
     pub const fn admitted_headers(mut self, enabled: bool) -> Self {
         self.admitted_headers = enabled;

@@ -1,4 +1,5 @@
-//! The responses this layer answers with: a rejection ([`rejection`]) and the refusal of a
+//! The responses this layer answers with: a rejection ([`rejection`]), the refusal of a
+//! request too heavy ever to be admitted ([`exceeds_capacity`]) and the refusal of a
 //! request without a key ([`missing_key`]).
 
 use std::time::Duration;
@@ -6,7 +7,8 @@ use std::time::Duration;
 use http::header::CONTENT_TYPE;
 use http::{HeaderValue, Response, StatusCode};
 use overload_signal::protocol::{
-    GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, too_many_requests_response,
+    GRPC_MESSAGE, GRPC_STATUS, Protocol, RATELIMIT, RATELIMIT_POLICY, exceeds_capacity_response,
+    too_many_requests_response,
 };
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 
@@ -40,6 +42,27 @@ pub(super) fn rejection<B: Default>(
     response.extensions_mut().insert(
         Rejection::new(RejectionKind::RateLimited, scope)
             .with_retry_after(retry_after)
+            .with_layer(state.name().clone()),
+    );
+    response
+}
+
+/// The answer to a request whose cost exceeds the limit's capacity: it can never be
+/// admitted, so no `Retry-After` and no `RateLimit` (which says when quota comes back); the
+/// `RateLimit-Policy` field shows the quota it exceeds. HTTP `413 Content Too Large`; gRPC
+/// `grpc-status: 3` (`INVALID_ARGUMENT`) in a trailers-only response. Marked
+/// [`RejectionKind::ExceedsCapacity`], which an overload layer outside never turns into the
+/// stop signal, concerning the caller (whose request it is), with no wait.
+pub(super) fn exceeds_capacity<B: Default>(
+    state: &RateLimitState,
+    protocol: Protocol,
+) -> Response<B> {
+    let mut response = exceeds_capacity_response(protocol);
+    response
+        .headers_mut()
+        .insert(RATELIMIT_POLICY, state.policy_header.clone());
+    response.extensions_mut().insert(
+        Rejection::new(RejectionKind::ExceedsCapacity, RejectionScope::Caller)
             .with_layer(state.name().clone()),
     );
     response

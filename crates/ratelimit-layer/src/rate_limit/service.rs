@@ -108,7 +108,7 @@ where
         let state = &*self.state;
         let cost = state.cost(&parts);
         let decided = state.decide(&parts, cost);
-        respond(state, &mut self.inner, parts, body, decided)
+        respond(state, &mut self.inner, parts, body, cost, decided)
     }
 }
 
@@ -154,6 +154,6 @@ where
             }
             Some(RemoteStart::Local) | None => state.decide(&parts, cost),
         };
-        RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, decided))
+        RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, cost, decided))
     }
 }

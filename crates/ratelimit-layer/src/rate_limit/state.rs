@@ -33,10 +33,14 @@ pub(crate) struct RateLimitState {
     decide: Box<dyn LocalDecide>,
     cost: RequestCost,
     pub(crate) policy: RateLimitPolicy,
+    /// The largest cost the advertised limit admits: a request above it is answered `413`.
+    pub(crate) capacity: u64,
     /// The `RateLimit-Policy` value, formatted once: it never changes.
     pub(crate) policy_header: HeaderValue,
     pub(crate) admitted_headers: bool,
-    /// The limiter's window: the `Retry-After` of an over-capacity request.
+    /// The limiter's window: the `Retry-After` of a request above the capacity of the local
+    /// share of a limit kept in Redis (but not above the limit's own), and the reset of a
+    /// rejection without a status.
     pub(crate) window: Duration,
     pub(crate) metrics: LazyMetrics<RateLimitMetrics>,
     /// The limit rejecting: begun by a rejection, over after `quiet` without one.
@@ -58,7 +62,7 @@ impl RateLimitState {
     pub(crate) fn new(
         decide: Box<dyn LocalDecide>,
         cost: RequestCost,
-        policy: RateLimitPolicy,
+        limit: AdvertisedLimit,
         name: LayerName,
         admitted_headers: bool,
         window: Duration,
@@ -67,8 +71,9 @@ impl RateLimitState {
         Self {
             decide,
             cost,
-            policy_header: policy.to_header_value(),
-            policy,
+            policy_header: limit.policy.to_header_value(),
+            policy: limit.policy,
+            capacity: limit.capacity,
             admitted_headers,
             window,
             metrics: LazyMetrics::new(name),
@@ -194,17 +199,19 @@ impl RateLimitState {
     }
 
     /// Asks `remote` first for every request, with the local decision as its fallback;
-    /// the fields then advertise `policy` and `window` (the fleet's limit), whichever
-    /// decides.
+    /// the fields then advertise `limit` and `window` (the fleet's limit), whichever
+    /// decides, and a request is too heavy ever to pass (`413`) only above the fleet's
+    /// capacity: above the local share's alone, it waits for Redis (`429`).
     #[cfg(feature = "redis")]
     pub(crate) fn with_remote(
         mut self,
         remote: Box<dyn RemoteDecide>,
-        policy: RateLimitPolicy,
+        limit: AdvertisedLimit,
         window: Duration,
     ) -> Self {
-        self.policy_header = policy.to_header_value();
-        self.policy = policy;
+        self.policy_header = limit.policy.to_header_value();
+        self.policy = limit.policy;
+        self.capacity = limit.capacity;
         self.window = window;
         self.remote = Some(remote);
         self
@@ -238,15 +245,171 @@ impl fmt::Debug for RateLimitState {
     }
 }
 
-/// The `RateLimit-Policy` of `limiter` under the layer's `name`: formatted once. The name
-/// is a valid structured field string whenever it is a valid [`LayerName`].
+/// The limit a layer advertises and answers for: its `RateLimit-Policy`, and the capacity
+/// (the largest cost it admits) that tells a request too heavy ever to pass (`413`) from one
+/// that must wait (`429`).
+#[derive(Clone, Debug)]
+pub(crate) struct AdvertisedLimit {
+    pub(crate) policy: RateLimitPolicy,
+    pub(crate) capacity: u64,
+}
+
+/// The limit `limiter` advertises under the layer's `name`, its `RateLimit-Policy` formatted
+/// once. The name is a valid structured field string whenever it is a valid [`LayerName`].
+///
+/// The rule, for every algorithm (see [`policy_window`]): `w` is the time the limiter takes
+/// to refill its whole capacity at its rate (the burst's emission time for a token bucket,
+/// the window for the window algorithms), rounded up to whole seconds, at least one; `q` is
+/// what the rate admits over `w`, rounded down.
 pub(crate) fn rate_limit_policy<L: Limiter>(
     name: &LayerName,
     limiter: &L,
-) -> Result<RateLimitPolicy, ConfigError> {
-    // NOTE: the field's `w` is whole seconds, at least 1, so a custom limiter's zero window
-    // is written as `w=1` rather than refused.
-    let window = limiter.window().max(Duration::from_nanos(1));
-    RateLimitPolicy::new(name.as_str(), limiter.quota(), window)
-        .map_err(|e| ConfigError::new("name", ConfigErrorKind::Invalid, e))
+) -> Result<AdvertisedLimit, ConfigError> {
+    let (quota, window) = policy_window(limiter.quota(), limiter.window(), limiter.capacity());
+    let policy = RateLimitPolicy::new(name.as_str(), quota, window)
+        .map_err(|e| ConfigError::new("name", ConfigErrorKind::Invalid, e))?;
+    Ok(AdvertisedLimit {
+        policy,
+        capacity: limiter.capacity(),
+    })
+}
+
+/// The `q` and `w` of a limiter that admits `quota` units per `window` (its rate) and holds
+/// at most `capacity` units at once: `w` is the time a drained capacity takes to refill at
+/// that rate (`capacity x window / quota`), rounded up to whole seconds, at least one; `q`
+/// is what the rate admits over `w`, rounded down.
+///
+/// Why: the draft's `q` is the quota over `w`, and the `RateLimit` field's `r` counts what
+/// the limiter holds now, up to its capacity. A token bucket's `r` reaches its burst, so a
+/// policy of `rate` per `period` rounded up to a second (`10 per 100 ms` as `q=10;w=1`, ten
+/// times under the rate, with `r` up to the burst of 10 beside it) describes neither. Over
+/// a window that long, `q >= capacity >= r` always, and the reset `t` (the time until the
+/// capacity is whole again) is never longer than `w`; the window algorithms, whose capacity
+/// is their quota, keep their own window, rounded up.
+///
+/// A custom limiter's zero window or zero quota is advertised as its quota per second.
+pub(crate) fn policy_window(quota: u64, window: Duration, capacity: u64) -> (u64, Duration) {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let window_nanos = window.as_nanos();
+    if quota == 0 || window_nanos == 0 {
+        return (quota, Duration::from_secs(1));
+    }
+    // NOTE: u64 x u128 of a Duration's nanoseconds fits in u128 only up to about 2^64
+    // seconds; past it (no real limiter), the field's largest window.
+    let refill = u128::from(capacity)
+        .checked_mul(window_nanos)
+        .map_or(u128::MAX, |n| n.div_ceil(u128::from(quota)));
+    let secs = refill
+        .div_ceil(NANOS_PER_SEC)
+        .clamp(1, u128::from(u64::MAX));
+    let secs = u64::try_from(secs).unwrap_or(u64::MAX);
+    let over = u128::from(quota)
+        .checked_mul(u128::from(secs) * NANOS_PER_SEC)
+        .map_or(u128::MAX, |n| n / window_nanos);
+    (
+        u64::try_from(over).unwrap_or(u64::MAX),
+        Duration::from_secs(secs),
+    )
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use proptest::prelude::*;
+
+    use super::policy_window;
+    use crate::algorithm::Limiter;
+    use crate::{FixedWindow, SlidingWindow, TokenBucket};
+
+    fn advertised<L: Limiter>(limiter: &L) -> (u64, u64) {
+        let (q, w) = policy_window(limiter.quota(), limiter.window(), limiter.capacity());
+        (q, w.as_secs())
+    }
+
+    fn bucket(rate: u32, period: Duration, burst: u32) -> TokenBucket {
+        TokenBucket::builder(rate)
+            .period(period)
+            .burst(burst)
+            .build()
+            .unwrap()
+    }
+
+    /// Regression (issue 30, finding 7): `RateLimit-Policy` advertised `q=rate;w=ceil(period)`
+    /// while `RateLimit` counted out of the burst: a `10 per 100 ms` bucket was `q=10;w=1`,
+    /// ten times under its rate. `w` is now the time the capacity takes to refill, in whole
+    /// seconds, and `q` what the rate admits over it.
+    #[test]
+    fn the_policy_is_the_rate_over_the_time_the_capacity_takes_to_refill() {
+        let ms = Duration::from_millis;
+        let s = Duration::from_secs;
+        // 10 per 100 ms, bursts of 10: refilled in 100 ms, so 100 per second.
+        assert_eq!(advertised(&bucket(10, ms(100), 10)), (100, 1));
+        // 300 per second, bursts of 30: refilled in 100 ms.
+        assert_eq!(advertised(&bucket(300, s(1), 30)), (300, 1));
+        // 60 per minute, bursts of 60: refilled in a minute.
+        assert_eq!(advertised(&bucket(60, s(60), 60)), (60, 60));
+        // 60 per minute, bursts of 5: refilled in 5 s, at one a second.
+        assert_eq!(advertised(&bucket(60, s(60), 5)), (5, 5));
+        // 10 per second, bursts of 5 (the crate's examples): unchanged.
+        assert_eq!(advertised(&bucket(10, s(1), 5)), (10, 1));
+        // 1 per hour, bursts of 10: refilled in 10 hours.
+        assert_eq!(advertised(&bucket(1, s(3_600), 10)), (10, 36_000));
+        // 5 per 3 s (600 ms apart), bursts of 2: refilled in 1.2 s, so over 2 s, 3.
+        assert_eq!(advertised(&bucket(5, s(3), 2)), (3, 2));
+        // The window algorithms keep their window, in whole seconds.
+        let fixed = |quota, window| FixedWindow::builder(quota).window(window).build().unwrap();
+        let sliding = |quota, window| {
+            SlidingWindow::builder(quota)
+                .window(window)
+                .build()
+                .unwrap()
+        };
+        assert_eq!(advertised(&fixed(10, ms(100))), (100, 1));
+        assert_eq!(advertised(&fixed(3, s(10))), (3, 10));
+        assert_eq!(advertised(&sliding(600, s(60))), (600, 60));
+        assert_eq!(advertised(&sliding(5, ms(1_500))), (6, 2));
+        // Degenerate figures of a custom limiter: per second, as given.
+        assert_eq!(policy_window(7, Duration::ZERO, 7), (7, s(1)));
+        assert_eq!(policy_window(0, s(10), 3), (0, s(1)));
+        // The largest ones overflow nothing.
+        let (q, w) = policy_window(u64::MAX, Duration::MAX, u64::MAX);
+        assert!(q > 0 && w >= s(1));
+    }
+
+    /// Feeds `limiter` requests of `costs` at `gaps` apart, and checks after each that the
+    /// `RateLimit` field's `r` is at most the policy's `q` and its `t` at most `w`.
+    fn r_within_q<L: Limiter>(limiter: &L, costs: &[(u32, u64)]) -> Result<(), TestCaseError> {
+        let (q, w) = policy_window(limiter.quota(), limiter.window(), limiter.capacity());
+        prop_assert!(q >= limiter.capacity(), "q {q} below the capacity");
+        let state = L::State::default();
+        let mut now = 0u64;
+        for &(cost, gap) in costs {
+            now += gap;
+            let _ = limiter.check(&state, now, cost);
+            let status = limiter.status(&state, now);
+            prop_assert!(status.remaining <= q, "r {} > q {q}", status.remaining);
+            prop_assert!(status.reset <= w, "t {:?} > w {w:?}", status.reset);
+        }
+        Ok(())
+    }
+
+    proptest! {
+        #[test]
+        fn r_is_never_above_q_nor_t_above_w(
+            rate in 1u32..2_000,
+            period_ms in 1u64..4_000_000,
+            burst in 1u32..2_000,
+            costs in proptest::collection::vec((0u32..50, 0u64..5_000_000_000), 1..40),
+        ) {
+            let period = Duration::from_millis(period_ms);
+            if let Ok(bucket) = TokenBucket::builder(rate).period(period).burst(burst).build() {
+                r_within_q(&bucket, &costs)?;
+            }
+            let fixed = FixedWindow::builder(burst).window(period).build().unwrap();
+            r_within_q(&fixed, &costs)?;
+            let sliding = SlidingWindow::builder(burst).window(period).build().unwrap();
+            r_within_q(&sliding, &costs)?;
+        }
+    }
 }
