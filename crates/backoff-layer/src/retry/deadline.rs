@@ -136,7 +136,11 @@ pub(crate) fn attempt_window(
     match wire {
         OnWire::Nothing => {}
         OnWire::Http => {
-            WireDeadline::new(config.wall.now(), window.0.saturating_duration_since(now))
+            // NOTE: the wall clock first, then tokio's for the time left: a pause between
+            // the two reads (a preempted thread) then only shortens the field's deadline
+            // (`t + timeout`), never moves it past the caller's.
+            let sent = config.wall.now();
+            WireDeadline::new(sent, window.0.saturating_duration_since(Instant::now()))
                 .set(headers);
         }
         OnWire::Grpc { limit } => {
