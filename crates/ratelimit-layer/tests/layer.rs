@@ -804,6 +804,29 @@ fn a_missing_key_policy_without_a_key_is_refused() {
     );
 }
 
+/// Regression (issue 30, review item D3): `max_keys` and `sweep_interval` on a limit without
+/// a key were checked, then silently ignored.
+#[test]
+fn keyed_settings_without_a_key_are_refused() {
+    for builder in [
+        RateLimitLayer::builder(bucket(1, 1)).max_keys(10),
+        RateLimitLayer::builder(bucket(1, 1)).sweep_interval(Duration::from_secs(5)),
+    ] {
+        let err = builder.build().unwrap_err();
+        assert_eq!(
+            (err.field(), err.kind()),
+            ("max_keys", ConfigErrorKind::Conflict)
+        );
+    }
+    assert!(
+        RateLimitLayer::builder(bucket(1, 1))
+            .key_by(|_: &http::request::Parts| Some(1u8))
+            .max_keys(10)
+            .build()
+            .is_ok()
+    );
+}
+
 /// Counts the events logged at `WARN`.
 #[derive(Default)]
 struct WarnCounter(AtomicUsize);

@@ -108,7 +108,7 @@ impl DeadlineLayer {
     }
 
     /// Whether work still running at its deadline is cancelled.
-    pub fn cancels_at_deadline(&self) -> bool {
+    pub fn cancel_at_deadline(&self) -> bool {
         self.state.cancel_at_deadline
     }
 }

@@ -139,7 +139,7 @@ async fn work_still_running_at_its_deadline_is_cancelled_unless_the_user_opts_ou
         .cancel_at_deadline(false)
         .build()
         .unwrap();
-    assert!(!keep_going.cancels_at_deadline());
+    assert!(!keep_going.cancel_at_deadline());
     let start = Instant::now();
     let response = keep_going
         .layer(svc)
@@ -384,7 +384,7 @@ fn invalid_settings_are_refused_by_name() {
         defaults.skew_allowance(),
         DeadlineLayer::DEFAULT_SKEW_ALLOWANCE
     );
-    assert!(defaults.cancels_at_deadline());
+    assert!(defaults.cancel_at_deadline());
     assert_eq!(defaults.name().as_str(), "default");
 }
 

@@ -122,6 +122,7 @@ impl RateLimitLayer {
             key: None,
             max_keys: Self::DEFAULT_MAX_KEYS,
             sweep_interval: Self::DEFAULT_SWEEP_INTERVAL,
+            keyed_settings: false,
             cost: None,
             name: Self::DEFAULT_NAME.to_owned(),
             admitted_headers: false,
@@ -189,6 +190,8 @@ pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
     pub(crate) key: Option<E>,
     pub(crate) max_keys: usize,
     pub(crate) sweep_interval: Duration,
+    /// Whether `max_keys` or `sweep_interval` was set: refused on a limit without a key.
+    pub(crate) keyed_settings: bool,
     pub(crate) cost: Option<RequestCost>,
     pub(crate) name: String,
     pub(crate) admitted_headers: bool,
@@ -207,6 +210,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             key: self.key,
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
+            keyed_settings: self.keyed_settings,
             cost: self.cost,
             name: self.name,
             admitted_headers: self.admitted_headers,
@@ -227,6 +231,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             key: Some(extract),
             max_keys: self.max_keys,
             sweep_interval: self.sweep_interval,
+            keyed_settings: self.keyed_settings,
             cost: self.cost,
             name: self.name,
             admitted_headers: self.admitted_headers,
@@ -267,16 +272,20 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     }
 
     /// The cap on tracked keys of a keyed limit; see [`KeyedLimiter`] for what happens at
-    /// the cap. Default: 100 000 ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
+    /// the cap. A keyed limit's setting: refused on a limit without a key. Default: 100 000
+    /// ([`RateLimitLayer::DEFAULT_MAX_KEYS`]).
     pub const fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
+        self.keyed_settings = true;
         self
     }
 
-    /// How often a shard of the key map sweeps idle keys. Default: one second
+    /// How often a shard of the key map sweeps idle keys. A keyed limit's setting: refused
+    /// on a limit without a key. Default: one second
     /// ([`RateLimitLayer::DEFAULT_SWEEP_INTERVAL`]).
     pub const fn sweep_interval(mut self, interval: Duration) -> Self {
         self.sweep_interval = interval;
+        self.keyed_settings = true;
         self
     }
 
@@ -331,7 +340,8 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     ///
     /// - a fixed `cost` exceeds the limiter's capacity (its burst or quota), so no request
     ///   could ever be admitted (kind `Conflict`);
-    /// - `missing_key` is set on a limit without a key (kind `Conflict`);
+    /// - `missing_key`, `max_keys` or `sweep_interval` is set on a limit without a key (kind
+    ///   `Conflict`): it would do nothing;
     /// - `name` is empty, longer than 128 bytes, or not printable ASCII (kind `Invalid`);
     /// - `max_keys` or `sweep_interval` is zero (kind `OutOfRange`).
     pub fn build(self) -> Result<RateLimitLayer, ConfigError> {
@@ -366,6 +376,13 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                             "missing_key ({policy:?}) applies to a keyed limit only; set \
                              key_by too, or leave missing_key out"
                         ),
+                    ));
+                }
+                if self.keyed_settings {
+                    return Err(ConfigError::conflict(
+                        "max_keys",
+                        "max_keys and sweep_interval apply to a keyed limit only; set key_by \
+                         too, or leave them out",
                     ));
                 }
                 Box::new(GlobalDecider {

@@ -321,6 +321,7 @@ where
             key: local_key,
             max_keys: local.max_keys,
             sweep_interval: local.sweep_interval,
+            keyed_settings: local.keyed_settings,
             cost: local.cost,
             name: local.name,
             admitted_headers: local.admitted_headers,

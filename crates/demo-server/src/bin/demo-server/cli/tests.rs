@@ -35,7 +35,7 @@ fn defaults_are_the_articles_server_behind_the_full_stack() {
         plan.deadline.skew_allowance(),
         DeadlineLayer::DEFAULT_SKEW_ALLOWANCE
     );
-    assert!(plan.deadline.cancels_at_deadline());
+    assert!(plan.deadline.cancel_at_deadline());
 }
 
 #[test]
