@@ -9,9 +9,9 @@ use overload_core::ConfigError;
 
 use crate::algorithm::{FixedWindow, Limiter, SlidingWindow, TokenBucket};
 use crate::key::ClientIp;
-use crate::rate_limit::RateLimitLayer;
 #[cfg(feature = "redis")]
 use crate::rate_limit::Remote;
+use crate::rate_limit::{RateLimitBuilder, RateLimitLayer};
 #[cfg(feature = "redis")]
 use crate::redis::{RedisAlgorithm, RedisLayerBuilder, RedisStore};
 
@@ -241,13 +241,30 @@ impl RateLimitConfig {
 
     fn finish<L: Limiter>(&self, limiter: L) -> Result<RateLimitLayer, ConfigError> {
         let builder = RateLimitLayer::builder(limiter)
-            .max_keys(self.max_keys)
             .name(self.name.as_str())
             .admitted_headers(self.admitted_headers);
         match self.key {
-            KeyBy::Global => builder.build(),
-            KeyBy::Ip => builder.key_by_client_ip(self.client_ip.clone()).build(),
+            KeyBy::Global => self.global(builder)?.build(),
+            KeyBy::Ip => builder
+                .key_by_client_ip(self.client_ip.clone())
+                .max_keys(self.max_keys)
+                .build(),
         }
+    }
+
+    /// `builder` for a global limit: `max_keys` left at its default (it is a keyed limit's
+    /// setting, which the builder refuses on a global one).
+    fn global<L: Limiter>(
+        &self,
+        builder: RateLimitBuilder<L>,
+    ) -> Result<RateLimitBuilder<L>, ConfigError> {
+        if self.max_keys != RateLimitLayer::DEFAULT_MAX_KEYS {
+            return Err(ConfigError::conflict(
+                "max_keys",
+                "max_keys applies to a limit keyed by client IP only; leave it at its default",
+            ));
+        }
+        Ok(builder)
     }
 }
 
@@ -346,11 +363,11 @@ impl RateLimitConfig {
         redis: &RedisConfig,
     ) -> Result<RateLimitLayer<Remote>, ConfigError> {
         let builder = RateLimitLayer::builder(limiter)
-            .max_keys(self.max_keys)
             .name(self.name.as_str())
             .admitted_headers(self.admitted_headers);
         match self.key {
-            KeyBy::Global => builder
+            KeyBy::Global => self
+                .global(builder)?
                 .redis(redis.store.clone())
                 .local_share(redis.local_share)
                 .budget(redis.budget)
@@ -359,6 +376,7 @@ impl RateLimitConfig {
                 .build(),
             KeyBy::Ip => builder
                 .key_by_client_ip(self.client_ip.clone())
+                .max_keys(self.max_keys)
                 .redis(redis.store.clone())
                 .local_share(redis.local_share)
                 .budget(redis.budget)
