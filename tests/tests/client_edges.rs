@@ -84,7 +84,9 @@ async fn a_hostile_hint_is_given_up_on_at_once() {
                 &[
                     ("content-type", "application/grpc"),
                     ("grpc-status", "8"),
-                    ("grpc-retry-pushback-ms", "99999999999999"),
+                    // A day: the largest pushback is a 32-bit count of milliseconds (gRPC
+                    // A6); beyond it, a value means "do not retry" (issue 30, finding 7).
+                    ("grpc-retry-pushback-ms", "86400000"),
                 ],
             )
         },
