@@ -101,9 +101,11 @@ async fn a_black_holed_connection_is_replaced_within_the_stated_bound() {
 /// back, and timed out after, turned the state back to "away" (a second `WARN`, and
 /// requests decided locally again although Redis answers).
 ///
-/// Two requests wait on a silent connection (a 2 s budget); the first times out, Redis is
-/// away, the probe replaces the connection (response timeout 300 ms) and finds Redis:
-/// back. The second times out after that: ignored. The next request is decided in Redis.
+/// Requests wait on a silent connection (a 1 s budget): three in a row time out, which
+/// turns Redis away (`AWAY_AFTER_FAILURES`); the probe replaces the connection (response
+/// timeout 200 ms) and finds Redis: back, at about 3.3 s. A fourth request, started at
+/// 2.9 s before the third failed, times out at 3.9 s, after that: ignored. The next request
+/// is decided in Redis.
 #[tokio::test(flavor = "current_thread")]
 async fn a_late_failure_does_not_turn_redis_away_again() {
     let recorder = DebuggingRecorder::new();
@@ -113,7 +115,7 @@ async fn a_late_failure_does_not_turn_redis_away_again() {
     let first = RedisServer::start();
     let proxy = BlackHoleProxy::start(first.addr());
     let store = RedisStore::builder(&proxy.url())
-        .response_timeout(Duration::from_millis(300))
+        .response_timeout(Duration::from_millis(200))
         .build()
         .unwrap();
     store.ping().await.unwrap();
@@ -121,7 +123,7 @@ async fn a_late_failure_does_not_turn_redis_away_again() {
         RateLimitLayer::builder(hourly(1_000))
             .admitted_headers(true)
             .redis(store)
-            .budget(Duration::from_secs(2))
+            .budget(Duration::from_secs(1))
             // NOTE: no tick during the test: only the failures start probes.
             .recheck_interval(Duration::from_secs(60))
             .build()
@@ -133,23 +135,27 @@ async fn a_late_failure_does_not_turn_redis_away_again() {
     proxy.black_hole();
     proxy.forward_to(second.addr());
 
-    // The first waits from 0 s and times out at 2 s; the second from 1 s to 3 s; between,
-    // at 2.6 s, the probe has replaced the connection and found the second Redis.
-    let early = send(&svc);
+    // Three in a row, from 0 s to about 3.1 s; the late one from 2.9 s to 3.9 s; between,
+    // at 3.6 s, the probe has replaced the connection and found the second Redis.
+    let in_a_row = async {
+        let mut statuses = Vec::new();
+        for _ in 0..3 {
+            statuses.push(send(&svc).await.status());
+        }
+        statuses
+    };
     let late = async {
-        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        tokio::time::sleep(Duration::from_millis(2_900)).await;
         send(&svc).await
     };
     let between = async {
-        tokio::time::sleep(Duration::from_millis(2_600)).await;
+        tokio::time::sleep(Duration::from_millis(3_600)).await;
         redis_events(&logs)
     };
-    let (early, late, between) = tokio::join!(early, late, between);
+    let (in_a_row, late, between) = tokio::join!(in_a_row, late, between);
     assert_eq!(between, (1, 1), "away once, back once");
-    assert_eq!(
-        (early.status(), late.status()),
-        (StatusCode::OK, StatusCode::OK)
-    );
+    assert_eq!(in_a_row, [StatusCode::OK; 3]);
+    assert_eq!(late.status(), StatusCode::OK);
     assert_eq!(
         redis_events(&logs),
         (1, 1),
@@ -158,8 +164,8 @@ async fn a_late_failure_does_not_turn_redis_away_again() {
     let reading = read(&snapshotter);
     assert_eq!(
         reading.fallbacks,
-        [2, 0, 0],
-        "the two requests fell back, by timeout"
+        [4, 0, 0],
+        "the four requests fell back, by timeout"
     );
     assert_eq!(reading.up, Some(1.0));
     // Decided in Redis, at once: the second Redis's fresh bucket.
@@ -179,13 +185,14 @@ fn signal(server: &RedisServer, name: &str) {
 
 /// The documented bound on decisions Redis applies after the layer gave up on them: a
 /// decision that timed out was decided locally, and Redis may still take its unit when it
-/// reads the command. Only decisions in flight when Redis stopped answering can (from the
-/// first failure on, none is sent until Redis is back), and each is one `timeout` (or
-/// `error`) fallback: the drift is at most those counters, and only ever takes units from
-/// the fleet's limit, never admits beyond it.
+/// reads the command. Only decisions in flight while Redis stopped answering can (once the
+/// failures turn Redis away, none is sent until Redis is back), and each is one `timeout`
+/// (or `error`) fallback: the drift is at most those counters, and only ever takes units
+/// from the fleet's limit, never admits beyond it.
 ///
-/// A frozen Redis (SIGSTOP) with four decisions in flight: four timeouts; thawed, Redis
-/// has taken exactly those four units.
+/// A frozen Redis (SIGSTOP) with four decisions in flight: four timeouts, which count as
+/// one failure (they were in flight together); two more in a row turn Redis away
+/// (`AWAY_AFTER_FAILURES`). Thawed, Redis has taken exactly those six units.
 #[tokio::test(flavor = "current_thread")]
 async fn decisions_applied_after_a_timeout_are_bounded_by_the_timeout_count() {
     let recorder = DebuggingRecorder::new();
@@ -213,25 +220,28 @@ async fn decisions_applied_after_a_timeout_are_bounded_by_the_timeout_count() {
     for response in [statuses.0, statuses.1, statuses.2, statuses.3] {
         assert_eq!(response.status(), StatusCode::OK);
     }
+    for _ in 0..2 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    }
     // Redis is away now: requests are local at once, and none is sent.
     for _ in 0..3 {
         assert_eq!(send(&svc).await.status(), StatusCode::OK);
     }
     let reading = read(&snapshotter);
-    assert_eq!(reading.fallbacks, [4, 0, 3]);
+    assert_eq!(reading.fallbacks, [6, 0, 3]);
     signal(&server, "-CONT");
     let thawed = Instant::now();
     while read(&snapshotter).up != Some(1.0) {
         assert!(thawed.elapsed() < Duration::from_secs(5), "Redis not back");
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // 100, less the first request, the four that Redis applied after the layer gave up on
-    // them, and this one: 94.
+    // 100, less the first request, the six that Redis applied after the layer gave up on
+    // them, and this one: 92.
     let response = send(&svc).await;
     assert_eq!(
         header(&response, &RATELIMIT),
-        "\"default\";r=94;t=21600",
-        "Redis took the four late units, and no other"
+        "\"default\";r=92;t=28800",
+        "Redis took the six late units, and no other"
     );
 }
 
@@ -313,8 +323,9 @@ async fn a_flood_of_made_up_keys_makes_a_bounded_number_in_redis() {
 
 /// A failover behind one address (a DNS name or a proxy that follows the master, as managed
 /// services and Sentinel setups offer): the connection still reaches the old master, now a
-/// replica, whose every write answers `READONLY`. The layer falls back, replaces the
-/// connection, and the new one reaches the new master: back on Redis within a recheck.
+/// replica, whose every write answers `READONLY`. The layer falls back (three answers in a
+/// row turn Redis away), replaces the connection, and the new one reaches the new master:
+/// back on Redis within a recheck.
 #[tokio::test(flavor = "current_thread")]
 async fn a_master_turned_replica_behind_one_address_is_left_for_the_new_one() {
     let (logs, _guard) = Logs::capture();
@@ -337,7 +348,10 @@ async fn a_master_turned_replica_behind_one_address_is_left_for_the_new_one() {
             .unwrap()
             .layer(ok()),
     );
-    assert_eq!(send(&svc).await.status(), StatusCode::OK, "decided locally");
+    // Three in a row (`AWAY_AFTER_FAILURES`), each answered `READONLY` at once.
+    for _ in 0..3 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK, "decided locally");
+    }
     assert_eq!(
         redis_events(&logs).0,
         1,
@@ -355,4 +369,145 @@ async fn a_master_turned_replica_behind_one_address_is_left_for_the_new_one() {
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
     assert_eq!(redis_events(&logs), (1, 1));
+}
+
+fn current_thread_runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap()
+}
+
+/// Regression (issue 30, finding 1): the Redis recheck ticker and the probe were spawned on
+/// the runtime of a layer's first request, behind flags that never reset; a layer used
+/// from a second runtime once the first was gone (a client kept in a `static`, a runtime
+/// per call) that then lost Redis never returned to it.
+///
+/// A layer used on a first runtime built by hand, and that runtime dropped; then, on a
+/// second runtime, Redis stops for a second (longer than a probe lasts: a 100 ms response
+/// timeout) and comes back: decisions are in Redis again within 5 s (the recheck interval
+/// is 50 ms), as they are for a fresh layer.
+#[test]
+fn a_layer_returns_to_redis_after_its_first_runtime_is_gone() {
+    let (logs, _guard) = Logs::capture();
+    let mut server = RedisServer::start();
+    let store = RedisStore::builder(&server.url())
+        .reconnect_max_delay(Duration::from_millis(50))
+        .response_timeout(Duration::from_millis(100))
+        .connect_timeout(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(1_000))
+            .redis(store)
+            .budget(Duration::from_millis(500))
+            .recheck_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    let first = current_thread_runtime();
+    first.block_on(async {
+        for _ in 0..3 {
+            assert_eq!(send(&svc).await.status(), StatusCode::OK);
+        }
+        // The recheck ticks on this runtime.
+        tokio::time::sleep(Duration::from_millis(120)).await;
+    });
+    assert_eq!(
+        server.command("EXISTS ratelimit:default:tb:g"),
+        ":1",
+        "decided in Redis on the first runtime"
+    );
+    drop(first);
+
+    let second = current_thread_runtime();
+    second.block_on(async {
+        // Used on the second runtime, with Redis there.
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+        server.stop();
+        let stopped = Instant::now();
+        while redis_events(&logs).0 == 0 {
+            assert_eq!(send(&svc).await.status(), StatusCode::OK);
+            assert!(
+                stopped.elapsed() < Duration::from_secs(5),
+                "Redis stopped and the layer did not see it"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // Away for a second: every probe started so far has ended.
+        let away = Instant::now();
+        while away.elapsed() < Duration::from_secs(1) {
+            assert_eq!(send(&svc).await.status(), StatusCode::OK);
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        server.restart();
+        let restarted = Instant::now();
+        // The restarted Redis is empty: its key says a decision was made there again.
+        while server.command("EXISTS ratelimit:default:tb:g") != ":1" {
+            assert_eq!(send(&svc).await.status(), StatusCode::OK);
+            assert!(
+                restarted.elapsed() < Duration::from_secs(5),
+                "still not back on Redis 5 s after it came back, on the second runtime \
+                 (WARN, INFO logged: {:?})",
+                redis_events(&logs)
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        println!("back on Redis {:?} after it came back", restarted.elapsed());
+    });
+    assert_eq!(redis_events(&logs), (1, 1), "away once, back once");
+}
+
+/// Regression (issue 30, finding 6): one decision over budget turned Redis away, and sent
+/// the process to its local share for a recheck interval at least: a Redis whose 99.9th
+/// percentile passes the budget flapped all the time. Now it takes three in a row
+/// (`AWAY_AFTER_FAILURES`).
+///
+/// Through the proxy, a 100 ms budget: one round trip held 300 ms fails alone, and the
+/// next decision is in Redis again; then three in a row turn Redis away (one `WARN`), and
+/// the next request is decided locally at once.
+#[tokio::test(flavor = "current_thread")]
+async fn one_decision_over_budget_leaves_redis_up_and_three_in_a_row_turn_it_away() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let proxy = BlackHoleProxy::start(server.addr());
+    let store = RedisStore::new(&proxy.url()).unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(1_000))
+            .admitted_headers(true)
+            .redis(store)
+            .budget(Duration::from_millis(100))
+            // NOTE: no tick during the test: only failures start probes.
+            .recheck_interval(Duration::from_secs(60))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    let r = |response: &http::Response<String>| header(response, &RATELIMIT).to_owned();
+    assert_eq!(r(&send(&svc).await), "\"default\";r=999;t=3600");
+
+    proxy.set_latency(Duration::from_millis(300));
+    assert_eq!(send(&svc).await.status(), StatusCode::OK, "decided locally");
+    proxy.set_latency(Duration::ZERO);
+    // NOTE: the late reply goes first on the connection: let it come.
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    assert_eq!(redis_events(&logs), (0, 0), "one failure: Redis stays");
+    // In Redis: the late decision took its unit there too.
+    assert_eq!(r(&send(&svc).await), "\"default\";r=997;t=10800");
+    assert_eq!(read(&snapshotter).fallbacks, [1, 0, 0]);
+
+    proxy.set_latency(Duration::from_millis(300));
+    for _ in 0..3 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    }
+    assert_eq!(redis_events(&logs), (1, 0), "three in a row: Redis away");
+    let started = Instant::now();
+    assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    assert!(started.elapsed() < Duration::from_millis(100), "at once");
+    assert_eq!(read(&snapshotter).fallbacks, [3, 0, 1]);
 }

@@ -121,10 +121,26 @@ impl RedisLayerBuilder<(), (), ()> {
     /// figure is this crate's choice; the local map's own cap is 100 000 keys.
     pub const DEFAULT_MAX_NEW_KEYS: u32 = 1_000;
 
-    /// The default lease of a batch of the local reservation: 100 ms. Units not spent
-    /// within it are dropped; a tenth of a second keeps a process from spending, much
-    /// later, units the fleet counted long before.
+    /// The default lease of the local reservation: 100 ms after the last batch came. Units
+    /// not spent within it are dropped; a tenth of a second keeps a process from spending,
+    /// much later, units the fleet counted long before.
     pub const DEFAULT_RESERVATION_LEASE: Duration = Duration::from_millis(100);
+
+    /// How many failed decisions in a row turn Redis away: 3. A failed decision is one
+    /// that Redis did not answer within its budget, or answered with an error (for the
+    /// reservation, a batch's round trip); "in a row" means since the last decision Redis
+    /// answered in time, each decision counted having started after the failure counted
+    /// before it, so that the decisions in flight together when Redis stalls count as one.
+    ///
+    /// One is not enough: the rare decision over budget (a Redis in another zone, whose
+    /// 99.9th percentile passes 5 ms; a pause of the client's runtime) would send the
+    /// process to its local share for a recheck interval, and a fleet at the default share
+    /// admits up to `n` times its limit while it does, and does so exactly when load is
+    /// highest. Three in a row, each started after the last failed, take a Redis that has
+    /// stopped answering at least three budgets to leave (15 ms with the defaults), a cost
+    /// paid once per outage; a Redis that answers most decisions in time stays. Not a
+    /// setting: raise the [`budget`](RedisLayerBuilder::budget) for a slower Redis.
+    pub const AWAY_AFTER_FAILURES: u32 = 3;
 
     /// The default first part of every key: `ratelimit`. Keys are
     /// `{prefix}:{name}:{algorithm}:...`, the name being the layer's
@@ -133,8 +149,10 @@ impl RedisLayerBuilder<(), (), ()> {
 }
 
 impl<L, C, E> RedisLayerBuilder<L, C, E> {
-    /// How long a decision may wait for Redis before the local share decides instead.
-    /// Default: 5 ms ([`DEFAULT_BUDGET`](RedisLayerBuilder::DEFAULT_BUDGET)).
+    /// How long a decision may wait for Redis before the local share decides instead;
+    /// [`AWAY_AFTER_FAILURES`](RedisLayerBuilder::AWAY_AFTER_FAILURES) decisions in a row
+    /// over it (or failed) turn Redis away. Default: 5 ms
+    /// ([`DEFAULT_BUDGET`](RedisLayerBuilder::DEFAULT_BUDGET)).
     pub const fn budget(mut self, budget: Duration) -> Self {
         self.budget = budget;
         self
@@ -149,7 +167,8 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
     }
 
     /// How often, while Redis is away, the layer probes it (requests are decided locally at
-    /// once meanwhile), and, while no request asks it, checks it. Default: 500 ms
+    /// once meanwhile; an answer within the store's response timeout brings Redis back),
+    /// and, while no request asks it, checks it. Default: 500 ms
     /// ([`DEFAULT_RECHECK_INTERVAL`](RedisLayerBuilder::DEFAULT_RECHECK_INTERVAL)).
     pub const fn recheck_interval(mut self, interval: Duration) -> Self {
         self.recheck_interval = interval;
@@ -176,21 +195,23 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
         self
     }
 
-    /// Opts in to a local reservation of the global limit: each process takes up to
-    /// `units` at a time from Redis (with the units of a request that asks anyway), spends
-    /// them without a round trip within the [lease](Self::reservation_lease), and rejects
-    /// without a round trip, until its wait is over, what Redis rejected before. Far fewer
-    /// round trips, for a stated inaccuracy: in any window, the fleet admits at most
-    /// `processes x units` more than the limit does (over time, never more than the
-    /// limit). Default: 0, off: every decision asks Redis. A keyed limit's keys always ask
-    /// Redis. See the [module docs](crate::redis).
+    /// Opts in to a local reservation of the global limit: each process holds up to
+    /// `units` taken from Redis, spends them without a round trip within the
+    /// [lease](Self::reservation_lease), asks for the next batch when half of one is left,
+    /// and rejects without a round trip, until its wait is over, what Redis rejected
+    /// before. Far fewer round trips, for a stated inaccuracy: in any window, the fleet
+    /// admits at most `processes x units` more than the limit does (over time, never more
+    /// than the limit). Choose at least twice what a process spends in a round trip to
+    /// Redis, so that its requests do not wait for a batch. Default: 0, off: every decision
+    /// asks Redis. A keyed limit's keys always ask Redis. See the
+    /// [module docs](crate::redis).
     pub const fn reservation(mut self, units: u32) -> Self {
         self.reservation = units;
         self
     }
 
-    /// How long a batch of the local reservation may be spent; what is left then is
-    /// dropped. Default: 100 ms
+    /// How long after the last batch came the units the local reservation holds may be
+    /// spent; what is left then is dropped. Default: 100 ms
     /// ([`DEFAULT_RESERVATION_LEASE`](RedisLayerBuilder::DEFAULT_RESERVATION_LEASE)).
     pub const fn reservation_lease(mut self, lease: Duration) -> Self {
         self.reservation_lease = lease;
@@ -312,6 +333,7 @@ where
             max_new_keys: self.max_new_keys,
             reservation: (self.reservation > 0)
                 .then_some((self.reservation, self.reservation_lease)),
+            away_after: RedisLayerBuilder::AWAY_AFTER_FAILURES,
             name,
         };
         // The local fallback: the same layer with the local share of the limit.

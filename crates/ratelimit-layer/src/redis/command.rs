@@ -114,18 +114,28 @@ pub(crate) async fn evalsha(
 ) -> Result<Value, RedisError> {
     match connection.send(cmd).await?.extract_error() {
         Err(e) if e.kind() == ErrorKind::Server(ServerErrorKind::NoScript) => {
-            let mut eval = redis::cmd("EVAL");
-            eval.arg(code);
-            // NOTE: every argument after the hash: the key count, the key, ARGV.
-            for arg in cmd.args_iter().skip(2) {
-                if let Arg::Simple(bytes) = arg {
-                    eval.arg(bytes);
-                }
-            }
-            connection.send(&eval).await?.extract_error()
+            eval(connection, cmd, code).await
         }
         other => other,
     }
+}
+
+/// The call of an `EVALSHA` command as `EVAL`, with the script's code: one round trip where
+/// the script may not be cached yet (a layer's first calls), instead of two.
+pub(crate) async fn eval(
+    connection: &mut RedisConnection,
+    cmd: &Cmd,
+    code: &str,
+) -> Result<Value, RedisError> {
+    let mut eval = redis::cmd("EVAL");
+    eval.arg(code);
+    // NOTE: every argument after the hash: the key count, the key, ARGV.
+    for arg in cmd.args_iter().skip(2) {
+        if let Arg::Simple(bytes) = arg {
+            eval.arg(bytes);
+        }
+    }
+    connection.send(&eval).await?.extract_error()
 }
 
 #[cfg(test)]

@@ -83,6 +83,16 @@ impl RedisTopology {
     /// A new connection, not connected yet: it connects in the background (tokio tasks), so
     /// this must run inside a runtime.
     fn connect_lazily(&self) -> Result<RedisConnection, RedisError> {
+        if self.is_tls() && rustls::crypto::CryptoProvider::get_default().is_none() {
+            // NOTE: redis-rs 1.x builds its rustls configuration from the process's default
+            // provider at every connection and takes no configuration of ours. With none
+            // installed, rustls would install the one its features name, or panic when both
+            // of its providers are compiled in (another crate may enable aws-lc-rs): ring's
+            // is installed here instead, at the first connection and not when the store is
+            // built, so that an application that installs its own at start keeps it. An
+            // error means another thread installed one meanwhile.
+            let _ = rustls::crypto::ring::default_provider().install_default();
+        }
         match self {
             Self::Node { client, config } => {
                 ConnectionManager::new_lazy_with_config(client.clone(), config.clone())
@@ -120,6 +130,15 @@ impl RedisTopology {
                 ))
             }
         }
+    }
+
+    /// Whether connections are made over TLS (a Cluster's seeds all agree).
+    fn is_tls(&self) -> bool {
+        let info = match self {
+            Self::Node { client, .. } => client.get_connection_info(),
+            Self::Cluster { seeds, .. } => &seeds[0],
+        };
+        matches!(info.addr(), ConnectionAddr::TcpTls { .. })
     }
 
     /// Keeps the nodes a Cluster's `CLUSTER SLOTS` reply names, for the connections made

@@ -5,18 +5,16 @@
 use std::borrow::Cow;
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::Ordering;
 
 use http::request::Parts;
 use overload_core::ConfigError;
 use overload_core::clock::Clock;
-use overload_core::telemetry::spawn_ticker;
 use redis::{Cmd, ErrorKind, RedisError};
 
 use super::command::{RedisKeyName, command};
 use super::connection::RedisConnection;
 use super::key::RedisKey;
-use super::reserve::{reserve, reserved};
+use super::reserve::{refill_ahead, reserve, reserved};
 use super::script::{ScriptArgs, ScriptReply};
 use super::state::{Call, OVERFLOW_QUIET, RedisDeciderState, RedisSettings};
 use crate::algorithm::Limiter;
@@ -60,6 +58,9 @@ where
     C: Clock,
 {
     fn start(&self, parts: &Parts, cost: u32) -> RemoteStart {
+        // NOTE: one relaxed load while the recheck runs; started again on this request's
+        // runtime when the one that ran it has shut down.
+        self.state.start_ticker();
         let state = &*self.state;
         let settings = &state.settings;
         if cost == 0 || u64::from(cost) > settings.capacity {
@@ -83,43 +84,34 @@ where
         };
         let observed = state.health.observe();
         if !RemoteHealth::is_up(observed) {
-            state
-                .metrics
-                .get()
-                .fallback(RedisFallbackReason::Unavailable)
-                .increment(1);
+            state.fell_back(RedisFallbackReason::Unavailable);
             return RemoteStart::Local;
         }
-        let reservation = match (&target, &state.reservation) {
-            (RedisTarget::Global, Some(reservation)) => {
-                if let Some(decided) = reservation.decide(state.clock.now(), cost) {
-                    let (decision, status, class) = reserved(decided);
-                    return RemoteStart::Decided(decision, status, class);
-                }
-                true
+        if let (RedisTarget::Global, Some(reservation)) = (&target, &state.reservation) {
+            if let Some(decided) = reservation.decide(state.clock.now(), cost) {
+                refill_ahead(&self.state);
+                let (decision, status, class) = reserved(decided);
+                return RemoteStart::Decided(decision, status, class);
             }
-            _ => false,
-        };
+            state.mark_asked();
+            let state = Arc::clone(&self.state);
+            return RemoteStart::Pending(RemoteDecision::new(reserve(state, cost)));
+        }
         let connection = match settings.store.connection() {
             Ok((connection, _)) => connection,
             Err(e) => {
                 state.failed(RedisFallbackReason::Error, &e, observed, None);
+                state.fell_back(RedisFallbackReason::Error);
                 return RemoteStart::Local;
             }
         };
-        // NOTE: read first, so that a busy layer does not write the shared flag per request.
-        if !state.asked.load(Ordering::Relaxed) {
-            state.asked.store(true, Ordering::Relaxed);
-        }
+        state.mark_asked();
         let mut call = Call {
             cost,
             class: KeyClass::Global,
             observed,
+            awaited: true,
         };
-        if reservation {
-            let state = Arc::clone(&self.state);
-            return RemoteStart::Pending(RemoteDecision::new(reserve(state, connection, call)));
-        }
         let (scripted, namespace) = (&settings.scripted, settings.namespace.as_slice());
         let mut args = ScriptArgs::cost(cost);
         let cmd = match target {
@@ -148,20 +140,7 @@ where
     }
 
     fn first_request(&self) {
-        let state = &self.state;
-        if state
-            .started
-            .compare_exchange(false, true, Ordering::AcqRel, Ordering::Relaxed)
-            .is_err()
-        {
-            return;
-        }
-        // NOTE: decisions go to Redis until one fails, so the gauge starts at 1.
-        let up = RemoteHealth::is_up(state.health.observe());
-        state.metrics.get().up.set(if up { 1.0 } else { 0.0 });
-        if !spawn_ticker(state, state.settings.recheck, RedisDeciderState::tick) {
-            state.started.store(false, Ordering::Release);
-        }
+        self.state.start_ticker();
     }
 }
 
@@ -186,7 +165,14 @@ async fn decide<C: Clock>(
     let settings = &state.settings;
     let deadline = tokio::time::Instant::now() + settings.budget;
     let mut class = call.class;
-    let mut reply = state.ask(&mut connection, &cmd, deadline, call).await?;
+    let fell_back = |reason| {
+        state.fell_back(reason);
+        RemoteFallback
+    };
+    let mut reply = state
+        .ask(&mut connection, &cmd, deadline, call)
+        .await
+        .map_err(fell_back)?;
     if reply == ScriptReply::NoSuchKey {
         // NOTE: a new key over the cap: the request is decided against the one overflow
         // limit, as the local map does at its cap.
@@ -208,7 +194,8 @@ async fn decide<C: Clock>(
         );
         reply = state
             .ask(&mut connection, &overflow, deadline, call)
-            .await?;
+            .await
+            .map_err(fell_back)?;
     }
     let ScriptReply::Decided {
         decision,
@@ -222,7 +209,7 @@ async fn decide<C: Clock>(
             "the overflow key does not exist and may not be made",
         ));
         state.failed(RedisFallbackReason::Error, &e, call.observed, Some(&cmd));
-        return Err(RemoteFallback);
+        return Err(fell_back(RedisFallbackReason::Error));
     };
     if made && class == KeyClass::Keyed {
         let (bucket, taken) = &state.new_keys;

@@ -70,7 +70,9 @@
 //! - **TLS**: `rediss://`, verified against the system's roots or a CA you give
 //!   ([`RedisStoreBuilder::ca_certificate`]), with a client certificate
 //!   ([`RedisStoreBuilder::client_certificate`]) where the service asks for one. Checks
-//!   cannot be turned off. For a Cluster, every seed `rediss://`.
+//!   cannot be turned off. For a Cluster, every seed `rediss://`. rustls with the process's
+//!   default crypto provider: install yours at start; if there is none at the first
+//!   connection, ring's is installed (see [`RedisStoreBuilder::build`]).
 //! - **Sentinel is not supported**: redis-rs (this crate's client) resolves the master
 //!   through the Sentinels once per client, and its connections keep talking to the old
 //!   master after a failover; following `+switch-master` would be a client of this crate's
@@ -152,61 +154,105 @@
 //! 5 ms, [`RedisLayerBuilder::budget`]); when Redis does not answer within it, answers with
 //! an error, or cannot be reached, the request is decided by a local limiter with a share
 //! of the limit ([`local_share`](RedisLayerBuilder::local_share), default the whole limit).
+//! A Redis failure is never an error response: the worst a client sees is the local
+//! share's `429`.
+//!
+//! **Redis is turned away by failures in a row, not by one**
+//! ([`AWAY_AFTER_FAILURES`](RedisLayerBuilder::AWAY_AFTER_FAILURES): 3). A failure is a
+//! decision Redis did not answer within its budget, or answered with an error; "in a row"
+//! is since the last decision Redis answered in time, each failure counted having started
+//! after the one counted before it, so that the decisions in flight together when Redis
+//! stalls count as one. One failure is not enough: a decision over budget now and then (a
+//! Redis in another zone whose 99.9th percentile passes 5 ms, a pause of the client) would
+//! otherwise send the process to its local share for a recheck interval, and a fleet at
+//! the default share would admit up to `n` times its limit then, exactly when load is
+//! highest. A Redis that stops answering costs the requests meanwhile their budget, until
+//! three in a row have failed: 15 ms with the defaults, once per outage.
+//!
 //! From then on every request is decided locally at once, without waiting, and the layer
 //! probes Redis every [`recheck_interval`](RedisLayerBuilder::recheck_interval) (default
 //! 500 ms) in the background, about the key whose decision failed (`EXISTS`, which a Cluster
-//! sends to that key's node) or with `PING`; the first answer within the budget returns the
-//! limit to Redis. A Redis failure is never an error response: the worst a client sees is
-//! the local share's `429`.
+//! sends to that key's node) or with `PING`; **the first answer within the store's
+//! [`response_timeout`](RedisStoreBuilder::response_timeout)** (default 1 s) returns the
+//! limit to Redis, whose decisions then say again whether it answers within the budget (a
+//! Redis that answers, but always later than the budget, is back for three decisions every
+//! recheck interval).
 //!
 //! - **A connection that goes silent without closing** (a failover that moved the address,
 //!   a firewall or a proxy that drops the flow, a frozen host): a decision cannot tell,
-//!   since it gives up after its budget; the probe waits the store's
-//!   [`response_timeout`](RedisStoreBuilder::response_timeout) (default 1 s) and, left
+//!   since it gives up after its budget; the probe waits the response timeout and, left
 //!   unanswered, replaces the connection and asks the new one at once. Once the path is
 //!   back, decisions are back on Redis within `recheck_interval + response_timeout +
-//!   connect_timeout`: **2.5 s with the defaults** (measured 0.2 s through a black-holing
+//!   connect_timeout`: **2.5 s with the defaults** (measured 0.5 s through a black-holing
 //!   proxy of the tests' own). The kernel watches too: TCP keepalive (10 s idle, a probe
 //!   every 5 s, 3 unanswered) and on Linux `TCP_USER_TIMEOUT` (10 s) drop a connection whose
 //!   packets vanish.
-//! - **A failure that comes late** does not undo a return: the health has an epoch per
-//!   return, and a request that started before Redis came back (and times out after) leaves
-//!   it up.
+//! - **A failure that comes late** does not undo a return: the health has a generation per
+//!   change, and a request that started before Redis came back (and times out after)
+//!   leaves it up.
 //! - **A decision that timed out may still be applied**: Redis takes its unit when it reads
-//!   the command, after the layer decided the request locally. Only decisions in flight when
-//!   Redis stopped answering can (none is sent while Redis is away), each is one `timeout`
+//!   the command, after the layer decided the request locally. Only decisions in flight
+//!   before Redis was turned away can (none is sent while it is away), each is one `timeout`
 //!   (or `error`) fallback, and each only takes units from the fleet's limit: the drift is
-//!   at most those counters times the cost, and never admits beyond the limit.
+//!   at most those counters times the cost, and never admits beyond the limit. A batch of
+//!   the reservation that comes late is kept if it comes within a lease, and lost
+//!   otherwise: the fleet admits less for it, never more.
+//! - **Across runtimes**: the recheck runs on the runtime of the request that started it,
+//!   and is started again by the next request on another runtime once that one has shut
+//!   down (a client kept in a `static`, a runtime per call); so is a probe whose runtime
+//!   dropped it.
 //!
 //! Redis away is an episode, logged once when it begins (`WARN`, "Redis cannot decide the
 //! rate limit", with the reason and the error) and once when it ends (`INFO`, "Redis
 //! answers again", with how long it was away), with the layer's name as the field `name`;
-//! a request that falls back meanwhile is logged at `DEBUG` only. While no request asks
-//! Redis, the layer checks it every `recheck_interval` too, so that Redis lost while the
-//! service is idle, and Redis back while no request comes, are seen, logged and reported.
+//! a request that falls back meanwhile is logged at `DEBUG` only, as is a failure that
+//! does not turn Redis away. While no request asks Redis, the layer checks it every
+//! `recheck_interval` too, so that Redis lost while the service is idle (one probe without
+//! an answer within the response timeout turns it away), and Redis back while no request
+//! comes, are seen, logged and reported.
 //!
 //! # Local speed: the reservation
 //!
 //! Every decision in Redis costs a round trip and the work of the script on the Redis
 //! host; measured on one 2-core machine, the full stack served 0.55 to 0.66 of its local
 //! throughput that way. [`RedisLayerBuilder::reservation`] (opt-in, global limits) makes a
-//! process take up to that many units at a time from Redis, with the unit of the request
-//! that asks anyway, and spend them without a round trip within a lease
-//! ([`reservation_lease`](RedisLayerBuilder::reservation_lease), default 100 ms; what is
-//! left then is dropped). One request at a time asks for a batch; the others that find
-//! nothing left wait for its answer within their budget. A batch grows when it was spent
-//! within its lease and shrinks when units were left. And what Redis rejected is rejected
-//! locally until its `Retry-After` is over, nothing giving units back before.
+//! process take up to that many units at a time from Redis and spend them without a round
+//! trip within a lease ([`reservation_lease`](RedisLayerBuilder::reservation_lease),
+//! default 100 ms after the last batch came; what is left then is dropped). What Redis
+//! rejected is rejected locally until its `Retry-After` is over, once the units the
+//! process holds are spent, nothing giving units back before.
+//!
+//! - **Batches are asked for ahead**: when half of a batch is left, the request that sees
+//!   it starts the next round trip, in a task of its own, so that requests do not wait
+//!   for it. **Choose `reservation` at least twice what a process spends in a round trip
+//!   to Redis** (its rate times the round trip), with room for a slow one: requests then
+//!   never wait. The first batch is the whole reservation; a batch then doubles when it was
+//!   spent within its lease and halves when units were left at its end.
+//! - **Requests that find too few units wait for the batch** under way (one round trip at
+//!   a time, never one per request), each within its own budget; the next batch covers
+//!   twice the units of the requests that waited for the last. A request whose budget ends
+//!   while it waits is decided locally (a `timeout` fallback), and **counts no failure**:
+//!   whether Redis answers in time is for the batch's own round trip to say, which has a
+//!   whole budget. A batch asked for ahead counts no failure either (no request waits for
+//!   it); one that requests wait for does.
 //!
 //! The trade-off, as a figure: every unit spent was taken from Redis first, so over time the
-//! fleet admits no more than the limit, but a unit may be spent up to a lease after Redis
-//! counted it: **in any window, the fleet admits at most `processes x reservation` units
-//! more than the limit alone would** (measured: three processes, 10 units each, 300 per
-//! second with bursts of 30 under three times that load: 326 in the busiest second, the
-//! bound being 360). With a limit nobody reaches and batches of 1 000, the full stack
-//! served 0.93 to 1.18 of its local throughput (the machine loaded), with about 200 round
-//! trips for 200 000 requests. The `RateLimit` field of a request decided locally reports
-//! what Redis had left at the last batch, plus the units the process still holds.
+//! fleet admits no more than the limit, but a unit may be spent up to a lease after the
+//! last batch came, and a process never holds more than `reservation` units (what a batch
+//! brings beyond is dropped): **in any window, the fleet admits at most `processes x
+//! reservation` units more than the limit alone would** (measured before batches were
+//! asked for ahead: three processes, 10 units each, 300 per second with bursts of 30 under
+//! three times that load: 326 in the busiest second, the bound being 360). With a limit
+//! nobody reaches and batches of 1 000, the full stack served 0.93 to 1.18 of its local
+//! throughput (the machine loaded), with about 200 round trips for 200 000 requests (also
+//! measured before; asked for at half a batch, they are about twice as many). Through a
+//! Redis 3 ms away (the tests' proxy), with the default budget and a reservation of 2 000,
+//! 64 requests in flight (about 28 000 a second, 280 round trips in 10 s) fell back never
+//! after the first second in ten runs of 10 s on a 2-core machine shared with other
+//! builds, and once in the first (the crate's `redis_load` test); without the reservation,
+//! 2 to 4 % of them timed out, Redis staying up. The `RateLimit` field of a request decided
+//! locally reports what Redis had left at the last batch, plus the units the process still
+//! holds.
 //!
 //! # Metrics
 //!

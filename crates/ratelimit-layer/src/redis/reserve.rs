@@ -1,6 +1,7 @@
-//! A decision of the global limit with the local reservation ([`reserve`]): one request
-//! at a time asks Redis for a batch with its own unit; the others that find nothing left
-//! wait for that answer (within their budget) instead of each asking Redis.
+//! A decision of the global limit with the local reservation ([`reserve`]): a request
+//! that finds no unit left waits for a batch, which one task at a time asks Redis for,
+//! sized to cover the requests that wait; a request whose budget runs out while it waits
+//! is decided locally, and leaves the health of Redis to the batch's own round trip.
 
 use std::sync::Arc;
 use std::time::Duration;
@@ -43,73 +44,159 @@ pub(super) fn reserved(decision: ReservedDecision) -> (Decision, QuotaStatus, Ke
     }
 }
 
-/// The claim on the batch under way: released (the waiters woken) when the answer is in,
-/// or when the request is dropped before it (a client gone), so that a batch is never
-/// left claimed.
-struct RefillClaim<'a> {
-    reservation: &'a LocalReservation,
-    notify: &'a tokio::sync::Notify,
+/// The claim on the batch under way, owned by the task that asks for it from when the task
+/// is made: released, and the waiters woken, when the answer is in, or when the task goes
+/// without one (no answer within the batch's budget, an error, or a runtime that dropped
+/// the task), so that a batch is never left claimed.
+struct RefillClaim<C> {
+    state: Arc<RedisDeciderState<C>>,
     done: bool,
 }
 
-impl RefillClaim<'_> {
-    fn refilled(mut self, now: u64, units: u32, status: QuotaStatus) {
-        self.reservation
-            .refilled(now, units, status.remaining, saturating_nanos(status.reset));
+impl<C> RefillClaim<C> {
+    fn refilled(mut self, now: u64, own: u32, units: u32, status: QuotaStatus) {
+        if let Some(reservation) = &self.state.reservation {
+            let reset = saturating_nanos(status.reset);
+            reservation.refilled_for(now, own, units, status.remaining, reset);
+        }
         self.done = true;
-        self.notify.notify_waiters();
+        self.state.refill_done.notify_waiters();
     }
 }
 
-impl Drop for RefillClaim<'_> {
+impl<C> Drop for RefillClaim<C> {
     fn drop(&mut self) {
         if !self.done {
-            self.reservation.refill_failed();
-            self.notify.notify_waiters();
+            if let Some(reservation) = &self.state.reservation {
+                reservation.refill_failed();
+            }
+            self.state.refill_done.notify_waiters();
         }
     }
 }
 
-/// A request of the global limit that the reservation could not decide at once.
+/// A request of the global limit that the reservation could not decide at once: it waits,
+/// within its budget, for a batch (asking for one if none is under way), and takes its
+/// units from it; when a batch it waited for was spent before it woke, it waits for the
+/// next within what is left of its budget.
 pub(super) async fn reserve<C: Clock>(
     state: Arc<RedisDeciderState<C>>,
-    mut connection: RedisConnection,
-    call: Call,
+    cost: u32,
 ) -> RemoteOutcome {
-    let settings = &state.settings;
-    let deadline = tokio::time::Instant::now() + settings.budget;
+    let deadline = tokio::time::Instant::now() + state.settings.budget;
     let Some(reservation) = &state.reservation else {
         return Err(RemoteFallback);
     };
-    // NOTE: registered before the flag is read, so that an answer that comes between the
-    // two is not missed.
-    let answered = state.refill_done.notified();
-    tokio::pin!(answered);
-    answered.as_mut().enable();
-    if reservation.is_refilling() {
-        let _ = tokio::time::timeout_at(deadline, answered).await;
-        if let Some(decided) = reservation.decide(state.clock.now(), call.cost) {
+    loop {
+        // NOTE: registered before the batch is looked at, so that an answer that comes
+        // between the two is not missed.
+        let answered = state.refill_done.notified();
+        tokio::pin!(answered);
+        answered.as_mut().enable();
+        if let Some(decided) = reservation.decide(state.clock.now(), cost) {
+            refill_ahead(&state);
             return Ok(reserved(decided));
         }
-        if !RemoteHealth::is_up(state.health.observe()) {
-            // NOTE: the batch's request found Redis away.
-            state
-                .metrics
-                .get()
-                .fallback(RedisFallbackReason::Unavailable)
-                .increment(1);
+        let observed = state.health.observe();
+        if !RemoteHealth::is_up(observed) {
+            // NOTE: a batch's round trip found Redis away.
+            state.fell_back(RedisFallbackReason::Unavailable);
+            return Err(RemoteFallback);
+        }
+        if reservation.claim_refill() {
+            spawn_refill(&state, Refill::Waiting { cost }, observed);
+        } else {
+            reservation.waiting(cost);
+        }
+        if tokio::time::timeout_at(deadline, answered).await.is_err() {
+            // NOTE: a last look: the batch may have come in the same turn of the runtime as
+            // the deadline (a runtime that was not scheduled for a while).
+            if let Some(decided) = reservation.decide(state.clock.now(), cost) {
+                return Ok(reserved(decided));
+            }
+            // NOTE: the budget ran out while a batch was under way: decided locally. Whether
+            // Redis answers in time is the batch's to say (its round trip has a budget of
+            // its own), not this request's, which spent its budget waiting: no failure is
+            // counted here.
+            state.fell_back(RedisFallbackReason::Timeout);
             return Err(RemoteFallback);
         }
     }
-    let extra = reservation.claim_refill(state.clock.now());
-    let claim = (extra > 0).then_some(RefillClaim {
-        reservation,
-        notify: &state.refill_done,
+}
+
+/// After a decision from the batch: if it runs low, the next is asked for now, so that
+/// requests do not wait for it.
+#[inline]
+pub(super) fn refill_ahead<C: Clock>(state: &Arc<RedisDeciderState<C>>) {
+    if let Some(reservation) = &state.reservation {
+        if reservation.running_low() && reservation.claim_refill() {
+            spawn_refill(state, Refill::Ahead, state.health.observe());
+        }
+    }
+}
+
+/// Who asks for a batch.
+#[derive(Clone, Copy)]
+pub(super) enum Refill {
+    /// A request that found too few units, and waits: the batch holds its `cost`.
+    Waiting { cost: u32 },
+    /// A request that left the batch running low: the next is asked for ahead.
+    Ahead,
+}
+
+/// Asks Redis for a batch in a task of its own, claimed already: the batch comes in
+/// whatever happens to the request that asked for it (a client gone, its budget over), and
+/// its round trip has a whole budget, which it is judged by.
+pub(super) fn spawn_refill<C: Clock>(
+    state: &Arc<RedisDeciderState<C>>,
+    refill: Refill,
+    observed: u64,
+) {
+    // NOTE: made first, so that every way out below releases the claim.
+    let claim = RefillClaim {
+        state: Arc::clone(state),
         done: false,
-    });
+    };
+    let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+        let e = redis::RedisError::from((
+            redis::ErrorKind::Client,
+            "a Redis-backed rate limit must run inside a tokio runtime",
+        ));
+        state.failed(RedisFallbackReason::Error, &e, observed, None);
+        return;
+    };
+    let connection = match state.settings.store.connection() {
+        Ok((connection, _)) => connection,
+        Err(e) => {
+            state.failed(RedisFallbackReason::Error, &e, observed, None);
+            return;
+        }
+    };
+    state.mark_asked();
+    runtime.spawn(ask_for_batch(claim, connection, refill, observed));
+}
+
+async fn ask_for_batch<C: Clock>(
+    claim: RefillClaim<C>,
+    mut connection: RedisConnection,
+    refill: Refill,
+    observed: u64,
+) {
+    let state = Arc::clone(&claim.state);
+    let Some(reservation) = &state.reservation else {
+        return;
+    };
+    let batch = reservation.batch(state.clock.now());
+    let cost = match refill {
+        Refill::Waiting { cost } => cost,
+        // NOTE: the units held are as many as a batch may hold: nothing to ask for.
+        Refill::Ahead if batch == 0 => return,
+        Refill::Ahead => 1,
+    };
+    let settings = &state.settings;
     let args = ScriptArgs {
-        extra,
-        ..ScriptArgs::cost(call.cost)
+        extra: batch.saturating_sub(cost),
+        ..ScriptArgs::cost(cost)
     };
     let cmd = command::<()>(
         &settings.scripted,
@@ -117,26 +204,78 @@ pub(super) async fn reserve<C: Clock>(
         &RedisKeyName::Global,
         args,
     );
+    let (awaited, own) = match refill {
+        Refill::Waiting { cost } => (true, cost),
+        Refill::Ahead => (false, 0),
+    };
+    let call = Call {
+        cost,
+        class: KeyClass::Global,
+        observed,
+        awaited,
+    };
+    let deadline = tokio::time::Instant::now() + settings.budget;
+    let script = state.call_script(&mut connection, &cmd);
+    tokio::pin!(script);
+    let reply = tokio::time::timeout_at(deadline, &mut script).await;
+    // NOTE: a failure was counted by `judge` (if requests wait for this batch); the global
+    // key may always be made, so a reply that says otherwise is not the script's.
+    let reply = match state.judge(reply.map_err(drop), &cmd, call) {
+        Ok(reply) => reply,
+        Err(RedisFallbackReason::Timeout) => {
+            // NOTE: past its budget: the claim is given up now, so that another batch may
+            // be asked for (and another failure counted), but what Redis took for this one
+            // is still kept if it comes within a lease.
+            drop(claim);
+            let lease = settings
+                .reservation
+                .map_or(settings.budget, |(_, lease)| lease);
+            let late = tokio::time::timeout(lease, script).await;
+            let Ok(Ok(value)) = late else { return };
+            if let Ok(reply) = settings.scripted.read_reply(&value, cost) {
+                if let Some((units, status)) = batch_units(reservation, &reply, cost, &state) {
+                    let reset = saturating_nanos(status.reset);
+                    let now = state.clock.now();
+                    reservation.came_late(now, own, units, status.remaining, reset);
+                    // NOTE: requests may wait for the batch claimed since: this one serves.
+                    state.refill_done.notify_waiters();
+                }
+            }
+            return;
+        }
+        Err(_) => return,
+    };
+    if let Some((units, status)) = batch_units(reservation, &reply, cost, &state) {
+        claim.refilled(state.clock.now(), own, units, status);
+    }
+}
+
+/// The units a batch's reply brings (the asking request's own, which go into the batch for
+/// whichever request takes them, and the extra), and what Redis had left; a rejection is
+/// kept first, so that the waiters the batch wakes see it.
+fn batch_units<C: Clock>(
+    reservation: &LocalReservation,
+    reply: &ScriptReply,
+    cost: u32,
+    state: &RedisDeciderState<C>,
+) -> Option<(u32, QuotaStatus)> {
     let ScriptReply::Decided {
         decision,
-        mut status,
+        status,
         extra,
         ..
-    } = state.ask(&mut connection, &cmd, deadline, call).await?
+    } = *reply
     else {
-        // NOTE: the global key may always be made; a reply that says otherwise is not the
-        // script's.
-        return Err(RemoteFallback);
+        return None;
     };
-    let now = state.clock.now();
-    // NOTE: the rejection kept first, then the claim released: the waiters it wakes see it.
-    if let Decision::Reject { retry_after } = decision {
-        reservation.rejected(now, saturating_nanos(retry_after), call.cost);
-    }
-    if let Some(claim) = claim {
-        claim.refilled(now, extra, status);
-        // NOTE: the units this process now holds are the fleet's too.
-        status.remaining = status.remaining.saturating_add(u64::from(extra));
-    }
-    Ok((decision, status, KeyClass::Global))
+    let units = match decision {
+        Decision::Allow => cost.saturating_add(extra),
+        Decision::Reject { retry_after } => {
+            reservation.rejected(state.clock.now(), saturating_nanos(retry_after), cost);
+            extra
+        }
+        // NOTE: never: a request above the capacity is decided locally, without Redis.
+        Decision::OverCapacity { .. } => extra,
+    };
+    Some((units, status))
 }

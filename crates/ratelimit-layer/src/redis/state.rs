@@ -1,7 +1,8 @@
 //! What every decision of a limit kept in Redis shares ([`RedisDeciderState`]): the
 //! settings, the health of Redis and its episodes, the cap on new keys, the local
 //! reservation; one script call within a deadline, the failures and the return; and the
-//! probe that follows Redis while it is away (and while no request asks it).
+//! recheck ticker and the probe that follows Redis while it is away (and while no request
+//! asks it).
 
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex, PoisonError, Weak};
@@ -9,18 +10,17 @@ use std::time::Duration;
 
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, saturating_nanos};
-use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
-use redis::{Arg, Cmd, ErrorKind, RedisError, ServerErrorKind};
+use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
+use redis::{Arg, Cmd, ErrorKind, RedisError, ServerErrorKind, Value};
 use tokio::sync::Notify;
 
-use super::command::evalsha;
+use super::command::{eval, evalsha};
 use super::connection::RedisConnection;
 use super::script::{ScriptReply, ScriptedLimit};
 use super::store::RedisStore;
 use crate::algorithm::{Limiter, TokenBucket};
 use crate::keyed::KeyClass;
-use crate::rate_limit::remote_decision::RemoteFallback;
-use crate::remote_health::RemoteHealth;
+use crate::remote_health::{RemoteFailure, RemoteHealth};
 use crate::reservation::LocalReservation;
 use crate::telemetry::{RedisFallbackReason, RedisLimitMetrics};
 
@@ -39,6 +39,8 @@ pub(crate) struct RedisSettings {
     pub(crate) max_new_keys: u32,
     /// The local reservation's largest batch and its lease, if any.
     pub(crate) reservation: Option<(u32, Duration)>,
+    /// Failed decisions counted in a row that turn Redis away.
+    pub(crate) away_after: u32,
     pub(crate) name: LayerName,
 }
 
@@ -49,9 +51,10 @@ pub(super) const OVERFLOW_QUIET: Duration = Duration::from_secs(10);
 pub(super) struct RedisDeciderState<C> {
     pub(super) settings: RedisSettings,
     pub(super) clock: C,
-    /// Whether Redis decides, with an epoch per return.
+    /// Whether Redis decides: the streak of failed decisions, with a generation per change.
     pub(super) health: RemoteHealth,
-    /// Redis away: begun by the first failure (`WARN`), ended by the probe (`INFO`).
+    /// Redis away: begun by the failure that turned it away (`WARN`), ended by the probe
+    /// (`INFO`).
     pub(super) away: Episode,
     /// The key of the decision whose failure turned Redis away: what the probe asks about,
     /// so that a Cluster is back when that key's slot answers.
@@ -61,10 +64,21 @@ pub(super) struct RedisDeciderState<C> {
     pub(super) read_only: AtomicBool,
     /// Whether a request asked Redis since the last tick.
     pub(super) asked: AtomicBool,
-    /// Whether a probe is under way.
+    /// Whether Redis has run the script for this layer: its calls send the hash then.
+    script_cached: AtomicBool,
+    /// Whether a probe is under way: set when one is spawned, reset by its task's guard
+    /// when the task goes, however it goes ([`ProbeGuard`]).
     pub(super) probing: AtomicBool,
-    /// Whether the ticker runs.
-    pub(super) started: AtomicBool,
+    /// Whether the probe spawned last has started to run.
+    probe_ran: AtomicBool,
+    /// When the last probe was spawned (only the spawning path takes the lock).
+    probe_spawned: Mutex<Option<tokio::time::Instant>>,
+    /// Probes spawned (tests).
+    #[cfg(test)]
+    probes: std::sync::atomic::AtomicUsize,
+    /// The recheck: started by a request, and again by a later request once the runtime
+    /// that ran it has shut down.
+    ticker: Ticker,
     /// The cap on new keys: a token bucket of `max_new_keys` per second.
     pub(super) new_keys: (TokenBucket, <TokenBucket as Limiter>::State),
     /// New keys over the cap: begun by the first (`WARN`), over after `OVERFLOW_QUIET`.
@@ -85,6 +99,20 @@ pub(super) struct Call {
     pub(super) class: KeyClass,
     /// The health when the request started.
     pub(super) observed: u64,
+    /// Whether a request waits for this call (a decision, or a batch that requests wait
+    /// for): only then does its failure count towards turning Redis away. A batch asked
+    /// for ahead, while the process still holds units, fails no request.
+    pub(super) awaited: bool,
+}
+
+/// Owned by a probe's task from when the task is made: the probe is over when the task
+/// goes, whether it ends, or is dropped unpolled by a runtime that shuts down.
+struct ProbeGuard<C>(Arc<RedisDeciderState<C>>);
+
+impl<C> Drop for ProbeGuard<C> {
+    fn drop(&mut self) {
+        self.0.probing.store(false, Ordering::Release);
+    }
 }
 
 impl<C: Clock> RedisDeciderState<C> {
@@ -97,16 +125,22 @@ impl<C: Clock> RedisDeciderState<C> {
         let reservation = settings
             .reservation
             .map(|(batch, lease)| LocalReservation::new(batch, saturating_nanos(lease)));
+        let health = RemoteHealth::new(settings.away_after);
         Ok(Arc::new_cyclic(|this| Self {
             settings,
             clock,
-            health: RemoteHealth::new(),
+            health,
             away: Episode::new(),
             probe_key: Mutex::new(None),
             read_only: AtomicBool::new(false),
             asked: AtomicBool::new(false),
+            script_cached: AtomicBool::new(false),
             probing: AtomicBool::new(false),
-            started: AtomicBool::new(false),
+            probe_ran: AtomicBool::new(false),
+            probe_spawned: Mutex::new(None),
+            #[cfg(test)]
+            probes: std::sync::atomic::AtomicUsize::new(0),
+            ticker: Ticker::new(),
             new_keys: (new_keys, Default::default()),
             overflowing: Episode::new(),
             reservation,
@@ -115,21 +149,71 @@ impl<C: Clock> RedisDeciderState<C> {
             this: Weak::clone(this),
         }))
     }
-    /// One script call within the deadline; its failure is counted, and may turn Redis
-    /// away.
+
+    /// On every request: starts the recheck ticker if it does not run (the layer's first
+    /// request, or the first on a runtime after the one that ran it shut down).
+    #[inline]
+    pub(super) fn start_ticker(self: &Arc<Self>) {
+        self.ticker
+            .start(self, self.settings.recheck, Self::first_request, Self::tick);
+    }
+
+    fn first_request(&self) {
+        // NOTE: decisions go to Redis until failures turn it away, so the gauge starts at 1.
+        let up = RemoteHealth::is_up(self.health.observe());
+        self.metrics.get().up.set(if up { 1.0 } else { 0.0 });
+    }
+
+    /// One script call within the deadline: its answer ends a streak of failures; its
+    /// failure is counted towards turning Redis away (if a request waits for it), and its
+    /// reason returned (the caller counts its request's fallback).
     pub(super) async fn ask(
         &self,
         connection: &mut RedisConnection,
         cmd: &Cmd,
         deadline: tokio::time::Instant,
         call: Call,
-    ) -> Result<ScriptReply, RemoteFallback> {
-        let scripted = &self.settings.scripted;
-        let reply =
-            tokio::time::timeout_at(deadline, evalsha(connection, cmd, scripted.code)).await;
+    ) -> Result<ScriptReply, RedisFallbackReason> {
+        let reply = tokio::time::timeout_at(deadline, self.call_script(connection, cmd)).await;
+        self.judge(reply.map_err(drop), cmd, call)
+    }
+
+    /// The script's call: `EVALSHA`, or, until Redis has answered one call of this layer,
+    /// `EVAL` with the code.
+    pub(super) async fn call_script(
+        &self,
+        connection: &mut RedisConnection,
+        cmd: &Cmd,
+    ) -> Result<Value, RedisError> {
+        let code = self.settings.scripted.code;
+        // NOTE: until Redis has answered one call, the script may not be cached there:
+        // `EVAL` with its code costs one round trip, where `EVALSHA` and `NOSCRIPT` would
+        // cost two (and a layer's first decisions their budget, on a Redis a few
+        // milliseconds away).
+        if self.script_cached.load(Ordering::Relaxed) {
+            evalsha(connection, cmd, code).await
+        } else {
+            eval(connection, cmd, code).await
+        }
+    }
+
+    /// What a script call within its deadline (`Ok`), or past it (`Err`), says; see
+    /// [`ask`](Self::ask).
+    pub(super) fn judge(
+        &self,
+        reply: Result<Result<Value, RedisError>, ()>,
+        cmd: &Cmd,
+        call: Call,
+    ) -> Result<ScriptReply, RedisFallbackReason> {
         let failure = match reply {
-            Ok(Ok(value)) => match scripted.read_reply(&value, call.cost) {
-                Ok(reply) => return Ok(reply),
+            Ok(Ok(value)) => match self.settings.scripted.read_reply(&value, call.cost) {
+                Ok(reply) => {
+                    if !self.script_cached.load(Ordering::Relaxed) {
+                        self.script_cached.store(true, Ordering::Relaxed);
+                    }
+                    self.health.succeeded();
+                    return Ok(reply);
+                }
                 Err(unexpected) => (
                     RedisFallbackReason::Error,
                     RedisError::from((
@@ -140,10 +224,23 @@ impl<C: Clock> RedisDeciderState<C> {
                 ),
             },
             Ok(Err(e)) => (RedisFallbackReason::Error, e),
-            Err(_elapsed) => (RedisFallbackReason::Timeout, self.over_budget()),
+            Err(()) => (RedisFallbackReason::Timeout, self.over_budget()),
         };
-        self.failed(failure.0, &failure.1, call.observed, Some(cmd));
-        Err(RemoteFallback)
+        if call.awaited {
+            self.failed(failure.0, &failure.1, call.observed, Some(cmd));
+        } else {
+            if failure.1.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
+                self.read_only.store(true, Ordering::Release);
+            }
+            tracing::debug!(
+                name = %self.settings.name,
+                reason = failure.0.as_str(),
+                error = %failure.1,
+                "Redis did not answer a batch asked for ahead (not counted: no request \
+                 waited for it)"
+            );
+        }
+        Err(failure.0)
     }
 
     /// Whether a keyed request may make its key in Redis: while the cap on new keys has a
@@ -161,8 +258,23 @@ impl<C: Clock> RedisDeciderState<C> {
         ))
     }
 
-    /// A request that started at `observed` could not be decided in Redis: it falls back,
-    /// counted; and Redis is away, unless it came back since the request started.
+    /// A request asks Redis: the next tick need not check it.
+    #[inline]
+    pub(super) fn mark_asked(&self) {
+        // NOTE: read first, so that a busy layer does not write the shared flag per request.
+        if !self.asked.load(Ordering::Relaxed) {
+            self.asked.store(true, Ordering::Relaxed);
+        }
+    }
+
+    /// A request decided locally instead of in Redis, counted.
+    pub(super) fn fell_back(&self, reason: RedisFallbackReason) {
+        self.metrics.get().fallback(reason).increment(1);
+    }
+
+    /// A decision (or a batch of the reservation) that started at `observed` got no answer
+    /// within its budget, or an error: one more failure in the streak, unless the health
+    /// changed since it started; the one that completes the streak turns Redis away.
     pub(super) fn failed(
         &self,
         reason: RedisFallbackReason,
@@ -170,44 +282,53 @@ impl<C: Clock> RedisDeciderState<C> {
         observed: u64,
         cmd: Option<&Cmd>,
     ) {
-        self.metrics.get().fallback(reason).increment(1);
         if error.kind() == ErrorKind::Server(ServerErrorKind::ReadOnly) {
             self.read_only.store(true, Ordering::Release);
         }
-        if self.turned_away(reason, error, observed) {
-            // NOTE: the key (the command's fourth argument) is what the probe asks about.
-            let key = cmd.and_then(|cmd| match cmd.args_iter().nth(3) {
-                Some(Arg::Simple(key)) => Some(key.to_vec()),
-                _ => None,
-            });
-            *self
-                .probe_key
-                .lock()
-                .unwrap_or_else(PoisonError::into_inner) = key;
-            self.spawn_probe();
-        }
-    }
-
-    /// Turns Redis away after a failure seen by something that started at `observed`;
-    /// `true` if this did (and logged it).
-    pub(super) fn turned_away(
-        &self,
-        reason: RedisFallbackReason,
-        error: &RedisError,
-        observed: u64,
-    ) -> bool {
-        if !self.health.fail(observed) {
-            tracing::debug!(
+        match self.health.fail(observed) {
+            RemoteFailure::TurnedAway => {
+                // NOTE: the key (the command's fourth argument) is what the probe asks about.
+                let key = cmd.and_then(|cmd| match cmd.args_iter().nth(3) {
+                    Some(Arg::Simple(key)) => Some(key.to_vec()),
+                    _ => None,
+                });
+                *self
+                    .probe_key
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner) = key;
+                self.went_away(reason, error);
+                self.spawn_probe();
+            }
+            RemoteFailure::Counted => tracing::debug!(
                 name = %self.settings.name,
                 reason = reason.as_str(),
                 error = %error,
-                "Redis did not decide a request (already away, or back since it started)"
-            );
-            return false;
+                streak = RemoteHealth::streak(self.health.observe()),
+                away_after = self.settings.away_after,
+                "Redis did not decide a request; Redis is left after more in a row"
+            ),
+            RemoteFailure::Ignored => tracing::debug!(
+                name = %self.settings.name,
+                reason = reason.as_str(),
+                error = %error,
+                "Redis did not decide a request (away already, or a failure or an answer \
+                 was counted since it started)"
+            ),
         }
+    }
+
+    /// The probe that started at `observed` met an error, or no answer within the response
+    /// timeout: Redis is away at once, unless the health changed since.
+    fn probe_failed(&self, reason: RedisFallbackReason, error: &RedisError, observed: u64) {
+        if self.health.turn_away(observed) {
+            self.went_away(reason, error);
+        }
+    }
+
+    /// Redis was just turned away: the gauge, and the episode's `WARN`.
+    fn went_away(&self, reason: RedisFallbackReason, error: &RedisError) {
         self.metrics.get().up.set(0.0);
-        let now = self.clock.now();
-        if self.away.seen(now) {
+        if self.away.seen(self.clock.now()) {
             tracing::warn!(
                 name = %self.settings.name,
                 redis = %self.settings.store.addr(),
@@ -217,11 +338,10 @@ impl<C: Clock> RedisDeciderState<C> {
                  until Redis answers again (logged once; `INFO` when it does)"
             );
         }
-        true
     }
 
-    /// Redis answered the probe within the budget: decisions go to Redis again, and the
-    /// episode of Redis away ends.
+    /// Redis answered the probe: decisions go to Redis again, and the episode of Redis away
+    /// ends.
     pub(super) fn recovered(&self) {
         if self.health.recover() {
             self.metrics.get().up.set(1.0);
@@ -259,6 +379,9 @@ impl<C: Clock> RedisDeciderState<C> {
         self.spawn_probe();
     }
 
+    /// Spawns a probe on the current runtime, unless one is under way; and at most one per
+    /// recheck interval on a runtime that drops what is spawned on it before running it
+    /// (one shutting down), never one per request.
     pub(super) fn spawn_probe(&self) {
         if self.probing.swap(true, Ordering::AcqRel) {
             return;
@@ -269,16 +392,40 @@ impl<C: Clock> RedisDeciderState<C> {
             self.probing.store(false, Ordering::Release);
             return;
         };
+        let mut spawned = self
+            .probe_spawned
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        let now = tokio::time::Instant::now();
+        // NOTE: a probe spawned less than a recheck interval ago that never ran: the
+        // runtime dropped it unpolled (it is shutting down). Wait for the interval.
+        if !self.probe_ran.load(Ordering::Acquire)
+            && spawned.is_some_and(|at| now < at + self.settings.recheck)
+        {
+            drop(spawned);
+            self.probing.store(false, Ordering::Release);
+            return;
+        }
+        self.probe_ran.store(false, Ordering::Release);
+        *spawned = Some(now);
+        drop(spawned);
+        #[cfg(test)]
+        self.probes.fetch_add(1, Ordering::Relaxed);
+        // NOTE: the guard is moved into the future when it is made, not when it is first
+        // polled: a runtime that drops the task unpolled resets the flag all the same.
+        let guard = ProbeGuard(this);
         runtime.spawn(async move {
-            this.probe().await;
-            this.probing.store(false, Ordering::Release);
+            let guard = guard;
+            guard.0.probe_ran.store(true, Ordering::Release);
+            guard.0.probe().await;
         });
     }
 
     /// Asks Redis about the key whose decision failed (`EXISTS`, which goes to that key's
-    /// node in a Cluster), or `PING`s it: an answer within the budget brings it back. A
-    /// connection that does not answer within the response timeout is replaced at once (a
-    /// black hole), and the new one asked.
+    /// node in a Cluster), or `PING`s it: an answer within the response timeout brings it
+    /// back (the decisions' budget then judges whether it is fast enough). A connection
+    /// that does not answer within the response timeout is replaced at once (a black hole),
+    /// and the new one asked.
     pub(super) async fn probe(&self) {
         let observed = self.health.observe();
         let key = self
@@ -302,21 +449,18 @@ impl<C: Clock> RedisDeciderState<C> {
                 let _ = store.replace(generation);
             }
         }
-        // NOTE: at most three rounds: a silent connection replaced, a new connection's
-        // first answer (which includes its set-up), and one more.
-        let mut fresh = false;
-        for _ in 0..3 {
+        // NOTE: at most two rounds: the connection in place, and a new one in its place.
+        for round in 0..2 {
             let (mut connection, generation) = match store.connection() {
                 Ok(connection) => connection,
                 Err(e) => {
-                    self.turned_away(RedisFallbackReason::Error, &e, observed);
+                    self.probe_failed(RedisFallbackReason::Error, &e, observed);
                     return;
                 }
             };
-            let sent = tokio::time::Instant::now();
             let reply = tokio::time::timeout(response_timeout, connection.send(&probe)).await;
-            match reply.map(|r| r.and_then(redis::Value::extract_error)) {
-                Ok(Ok(_)) if sent.elapsed() <= self.settings.budget => {
+            let e = match reply.map(|r| r.and_then(Value::extract_error)) {
+                Ok(Ok(_)) => {
                     self.recovered();
                     if store.is_cluster() {
                         // NOTE: the nodes as they are now, for a connection made anew.
@@ -329,36 +473,35 @@ impl<C: Clock> RedisDeciderState<C> {
                     }
                     return;
                 }
-                Ok(Ok(_)) if fresh => fresh = false,
-                Ok(Ok(_)) => {
-                    self.turned_away(RedisFallbackReason::Timeout, &self.over_budget(), observed);
-                    return;
-                }
                 Ok(Err(e)) => {
-                    self.turned_away(RedisFallbackReason::Error, &e, observed);
+                    self.probe_failed(RedisFallbackReason::Error, &e, observed);
                     return;
                 }
-                Err(_elapsed) => {
-                    let e = RedisError::from((
-                        ErrorKind::Io,
-                        "no answer within the response timeout: connection replaced",
-                        format!("{response_timeout:?}"),
-                    ));
-                    self.turned_away(RedisFallbackReason::Timeout, &e, observed);
-                    tracing::info!(
-                        name = %self.settings.name,
-                        redis = %store.addr(),
-                        ?response_timeout,
-                        "ratelimit-layer: the connection to Redis left a command unanswered \
-                         for the response timeout; a new connection replaces it"
-                    );
-                    if let Err(e) = store.replace(generation) {
-                        self.turned_away(RedisFallbackReason::Error, &e, observed);
-                        return;
-                    }
-                    fresh = true;
-                }
+                Err(_elapsed) => RedisError::from((
+                    ErrorKind::Io,
+                    "no answer within the response timeout: connection replaced",
+                    format!("{response_timeout:?}"),
+                )),
+            };
+            self.probe_failed(RedisFallbackReason::Timeout, &e, observed);
+            if round == 1 {
+                return;
+            }
+            tracing::info!(
+                name = %self.settings.name,
+                redis = %store.addr(),
+                ?response_timeout,
+                "ratelimit-layer: the connection to Redis left a command unanswered for the \
+                 response timeout; a new connection replaces it"
+            );
+            if let Err(e) = store.replace(generation) {
+                self.probe_failed(RedisFallbackReason::Error, &e, observed);
+                return;
             }
         }
     }
 }
+
+#[cfg(test)]
+#[path = "state_tests.rs"]
+mod tests;

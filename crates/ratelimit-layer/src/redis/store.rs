@@ -232,13 +232,17 @@ impl fmt::Debug for RedisStore {
     }
 }
 
-/// Redis could not be reached or did not answer; from [`RedisStore::ping`].
+/// Redis could not be reached or did not answer; from [`RedisStore::ping`]. Why is its
+/// [`source`](std::error::Error::source) (the client's error), which its own message does
+/// not repeat: print the chain.
 #[derive(Debug)]
 pub struct Unreachable(RedisError);
 
 impl fmt::Display for Unreachable {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        write!(f, "Redis does not answer: {}", self.0)
+        // NOTE: not the source's text: it is the `source()`, and a reporter that walks the
+        // chain would print it twice.
+        f.write_str("Redis does not answer")
     }
 }
 
@@ -317,10 +321,17 @@ impl RedisStoreBuilder {
         self
     }
 
-    /// Builds the store; nothing is connected yet.
+    /// Builds the store; nothing is connected yet, and nothing of the process is changed.
     ///
-    /// A TLS store uses rustls; when the process has no default rustls crypto provider
-    /// yet, it installs ring's (install your own first to use another).
+    /// A TLS store uses rustls with the process's default crypto provider, which redis-rs
+    /// (this crate's client) reads for every connection and cannot be given one of its
+    /// own: install yours at start, before the first request
+    /// (`rustls::crypto::CryptoProvider::install_default`). If the process has none when
+    /// the store makes its first connection (its first [`ping`](RedisStore::ping), or the
+    /// layer's first request), ring's is
+    /// installed as the default then, as rustls itself would with this crate's features;
+    /// an application that installs its own provider later than that gets an error from
+    /// `install_default`.
     ///
     /// # Errors
     ///
@@ -357,13 +368,6 @@ impl RedisStoreBuilder {
             .iter()
             .any(|info| matches!(info.addr(), ConnectionAddr::TcpTls { .. }));
         let certificates = self.certificates(tls)?;
-        if tls && rustls::crypto::CryptoProvider::get_default().is_none() {
-            // NOTE: redis-rs builds its rustls configuration with the process's default
-            // provider; with none installed, and both of rustls's providers compiled in
-            // (another crate of the program may enable aws-lc-rs), rustls would panic at the
-            // first connection. An error means another thread installed one meanwhile.
-            let _ = rustls::crypto::ring::default_provider().install_default();
-        }
         let addr = infos
             .iter()
             .map(|info| info.addr().to_string())

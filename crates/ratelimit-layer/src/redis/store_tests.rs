@@ -138,3 +138,26 @@ fn outside_a_runtime_the_connection_is_an_error_not_a_panic() {
     let store = RedisStore::cluster(["redis://127.0.0.1:6390"]).unwrap();
     assert!(store.connection().is_err());
 }
+
+/// Regression (issue 30, finding 7): `Unreachable` wrote its source's text into its own
+/// message and returned that source from `source()`, so a reporter that walks the chain
+/// (anyhow's `{:#}`, tracing's error fields) printed it twice.
+#[test]
+fn unreachable_says_its_source_once_in_a_chain() {
+    use std::error::Error;
+    let error = Unreachable(RedisError::from((
+        redis::ErrorKind::Io,
+        "connection refused by 127.0.0.1:6390",
+    )));
+    let chain: Vec<String> = std::iter::successors(Some(&error as &dyn Error), |&e| e.source())
+        .map(ToString::to_string)
+        .collect();
+    let printed = chain.join(": ");
+    assert_eq!(chain.len(), 2, "{printed}");
+    assert_eq!(
+        printed.matches("connection refused").count(),
+        1,
+        "{printed}"
+    );
+    assert_eq!(chain[0], "Redis does not answer");
+}

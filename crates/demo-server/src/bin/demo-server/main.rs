@@ -71,7 +71,12 @@ async fn serve(plan: Plan) -> Result<(), String> {
         // decides until it answers).
         match tokio::time::timeout(Duration::from_secs(2), store.ping()).await {
             Ok(Ok(())) => {}
-            Ok(Err(e)) => eprintln!("warning: {e}; limiting locally until it answers"),
+            Ok(Err(e)) => {
+                // NOTE: the error says that Redis does not answer; its source says why.
+                let why =
+                    std::error::Error::source(&e).map_or_else(String::new, |s| format!(": {s}"));
+                eprintln!("warning: {e}{why}; limiting locally until it answers");
+            }
             Err(_) => eprintln!(
                 "warning: Redis at {} does not answer within 2 s; limiting locally until it does",
                 store.addr()
