@@ -495,7 +495,7 @@ fn redis_settings_are_checked_by_name() {
     );
     let err = RateLimitLayer::builder(hourly(10))
         .cost(4)
-        .redis(store)
+        .redis(store.clone())
         .local_share(0.25)
         .build()
         .unwrap_err();
@@ -505,6 +505,45 @@ fn redis_settings_are_checked_by_name() {
             .contains("below the cost of every request (4)"),
         "{err}"
     );
+    // Regression (issue 30, review item D3): a name set on this builder replaced the one
+    // set before `redis`, and a reservation lease without a reservation did nothing.
+    let err = RateLimitLayer::builder(hourly(10))
+        .name("api")
+        .redis(store.clone())
+        .name("edge")
+        .build()
+        .unwrap_err();
+    assert_eq!(
+        err.to_string(),
+        "name set before redis (\"api\") and after it (\"edge\"): set it once"
+    );
+    assert!(
+        RateLimitLayer::builder(hourly(10))
+            .redis(store.clone())
+            .name("edge")
+            .build()
+            .is_ok()
+    );
+    assert_eq!(
+        err_field(
+            RateLimitLayer::builder(hourly(10))
+                .redis(store.clone())
+                .reservation_lease(Duration::from_millis(50))
+        ),
+        "reservation_lease"
+    );
+    assert!(
+        RateLimitLayer::builder(hourly(10))
+            .redis(store)
+            .reservation(5)
+            .reservation_lease(Duration::from_millis(50))
+            .build()
+            .is_ok()
+    );
+}
+
+fn err_field(builder: Builder) -> &'static str {
+    builder.build().unwrap_err().field()
 }
 
 /// A request without a key follows the layer's missing-key policy with Redis too: `Reject`

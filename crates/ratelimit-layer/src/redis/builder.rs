@@ -46,6 +46,8 @@ impl<L: RedisAlgorithm, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             max_new_keys: RedisLayerBuilder::DEFAULT_MAX_NEW_KEYS,
             reservation: 0,
             reservation_lease: RedisLayerBuilder::DEFAULT_RESERVATION_LEASE,
+            lease_set: false,
+            name: None,
         }
     }
 }
@@ -84,6 +86,10 @@ pub struct RedisLayerBuilder<L, C, E> {
     max_new_keys: u32,
     reservation: u32,
     reservation_lease: Duration,
+    /// Whether `reservation_lease` was set: refused without a reservation.
+    lease_set: bool,
+    /// The name set on this builder, if any: refused when one was set before `redis`.
+    name: Option<String>,
 }
 
 // NOTE: the defaults on one instance of the type, so that they read
@@ -213,17 +219,22 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
     /// How long after the last batch came the units the local reservation holds may be
     /// spent; what is left then is dropped. Default: 100 ms
     /// ([`DEFAULT_RESERVATION_LEASE`](RedisLayerBuilder::DEFAULT_RESERVATION_LEASE)).
+    ///
+    /// Only with a [`reservation`](Self::reservation): [`build`](Self::build) refuses it
+    /// without one, where it would do nothing.
     pub const fn reservation_lease(mut self, lease: Duration) -> Self {
         self.reservation_lease = lease;
+        self.lease_set = true;
         self
     }
 
-    /// What the layer calls itself, as [`RateLimitBuilder::name`] (which this overrides):
-    /// its metrics' `name` label, its logs' `name` field, its `RateLimit-Policy` name, and
-    /// part of its keys in Redis, so that processes that share a limit share its name.
-    /// Default: the name set before [`redis`](RateLimitBuilder::redis), `default` if none.
+    /// What the layer calls itself, as [`RateLimitBuilder::name`]: its metrics' `name`
+    /// label, its logs' `name` field, its `RateLimit-Policy` name, and part of its keys in
+    /// Redis, so that processes that share a limit share its name. Set it here or before
+    /// [`redis`](RateLimitBuilder::redis), not both: [`build`](Self::build) refuses a name
+    /// set twice rather than keep the last. Default: `default`.
     pub fn name(mut self, name: impl Into<String>) -> Self {
-        self.local.name = name.into();
+        self.name = Some(name.into());
         self
     }
 }
@@ -248,6 +259,8 @@ where
     /// - `local_share` is not finite (kind `NotFinite`) or not within `(0, 1]` (kind
     ///   `OutOfRange`), or leaves a local burst below a fixed cost (kind `Conflict`);
     /// - `key_prefix` is empty (kind `Invalid`);
+    /// - `reservation_lease` is set without a `reservation`, or `name` is set both before
+    ///   `redis` and on this builder (kind `Conflict`);
     /// - the limiter cannot be computed exactly in Redis: a token bucket with more than one
     ///   unit per microsecond, a sliding window that is not whole microseconds or whose
     ///   `quota x window` in microseconds passes 2^53;
@@ -287,7 +300,26 @@ where
                 "non-empty",
             ));
         }
-        let local = self.local;
+        if self.lease_set && self.reservation == 0 {
+            return Err(ConfigError::conflict(
+                "reservation_lease",
+                "reservation_lease applies to a local reservation only; set reservation too, \
+                 or leave the lease out",
+            ));
+        }
+        let mut local = self.local;
+        if let Some(name) = self.name {
+            if local.name != RateLimitLayer::DEFAULT_NAME {
+                return Err(ConfigError::conflict(
+                    "name",
+                    format_args!(
+                        "name set before redis ({:?}) and after it ({name:?}): set it once",
+                        local.name
+                    ),
+                ));
+            }
+            local.name = name;
+        }
         let full = local.limiter;
         let scripted = full.scripted()?;
         if u64::from(self.reservation) > full.capacity() {

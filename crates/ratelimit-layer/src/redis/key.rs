@@ -9,6 +9,12 @@ use std::net::IpAddr;
 /// the key's plain form (an IP address as text, a header value as it came), never a hash
 /// that depends on the process. Two different keys must write different bytes.
 ///
+/// Why a trait of its own, beside [`KeyExtractor`](crate::key::KeyExtractor) and
+/// `overload-signal`'s `CallerKey`: it describes a key *type*'s form across processes, not
+/// how a key is taken from a request, and `Hash`, which the other two rely on, is seeded
+/// per process. It is implemented on the key (`E::Lookup: RedisKey`), so an extractor of
+/// yours keeps working locally whether or not its key can be named in Redis.
+///
 /// Implemented for the keys of the built-in extractors (an [`IpAddr`] from
 /// [`ClientIp`](crate::key::ClientIp), the bytes of a [`HeaderKey`](crate::key::HeaderKey))
 /// and for strings, byte strings and integers, which closures usually return. For a key
