@@ -148,6 +148,9 @@ pin_project! {
 impl<F: Future> Future for Scoped<F> {
     type Output = F::Output;
 
+    // NOTE: inline, as it was before the marks (a bool, then): the swap is a few
+    // instructions around the inner poll, run on every poll of every request.
+    #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
         let outer = Restore(MARKER.replace(IN_SCOPE | *this.marks));
