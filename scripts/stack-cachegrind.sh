@@ -19,6 +19,10 @@
 #
 # Settings (environment): REQUESTS (20000), CONNECTIONS (1: one request at a time, so that
 # every request takes the same path), PORT (18095).
+#
+# Prints, per request: the bare server's counts, the full stack's, what the full stack adds
+# (`added`: the difference of the two processes), and the layers' own functions in the full
+# server (`layers`, from cg_annotate: the figure that moves only when the layers' code does).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
@@ -132,3 +136,22 @@ per_request bare "$bare_i" "$bare_im" "$bare_dm"
 per_request full "$full_i" "$full_im" "$full_dm"
 per_request added "$((full_i - bare_i))" "$((full_im - bare_im))" "$((full_dm - bare_dm))" \
     '   (per request; server start-up included)'
+
+# The layers' own code in the full server: every function of overload-core, overload-signal
+# and ratelimit-layer (and whatever the compiler inlined into them), from cachegrind's
+# per-function counts. The `added` row above subtracts two processes, so it also moves with
+# whatever a new build changes in the rest of the binary (allocation, copies, axum's and
+# hyper's inlining: tens to a few hundred instructions a request, seen between two builds
+# whose layers cost the same); this row counts the layers alone.
+if command -v cg_annotate >/dev/null; then
+    cg_annotate --show=Ir,I1mr --threshold=0.0001 "$out/full.out" 2>/dev/null | awk -v n="$REQUESTS" '
+        match($0, /^ *[0-9,]+ \([^)]*\) +([0-9,]+|\.) /) {
+            line = $0
+            ir = $1; gsub(",", "", ir)
+            rest = line; sub(/^ *[0-9,]+ \([^)]*\) +/, "", rest)
+            im = rest; sub(/ .*/, "", im); gsub(",", "", im); if (im == ".") im = 0
+            fn = line; sub(/^[^:]*:/, "", fn); sub(/^</, "", fn)
+            if (fn ~ /^(overload_signal|ratelimit_layer|overload_core)::/) { i += ir; m += im }
+        }
+        END { printf "%-6s %14.0f %14.0f %14s   (the layers%s own functions, full stack)\n", "layers", i / n, m / n, "-", "\047" }'
+fi
