@@ -4,12 +4,12 @@
 use std::fmt;
 use std::time::{Duration, SystemTime};
 
-use http::header::{CONTENT_TYPE, HeaderMap, HeaderValue};
+use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::grpc::GRPC_DEADLINE_EXCEEDED;
-use super::headers::{GRPC_MESSAGE, GRPC_STATUS, GRPC_TIMEOUT, X_REQUEST_DEADLINE};
-use super::stop::Protocol;
+use super::headers::{GRPC_TIMEOUT, X_REQUEST_DEADLINE};
+use super::stop::{Protocol, final_answer};
 
 /// A deadline as it travels in `X-Request-Deadline`: when the sender sent the request, on
 /// the sender's clock, and how long from then it waits for the response's head.
@@ -410,20 +410,12 @@ const DEADLINE_EXCEEDED_MESSAGE: &str = "deadline exceeded before the request wa
 /// assert_eq!(grpc.headers()["grpc-status"], "4");
 /// ```
 pub fn deadline_exceeded_response<B: Default>(protocol: Protocol) -> Response<B> {
-    let mut response = Response::new(B::default());
-    match protocol.content_type() {
-        None => *response.status_mut() = StatusCode::GATEWAY_TIMEOUT,
-        Some(content_type) => {
-            let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_DEADLINE_EXCEEDED));
-            headers.insert(
-                GRPC_MESSAGE,
-                HeaderValue::from_static(DEADLINE_EXCEEDED_MESSAGE),
-            );
-        }
-    }
-    response
+    final_answer(
+        protocol,
+        StatusCode::GATEWAY_TIMEOUT,
+        GRPC_DEADLINE_EXCEEDED,
+        DEADLINE_EXCEEDED_MESSAGE,
+    )
 }
 
 #[cfg(test)]

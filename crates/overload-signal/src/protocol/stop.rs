@@ -207,20 +207,12 @@ pub fn service_unavailable_response<B: Default>(
 /// assert_eq!(outcome.class(), OutcomeClass::ClientError);
 /// ```
 pub fn exceeds_capacity_response<B: Default>(protocol: Protocol) -> Response<B> {
-    let mut response = Response::new(B::default());
-    match protocol.content_type() {
-        None => *response.status_mut() = StatusCode::PAYLOAD_TOO_LARGE,
-        Some(content_type) => {
-            let headers = response.headers_mut();
-            headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_INVALID_ARGUMENT));
-            headers.insert(
-                GRPC_MESSAGE,
-                HeaderValue::from_static(EXCEEDS_CAPACITY_MESSAGE),
-            );
-        }
-    }
-    response
+    final_answer(
+        protocol,
+        StatusCode::PAYLOAD_TOO_LARGE,
+        GRPC_INVALID_ARGUMENT,
+        EXCEEDS_CAPACITY_MESSAGE,
+    )
 }
 
 /// A new answer of a proxy whose downstream call failed without an answer to pass on (its
@@ -230,14 +222,31 @@ pub fn exceeds_capacity_response<B: Default>(protocol: Protocol) -> Response<B> 
 /// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `grpc-status: 14`
 ///   (UNAVAILABLE, gRPC's code for HTTP 502), `grpc-message`, no pushback.
 pub fn bad_gateway_response<B: Default>(protocol: Protocol) -> Response<B> {
+    final_answer(
+        protocol,
+        StatusCode::BAD_GATEWAY,
+        GRPC_UNAVAILABLE,
+        BAD_GATEWAY_MESSAGE,
+    )
+}
+
+/// An answer that invites no particular wait, with an empty (default) body: `status` over
+/// HTTP; over gRPC (and gRPC-Web), `200 OK` with `code` and `message`, trailers-only, no
+/// pushback.
+pub(super) fn final_answer<B: Default>(
+    protocol: Protocol,
+    status: StatusCode,
+    code: u16,
+    message: &'static str,
+) -> Response<B> {
     let mut response = Response::new(B::default());
     match protocol.content_type() {
-        None => *response.status_mut() = StatusCode::BAD_GATEWAY,
+        None => *response.status_mut() = status,
         Some(content_type) => {
             let headers = response.headers_mut();
             headers.insert(CONTENT_TYPE, HeaderValue::from_static(content_type));
-            headers.insert(GRPC_STATUS, HeaderValue::from(GRPC_UNAVAILABLE));
-            headers.insert(GRPC_MESSAGE, HeaderValue::from_static(BAD_GATEWAY_MESSAGE));
+            headers.insert(GRPC_STATUS, HeaderValue::from(code));
+            headers.insert(GRPC_MESSAGE, HeaderValue::from_static(message));
         }
     }
     response
