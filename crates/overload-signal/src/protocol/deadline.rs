@@ -421,6 +421,8 @@ pub fn deadline_exceeded_response<B: Default>(protocol: Protocol) -> Response<B>
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::protocol::{GRPC_STATUS, headers::GRPC_MESSAGE};
+    use http::header::CONTENT_TYPE;
     use proptest::prelude::*;
 
     fn parse(value: &'static str) -> Result<WireDeadline, MalformedDeadline> {
