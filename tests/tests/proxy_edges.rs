@@ -29,21 +29,33 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use hyper_util::service::TowerToHyperService;
 use overload_signal::protocol;
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
-use tokio::net::TcpListener;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use tokio::net::{TcpListener, TcpSocket};
 use tower::{BoxError, ServiceBuilder, ServiceExt};
 
-/// An upstream that answers every request with `answer` after `delay`.
-async fn upstream(status: StatusCode, stop_signal: bool, delay: Duration) -> SocketAddr {
+/// An upstream that answers every request with `status` (and the stop signal if asked)
+/// after `delay`; and the count of requests it received.
+async fn upstream(
+    status: StatusCode,
+    stop_signal: bool,
+    delay: Duration,
+) -> (SocketAddr, Arc<AtomicUsize>) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
+    let seen = Arc::new(AtomicUsize::new(0));
+    let count = Arc::clone(&seen);
     tokio::spawn(async move {
         loop {
             let Ok((stream, _)) = listener.accept().await else {
                 return;
             };
+            let count = Arc::clone(&count);
             tokio::spawn(async move {
-                let service =
-                    hyper::service::service_fn(move |_req: Request<Incoming>| async move {
+                let service = hyper::service::service_fn(move |_req: Request<Incoming>| {
+                    count.fetch_add(1, Ordering::SeqCst);
+                    async move {
                         tokio::time::sleep(delay).await;
                         let mut response =
                             Response::new(Full::new(Bytes::from_static(b"upstream")));
@@ -55,22 +67,23 @@ async fn upstream(status: StatusCode, stop_signal: bool, delay: Duration) -> Soc
                             );
                         }
                         Ok::<_, Infallible>(response)
-                    });
+                    }
+                });
                 let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
                     .serve_connection(TokioIo::new(stream), service)
                     .await;
             });
         }
     });
-    addr
+    (addr, seen)
 }
 
-/// A free port nobody listens on: connections to it are refused.
-async fn closed_port() -> SocketAddr {
-    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
-    let addr = listener.local_addr().unwrap();
-    drop(listener);
-    addr
+/// A port bound but not listening: connections to it are refused, and no other test can
+/// take the port while the socket lives.
+fn closed_port() -> (SocketAddr, TcpSocket) {
+    let socket = TcpSocket::new_v4().unwrap();
+    socket.bind("127.0.0.1:0".parse().unwrap()).unwrap();
+    (socket.local_addr().unwrap(), socket)
 }
 
 /// The gateway: every request goes to `upstream` through the retry layer (3 attempts, 10 ms
@@ -142,17 +155,23 @@ fn retry_after(response: &Response<()>) -> Option<&str> {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_stop_signal_is_answered_as_the_stop_signal() {
-    let up = upstream(StatusCode::SERVICE_UNAVAILABLE, true, Duration::ZERO).await;
+    let (up, seen) = upstream(StatusCode::SERVICE_UNAVAILABLE, true, Duration::ZERO).await;
     let response = call(gateway(up).await)
         .await
         .expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(protocol::is_stop_signal(response.headers()));
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        1,
+        "a stop signal is never retried"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_that_refuses_connections_is_a_bad_gateway() {
-    let gw = gateway(closed_port().await).await;
+    let (closed, _socket) = closed_port();
+    let gw = gateway(closed).await;
     let response = call(gw).await.expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::BAD_GATEWAY);
     assert!(!protocol::is_stop_signal(response.headers()));
@@ -160,7 +179,7 @@ async fn a_downstream_that_refuses_connections_is_a_bad_gateway() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_downstream_past_the_deadline_is_a_gateway_timeout() {
-    let up = upstream(StatusCode::OK, false, Duration::from_secs(5)).await;
+    let (up, _) = upstream(StatusCode::OK, false, Duration::from_secs(5)).await;
     let response = call(gateway(up).await)
         .await
         .expect("an answer, not a reset");
@@ -169,7 +188,8 @@ async fn a_downstream_past_the_deadline_is_a_gateway_timeout() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_throttled_downstream_is_a_503_with_retry_after() {
-    let gw = gateway(closed_port().await).await;
+    let (closed, _socket) = closed_port();
+    let gw = gateway(closed).await;
     // The upstream refuses every connection: after enough failures, the gateway's throttle
     // refuses most calls without sending them.
     let mut statuses = Vec::new();
@@ -200,11 +220,16 @@ async fn a_throttled_downstream_is_a_503_with_retry_after() {
 /// error, and reaches the caller as the upstream sent it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_upstream_answer_given_up_on_passes_as_it_was_sent() {
-    let up = upstream(StatusCode::SERVICE_UNAVAILABLE, false, Duration::ZERO).await;
+    let (up, seen) = upstream(StatusCode::SERVICE_UNAVAILABLE, false, Duration::ZERO).await;
     let response = call(gateway(up).await)
         .await
         .expect("an answer, not a reset");
     assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
     assert!(!protocol::is_stop_signal(response.headers()));
     assert_eq!(retry_after(&response), None);
+    assert_eq!(
+        seen.load(Ordering::SeqCst),
+        3,
+        "the gateway's three attempts, no more"
+    );
 }

@@ -410,6 +410,41 @@ async fn grpc_resource_exhausted_is_retried_after_the_pushback() {
     assert_eq!(seen[1].attempt, Attempt::Number(1));
 }
 
+/// A budget that refuses every retry.
+struct Spent;
+
+impl backoff_layer::budget::Budget for Spent {
+    fn deposit(&self) {}
+    fn withdraw(&self) -> bool {
+        false
+    }
+}
+
+/// Issue 30 (a proxy's answers): a retry layer that gives up because its budget is spent
+/// (the paper's retry storm) raises the stop-signal mark, so that a server above answers
+/// its caller with the stop signal and the tier above does not retry in turn; one that
+/// gives up for another reason raises the give-up mark only.
+#[tokio::test(start_paused = true)]
+async fn a_spent_budget_tells_the_tier_above_to_stop() {
+    use overload_signal::propagation::{Downstream, scope, take_marks};
+    for (budget_spent, stop) in [(true, true), (false, false)] {
+        let mock = Mock::new(vec![status(503), status(503), status(503)]);
+        let builder = layer().max_attempts(2);
+        let builder = if budget_spent {
+            builder.budget(Spent)
+        } else {
+            builder
+        };
+        let service = builder.build().unwrap().layer(mock.clone());
+        let mut call = pin!(scope(service.oneshot(get())));
+        let response = call.as_mut().await.unwrap();
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+        let marks = take_marks(call.as_mut());
+        assert_eq!(marks.stop_signal(), stop, "budget spent: {budget_spent}");
+        assert_eq!(marks.contains(Downstream::GaveUp), !stop);
+    }
+}
+
 /// Regression (issue 30, finding 7): a `grpc-retry-pushback-ms` that did not parse was
 /// ignored and the call retried; by gRPC's retry design (A6), a pushback that is negative,
 /// not a number, or beyond the 32-bit range means "do not retry".

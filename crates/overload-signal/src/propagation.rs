@@ -75,7 +75,9 @@ thread_local! {
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum Downstream {
-    /// A downstream answered with the stop signal.
+    /// A downstream answered with the stop signal, or a retry layer spent its retry budget
+    /// (the paper's retry storm: the tier above is told to stop too, so that retries do not
+    /// multiply from tier to tier).
     StopSignal,
     /// A client-side throttle refused to send a call: its destination keeps failing.
     Throttled,
@@ -102,6 +104,11 @@ impl Downstream {
 pub struct Marks(u8);
 
 impl Marks {
+    /// The stop-signal mark alone.
+    pub(crate) const fn stop() -> Self {
+        Self(Downstream::StopSignal.bit())
+    }
+
     /// Whether no mark was raised.
     pub const fn is_empty(self) -> bool {
         self.0 == 0

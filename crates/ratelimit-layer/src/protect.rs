@@ -291,7 +291,8 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
                     return Err(crate::ConfigError::conflict(
                         "trusted_proxies",
                         format_args!(
-                            "trusted_proxies set on this builder ({proxies:?}) and on the                              overload layer given to `signal` ({theirs:?}): set them once"
+                            "trusted_proxies set on this builder ({proxies:?}) and on the overload layer \
+                             given to `signal` ({theirs:?}): set them once"
                         ),
                     ));
                 }
@@ -482,6 +483,15 @@ mod tests {
             .unwrap_err();
         assert_eq!(err.field(), "trusted_proxies");
         assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
+        assert!(
+            err.to_string().starts_with(
+                "trusted_proxies set on this builder (TrustedProxies { header: XForwardedFor"
+            ) && err
+                .to_string()
+                .contains(") and on the overload layer given to `signal` (")
+                && err.to_string().ends_with("): set them once"),
+            "{err}"
+        );
         // Either one alone is kept.
         let theirs = OverloadProtectionLayer::builder(())
             .signal(signal)

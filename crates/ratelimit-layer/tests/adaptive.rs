@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
 use overload_signal::OverloadSignalLayer;
+use overload_signal::propagation::{self, Downstream};
 use overload_signal::protocol::{self, Attempt};
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use ratelimit_layer::AdaptiveLimitLayer;
@@ -225,6 +226,62 @@ async fn errors_of_the_inner_service_lower_the_limit_and_its_503s_do_not() {
     assert!(limit < 50, "{limit}");
     let limit = limit_after_failures(|| Ok(with_status(StatusCode::SERVICE_UNAVAILABLE))).await;
     assert!(limit >= 50, "{limit}");
+}
+
+/// The limit after a service of 10 ms ends the baseline measurement, then takes 100 ms per
+/// request, each raising `mark` in the request's propagation scope (as backoff-layer's retry
+/// layer does for a downstream call) and answering `503`.
+async fn limit_after_slow_marked_requests(mark: Downstream) -> usize {
+    let layer = tracking_layer();
+    let slow = Arc::new(AtomicUsize::new(0));
+    let s = Arc::clone(&slow);
+    let service = layer.layer(service_fn(move |_: Request<()>| {
+        let slow = s.load(Ordering::SeqCst) == 1;
+        async move {
+            if slow {
+                tokio::time::sleep(Duration::from_millis(100)).await;
+                assert!(propagation::mark_downstream(mark));
+                return Ok::<_, Infallible>(with_status(StatusCode::SERVICE_UNAVAILABLE));
+            }
+            tokio::time::sleep(Duration::from_millis(10)).await;
+            Ok(Response::new(()))
+        }
+    }));
+    for _ in 0..10 {
+        propagation::scope(service.clone().oneshot(Request::new(())))
+            .await
+            .unwrap();
+    }
+    assert_eq!(layer.status().limit, 50);
+    slow.store(1, Ordering::SeqCst);
+    let mut calls = tokio::task::JoinSet::new();
+    for _ in 0..60 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+        calls.spawn(propagation::scope(
+            service.clone().oneshot(Request::new(())),
+        ));
+    }
+    while calls.join_next().await.is_some() {}
+    layer.status().limit
+}
+
+/// Issue 30 (review): a request whose downstream call ran out of its deadline shows this
+/// service's time (its calls inherit what is left of its requests' deadlines, so a
+/// queueing service makes them run out): it is a latency sample, and slow ones bring the
+/// limit down. A request whose downstream call was given up on, refused by a throttle or
+/// told to stop measures the downstream: it is left out (finding 4).
+#[tokio::test(start_paused = true)]
+async fn a_downstream_deadline_is_a_sample_and_a_downstream_give_up_is_left_out() {
+    let limit = limit_after_slow_marked_requests(Downstream::DeadlineExceeded).await;
+    assert!(limit < 50, "deadline: {limit}");
+    for mark in [
+        Downstream::GaveUp,
+        Downstream::Throttled,
+        Downstream::StopSignal,
+    ] {
+        let limit = limit_after_slow_marked_requests(mark).await;
+        assert!(limit >= 50, "{mark:?}: {limit}");
+    }
 }
 
 /// Under a timeout above the limit, a service that slows down sees its requests dropped,

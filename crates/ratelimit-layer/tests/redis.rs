@@ -524,6 +524,16 @@ fn redis_settings_are_checked_by_name() {
             .build()
             .is_ok()
     );
+    // Even when the first name is the default's.
+    assert_eq!(
+        err_field(
+            RateLimitLayer::builder(hourly(10))
+                .name("default")
+                .redis(store.clone())
+                .name("edge")
+        ),
+        "name"
+    );
     assert_eq!(
         err_field(
             RateLimitLayer::builder(hourly(10))

@@ -400,6 +400,9 @@ impl<B> RetryState<B> {
             // marks when this error reaches it, instead of letting it reset the connection.
             propagation::mark_downstream(match reason {
                 GiveUpReason::Deadline => Downstream::DeadlineExceeded,
+                // NOTE: a spent retry budget is the paper's retry storm: the tier above is
+                // told to stop, so that retries do not multiply from tier to tier.
+                GiveUpReason::BudgetExhausted => Downstream::StopSignal,
                 _ => Downstream::GaveUp,
             });
         }

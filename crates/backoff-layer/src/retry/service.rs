@@ -14,7 +14,7 @@ use super::future::ResponseFuture;
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
-use crate::throttle::{ServiceId, Target};
+use crate::throttle::Target;
 
 /// Retries requests to the inner service; see the [crate docs](crate).
 ///
@@ -24,9 +24,6 @@ use crate::throttle::{ServiceId, Target};
 pub struct Retry<S, A = Direct> {
     inner: S,
     config: Arc<RetryConfig>,
-    /// The service the layer wrapped, shared by clones: the throttle's destination for
-    /// requests without an authority.
-    service: ServiceId,
     adapter: PhantomData<fn() -> A>,
 }
 
@@ -35,7 +32,6 @@ impl<S: Clone, A> Clone for Retry<S, A> {
         Self {
             inner: self.inner.clone(),
             config: Arc::clone(&self.config),
-            service: self.service,
             adapter: PhantomData,
         }
     }
@@ -52,11 +48,10 @@ impl<S: fmt::Debug, A> fmt::Debug for Retry<S, A> {
 }
 
 impl<S, A> Retry<S, A> {
-    pub(crate) fn new(inner: S, config: Arc<RetryConfig>) -> Self {
+    pub(crate) const fn new(inner: S, config: Arc<RetryConfig>) -> Self {
         Self {
             inner,
             config,
-            service: ServiceId::next(),
             adapter: PhantomData,
         }
     }
@@ -86,7 +81,7 @@ where
         // The client-side throttle decides first: a refused request is never sent, earns
         // nothing in the budget and fails at once.
         let ticket = match &config.throttle {
-            Some(throttle) => match throttle.admit(Target::of(&parts, self.service)) {
+            Some(throttle) => match throttle.admit(Target::of(&parts)) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
                     let refused = A::throttled(refused);

@@ -93,9 +93,10 @@
 //! never throttles a healthy one behind the same client stack. [`ThrottleScope::Route`]
 //! keeps each path of a destination apart, a [`ThrottleKey`] in a request's extensions
 //! names a route of your own, and [`ThrottleScope::Layer`] makes one state of every
-//! request. A request without an authority (a tonic generated client's above its
-//! `Channel`) is tracked under the service the layer wrapped, so two channels wrapped by
-//! one layer are two destinations. A throttle is shared by every clone of the layer that
+//! request. Requests without an authority share one destination: a tonic generated
+//! client's requests carry their channel's origin at the layer only when the client is built
+//! `with_origin` (then two channels behind one layer are two destinations); or name them
+//! with a [`ThrottleKey`]. A throttle is shared by every clone of the layer that
 //! made it (and by every layer given a clone of it), so behind a pool of client tasks it
 //! sees the whole load of each destination.
 //!
@@ -205,8 +206,11 @@
 //! test suite sharing a client), keeps throttling: when the runtime that ran its ticker
 //! shuts down, the next request starts a ticker on its own runtime. A ticker that is late
 //! (a client starved of CPU) is not taken for a dead one: the throttle keeps refusing at
-//! the last probability until the probes' outcomes move it. Without a runtime nothing ticks
-//! and nothing is refused.
+//! the last probability until the next tick moves it on the probes' outcomes. A
+//! current-thread runtime kept between `block_on` calls runs its ticker only inside them:
+//! the first requests of a call after an idle spell are decided at the probability the
+//! last tick left, until the ticker catches up (at the call's first await). Without a
+//! runtime nothing ticks and nothing is refused.
 
 mod config;
 mod evidence;
@@ -228,5 +232,5 @@ pub use refused::{Throttled, is_throttled};
 pub use scope::{ThrottleKey, ThrottleScope};
 
 pub(crate) use evidence::{of_error, of_outcome};
-pub(crate) use scope::{ServiceId, Target};
+pub(crate) use scope::Target;
 pub(crate) use table::ThrottleTicket;

@@ -28,20 +28,22 @@ use http::request::Parts;
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash)]
 #[non_exhaustive]
 pub enum ThrottleScope {
-    /// One state per destination: the request URI's scheme, host and port
-    /// (`http://10.0.0.7:8080`; the port the scheme implies when the URI has none; never
-    /// the user information, `user:secret@`). A request without an authority (a tonic
-    /// generated client's, whose `Channel` fills the origin in below the layer) is tracked
-    /// under the service the layer wrapped: each `layer.layer(channel)` is a destination of
-    /// its own (or build the client `with_origin`, and its requests carry the origin). The
+    /// One state per destination: the request URI's scheme, host (case-insensitive) and
+    /// port (`http://10.0.0.7:8080`; the port the scheme implies when the URI has none;
+    /// never the user information, `user:secret@`). Requests without an authority share one
+    /// destination, `(no authority)`: a tonic generated client's requests have none at the
+    /// layer (its `Channel` fills the origin in below), so build each client `with_origin`
+    /// (`HealthClient::with_origin(channel, origin)`), and its requests carry their
+    /// channel's origin and are tracked under it; or name each with a [`ThrottleKey`]. The
     /// default.
     #[default]
     Destination,
-    /// One state per destination and path (the query left out): for a host whose routes
-    /// fail apart, such as one whose `/reports` depend on a database that is down while its
-    /// `/orders` are served. Paths with identifiers in them (`/users/1234`) make a
-    /// destination each, up to the table's size; name routes with a [`ThrottleKey`]
-    /// instead.
+    /// One state per destination and path (the query left out, the path as written: `/a`,
+    /// `/a/` and `/%61` are three): for a host whose routes fail apart, such as one whose
+    /// `/reports` depend on a database that is down while its `/orders` are served. Paths
+    /// with identifiers in them (`/users/1234`), or paths a proxy takes from its clients,
+    /// make a destination each, up to the table's size, beyond which requests go
+    /// unthrottled; name routes with a [`ThrottleKey`] instead.
     Route,
     /// One state for every request the layer sends, named `(layer)`: for a layer in front of
     /// one service whatever its requests' URIs say.
@@ -66,8 +68,8 @@ pub enum ThrottleScope {
 pub struct ThrottleKey(Cow<'static, str>);
 
 impl ThrottleKey {
-    /// A key of this name. Names longer than 128 bytes are cut in gauges and logs (not in
-    /// the key).
+    /// A key of this name. A destination's name in gauges and logs (its scheme, host, port
+    /// and key) is cut at 256 bytes; the key itself is not.
     pub fn new(name: impl Into<Cow<'static, str>>) -> Self {
         Self(name.into())
     }
@@ -89,46 +91,22 @@ impl fmt::Debug for ThrottleKey {
 pub(crate) struct Target<'a> {
     pub(crate) uri: &'a Uri,
     pub(crate) key: Option<&'a ThrottleKey>,
-    /// The service the layer wrapped (see [`ServiceId`]): the destination of a request
-    /// without an authority.
-    pub(crate) service: ServiceId,
 }
 
 impl<'a> Target<'a> {
-    /// The target of a request sent through the service `service`.
+    /// The target of a request.
     #[inline]
-    pub(crate) fn of(parts: &'a Parts, service: ServiceId) -> Self {
+    pub(crate) fn of(parts: &'a Parts) -> Self {
         Self {
             uri: &parts.uri,
             // NOTE: an extension lookup is a branch on an empty map for most requests.
             key: parts.extensions.get::<ThrottleKey>(),
-            service,
         }
     }
 
-    /// The target of a bare URI, sent through no service in particular.
+    /// The target of a bare URI.
     pub(crate) const fn uri(uri: &'a Uri) -> Self {
-        Self {
-            uri,
-            key: None,
-            service: ServiceId::NONE,
-        }
-    }
-}
-
-/// One service a layer wrapped (each `Layer::layer` call makes one; clones share it):
-/// requests without an authority are tracked per service.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub(crate) struct ServiceId(u64);
-
-impl ServiceId {
-    const NONE: Self = Self(0);
-
-    /// A new service, numbered from 1 in the process.
-    pub(crate) fn next() -> Self {
-        use std::sync::atomic::{AtomicU64, Ordering};
-        static NEXT: AtomicU64 = AtomicU64::new(1);
-        Self(NEXT.fetch_add(1, Ordering::Relaxed))
+        Self { uri, key: None }
     }
 }
 
@@ -165,15 +143,15 @@ impl DestinationKeys {
         }
         let mut state = self.hasher.build_hasher();
         match target.uri.authority() {
-            None => {
-                state.write_u8(0);
-                state.write_u64(target.service.0);
-            }
+            None => state.write_u8(0),
             Some(authority) => {
-                // NOTE: the host and port, never the user information; the scheme's own
-                // port when none is written, so `http://a` and `http://a:80` are one.
+                // NOTE: the host (case-insensitive: `API.example` is `api.example`) and
+                // port, never the user information; the scheme's own port when none is
+                // written, so `http://a` and `http://a:80` are one.
                 state.write_u8(1);
-                authority.host().hash(&mut state);
+                for byte in authority.host().bytes() {
+                    state.write_u8(byte.to_ascii_lowercase());
+                }
                 let scheme = target.uri.scheme_str().unwrap_or("http");
                 state.write_u16(authority.port_u16().unwrap_or(default_port(scheme)));
                 scheme.hash(&mut state);
@@ -202,11 +180,12 @@ impl DestinationKeys {
             return "(layer)".into();
         }
         let mut label = match target.uri.authority() {
-            None => format!("(service {})", target.service.0),
+            None => "(no authority)".to_owned(),
             Some(authority) => {
                 let scheme = target.uri.scheme_str().unwrap_or("http");
                 let port = authority.port_u16().unwrap_or(default_port(scheme));
-                format!("{scheme}://{}:{port}", authority.host())
+                let host = authority.host().to_ascii_lowercase();
+                format!("{scheme}://{host}:{port}")
             }
         };
         match target.key {
@@ -286,14 +265,20 @@ mod tests {
     }
 
     #[test]
-    fn requests_without_an_authority_are_kept_apart_by_service() {
+    fn requests_without_an_authority_share_one_destination_and_hosts_ignore_case() {
         let keys = DestinationKeys::new(ThrottleScope::Destination);
-        let path = parts("/pkg.Health/Check", None);
-        let (one, two) = (ServiceId::next(), ServiceId::next());
-        let key = |service| keys.key(Target::of(&path, service));
-        assert_eq!(key(one), key(one));
-        assert_ne!(key(one), key(two));
-        assert!(keys.label(Target::of(&path, one)).starts_with("(service "));
+        let key = |s: &str| keys.key(Target::uri(&s.parse().unwrap()));
+        assert_eq!(key("/pkg.Health/Check"), key("/pkg.Other/Call"));
+        assert_ne!(key("/pkg.Health/Check"), key("http://a:1/pkg.Health/Check"));
+        assert_eq!(
+            &*keys.label(Target::uri(&"/x".parse().unwrap())),
+            "(no authority)"
+        );
+        assert_eq!(key("http://API.example:1/"), key("http://api.example:1/"));
+        assert_eq!(
+            &*keys.label(Target::uri(&"http://API.example:1/".parse().unwrap())),
+            "http://api.example:1"
+        );
     }
 
     #[test]
@@ -303,39 +288,29 @@ mod tests {
             parts("http://a:1/bad?x", None),
             parts("http://a:1/good", None),
         );
-        let none = ServiceId::NONE;
         assert_ne!(
-            by_route.key(Target::of(&bad, none)),
-            by_route.key(Target::of(&good, none))
+            by_route.key(Target::of(&bad)),
+            by_route.key(Target::of(&good))
         );
         assert_eq!(
-            by_route.key(Target::of(&bad, none)),
-            by_route.key(Target::of(&parts("http://a:1/bad?y", None), none))
+            by_route.key(Target::of(&bad)),
+            by_route.key(Target::of(&parts("http://a:1/bad?y", None)))
         );
-        assert_eq!(&*by_route.label(Target::of(&bad, none)), "http://a:1/bad");
+        assert_eq!(&*by_route.label(Target::of(&bad)), "http://a:1/bad");
 
         let by_host = DestinationKeys::new(ThrottleScope::Destination);
         let (k1, k2) = (
             parts("http://a:1/users/1", Some("users.get")),
             parts("http://a:1/users/2", Some("users.get")),
         );
-        assert_eq!(
-            by_host.key(Target::of(&k1, none)),
-            by_host.key(Target::of(&k2, none))
-        );
+        assert_eq!(by_host.key(Target::of(&k1)), by_host.key(Target::of(&k2)));
         assert_ne!(
-            by_host.key(Target::of(&k1, none)),
-            by_host.key(Target::of(&parts("http://a:1/users/1", None), none))
+            by_host.key(Target::of(&k1)),
+            by_host.key(Target::of(&parts("http://a:1/users/1", None)))
         );
-        assert_eq!(
-            &*by_host.label(Target::of(&k1, none)),
-            "http://a:1 [users.get]"
-        );
+        assert_eq!(&*by_host.label(Target::of(&k1)), "http://a:1 [users.get]");
         // A key is the same whatever the path, in the route scope too.
-        assert_eq!(
-            by_route.key(Target::of(&k1, none)),
-            by_route.key(Target::of(&k2, none))
-        );
+        assert_eq!(by_route.key(Target::of(&k1)), by_route.key(Target::of(&k2)));
     }
 
     #[test]
@@ -346,7 +321,7 @@ mod tests {
             keys.key(Target::uri(&"http://a:1/".parse().unwrap())),
             LAYER_KEY
         );
-        assert_eq!(keys.key(Target::of(&a, ServiceId::next())), LAYER_KEY);
+        assert_eq!(keys.key(Target::of(&a)), LAYER_KEY);
         assert_eq!(
             &*keys.label(Target::uri(&"http://a:1/".parse().unwrap())),
             "(layer)"

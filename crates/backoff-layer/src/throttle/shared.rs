@@ -183,7 +183,7 @@ impl ThrottleShared {
     /// NOTE: the probability is the last tick's, however long ago that was: a late tick (a
     /// client starved of CPU, which is what a storm looks like) is not a dead ticker, and a
     /// dead one is started again by the next request (see `Ticker`). Refusing stops only
-    /// when the probes' outcomes say so.
+    /// when a tick finds, in the probes' outcomes, that the destination accepts again.
     #[cold]
     fn draw(
         &self,

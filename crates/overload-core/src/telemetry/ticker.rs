@@ -15,8 +15,9 @@ use crate::sync::{AtomicBool, Ordering};
 ///
 /// The runtime needs its time driver (`Builder::enable_time` or `enable_all`, which
 /// `#[tokio::main]` and every server runtime have), as every timer of the layers does;
-/// without it the ticker task fails at its first tick and the layer falls back to what its
-/// requests update.
+/// without it the ticker task panics at its first tick (tokio catches the panic) and the
+/// layer falls back to what its requests update. A [`Ticker`] then tries again after a
+/// period, two, four, and so on.
 pub fn spawn_ticker<T: Send + Sync + 'static>(
     state: &Arc<T>,
     period: Duration,
@@ -107,7 +108,12 @@ struct TickerShared {
 struct TickerTask {
     handle: Option<tokio::task::AbortHandle>,
     spawned: Option<tokio::time::Instant>,
+    /// Tasks in a row that ended before their first tick.
+    failed: u32,
 }
+
+/// The most a ticker waits before it tries again after tasks that never ticked: 10 minutes.
+const MAX_RETRY_WAIT: Duration = Duration::from_secs(600);
 
 /// Owned by a ticker's task: marks the ticker stopped when the task goes, however it goes.
 #[derive(Debug)]
@@ -182,17 +188,24 @@ impl Ticker {
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner);
         let now = tokio::time::Instant::now();
-        // NOTE: a task spawned less than a period ago and gone before its first tick: the
-        // runtime is shutting down (or has no time driver). Wait a period before trying
-        // again. (A task that ticked ran on a runtime that has gone since: start anew.)
-        if !shared.ticked.load(Ordering::Acquire)
-            && task
-                .spawned
-                .is_some_and(|spawned| now < spawned + period.max(Duration::from_millis(1)))
-        {
-            drop(task);
-            shared.running.store(false, Ordering::Release);
-            return;
+        // NOTE: a task gone before its first tick: the runtime is shutting down, or has no
+        // time driver (the task panicked at its first tick). Wait before trying again: a
+        // period after the first such task, then two, four, and so on (at most ten
+        // minutes), so that a runtime without timers costs a handful of panics, not one a
+        // period. A task that ticked ran on a runtime that has gone since: start anew.
+        if shared.ticked.load(Ordering::Acquire) {
+            task.failed = 0;
+        } else if let Some(spawned) = task.spawned {
+            let period = period.max(Duration::from_millis(1));
+            let wait = period
+                .saturating_mul(1 << task.failed.min(20))
+                .min(MAX_RETRY_WAIT.max(period));
+            if now < spawned + wait {
+                drop(task);
+                shared.running.store(false, Ordering::Release);
+                return;
+            }
+            task.failed = task.failed.saturating_add(1);
         }
         first(state);
         shared.ticked.store(false, Ordering::Release);
@@ -322,20 +335,29 @@ mod tests {
     }
 
     /// A late tick is not a dead task: a runtime starved of CPU keeps its ticker, and no
-    /// request starts a second one.
-    #[tokio::test(start_paused = true)]
-    async fn a_late_ticker_is_not_started_again() {
+    /// request starts a second one, however long the last tick is past.
+    #[test]
+    fn a_late_ticker_is_not_started_again() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .enable_time()
+            .build()
+            .unwrap();
         let ticker = Ticker::new();
         let state = Arc::new(AtomicUsize::new(0));
         let starts = AtomicUsize::new(0);
         let first = |_: &AtomicUsize| {
             starts.fetch_add(1, Ordering::Relaxed);
         };
-        ticker.start(&state, Duration::from_millis(10), first, |_| {});
-        // The runtime is blocked (no await): nothing ticks, however many requests come.
-        for _ in 0..100 {
+        runtime.block_on(async {
             ticker.start(&state, Duration::from_millis(10), first, |_| {});
-        }
+            // NOTE: the runtime's only thread is blocked for fifteen periods, on purpose:
+            // the task cannot tick, as on a client starved of CPU.
+            #[allow(clippy::disallowed_methods)]
+            std::thread::sleep(Duration::from_millis(150));
+            for _ in 0..100 {
+                ticker.start(&state, Duration::from_millis(10), first, |_| {});
+            }
+        });
         assert_eq!(starts.load(Ordering::Relaxed), 1);
     }
 
@@ -362,6 +384,39 @@ mod tests {
             assert!(!ticker.is_running());
         }
         assert_eq!(state.load(Ordering::Relaxed), 1, "one spawn in the period");
+    }
+
+    /// Issue 30 (review): on a runtime without a time driver, every task panicked at its
+    /// first tick and the next request spawned another, once a period, for ever. The waits
+    /// double: 40 tries over 400 ms at a 10 ms period spawn a handful of tasks, not 40.
+    #[test]
+    fn a_runtime_without_timers_is_tried_less_and_less_often() {
+        let runtime = tokio::runtime::Builder::new_current_thread()
+            .build()
+            .unwrap();
+        let ticker = Ticker::new();
+        let state = Arc::new(AtomicUsize::new(0));
+        runtime.block_on(async {
+            for _ in 0..40 {
+                ticker.start(
+                    &state,
+                    Duration::from_millis(10),
+                    |s| {
+                        s.fetch_add(1, Ordering::Relaxed);
+                    },
+                    |_| {},
+                );
+                // Lets the task run (and panic: the runtime has no timers).
+                tokio::task::yield_now().await;
+                tokio::task::yield_now().await;
+                // NOTE: real time, on purpose: this runtime has no timers to sleep on.
+                #[allow(clippy::disallowed_methods)]
+                std::thread::sleep(Duration::from_millis(10));
+            }
+        });
+        let spawned = state.load(Ordering::Relaxed);
+        // 0, 10, 30, 70, 150, 310 ms: six at the most, whatever the scheduling.
+        assert!((2..=6).contains(&spawned), "{spawned} tasks spawned");
     }
 
     #[tokio::test(start_paused = true)]

@@ -41,19 +41,23 @@
 //! | `502` | server failure | retried | accepted | latency sample | as above |
 //! | `429`, `503`, `504`; gRPC `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | capacity signal | retried (gRPC: 8 and 14; the codes are configurable) | failed | latency sample | a rejection marked by a limit of this workspace: judged by the stop rule; a downstream stop signal: rewritten as it; else untouched (judged too with [`judge_every_rejection`](crate::OverloadSignalLayerBuilder::judge_every_rejection)) |
 //! | any failure above carrying the stop signal (`X-Overloaded`; a `grpc-retry-pushback-ms` negative or not a number) | stop signal | never retried: an [`Overloaded`](crate::Overloaded) error | failed | left out | passed on |
-//! | a limit's own rejection (it carries a [`Rejection`](crate::signal::Rejection)) | (its status's) | (its status's) | (its status's) | left out: the service never ran | judged by the stop rule |
+//! | a limit's own rejection (it carries a [`Rejection`](crate::signal::Rejection)) | (its status's) | (its status's) | (its status's) | left out: the service never ran | `RateLimited`, `AtCapacity`: judged by the stop rule; `MissingKey`, `ExceedsCapacity`: untouched |
 //! | an error: a timeout, a refused connection | capacity signal | retried | failed | an overload failure (see its docs), unless marked | passed on as the error, or answered (below) |
 //! | an error: any other (a reset connection, a TLS failure, ...) | capacity signal | final (the request may have been processed) | failed | as above | as above |
-//! | an [`Overloaded`](crate::Overloaded) error | stop signal | final | failed | left out | the stop signal |
+//! | an [`Overloaded`](crate::Overloaded) error | stop signal | final | failed | left out | the stop signal, marked or not (a retry layer behind a `Buffer` runs outside the request's scope) |
 //! | `backoff-layer`'s `Throttled`: a call the throttle refused to send | none: nothing was sent | final | not counted | left out | `503` with `Retry-After: 1` (gRPC `UNAVAILABLE`, pushback 1000) |
-//! | `backoff-layer`'s `GaveUp`: a retry layer below gave up | (its last outcome's) | final: retries never multiply | counted once, by the layer that sent it | left out | `504` for a deadline (gRPC `DEADLINE_EXCEEDED`), else `502` (gRPC `UNAVAILABLE`) |
+//! | `backoff-layer`'s `GaveUp`: a retry layer below gave up | (its last outcome's) | final: retries never multiply in one process (across processes each tier's budget bounds them, and a spent budget tells the tier above to stop) | failed: each layer's throttle counts what it sent, the inner one its attempts, the outer one this error | left out; for a deadline, a latency sample | `504` for a deadline (gRPC `DEADLINE_EXCEEDED`), the stop signal for a spent retry budget, else `502` (gRPC `UNAVAILABLE`) |
 //!
 //! "Left out" (adaptive limit) and "answered" (overload layer) rely on the
 //! [`propagation`](crate::propagation) marks that `backoff-layer`'s retry layer raises in
 //! the request's scope: what a downstream did is not a measure of this service, and an
 //! error in a proxy becomes an answer instead of a reset connection. The adaptive limit
-//! leaves out whatever ends a request during which a downstream call was marked, whichever
-//! row it falls in.
+//! leaves out whatever ends a request during which a downstream call was given up on,
+//! throttled or told to stop, whichever row it falls in; a request whose downstream call
+//! ran out of its deadline is a latency sample (the time is what a queueing service shows:
+//! its calls inherit what is left of its requests' deadlines). A retry layer that spends
+//! its budget marks the stop signal, so that a tier in a retry storm tells the tier above
+//! to stop rather than invite its retries.
 //!
 //! # Examples
 //!

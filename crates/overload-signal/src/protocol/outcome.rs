@@ -9,7 +9,7 @@ use std::error::Error;
 
 use http::{HeaderMap, StatusCode};
 
-use super::grpc::grpc_status;
+use super::grpc::{GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, grpc_status};
 use super::stop::{Protocol, is_stop_signal};
 use crate::error::is_overloaded;
 
@@ -157,6 +157,24 @@ impl Outcome {
         )
     }
 
+    /// Whether the answer is a refusal to take the request now, whoever made it: HTTP `429`
+    /// or `503`, gRPC `RESOURCE_EXHAUSTED` or `UNAVAILABLE` (a capacity signal but a
+    /// timeout's `504` and `DEADLINE_EXCEEDED`, which say the work took too long, not that
+    /// it was refused; and not the stop signal). What the overload layer judges without a
+    /// limiter's marker when it is told to judge every rejection.
+    #[inline]
+    pub fn is_rejection(self) -> bool {
+        matches!(self.class, OutcomeClass::CapacitySignal)
+            && match (self.grpc, self.status) {
+                (Some(code), _) => code == GRPC_RESOURCE_EXHAUSTED || code == GRPC_UNAVAILABLE,
+                (None, Some(status)) => {
+                    status == StatusCode::TOO_MANY_REQUESTS
+                        || status == StatusCode::SERVICE_UNAVAILABLE
+                }
+                (None, None) => false,
+            }
+    }
+
     /// Whether the server failed for a reason that is not capacity (a bug answers `500`).
     #[inline]
     pub const fn is_server_failure(self) -> bool {
@@ -249,6 +267,8 @@ mod tests {
             assert_eq!(http(code).class(), class, "{code}");
         }
         assert!(http(500).is_failure() && http(500).is_server_failure());
+        assert!(http(429).is_rejection() && http(503).is_rejection());
+        assert!(!http(504).is_rejection() && !http(500).is_rejection());
         assert!(!http(500).is_capacity_signal());
         assert!(http(429).is_failure() && !http(429).is_server_failure());
         assert!(!http(404).is_failure() && !http(200).is_failure());
@@ -269,6 +289,8 @@ mod tests {
             assert_eq!(grpc(code).class(), ClientError, "{code}");
         }
         assert_eq!(grpc("14").grpc_status(), Some(14));
+        assert!(grpc("8").is_rejection() && grpc("14").is_rejection());
+        assert!(!grpc("4").is_rejection());
         // A status in trailers, or junk: the call was taken.
         assert_eq!(
             Outcome::of_response(Protocol::Grpc, StatusCode::OK, &HeaderMap::new()).class(),

@@ -11,7 +11,8 @@ use pin_project_lite::pin_project;
 
 use super::callers::Caller;
 use super::state::SignalState;
-use crate::propagation::{self, Scoped};
+use crate::error::is_overloaded;
+use crate::propagation::{self, Marks, Scoped};
 use crate::protocol::Protocol;
 use overload_core::clock::{Clock, TokioClock};
 
@@ -57,6 +58,7 @@ where
     F: Future<Output = Result<Response<B>, E>>,
     C: Clock,
     B: Default,
+    E: 'static,
 {
     type Output = Result<Response<B>, E>;
 
@@ -71,12 +73,31 @@ where
             }
             // NOTE: an error after a downstream call was marked: a proxy's retry layer gave
             // up, was throttled or was told to stop. Answered, never passed on as an error,
-            // which would reset the caller's connection.
-            Err(_) if !marks.is_empty() => {
+            // which would reset the caller's connection. So is an `Overloaded` error that
+            // reached here unmarked (a retry layer behind a `Buffer`, whose task is outside
+            // the scope, or a service of your own that returns it).
+            Err(error) if !marks.is_empty() || is_overloaded_error(error) => {
+                let marks = if marks.is_empty() {
+                    Marks::stop()
+                } else {
+                    marks
+                };
                 result = Ok(this.state.answer_error(*this.protocol, marks));
             }
             Err(_) => {}
         }
         Poll::Ready(result)
     }
+}
+
+/// Whether an inner service's error is, or holds in its `source()` chain, an
+/// [`Overloaded`](crate::Overloaded): the error itself, or a `tower::BoxError` (the error
+/// type of every layer that boxes, the retry layer's included).
+fn is_overloaded_error<E: 'static>(error: &E) -> bool {
+    let any = error as &dyn std::any::Any;
+    if any.is::<crate::Overloaded>() {
+        return true;
+    }
+    any.downcast_ref::<Box<dyn std::error::Error + Send + Sync>>()
+        .is_some_and(|boxed| is_overloaded(&**boxed))
 }

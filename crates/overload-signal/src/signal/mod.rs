@@ -110,11 +110,15 @@
 //! 4. An **error** of the inner service (no response) passes through unchanged, unless a
 //!    downstream call of the request was [marked](crate::propagation::Downstream) (in a
 //!    server that is a tower proxy: its retry layer gave up, was throttled, or received the
-//!    stop signal). An error would reset the caller's connection, the most retryable
-//!    failure there is; the layer answers instead: the stop signal, `504` for a deadline
-//!    (gRPC `DEADLINE_EXCEEDED`), `503` with `Retry-After: 1` for a throttled call (gRPC
-//!    `UNAVAILABLE` with pushback 1000), `502` when the retry layer gave up (gRPC
-//!    `UNAVAILABLE`), counted in `overload_signal_errors_answered_total`.
+//!    stop signal), or the error is an [`Overloaded`](crate::Overloaded). An error would
+//!    reset the caller's connection, the most retryable failure there is; the layer answers
+//!    instead: the stop signal (for a downstream's, and for a retry layer that spent its
+//!    retry budget: a tier in a retry storm tells the tier above to stop), `504` for a
+//!    deadline (gRPC `DEADLINE_EXCEEDED`), `503` with `Retry-After: 1` for a throttled call
+//!    (gRPC `UNAVAILABLE` with pushback 1000), `502` when the retry layer gave up otherwise
+//!    (gRPC `UNAVAILABLE`), counted in `overload_signal_errors_answered_total`. Across
+//!    processes, each tier's retry budget bounds what the retryable ones (`502`, `503`,
+//!    `504`) invite.
 //!
 //! Answering with the stop signal rewrites the response in place with
 //! [`set_stop_signal`](crate::protocol::set_stop_signal): HTTP `503` with `X-Overloaded`, and

@@ -103,6 +103,7 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for OverloadSignal<S, C> {
 impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for OverloadSignal<S, C>
 where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: 'static,
     C: Clock,
     ResBody: Default,
 {

@@ -254,7 +254,7 @@ impl<C: Clock> SignalState<C> {
         let rejection = match marked {
             Some(rejection) if rejection.is_judged() => rejection.clone(),
             Some(_) => return,
-            None if self.judge_every && outcome.is_capacity_signal() => {
+            None if self.judge_every && outcome.is_rejection() => {
                 Rejection::new(RejectionKind::RateLimited, RejectionScope::Server)
             }
             None => return,
@@ -295,7 +295,7 @@ impl<C: Clock> SignalState<C> {
     ///
     /// | marked | HTTP | gRPC |
     /// |---|---|---|
-    /// | the stop signal | `503`, `X-Overloaded` | `UNAVAILABLE`, pushback `-1` |
+    /// | the stop signal (a downstream's, or a retry layer's spent budget) | `503`, `X-Overloaded` | `UNAVAILABLE`, pushback `-1` |
     /// | a deadline passed | `504` | `DEADLINE_EXCEEDED` |
     /// | throttled (not sent) | `503`, `Retry-After: 1` | `UNAVAILABLE`, pushback `1000` |
     /// | gave up | `502` | `UNAVAILABLE` |

@@ -293,6 +293,12 @@ async fn judging_every_rejection_rewrites_unmarked_ones_too() {
     );
     let r = one(&mut svc, request(Some(1))).await;
     assert!(!protocol::is_stop_signal(r.headers()));
+    // Issue 30 (review): a timeout's `504` (the deadline layer's own, say) is no rejection:
+    // judging every rejection leaves it as it is, as before the outcome vocabulary.
+    let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::GATEWAY_TIMEOUT)));
+    let r = one(&mut svc, request(Some(1))).await;
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert!(!protocol::is_stop_signal(r.headers()));
 }
 
 /// Issue 30, finding 7: a request too heavy for a rate limit's capacity is answered `413`
@@ -621,6 +627,44 @@ async fn inner_errors_pass_through() {
         .unwrap_err();
     assert_eq!(err.to_string(), "boom");
     assert_eq!(layer.histogram().snapshot().retries(), 1);
+}
+
+/// Issue 30 (review): an `Overloaded` error that reaches the layer without a mark (a retry
+/// layer behind a `Buffer`, whose task runs outside the request's scope; a service that
+/// returns it) is answered with the stop signal too, boxed or not.
+#[tokio::test(start_paused = true)]
+async fn an_unmarked_overloaded_error_is_answered_with_the_stop_signal() {
+    type BoxError = Box<dyn std::error::Error + Send + Sync>;
+    let layer = OverloadSignalLayer::new();
+    let mut boxed = tower::Layer::layer(
+        &layer,
+        service_fn(|_req: Request<Body>| async {
+            Err::<Response<Body>, BoxError>(Box::new(crate::Overloaded::new()))
+        }),
+    );
+    let r = boxed
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some(0)))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(r.headers()));
+    let mut bare = tower::Layer::layer(
+        &layer,
+        service_fn(|_req: Request<Body>| async {
+            Err::<Response<Body>, _>(crate::Overloaded::new())
+        }),
+    );
+    let r = bare
+        .ready()
+        .await
+        .unwrap()
+        .call(request(Some(0)))
+        .await
+        .unwrap();
+    assert!(protocol::is_stop_signal(r.headers()));
 }
 
 /// Regression (issue 30, finding 2): in a proxy (`OverloadProtectionLayer -> RetryLayer ->

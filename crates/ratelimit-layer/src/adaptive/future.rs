@@ -9,7 +9,7 @@ use std::task::{Context, Poll, ready};
 
 use http::Response;
 use overload_signal::Overloaded;
-use overload_signal::propagation;
+use overload_signal::propagation::{self, Downstream};
 use overload_signal::protocol::{Outcome, Protocol};
 use overload_signal::signal::Rejection;
 use pin_project_lite::pin_project;
@@ -161,11 +161,20 @@ where
                 let result = ready!(future.poll(cx));
                 // NOTE: read now, while the overload layer's propagation scope is still the
                 // one being polled: a request during which a downstream call was marked (a
-                // stop signal received, a call throttled, given up on, out of time) measures
-                // that downstream, not this service, whatever it answers. Outside any scope
+                // stop signal received, a call throttled or given up on) measures that
+                // downstream, not this service, whatever it answers. A call that ran out of
+                // its deadline is different: the time is what a queueing service shows (its
+                // downstream calls inherit what is left of its requests' deadlines), so the
+                // request's time is a latency sample, never a failure. Outside any scope
                 // there are no marks.
-                let completion = if !propagation::in_scope_marks().is_empty() {
+                let marks = propagation::in_scope_marks();
+                let completion = if marks.stop_signal()
+                    || marks.contains(Downstream::Throttled)
+                    || marks.contains(Downstream::GaveUp)
+                {
                     Completion::LeftOut
+                } else if marks.contains(Downstream::DeadlineExceeded) {
+                    Completion::Served
                 } else {
                     match &result {
                         Ok(response) => completion_of(response),

@@ -57,15 +57,29 @@ const fn index(generation: u64) -> usize {
 
 /// The requests admitted in each live generation, and those released while still running.
 pub(super) struct HeldRequests {
-    /// The generation admissions join; written only by the tick.
-    current: AtomicU64,
-    words: [AtomicU64; WORDS as usize],
+    /// The generation admissions join; written only by the tick. On a cache line of its
+    /// own, apart from the words every admission writes, so that reading it costs no
+    /// transfer of the line between cores.
+    current: Line<AtomicU64>,
+    words: Line<[AtomicU64; WORDS as usize]>,
     /// Requests released and still running, as a wrapping count: a released request that
     /// completes between the tick's expiry and its addition takes one off first, so read it
     /// with [`released`](Self::released).
     released: AtomicU64,
     /// When the current generation began (clock nanoseconds); the tick's alone.
     began: Mutex<u64>,
+}
+
+/// A value on cache lines of its own (128 bytes: two lines, for the adjacent-line
+/// prefetcher).
+#[repr(align(128))]
+struct Line<T>(T);
+
+impl<T> std::ops::Deref for Line<T> {
+    type Target = T;
+    fn deref(&self) -> &T {
+        &self.0
+    }
 }
 
 /// What one epoch's change released.
@@ -85,12 +99,12 @@ impl HeldRequests {
         // NOTE: starting at 2, so that `generation - 1` never wraps (and a wrapped tag never
         // meets a word of generation 0).
         Self {
-            current: AtomicU64::new(2),
-            words: [
+            current: Line(AtomicU64::new(2)),
+            words: Line([
                 AtomicU64::new(fresh(0) | EXPIRED),
                 AtomicU64::new(fresh(1)),
                 AtomicU64::new(fresh(2)),
-            ],
+            ]),
             released: AtomicU64::new(0),
             began: Mutex::new(now),
         }

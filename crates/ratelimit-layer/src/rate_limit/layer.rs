@@ -125,6 +125,7 @@ impl RateLimitLayer {
             keyed_settings: false,
             cost: None,
             name: Self::DEFAULT_NAME.to_owned(),
+            name_set: false,
             admitted_headers: false,
             missing_key: None,
         }
@@ -194,6 +195,8 @@ pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
     pub(crate) keyed_settings: bool,
     pub(crate) cost: Option<RequestCost>,
     pub(crate) name: String,
+    /// Whether `name` was called (a Redis builder refuses a second name).
+    pub(crate) name_set: bool,
     pub(crate) admitted_headers: bool,
     pub(crate) missing_key: Option<MissingKey>,
 }
@@ -213,6 +216,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             keyed_settings: self.keyed_settings,
             cost: self.cost,
             name: self.name,
+            name_set: self.name_set,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
         }
@@ -234,6 +238,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             keyed_settings: self.keyed_settings,
             cost: self.cost,
             name: self.name,
+            name_set: self.name_set,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
         }
@@ -317,6 +322,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// a process has more than one rate limit, so their metrics and logs are told apart.
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = name.into();
+        self.name_set = true;
         self
     }
 

@@ -309,7 +309,7 @@ where
         }
         let mut local = self.local;
         if let Some(name) = self.name {
-            if local.name != RateLimitLayer::DEFAULT_NAME {
+            if local.name_set {
                 return Err(ConfigError::conflict(
                     "name",
                     format_args!(
@@ -378,6 +378,7 @@ where
             keyed_settings: local.keyed_settings,
             cost: local.cost,
             name: local.name,
+            name_set: true,
             admitted_headers: local.admitted_headers,
             missing_key: local.missing_key,
         }
