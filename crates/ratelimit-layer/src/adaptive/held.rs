@@ -60,8 +60,8 @@ pub(super) struct HeldRequests {
     /// The generation admissions join; written only by the tick. On a cache line of its
     /// own, apart from the words every admission writes, so that reading it costs no
     /// transfer of the line between cores.
-    current: Line<AtomicU64>,
-    words: Line<[AtomicU64; WORDS as usize]>,
+    current: CacheLines<AtomicU64>,
+    words: CacheLines<[AtomicU64; WORDS as usize]>,
     /// Requests released and still running, as a wrapping count: a released request that
     /// completes between the tick's expiry and its addition takes one off first, so read it
     /// with [`released`](Self::released).
@@ -73,9 +73,9 @@ pub(super) struct HeldRequests {
 /// A value on cache lines of its own (128 bytes: two lines, for the adjacent-line
 /// prefetcher).
 #[repr(align(128))]
-struct Line<T>(T);
+struct CacheLines<T>(T);
 
-impl<T> std::ops::Deref for Line<T> {
+impl<T> std::ops::Deref for CacheLines<T> {
     type Target = T;
     fn deref(&self) -> &T {
         &self.0
@@ -99,8 +99,8 @@ impl HeldRequests {
         // NOTE: starting at 2, so that `generation - 1` never wraps (and a wrapped tag never
         // meets a word of generation 0).
         Self {
-            current: Line(AtomicU64::new(2)),
-            words: Line([
+            current: CacheLines(AtomicU64::new(2)),
+            words: CacheLines([
                 AtomicU64::new(fresh(0) | EXPIRED),
                 AtomicU64::new(fresh(1)),
                 AtomicU64::new(fresh(2)),
