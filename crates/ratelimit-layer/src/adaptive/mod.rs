@@ -125,14 +125,17 @@
 //!     [`Overloaded`](overload_signal::Overloaded) error, alone or in a `tower::BoxError`'s
 //!     chain), which a handler passes on from a downstream: it says how the downstream is
 //!     doing;
-//!   - **anything that ends a request during which a downstream call was marked**: a
-//!     retry layer of `backoff-layer` below raises the marks (a stop signal received, a call
-//!     its client-side throttle refused, one it gave up on, one out of time) in the overload
-//!     layer's propagation scope ([`overload_signal::propagation`]), which is current while
-//!     this limit runs under [`OverloadProtectionLayer`](crate::OverloadProtectionLayer).
-//!     Such a request measures the downstream and its retries, not this service: its `502`,
-//!     its error, even its `200` are left out. Without the overload layer outside, there are
-//!     no marks, and these requests count as above;
+//!   - **anything that ends a request during which a downstream call was marked** given
+//!     up on, refused by its client-side throttle, or told to stop: a retry layer of
+//!     `backoff-layer` below raises the marks in the overload layer's propagation scope
+//!     ([`overload_signal::propagation`]), which is current while this limit runs under
+//!     [`OverloadProtectionLayer`](crate::OverloadProtectionLayer). Such a request measures
+//!     the downstream and its retries, not this service: its `502`, its error, even its
+//!     `200` are left out. Without the overload layer outside, there are no marks, and these
+//!     requests count as above. A downstream call that ran out of its **deadline** is the
+//!     exception: the request's time is a latency sample, never a failure (its calls inherit
+//!     what is left of its deadline, so a queueing service makes them run out: the time
+//!     shows it);
 //! - an **overload failure**: an error of the inner service (no response at all: a tower
 //!   `Timeout` or `LoadShed` inside this layer), neither the stop signal nor marked. Counted
 //!   toward the failure share ([`failure_threshold`](AdaptiveLimitBuilder::failure_threshold));
