@@ -151,6 +151,9 @@ pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
+#[cfg(test)]
+mod test_logs;
+pub mod trust;
 
 pub use deadline::{Deadline, DeadlineLayer, DeadlineLayerBuilder, RequestDeadline};
 pub use error::{Overloaded, is_overloaded};
@@ -160,6 +163,7 @@ pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use signal::{
     OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,
 };
+pub use trust::Trust;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.
 #[doc(no_inline)]

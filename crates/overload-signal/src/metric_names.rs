@@ -16,7 +16,9 @@
 //! | `overload_signal_deadline_expired_total` | counter | `name`; `when`: `arrival` or `running` | requests a [`DeadlineLayer`](crate::DeadlineLayer) answered with `504` (gRPC `DEADLINE_EXCEEDED`) because their caller's deadline had passed: on `arrival` (the handler never ran), or while `running` (the work was cancelled) |
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` | for each request expired on arrival, the time since it was sent (from `X-Request-Deadline`'s `t`; 0 for a deadline without a send time): how long it queued |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` | `X-Request-Deadline` or `grpc-timeout` fields that broke the protocol's rules, ignored |
-//! | `overload_signal_deadline_skewed_total` | counter | `name` | `X-Request-Deadline` fields sent further in the future than the skew allowance: the hosts' clocks disagree; the deadline was counted from arrival |
+//! | `overload_signal_deadline_skewed_total` | counter | `name` | `X-Request-Deadline` fields of trusted callers (see [`Trust`](crate::Trust)) sent further in the future than the skew allowance, or more than an hour in the past: the hosts' clocks disagree; the deadline was counted from arrival |
+//! | `overload_signal_deadline_requests_total` | counter | `name` | requests that carried a deadline (or arrived in the scope of one): what the expired and skewed figures are a share of |
+//! | `overload_signal_deadline_callers_total` | counter | `name`; `reason`: `expired` or `skewed` | caller-minutes: each caller class (a client network, hashed into 128 classes) counted once in each minute in which it sent an expired or skewed request; `rate(..[5m]) * 60` is about how many callers the figure comes from |
 //! | `overload_signal_unkeyed_requests_total` | counter | `name` | requests without a [caller key](crate::signal::CallerKey): they share one caller class, so one of them can forge a storm for all; a server that counts any is set up wrong (each run of them is also logged at `WARN`, at most once a minute) |
 //! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
@@ -60,6 +62,15 @@ pub const DEADLINE_MALFORMED: &str = "overload_signal_deadline_malformed_total";
 /// Counter, label `name`: deadline fields sent further in the future than the skew
 /// allowance, read from arrival.
 pub const DEADLINE_SKEWED: &str = "overload_signal_deadline_skewed_total";
+
+/// Counter, label `name`: requests that carried a deadline (or arrived in the scope of
+/// one): what the expired and skewed figures are a share of.
+pub const DEADLINE_REQUESTS: &str = "overload_signal_deadline_requests_total";
+
+/// Counter, labels `name` and `reason` (`expired` or `skewed`): caller-minutes, each caller
+/// class (a client network, hashed into 128 classes) counted once in each minute in which it
+/// sent such a request. Its rate times 60 is about how many callers the figure comes from.
+pub const DEADLINE_CALLERS: &str = "overload_signal_deadline_callers_total";
 
 /// Counter, label `name`: requests without a caller key (see
 /// [`CallerKey`](crate::signal::CallerKey)). Registered with the layer's other metrics, so it

@@ -11,7 +11,7 @@ use pin_project_lite::pin_project;
 use tokio::time::{Instant, Sleep, sleep_until};
 
 use super::current::DeadlineScope;
-use super::state::DeadlineState;
+use super::state::{DeadlineCaller, DeadlineState};
 use crate::protocol::{Protocol, deadline_exceeded_response};
 
 pin_project! {
@@ -51,6 +51,7 @@ pin_project! {
             // When to cancel the work, until the timer is armed; `None` when the layer
             // lets work run to its end.
             cancel_at: Option<Instant>,
+            caller: DeadlineCaller,
             protocol: Protocol,
             layer: Arc<DeadlineState>,
         },
@@ -76,6 +77,7 @@ impl<F> ResponseFuture<F> {
     pub(super) fn running(
         inner: DeadlineScope<F>,
         cancel_at: Option<Instant>,
+        caller: DeadlineCaller,
         protocol: Protocol,
         layer: &Arc<DeadlineState>,
     ) -> Self {
@@ -84,6 +86,7 @@ impl<F> ResponseFuture<F> {
                 inner,
                 timer: None,
                 cancel_at,
+                caller,
                 protocol,
                 layer: Arc::clone(layer),
             },
@@ -100,7 +103,7 @@ where
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
-        let (protocol, layer) = match this.state.as_mut().project() {
+        let (protocol, caller, layer) = match this.state.as_mut().project() {
             StateProj::Expired { protocol } => {
                 let protocol = *protocol;
                 // NOTE: `Done` before answering: a poll after this one panics, as tower's
@@ -113,6 +116,7 @@ where
                 inner,
                 timer,
                 cancel_at,
+                caller,
                 protocol,
                 layer,
             } => {
@@ -129,14 +133,14 @@ where
                     return Poll::Pending;
                 };
                 ready!(timer.as_mut().poll(cx));
-                (*protocol, Arc::clone(layer))
+                (*protocol, *caller, Arc::clone(layer))
             }
             StateProj::Done => panic!("deadline response future polled after completion"),
         };
         // The deadline passed while the work ran: drop it now, not when our caller drops
         // this future.
         this.state.set(State::Done);
-        layer.expired_running();
+        layer.expired_running(caller);
         tracing::debug!("request cancelled at its deadline");
         Poll::Ready(Ok(deadline_exceeded_response(protocol)))
     }

@@ -9,6 +9,7 @@ use tower_layer::Layer;
 
 use super::service::Deadline;
 use super::state::{self, DeadlineSettings, DeadlineState};
+use crate::trust::Trust;
 
 /// Applies [`Deadline`] to a service: answers a request whose caller's deadline has passed
 /// at once, without running the inner service, cancels one still running at its deadline,
@@ -22,6 +23,8 @@ use super::state::{self, DeadlineSettings, DeadlineState};
 ///   says why);
 /// - work still running at its deadline is cancelled
 ///   ([`cancel_at_deadline`](DeadlineLayerBuilder::cancel_at_deadline));
+/// - the send times of callers on private networks believed, and no one else's
+///   ([`Trust::private_networks`]: an Internet client's deadline counts from arrival);
 /// - the time of day read from the operating system ([`SystemWallClock`]);
 /// - named `"default"` ([`LayerName::DEFAULT`]) in its metrics and logs.
 ///
@@ -29,6 +32,9 @@ use super::state::{self, DeadlineSettings, DeadlineState};
 #[derive(Clone)]
 pub struct DeadlineLayer {
     state: Arc<DeadlineState>,
+    /// Whose send times count; `None`: the default, not set (kept apart from `state` so that
+    /// `with_trust` can set it on a built layer, and a second setting is refused).
+    trust: Option<Trust>,
 }
 
 impl DeadlineLayer {
@@ -72,6 +78,13 @@ impl DeadlineLayer {
     /// and an allowance that long would serve work whose callers left a minute ago.
     pub const MAX_SKEW_ALLOWANCE: Duration = Duration::from_secs(60);
 
+    /// The longest a trusted caller's request is believed to have queued: one hour. A send
+    /// time further in the past is a clock that is wrong (or a field that lies), not a
+    /// queue: no listen queue, proxy or client holds a request that long. Such a deadline
+    /// is counted from arrival and counted as skewed, as one from the future is, rather
+    /// than put a sample of years in `overload_signal_deadline_expired_queued_seconds`.
+    pub const MAX_QUEUED: Duration = state::MAX_QUEUED;
+
     /// Whether work still running at its deadline is cancelled, by default: yes. Nobody
     /// waits for its answer; the threads, connections and locks it holds are better spent
     /// on requests someone still waits for.
@@ -86,6 +99,7 @@ impl DeadlineLayer {
     pub fn new() -> Self {
         Self {
             state: Arc::new(DeadlineState::new(DeadlineSettings::new())),
+            trust: None,
         }
     }
 
@@ -94,7 +108,23 @@ impl DeadlineLayer {
         DeadlineLayerBuilder {
             name: None,
             settings: DeadlineSettings::new(),
+            trust: None,
         }
+    }
+
+    /// Whose send times the layer believes: what [`DeadlineLayerBuilder::trust`] set, or
+    /// `None` for the default ([`Trust::private_networks`]).
+    pub fn trust(&self) -> Option<&Trust> {
+        self.trust.as_ref()
+    }
+
+    /// This layer, its metrics and logs shared with the original, believing the send times
+    /// of `trust`'s callers instead: what [`DeadlineLayerBuilder::trust`] sets, for a layer
+    /// already built (`ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust` uses it).
+    #[must_use]
+    pub fn with_trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
+        self
     }
 
     /// The layer's name: the `name` label of its metrics and the `name` field of its logs.
@@ -124,6 +154,7 @@ impl fmt::Debug for DeadlineLayer {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("DeadlineLayer")
             .field("state", &self.state)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -132,7 +163,11 @@ impl<S> Layer<S> for DeadlineLayer {
     type Service = Deadline<S>;
 
     fn layer(&self, inner: S) -> Deadline<S> {
-        Deadline::from_state(inner, Arc::clone(&self.state))
+        Deadline::from_state(
+            inner,
+            Arc::clone(&self.state),
+            self.trust.clone().unwrap_or_default(),
+        )
     }
 }
 
@@ -146,6 +181,7 @@ pub struct DeadlineLayerBuilder {
     /// The name as set, checked by `build`; `None`: the default.
     name: Option<String>,
     settings: DeadlineSettings,
+    trust: Option<Trust>,
 }
 
 impl DeadlineLayerBuilder {
@@ -179,6 +215,31 @@ impl DeadlineLayerBuilder {
         self
     }
 
+    /// Whose send times the layer believes. A send time lets the layer see how long a
+    /// request queued, and shows clock skew; it is also the caller's word, so the layer
+    /// reads it only from callers `trust` trusts. Anyone else's `X-Request-Deadline` counts
+    /// from arrival (its `timeout` alone, as gRPC's `grpc-timeout` does), which can only
+    /// shorten that caller's own request, is never counted as skewed, and puts no sample in
+    /// the queued-time histogram. Default: [`Trust::private_networks`] (see
+    /// [`crate::trust`]).
+    ///
+    /// The same setting decides whose attempt counters the overload layer counts;
+    /// `ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust` sets both at once.
+    ///
+    /// ```
+    /// use overload_signal::{DeadlineLayer, Trust};
+    ///
+    /// // Every caller's send time believed: a private network behind a balancer that
+    /// // hides client addresses.
+    /// let layer = DeadlineLayer::builder().trust(Trust::everyone()).build()?;
+    /// # drop(layer);
+    /// # Ok::<(), overload_core::ConfigError>(())
+    /// ```
+    pub fn trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
     /// Where the layer reads the time of day, to place a send time. Default: the operating
     /// system's ([`SystemWallClock`](overload_core::clock::SystemWallClock)); a simulation
     /// under tokio's paused time passes a
@@ -208,6 +269,7 @@ impl DeadlineLayerBuilder {
         }
         Ok(DeadlineLayer {
             state: Arc::new(DeadlineState::new(self.settings)),
+            trust: self.trust,
         })
     }
 }
@@ -218,6 +280,7 @@ impl fmt::Debug for DeadlineLayerBuilder {
             .field("name", &self.name)
             .field("skew_allowance", &self.settings.skew_allowance)
             .field("cancel_at_deadline", &self.settings.cancel_at_deadline)
+            .field("trust", &self.trust)
             .finish_non_exhaustive()
     }
 }

@@ -10,9 +10,10 @@ use tower_service::Service;
 
 use super::current;
 use super::future::ResponseFuture;
-use super::state::{Arrival, DeadlineSettings, DeadlineState};
+use super::state::{Arrival, DeadlineCaller, DeadlineSettings, DeadlineState};
 use super::value::RequestDeadline;
 use crate::protocol::Protocol;
+use crate::trust::Trust;
 
 /// Server middleware that drops work nobody waits for: a request whose caller's deadline
 /// has passed is answered at once (`504`, gRPC `DEADLINE_EXCEEDED`) without calling the
@@ -22,16 +23,25 @@ use crate::protocol::Protocol;
 pub struct Deadline<S> {
     inner: S,
     state: Arc<DeadlineState>,
+    trust: Trust,
 }
 
 impl<S> Deadline<S> {
     /// Wraps `inner` with every default of [`DeadlineLayer::new`](super::DeadlineLayer::new).
     pub fn new(inner: S) -> Self {
-        Self::from_state(inner, Arc::new(DeadlineState::new(DeadlineSettings::new())))
+        Self::from_state(
+            inner,
+            Arc::new(DeadlineState::new(DeadlineSettings::new())),
+            Trust::default(),
+        )
     }
 
-    pub(super) const fn from_state(inner: S, state: Arc<DeadlineState>) -> Self {
-        Self { inner, state }
+    pub(super) const fn from_state(inner: S, state: Arc<DeadlineState>, trust: Trust) -> Self {
+        Self {
+            inner,
+            state,
+            trust,
+        }
     }
 
     overload_core::define_inner_service_accessors!();
@@ -47,6 +57,7 @@ impl<S: Clone> Clone for Deadline<S> {
         Self {
             inner: self.inner.clone(),
             state: Arc::clone(&self.state),
+            trust: self.trust.clone(),
         }
     }
 }
@@ -56,6 +67,7 @@ impl<S: fmt::Debug> fmt::Debug for Deadline<S> {
         f.debug_struct("Deadline")
             .field("inner", &self.inner)
             .field("state", &self.state)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -79,11 +91,13 @@ where
         // NOTE: read in place, not through `into_parts`: the request is moved once, into
         // the inner service.
         let protocol = Protocol::of_headers(request.headers());
-        match self
-            .state
-            .arrive(request.headers(), request.extensions(), protocol)
-        {
-            Arrival::Expired { queued } => self.expired(queued, protocol),
+        match self.state.arrive(
+            request.headers(),
+            request.extensions(),
+            protocol,
+            &self.trust,
+        ) {
+            Arrival::Expired { queued, caller } => self.expired(queued, caller, protocol),
             // NOTE: `Open` means no deadline on the request and none in the current scope,
             // so the inner service runs outside any scope of ours: one of `None` would hide
             // nothing, and cost a task-local swap on every poll.
@@ -91,7 +105,8 @@ where
             Arrival::Live {
                 deadline,
                 cancel_at,
-            } => self.call_live(request, deadline, cancel_at, protocol),
+                caller,
+            } => self.call_live(request, deadline, cancel_at, caller, protocol),
         }
     }
 }
@@ -105,6 +120,7 @@ impl<S> Deadline<S> {
         request: Request<ReqBody>,
         deadline: RequestDeadline,
         cancel_at: Instant,
+        caller: DeadlineCaller,
         protocol: Protocol,
     ) -> ResponseFuture<S::Future>
     where
@@ -118,6 +134,7 @@ impl<S> Deadline<S> {
         ResponseFuture::running(
             current::enter(Some(deadline), future),
             cancel_at,
+            caller,
             protocol,
             &self.state,
         )
@@ -125,8 +142,13 @@ impl<S> Deadline<S> {
 
     #[cold]
     #[inline(never)]
-    fn expired<F>(&self, queued: Duration, protocol: Protocol) -> ResponseFuture<F> {
-        self.state.expired_on_arrival(queued);
+    fn expired<F>(
+        &self,
+        queued: Duration,
+        caller: DeadlineCaller,
+        protocol: Protocol,
+    ) -> ResponseFuture<F> {
+        self.state.expired_on_arrival(queued, caller);
         tracing::debug!(
             queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
             "request expired before it was served"

@@ -2,11 +2,13 @@
 //! is read when it arrives.
 
 use std::fmt;
+use std::hash::{BuildHasher, RandomState};
 use std::sync::Arc;
 use std::time::Duration;
 
 use http::{Extensions, HeaderMap};
 use overload_core::clock::{Clock, SystemWallClock, TokioClock, WallClock};
+use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use tokio::time::Instant;
 
@@ -14,6 +16,8 @@ use super::current::current;
 use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
 use super::value::RequestDeadline;
 use crate::protocol::{GRPC_TIMEOUT, Protocol, WireDeadline, X_REQUEST_DEADLINE, grpc_timeout};
+use crate::signal::{PeerIp, client_addr};
+use crate::trust::Trust;
 
 /// How long without an expired request (or a skewed one) before the layer logs that the
 /// episode ended: 10 seconds, as the overload layer's stop-signal episodes.
@@ -21,6 +25,14 @@ pub(crate) const QUIET: Duration = Duration::from_secs(10);
 
 /// The default skew allowance; `DeadlineLayer::DEFAULT_SKEW_ALLOWANCE` says why.
 pub(crate) const DEFAULT_SKEW_ALLOWANCE: Duration = Duration::from_millis(250);
+
+/// The longest a request is believed to have queued: one hour; `DeadlineLayer::MAX_QUEUED`
+/// says why.
+pub(crate) const MAX_QUEUED: Duration = Duration::from_secs(3600);
+
+/// How many classes the callers of expired and skewed requests are hashed into, to count
+/// how many callers each figure comes from; requests without a client address make one more.
+const CALLER_CLASSES: u8 = 128;
 
 /// The layer's settings, as the builder collects them.
 pub(crate) struct DeadlineSettings {
@@ -53,6 +65,20 @@ pub(crate) struct DeadlineState {
     skew: Episode,
     /// The episodes' clock.
     clock: TokioClock,
+    /// The callers' classes, keyed at random for each layer, so a caller cannot aim at one.
+    classes: RandomState,
+    /// The caller classes that sent an expired request this minute.
+    expired_callers: CallerMinutes,
+    /// The caller classes that sent a skewed request this minute.
+    skewed_callers: CallerMinutes,
+}
+
+/// Who sent a request with a deadline, as far as the figures go: its caller class (by
+/// network) and whether the layer's [`Trust`] takes its send times.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(crate) struct DeadlineCaller {
+    class: u8,
+    trusted: bool,
 }
 
 /// What a request's deadline says when it reaches the layer.
@@ -66,10 +92,15 @@ pub(crate) enum Arrival {
     Live {
         deadline: RequestDeadline,
         cancel_at: Instant,
+        caller: DeadlineCaller,
     },
     /// The deadline has passed (by more than the allowance): answer at once. `queued` is the
-    /// time since the request was sent, when its send time is known (0 otherwise).
-    Expired { queued: Duration },
+    /// time since the request was sent, when its send time is known and believed (0
+    /// otherwise).
+    Expired {
+        queued: Duration,
+        caller: DeadlineCaller,
+    },
 }
 
 /// One source's reading of the deadline, before the earliest is kept.
@@ -89,6 +120,9 @@ impl DeadlineState {
             expiring: Episode::new(),
             skew: Episode::new(),
             clock: TokioClock::new(),
+            classes: RandomState::new(),
+            expired_callers: CallerMinutes::new(),
+            skewed_callers: CallerMinutes::new(),
         }
     }
 
@@ -102,15 +136,16 @@ impl DeadlineState {
     }
 
     /// Reads the deadline of a request (with these headers and extensions, of this protocol)
-    /// arriving now: the earliest of `X-Request-Deadline`, `grpc-timeout` (gRPC only), a
-    /// [`RequestDeadline`] already in its extensions, and the [current](current) deadline of
-    /// the task calling the layer.
+    /// arriving now: the earliest of `X-Request-Deadline` (its send time believed only when
+    /// `trust` trusts the caller), `grpc-timeout` (gRPC only), a [`RequestDeadline`] already
+    /// in its extensions, and the [current](current) deadline of the task calling the layer.
     #[inline]
     pub(crate) fn arrive(
         &self,
         headers: &HeaderMap,
         extensions: &Extensions,
         protocol: Protocol,
+        trust: &Trust,
     ) -> Arrival {
         // NOTE: registered on the first request; an episode's end is noticed here too.
         let metrics = self.metrics();
@@ -123,7 +158,7 @@ impl DeadlineState {
             || extensions.get::<RequestDeadline>().is_some()
             || current().is_some();
         if any {
-            self.read_deadline(metrics, headers, extensions, protocol)
+            self.read_deadline(metrics, headers, extensions, protocol, trust)
         } else {
             Arrival::Open
         }
@@ -138,7 +173,13 @@ impl DeadlineState {
         headers: &HeaderMap,
         extensions: &Extensions,
         protocol: Protocol,
+        trust: &Trust,
     ) -> Arrival {
+        metrics.with_deadline();
+        let caller = DeadlineCaller {
+            class: self.class_of(extensions),
+            trusted: headers.contains_key(X_REQUEST_DEADLINE) && trust.trusts(headers, extensions),
+        };
         // NOTE: the clock is read only when a deadline is found.
         let mut read = None;
         let mut now = || *read.get_or_insert_with(Instant::now);
@@ -162,16 +203,27 @@ impl DeadlineState {
                 // round, it would move it later, and a tier would pass on more time than its
                 // caller has left (issue 30, finding 7).
                 let now = now();
-                let (queued, tolerance) = match wire.queued(self.wall.now(), self.skew_allowance) {
+                // NOTE: an untrusted caller's send time is not read at all: its deadline
+                // counts from arrival, which can only shorten its own request, and it can
+                // neither pass for clock skew nor put a sample in the queued-time figure.
+                let queued = if caller.trusted {
+                    wire.queued(self.wall.now(), self.skew_allowance)
+                        .filter(|queued| *queued <= MAX_QUEUED)
+                } else {
+                    None
+                };
+                let (queued, tolerance) = match queued {
                     Some(queued) => (queued, self.skew_allowance),
                     None => {
-                        self.skewed(metrics);
+                        if caller.trusted {
+                            self.skewed(metrics, caller);
+                        }
                         (Duration::ZERO, Duration::ZERO)
                     }
                 };
                 match place(now, queued, wire.timeout(), tolerance) {
                     Some(reading) => keep(reading),
-                    None => return Arrival::Expired { queued },
+                    None => return Arrival::Expired { queued, caller },
                 }
             }
             Err(malformed) => {
@@ -187,6 +239,7 @@ impl DeadlineState {
                     if timeout.is_zero() {
                         return Arrival::Expired {
                             queued: Duration::ZERO,
+                            caller,
                         };
                     }
                     let deadline = RequestDeadline::after_from(now(), timeout).instant();
@@ -208,6 +261,7 @@ impl DeadlineState {
             if now() >= deadline {
                 return Arrival::Expired {
                     queued: Duration::ZERO,
+                    caller,
                 };
             }
             keep(Reading {
@@ -223,29 +277,58 @@ impl DeadlineState {
             }) => Arrival::Live {
                 deadline: RequestDeadline::at(deadline),
                 cancel_at,
+                caller,
             },
         }
     }
 
-    /// Counts a request answered at once, expired, and logs it if it begins an episode.
-    pub(crate) fn expired_on_arrival(&self, queued: Duration) {
-        self.metrics().expired_on_arrival(queued);
-        if self.expiring.seen(self.clock.now()) {
+    /// The caller class of a request: its client's network, hashed; requests without a
+    /// client address share one class more.
+    fn class_of(&self, extensions: &Extensions) -> u8 {
+        match client_addr(extensions) {
+            Some(ip) => {
+                (self.classes.hash_one(PeerIp::network_word(ip)) % u64::from(CALLER_CLASSES)) as u8
+            }
+            None => CALLER_CLASSES,
+        }
+    }
+
+    /// Counts a request answered at once, expired, and logs it if it begins an episode (a
+    /// trusted caller's only: anyone can send a zero timeout).
+    pub(crate) fn expired_on_arrival(&self, queued: Duration, caller: DeadlineCaller) {
+        let now = self.clock.now();
+        let metrics = self.metrics();
+        metrics.expired_on_arrival(queued);
+        if self.expired_callers.first_this_minute(now, caller.class) {
+            metrics.expired_caller();
+        }
+        if caller.trusted && self.expiring.seen(now) {
             expiring_began(self.name(), queued);
         }
     }
 
     /// Counts a request whose work was cancelled at its deadline.
-    pub(crate) fn expired_running(&self) {
-        self.metrics().expired_running();
-        if self.expiring.seen(self.clock.now()) {
+    pub(crate) fn expired_running(&self, caller: DeadlineCaller) {
+        let now = self.clock.now();
+        let metrics = self.metrics();
+        metrics.expired_running();
+        if self.expired_callers.first_this_minute(now, caller.class) {
+            metrics.expired_caller();
+        }
+        if caller.trusted && self.expiring.seen(now) {
             expiring_began(self.name(), Duration::ZERO);
         }
     }
 
-    fn skewed(&self, metrics: &DeadlineMetrics) {
+    /// Counts a trusted caller's send time that the clocks cannot explain: further in the
+    /// future than the allowance, or more than [`MAX_QUEUED`] in the past.
+    fn skewed(&self, metrics: &DeadlineMetrics, caller: DeadlineCaller) {
+        let now = self.clock.now();
         metrics.skewed();
-        if self.skew.seen(self.clock.now()) {
+        if self.skewed_callers.first_this_minute(now, caller.class) {
+            metrics.skewed_caller();
+        }
+        if self.skew.seen(now) {
             skew_began(self.name(), self.skew_allowance);
         }
     }
@@ -312,6 +395,49 @@ fn place(
         deadline,
         cancel_at,
     })
+}
+
+/// The caller classes seen in the current minute, to count each class once a minute: how
+/// many callers a figure comes from, which a count of requests cannot tell (one caller can
+/// send any number).
+///
+/// Approximate by design: a request that races the turn of the minute may be counted in
+/// both, or its class seen in the old minute only.
+struct CallerMinutes {
+    /// One more than the index of the minute `seen` is for (0: none yet).
+    minute: AtomicU64,
+    /// A bit per class, `CALLER_CLASSES + 1` of them.
+    seen: [AtomicU64; 3],
+}
+
+impl CallerMinutes {
+    const MINUTE_NANOS: u64 = 60_000_000_000;
+
+    fn new() -> Self {
+        Self {
+            minute: AtomicU64::new(0),
+            seen: [AtomicU64::new(0), AtomicU64::new(0), AtomicU64::new(0)],
+        }
+    }
+
+    /// Whether `class` is seen for the first time in the minute of `now` (nanoseconds on the
+    /// layer's clock), noting it.
+    fn first_this_minute(&self, now: u64, class: u8) -> bool {
+        let minute = now / Self::MINUTE_NANOS + 1;
+        let current = self.minute.load(Ordering::Acquire);
+        if current != minute
+            && self
+                .minute
+                .compare_exchange(current, minute, Ordering::AcqRel, Ordering::Acquire)
+                .is_ok()
+        {
+            for word in &self.seen {
+                word.store(0, Ordering::Release);
+            }
+        }
+        let bit = 1u64 << (class % 64);
+        self.seen[usize::from(class / 64)].fetch_or(bit, Ordering::AcqRel) & bit == 0
+    }
 }
 
 impl fmt::Debug for DeadlineState {

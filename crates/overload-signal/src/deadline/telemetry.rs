@@ -17,6 +17,9 @@ pub(crate) struct DeadlineMetrics {
     expired_queued: Histogram,
     malformed: Counter,
     skewed: Counter,
+    with_deadline: Counter,
+    expired_callers: Counter,
+    skewed_callers: Counter,
 }
 
 impl MetricSet for DeadlineMetrics {
@@ -31,6 +34,9 @@ impl MetricSet for DeadlineMetrics {
             ),
             malformed: metrics::counter!(metric_names::DEADLINE_MALFORMED, NAME_LABEL => name.label()),
             skewed: metrics::counter!(metric_names::DEADLINE_SKEWED, NAME_LABEL => name.label()),
+            with_deadline: metrics::counter!(metric_names::DEADLINE_REQUESTS, NAME_LABEL => name.label()),
+            expired_callers: metrics::counter!(metric_names::DEADLINE_CALLERS, NAME_LABEL => name.label(), "reason" => "expired"),
+            skewed_callers: metrics::counter!(metric_names::DEADLINE_CALLERS, NAME_LABEL => name.label(), "reason" => "skewed"),
         }
     }
 }
@@ -53,9 +59,24 @@ impl DeadlineMetrics {
         self.malformed.increment(1);
     }
 
-    /// A deadline sent further in the future than the skew allowance: read from arrival.
+    /// A trusted caller's send time the clocks cannot explain: read from arrival.
     pub(super) fn skewed(&self) {
         self.skewed.increment(1);
+    }
+
+    /// A request that carried a deadline, or arrived in the scope of one.
+    pub(super) fn with_deadline(&self) {
+        self.with_deadline.increment(1);
+    }
+
+    /// A caller class's first expired request of the minute.
+    pub(super) fn expired_caller(&self) {
+        self.expired_callers.increment(1);
+    }
+
+    /// A caller class's first skewed request of the minute.
+    pub(super) fn skewed_caller(&self) {
+        self.skewed_callers.increment(1);
     }
 }
 

@@ -18,11 +18,18 @@ use crate::protocol::{GRPC_STATUS, GRPC_TIMEOUT, WireDeadline, X_REQUEST_DEADLIN
 const MS: Duration = Duration::from_millis(1);
 
 /// A request carrying `X-Request-Deadline`: sent `ago` before now on the test's wall clock,
-/// with `timeout`.
+/// with `timeout`, by a caller on this host (whose send times the default trust believes).
 fn sent(wall: &TokioWallClock, ago: Duration, timeout: Duration) -> Request<String> {
     use overload_core::clock::WallClock;
-    let mut req = Request::new(String::new());
+    let mut req = from_this_host(Request::new(String::new()));
     WireDeadline::new(wall.now() - ago, timeout).set(req.headers_mut());
+    req
+}
+
+/// `req`, from a caller on this host: its peer address is 127.0.0.1.
+fn from_this_host(mut req: Request<String>) -> Request<String> {
+    req.extensions_mut()
+        .insert(std::net::SocketAddr::from(([127, 0, 0, 1], 40_000)));
     req
 }
 
@@ -554,7 +561,7 @@ async fn a_pause_between_the_clock_reads_never_moves_the_deadline_later() {
     // millisecond: earlier still), and the caller's deadline at most `before + 900 ms`.
     let sent_at = SystemTime::now();
     let before = Instant::now();
-    let mut req = Request::new(String::new());
+    let mut req = from_this_host(Request::new(String::new()));
     WireDeadline::new(sent_at - 100 * MS, 1000 * MS).set(req.headers_mut());
     let placed = svc
         .oneshot(req)
@@ -568,4 +575,252 @@ async fn a_pause_between_the_clock_reads_never_moves_the_deadline_later() {
         "the layer placed the deadline {:?} after the caller's",
         placed - callers
     );
+}
+
+/// Every counter of `snapshotter`, by name and `reason` label (`""` without one). One
+/// snapshot: the debugging recorder resets what a snapshot reads.
+fn counters(
+    snapshotter: &metrics_util::debugging::Snapshotter,
+) -> std::collections::BTreeMap<(String, String), u64> {
+    let mut found = std::collections::BTreeMap::new();
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        let reason = key
+            .key()
+            .labels()
+            .find(|l| l.key() == "reason")
+            .map_or_else(String::new, |l| l.value().to_owned());
+        if let DebugValue::Counter(n) = value {
+            found.insert((key.key().name().to_owned(), reason), n);
+        }
+    }
+    found
+}
+
+/// The counter `name` with `reason` in `counters`.
+fn counter(
+    counters: &std::collections::BTreeMap<(String, String), u64>,
+    name: &str,
+    reason: &str,
+) -> Option<u64> {
+    counters.get(&(name.to_owned(), reason.to_owned())).copied()
+}
+
+/// `req` from `peer`.
+fn from(peer: &str, mut req: Request<String>) -> Request<String> {
+    req.extensions_mut()
+        .insert(peer.parse::<std::net::SocketAddr>().unwrap());
+    req
+}
+
+/// Finding 1 of issue 31: "anyone drives the deadline alerts". One `curl` a minute with
+/// `X-Request-Deadline: t=<next year>` counted as clock skew, logged a `WARN` episode and
+/// fed `overload_signal_deadline_skewed_total`, on which `TowerOverloadClockSkew` fired:
+/// on-call paged forever. And `t=0` put a 56-year sample into the queued-time histogram.
+/// Now a caller on the Internet (not trusted by default) has its deadline counted from
+/// arrival: never skew, never a sample, never a log line; its own request still gets its
+/// `timeout`.
+#[tokio::test(start_paused = true)]
+async fn an_internet_caller_cannot_fake_clock_skew_or_queue_time() {
+    use overload_core::clock::WallClock;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let logs = Arc::new(crate::test_logs::LogCapture::default());
+    let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    let wall = wall();
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = layer(wall, DeadlineLayer::DEFAULT_SKEW_ALLOWANCE).layer(svc);
+    let next_year = wall.now() + Duration::from_secs(365 * 24 * 3600);
+    // One request a minute for 20 minutes, each with a send time next year, and one with
+    // `t=0` (the Unix epoch), from 203.0.113.9.
+    for _ in 0..20 {
+        let mut req = from("203.0.113.9:5000", Request::new(String::new()));
+        WireDeadline::new(next_year, 2000 * MS).set(req.headers_mut());
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        // The deadline counted from arrival: the caller's 2 s.
+        assert_eq!(r.into_body(), "2000");
+        let mut req = from("203.0.113.9:5000", Request::new(String::new()));
+        req.headers_mut().insert(
+            X_REQUEST_DEADLINE,
+            HeaderValue::from_static("t=0, timeout=2000"),
+        );
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(
+            (r.status(), r.into_body()),
+            (StatusCode::OK, "2000".to_owned())
+        );
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 40);
+    let mut queued_samples = None;
+    for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+        if key.key().name() == crate::metric_names::DEADLINE_EXPIRED_QUEUED {
+            queued_samples = Some(value);
+        }
+    }
+    // Nothing expired, so no queued-time sample either.
+    assert_eq!(queued_samples, Some(DebugValue::Histogram(Vec::new())));
+    tokio::time::advance(Duration::from_secs(1)).await;
+    let mut req = from("203.0.113.9:5000", Request::new(String::new()));
+    WireDeadline::new(next_year, 2000 * MS).set(req.headers_mut());
+    svc.clone().oneshot(req).await.unwrap();
+    let c = counters(&snapshotter);
+    let (skewed, requests, callers) = (
+        crate::metric_names::DEADLINE_SKEWED,
+        crate::metric_names::DEADLINE_REQUESTS,
+        crate::metric_names::DEADLINE_CALLERS,
+    );
+    // Read after a first snapshot reset them: the requests since, one.
+    assert_eq!(counter(&c, skewed, ""), Some(0));
+    assert_eq!(counter(&c, requests, ""), Some(1));
+    assert_eq!(counter(&c, callers, "skewed"), Some(0));
+    assert_eq!(counter(&c, callers, "expired"), Some(0));
+    let skew_logs = logs.with_message("clock skew");
+    assert!(skew_logs.is_empty(), "{skew_logs:?}");
+}
+
+/// The same fields from a trusted caller (a private address) are believed, and show what
+/// they show: skew, counted as coming from one caller; and `t=0` is a clock an hour or more
+/// behind ([`DeadlineLayer::MAX_QUEUED`]), counted as skew too, never as a queue of years.
+#[tokio::test(start_paused = true)]
+async fn a_trusted_callers_skew_is_counted_once_a_minute_per_caller() {
+    use overload_core::clock::WallClock;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let logs = Arc::new(crate::test_logs::LogCapture::default());
+    let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    let wall = wall();
+    let (svc, _) = worker(Duration::ZERO);
+    let svc = layer(wall, DeadlineLayer::DEFAULT_SKEW_ALLOWANCE).layer(svc);
+    // One host (10.0.0.7) sends 30 skewed requests a minute for 3 minutes (5 s ahead of
+    // this server's clock), with a `t=0` among them each minute.
+    for _ in 0..3 {
+        let ahead = wall.now() + Duration::from_secs(5);
+        for i in 0..30 {
+            let mut req = from("10.0.0.7:5000", Request::new(String::new()));
+            if i == 0 {
+                req.headers_mut().insert(
+                    X_REQUEST_DEADLINE,
+                    HeaderValue::from_static("t=0, timeout=2000"),
+                );
+            } else {
+                WireDeadline::new(ahead, 2000 * MS).set(req.headers_mut());
+            }
+            let r = svc.clone().oneshot(req).await.unwrap();
+            assert_eq!(
+                (r.status(), r.into_body()),
+                (StatusCode::OK, "2000".to_owned())
+            );
+        }
+        tokio::time::advance(Duration::from_secs(60)).await;
+    }
+    let callers = crate::metric_names::DEADLINE_CALLERS;
+    let c = counters(&snapshotter);
+    assert_eq!(
+        counter(&c, crate::metric_names::DEADLINE_SKEWED, ""),
+        Some(90)
+    );
+    // One caller: one caller-minute per minute, whatever it sends.
+    assert_eq!(counter(&c, callers, "skewed"), Some(3), "{c:?}");
+    assert_eq!(counter(&c, callers, "expired"), Some(0), "{c:?}");
+    // The next minute, the same network from another address, and two more networks:
+    // three callers in that minute.
+    for peer in ["10.0.0.8:1", "10.0.1.7:1", "10.0.2.7:1"] {
+        let mut req = from(peer, Request::new(String::new()));
+        WireDeadline::new(wall.now() + Duration::from_secs(5), 2000 * MS).set(req.headers_mut());
+        svc.clone().oneshot(req).await.unwrap();
+    }
+    let c = counters(&snapshotter);
+    // (Since the last snapshot.) 10.0.0.8 is 10.0.0.7's network: the same caller. The two
+    // others may share a class with it (1 in 128 each, with the layer's random key).
+    let seen = counter(&c, callers, "skewed").unwrap();
+    assert!((2..=3).contains(&seen), "{c:?}");
+    // Each minute's burst is an episode (a minute is longer than the 10 s quiet period that
+    // ends one), logged once when it begins, as before: four.
+    assert_eq!(logs.with_message("clock skew: requests").len(), 4);
+}
+
+/// Expired requests are counted per caller too, and only a trusted caller's begin the
+/// logged episode: anyone can send `timeout=0`.
+#[tokio::test(start_paused = true)]
+async fn expired_requests_are_counted_per_caller_and_logged_for_trusted_ones() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let logs = Arc::new(crate::test_logs::LogCapture::default());
+    let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    let wall = wall();
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = layer(wall, Duration::ZERO).layer(svc);
+    for _ in 0..50 {
+        let mut req = from("198.51.100.9:1", Request::new(String::new()));
+        req.headers_mut().insert(
+            X_REQUEST_DEADLINE,
+            HeaderValue::from_static("t=1, timeout=0"),
+        );
+        let r = svc.clone().oneshot(req).await.unwrap();
+        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    }
+    assert_eq!(calls.load(Ordering::SeqCst), 0);
+    let callers = crate::metric_names::DEADLINE_CALLERS;
+    let c = counters(&snapshotter);
+    assert_eq!(counter(&c, callers, "expired"), Some(1), "{c:?}");
+    assert!(logs.with_message("dropping expired requests").is_empty());
+    // A trusted caller whose request queued past its deadline: the episode begins.
+    let r = svc
+        .clone()
+        .oneshot(sent(&wall, 3000 * MS, 2000 * MS))
+        .await
+        .unwrap();
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(logs.with_message("dropping expired requests").len(), 1);
+    // Another caller's first expired request of the minute (unless its network hashed to
+    // the first one's class: 1 in 128 with the layer's random key).
+    let c = counters(&snapshotter);
+    assert!(counter(&c, callers, "expired").unwrap() <= 1, "{c:?}");
+}
+
+/// The trust setting: `Trust::everyone()` believes an Internet caller's send time (what
+/// the layer did before), `Trust::nobody()` not even this host's.
+#[tokio::test(start_paused = true)]
+async fn the_trust_setting_decides_whose_send_times_count() {
+    let wall = wall();
+    let (svc, _) = worker(Duration::ZERO);
+    let believing = DeadlineLayer::builder()
+        .wall_clock(wall)
+        .skew_allowance(Duration::ZERO)
+        .trust(crate::Trust::everyone())
+        .build()
+        .unwrap();
+    assert_eq!(
+        format!("{:?}", believing.trust()),
+        "Some(Trust::everyone())"
+    );
+    let queued = |trust: crate::Trust, peer: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let layer = DeadlineLayer::builder()
+                .wall_clock(wall)
+                .skew_allowance(Duration::ZERO)
+                .build()
+                .unwrap()
+                .with_trust(trust);
+            let mut req = sent(&wall, 500 * MS, 2000 * MS);
+            req.extensions_mut()
+                .insert(peer.parse::<std::net::SocketAddr>().unwrap());
+            layer.layer(svc).oneshot(req).await.unwrap().into_body()
+        }
+    };
+    assert_eq!(
+        queued(crate::Trust::everyone(), "203.0.113.9:1").await,
+        "1500"
+    );
+    assert_eq!(
+        queued(crate::Trust::default(), "203.0.113.9:1").await,
+        "2000"
+    );
+    assert_eq!(queued(crate::Trust::default(), "127.0.0.1:1").await, "1500");
+    assert_eq!(queued(crate::Trust::nobody(), "127.0.0.1:1").await, "2000");
 }

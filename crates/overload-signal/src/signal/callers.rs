@@ -1,5 +1,6 @@
 //! Who a request comes from, as far as the decision is concerned: the caller key
-//! ([`CallerKey`], [`PeerIp`] by default), whose counters count (the trust predicate), and
+//! ([`CallerKey`], [`PeerIp`] by default), whose counters count (the layer's
+//! [`Trust`](crate::Trust)), and
 //! the retry pressure of each caller class, whose weight in the decision is bounded.
 //!
 //! See the [module docs](super#trust-what-callers-can-and-cannot-do) for the threat model.
@@ -97,9 +98,6 @@ where
         }
     }
 }
-
-/// The trust predicate: whether a request's attempt counter counts.
-pub(crate) type TrustFn = dyn Fn(&Parts) -> bool + Send + Sync;
 
 /// How caller keys are hashed into classes: with random keys, so a caller cannot aim at a
 /// class, or (in tests) with fixed ones, so every run puts callers in the same classes.
@@ -250,7 +248,6 @@ pub(crate) struct CallerLedger<C: Clock> {
     window: Window<LEDGER_COUNTERS, HistogramClock<C>>,
     hashing: KeyHashing,
     key: Arc<dyn CallerKey>,
-    trust: Option<Arc<TrustFn>>,
     /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
 }
@@ -259,7 +256,6 @@ impl<C: Clock> CallerLedger<C> {
     pub(crate) fn new(
         histogram: &AttemptHistogram<C>,
         key: Arc<dyn CallerKey>,
-        trust: Option<Arc<TrustFn>>,
         hashing: KeyHashing,
     ) -> Self {
         let window = Window::<LEDGER_COUNTERS>::builder()
@@ -272,22 +268,15 @@ impl<C: Clock> CallerLedger<C> {
             window,
             hashing,
             key,
-            trust,
             verdict: AtomicU64::new(0),
         }
     }
 
-    /// Whether a trust predicate is set.
-    pub(crate) fn has_trust(&self) -> bool {
-        self.trust.is_some()
-    }
-
     /// The request's attempt counter as far as the decision goes (unknown when its caller
-    /// is not trusted) and its caller class ([`UNKEYED`] without a key: the caller reports
+    /// is not `trusted`) and its caller class ([`UNKEYED`] without a key: the caller reports
     /// it). `grpc`: the request is gRPC (or gRPC-Web), whose own counter is read too.
     #[inline]
-    pub(crate) fn identify(&self, parts: &Parts, grpc: bool) -> (Attempt, u8) {
-        let trusted = self.trust.as_ref().is_none_or(|trust| trust(parts));
+    pub(crate) fn identify(&self, parts: &Parts, grpc: bool, trusted: bool) -> (Attempt, u8) {
         let attempt = if trusted {
             Attempt::from_headers_of(&parts.headers, grpc)
         } else {
@@ -370,7 +359,6 @@ impl<C: Clock> fmt::Debug for CallerLedger<C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("CallerLedger")
             .field("classes", &CLASSES)
-            .field("trust", &self.trust.is_some())
             .finish_non_exhaustive()
     }
 }

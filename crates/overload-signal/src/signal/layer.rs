@@ -1,7 +1,6 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::request::Parts;
 use tower_layer::Layer;
 
 use overload_core::ConfigError;
@@ -14,6 +13,7 @@ use super::rule::StopRule;
 use super::service::OverloadSignal;
 use super::state::{SignalSettings, SignalState};
 use crate::histogram::AttemptHistogram;
+use crate::trust::Trust;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
 /// rejections into the stop signal when the fleet is drowning in retries, and propagates a
@@ -32,7 +32,8 @@ use crate::histogram::AttemptHistogram;
 /// - callers keyed by their peer's IP address ([`PeerIp`](super::PeerIp)), each caller class
 ///   weighing at most as much as the median class in the decision (see the
 ///   [module docs](crate::signal#trust-what-callers-can-and-cannot-do));
-/// - every caller's attempt counter counts (no trust predicate);
+/// - the attempt counters of callers on private networks count, and no one else's
+///   ([`Trust::private_networks`]);
 /// - no proxy trusted: forwarding headers are ignored, and callers behind a load balancer
 ///   all have its address until it is trusted
 ///   ([`trusted_proxies`](OverloadSignalLayerBuilder::trusted_proxies));
@@ -46,6 +47,9 @@ pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     /// layer (what `ratelimit-layer`'s `OverloadProtectionLayerBuilder` does) and keep the
     /// histogram shared.
     proxies: Option<TrustedProxies>,
+    /// Whose counters count; `None`: the default, not set (kept apart for the same reason,
+    /// and so that a second setting is refused).
+    trust: Option<Trust>,
 }
 
 impl OverloadSignalLayer {
@@ -62,11 +66,13 @@ impl OverloadSignalLayer {
     pub const CALLER_CLASSES: usize = callers::CLASSES;
 
     /// A layer with the defaults: the default [`AttemptHistogram`] and [`StopRule`], callers
-    /// keyed by [`PeerIp`](super::PeerIp), no trust predicate, named `"default"`.
+    /// keyed by [`PeerIp`](super::PeerIp), callers on private networks trusted, named
+    /// `"default"`.
     pub fn new() -> Self {
         Self {
             state: Arc::new(SignalState::new(SignalSettings::new())),
             proxies: None,
+            trust: None,
         }
     }
 
@@ -76,6 +82,7 @@ impl OverloadSignalLayer {
             name: None,
             settings: SignalSettings::new(),
             proxies: None,
+            trust: None,
         }
     }
 }
@@ -109,6 +116,22 @@ impl<C: Clock> OverloadSignalLayer<C> {
         self.proxies.as_ref()
     }
 
+    /// Whose attempt counters count: what [`OverloadSignalLayerBuilder::trust`] set, or
+    /// `None` for the default ([`Trust::private_networks`]).
+    pub fn trust(&self) -> Option<&Trust> {
+        self.trust.as_ref()
+    }
+
+    /// This layer, its histogram and decision shared with the original, trusting the
+    /// counters of `trust`'s callers instead: what [`OverloadSignalLayerBuilder::trust`]
+    /// sets, for a layer already built (`ratelimit-layer`'s
+    /// `OverloadProtectionLayerBuilder::trust` uses it).
+    #[must_use]
+    pub fn with_trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
     /// This layer, its histogram and decision shared with the original, trusting `proxies`
     /// instead of the proxies it was built with: what
     /// [`OverloadSignalLayerBuilder::trusted_proxies`] sets, for a layer already built
@@ -125,6 +148,7 @@ impl<C: Clock> Clone for OverloadSignalLayer<C> {
         Self {
             state: Arc::clone(&self.state),
             proxies: self.proxies.clone(),
+            trust: self.trust.clone(),
         }
     }
 }
@@ -135,7 +159,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
             .field("name", self.state.name())
             .field("histogram", &self.state.histogram)
             .field("rule", &self.state.rule)
-            .field("trust", &self.state.callers.has_trust())
+            .field("trust", &self.trust)
             .field("trusted_proxies", &self.proxies)
             .finish_non_exhaustive()
     }
@@ -145,18 +169,24 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
     type Service = OverloadSignal<S, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        OverloadSignal::from_state(inner, Arc::clone(&self.state), self.proxies.clone())
+        OverloadSignal::from_state(
+            inner,
+            Arc::clone(&self.state),
+            self.proxies.clone(),
+            self.trust.clone().unwrap_or_default(),
+        )
     }
 }
 
 /// Builds an [`OverloadSignalLayer`] from a name, a histogram and a rule (both already
-/// validated), a caller key and a trust predicate; each starts at its default.
+/// validated), a caller key and a [`Trust`]; each starts at its default.
 /// [`build`](Self::build) checks the name.
 pub struct OverloadSignalLayerBuilder<C: Clock = TokioClock> {
     /// The name as set, checked by `build`; `None`: the default.
     name: Option<String>,
     settings: SignalSettings<C>,
     proxies: Option<TrustedProxies>,
+    trust: Option<Trust>,
 }
 
 impl<C: Clock> OverloadSignalLayerBuilder<C> {
@@ -184,6 +214,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
             name: self.name,
             settings: self.settings.with_histogram(histogram),
             proxies: self.proxies,
+            trust: self.trust,
         }
     }
 
@@ -211,37 +242,31 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         self
     }
 
-    /// Whose attempt counters count: a request for which `trust` returns `false` is recorded
-    /// as if it carried no counter (it counts towards the window's requests and dilutes the
-    /// pressure, never as a retry). Default: every caller's counter counts, each caller class
-    /// bounded as [`key_by`](Self::key_by) says.
+    /// Whose attempt counters count: a request from a caller `trust` does not trust is
+    /// recorded as if it carried no counter (it counts towards the window's requests and
+    /// dilutes the pressure, never as a retry). Default: [`Trust::private_networks`]: the
+    /// callers on private, loopback and link-local networks who did not come through a
+    /// proxy from elsewhere, so that a server on the Internet takes no client's word for a
+    /// retry, and one inside a private network needs no configuration (see
+    /// [`crate::trust`]).
     ///
-    /// For example: trusted peers only (an address range of your own services), callers with
-    /// an mTLS identity (an extension your TLS acceptor inserts), or requests that passed a
-    /// load balancer that sets a header of its own (and strips it from what clients send).
+    /// The same setting decides whose deadlines' send times the deadline layer believes;
+    /// `ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust` sets both at once.
     ///
     /// ```
-    /// use http::request::Parts;
-    /// use overload_signal::OverloadSignalLayer;
-    /// use overload_signal::signal::peer_addr;
+    /// use overload_signal::signal::IpNet;
+    /// use overload_signal::{OverloadSignalLayer, Trust};
     ///
-    /// // Only callers on the private network 10.0.0.0/8 can make the server say "stop".
+    /// // Only the callers of the fleet's own network, 10.20.0.0/16, can make the server say
+    /// // "stop".
     /// let layer = OverloadSignalLayer::builder()
-    ///     .trust(|parts: &Parts| {
-    ///         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
-    ///             std::net::IpAddr::V4(v4) => v4.octets()[0] == 10,
-    ///             std::net::IpAddr::V6(_) => false,
-    ///         })
-    ///     })
+    ///     .trust(Trust::networks([IpNet::new("10.20.0.0".parse()?, 16)?]))
     ///     .build()?;
     /// # drop(layer);
     /// # Ok::<(), overload_core::ConfigError>(())
     /// ```
-    pub fn trust<F>(mut self, trust: F) -> Self
-    where
-        F: Fn(&Parts) -> bool + Send + Sync + 'static,
-    {
-        self.settings.trust = Some(Arc::new(trust));
+    pub fn trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
         self
     }
 
@@ -321,6 +346,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         Ok(OverloadSignalLayer {
             state: Arc::new(SignalState::new(self.settings)),
             proxies: self.proxies,
+            trust: self.trust,
         })
     }
 }
@@ -331,7 +357,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayerBuilder<C> {
             .field("name", &self.name)
             .field("histogram", &self.settings.histogram)
             .field("rule", &self.settings.rule)
-            .field("trust", &self.settings.trust.is_some())
+            .field("trust", &self.trust)
             .field("judge_every_rejection", &self.settings.judge_every)
             .field("trusted_proxies", &self.proxies)
             .finish_non_exhaustive()

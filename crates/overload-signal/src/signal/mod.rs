@@ -360,6 +360,7 @@ pub use ip_net::IpNet;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
 pub use peer::{ClientAddr, PeerIp, client_addr, peer_addr};
 pub use proxies::{ForwardedHeader, TrustedProxies};
+pub(crate) use proxies::{forwarded_for, parse_node as parse_forwarded_node};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;

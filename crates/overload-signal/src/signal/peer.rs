@@ -3,7 +3,7 @@
 //! ([`PeerIp`]).
 
 use std::hash::Hasher;
-use std::net::{IpAddr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
 
 use http::Extensions;
 use http::request::Parts;
@@ -99,44 +99,83 @@ pub fn client_addr(extensions: &Extensions) -> Option<IpAddr> {
     peer_addr(extensions).map(|peer| peer.ip().to_canonical())
 }
 
-/// The default caller key: the client's IP address ([`client_addr`]): the one resolved
-/// behind a trusted load balancer (a [`ClientAddr`](super::ClientAddr) the layer leaves in
-/// the request when it is set up with
+/// The default caller key: the network of the client's IP address ([`client_addr`]): the
+/// one resolved behind a trusted load balancer (a [`ClientAddr`](super::ClientAddr) the layer
+/// leaves in the request when it is set up with
 /// [`trusted_proxies`](super::OverloadSignalLayerBuilder::trusted_proxies)), or else the
-/// connection's peer, wherever the server put it ([`peer_addr`]: a `SocketAddr` extension,
-/// axum's `ConnectInfo`, tonic's `TcpConnectInfo`). A request with neither has no key; the
-/// layer counts and logs such requests (see [`CallerKey`]).
+/// connection's peer ([`peer_addr`]). A request with neither has no key; the layer counts and
+/// logs such requests (see [`CallerKey`]).
 ///
-/// IPv6 clients are keyed by their `/64` network ([`PeerIp::IPV6_PREFIX`]), and IPv4-mapped
-/// IPv6 addresses as IPv4. Behind a load balancer every request has the balancer's address:
-/// trust the balancer ([`TrustedProxies`](super::TrustedProxies)) and this key follows the
-/// client address it forwards, as `ratelimit-layer`'s `ClientIp` does.
+/// **Callers are networks, not addresses**: an IPv4 client is keyed by its `/24`
+/// ([`PeerIp::IPV4_PREFIX`]), an IPv6 client by its `/48` ([`PeerIp::IPV6_PREFIX`]), and an
+/// IPv4-mapped IPv6 address as IPv4. Addresses cost an attacker little: a cloud account
+/// rents a handful in one `/24`, and one IPv6 host holds a `/64` of them, a tunnel broker
+/// hands out a `/48` for free. Keyed by address, seven addresses were seven callers, enough
+/// to forge a storm past the default 5 % rule; keyed by network, they are one caller, whose
+/// weight the layer bounds (see the [threat model](crate::signal#trust-what-callers-can-and-cannot-do)).
+/// The cost is on the honest side: the clients of one network (an office behind a NAT, one
+/// site's hosts) are one caller class, which is also what they are to an attacker. Behind a
+/// load balancer every request has the balancer's address: trust the balancer
+/// ([`TrustedProxies`](super::TrustedProxies)) and this key follows the client address it
+/// forwards.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
 pub struct PeerIp;
 
 impl PeerIp {
-    /// The prefix IPv6 peers are keyed by: 64 bits, because one host commonly holds a whole
-    /// `/64` (RFC 6177) and could otherwise rotate addresses to become many callers.
-    pub const IPV6_PREFIX: u8 = 64;
+    /// The prefix IPv4 clients are keyed by: 24 bits, the smallest network the Internet
+    /// routes, and the block a cloud provider's or hosting company's addresses come in.
+    pub const IPV4_PREFIX: u8 = 24;
+
+    /// The prefix IPv6 clients are keyed by: 48 bits, a site's allocation (RFC 6177), which
+    /// anyone can get for free from a tunnel broker; a `/56` would let one such site be 256
+    /// callers.
+    pub const IPV6_PREFIX: u8 = 48;
 
     /// The client address of a request ([`client_addr`]: resolved behind trusted proxies,
-    /// else the peer's), IPv6 masked to its `/64`, or `None` without one.
+    /// else the peer's), masked to its network ([`PeerIp::network`]), or `None` without one.
     pub fn peer_ip(parts: &Parts) -> Option<IpAddr> {
-        Some(match client_addr(&parts.extensions)? {
-            IpAddr::V6(v6) => {
-                let kept = u128::from(v6) >> (128 - u32::from(Self::IPV6_PREFIX));
-                IpAddr::V6(Ipv6Addr::from(kept << (128 - u32::from(Self::IPV6_PREFIX))))
-            }
-            v4 => v4,
-        })
+        client_addr(&parts.extensions).map(Self::network)
+    }
+
+    /// The network `ip` belongs to as a caller: its `/24` for IPv4 (an IPv4-mapped IPv6
+    /// address counts as IPv4), its `/48` for IPv6. `ratelimit-layer`'s `ClientIp` hashes
+    /// its caller key through it too, so the overload layer sees the same callers whichever
+    /// key it is given.
+    ///
+    /// ```
+    /// use overload_signal::signal::PeerIp;
+    ///
+    /// let network = |ip: &str| PeerIp::network(ip.parse().unwrap()).to_string();
+    /// assert_eq!(network("192.0.2.77"), "192.0.2.0");
+    /// assert_eq!(network("::ffff:192.0.2.77"), "192.0.2.0");
+    /// assert_eq!(network("2001:db8:aa:bb:cc::1"), "2001:db8:aa::");
+    /// ```
+    #[inline]
+    pub const fn network(ip: IpAddr) -> IpAddr {
+        match ip.to_canonical() {
+            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from_bits(
+                v4.to_bits() & (u32::MAX << (32 - Self::IPV4_PREFIX as u32)),
+            )),
+            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(
+                v6.to_bits() & (u128::MAX << (128 - Self::IPV6_PREFIX as u32)),
+            )),
+        }
+    }
+
+    /// The one word [`CallerKey`] writes for the network of `ip`: distinct for distinct
+    /// networks, IPv4 and IPv6 apart. For a key of your own that should class callers as
+    /// this one does.
+    #[inline]
+    pub const fn network_word(ip: IpAddr) -> u128 {
+        ip_word(Self::network(ip))
     }
 }
 
 // NOTE: masked IPv6 addresses end in a zero bit, which `ip_word` relies on.
-const _: () = assert!(PeerIp::IPV6_PREFIX < 128);
+const _: () = assert!(PeerIp::IPV6_PREFIX < 128 && PeerIp::IPV4_PREFIX <= 32);
 
-/// One word per key of [`PeerIp::peer_ip`], distinct for distinct keys: an IPv4 address
-/// shifted left with its lowest bit set, an IPv6 network (masked to its /64, so its lowest
+/// One word per key of [`PeerIp::peer_ip`], distinct for distinct keys: an IPv4 network
+/// shifted left with its lowest bit set, an IPv6 network (masked to its /48, so its lowest
 /// bit is clear) as it is. One write to the hasher, where `IpAddr`'s `Hash` makes three
 /// through `dyn Hasher`, on every request.
 const fn ip_word(ip: IpAddr) -> u128 {
@@ -175,19 +214,19 @@ mod tests {
     }
 
     #[test]
-    fn peer_ip_reads_the_socket_address_and_masks_ipv6() {
+    fn peer_ip_reads_the_socket_address_and_keeps_its_network() {
         assert_eq!(PeerIp::peer_ip(&parts(None)), None);
         assert_eq!(
             PeerIp::peer_ip(&parts(Some("192.0.2.7:443"))),
-            Some("192.0.2.7".parse().unwrap())
+            Some("192.0.2.0".parse().unwrap())
         );
         assert_eq!(
             PeerIp::peer_ip(&parts(Some("[2001:db8:1:2:3:4:5:6]:443"))),
-            Some("2001:db8:1:2::".parse().unwrap())
+            Some("2001:db8:1::".parse().unwrap())
         );
         assert_eq!(
             PeerIp::peer_ip(&parts(Some("[::ffff:192.0.2.1]:443"))),
-            Some("192.0.2.1".parse().unwrap())
+            Some("192.0.2.0".parse().unwrap())
         );
         let mut h = DefaultHasher::new();
         assert!(!PeerIp.hash_key(&parts(None), &mut h));
@@ -196,7 +235,7 @@ mod tests {
 
     #[test]
     fn ipv4_and_ipv6_keys_never_share_a_word() {
-        // What `hash_key` writes: the key of `peer_ip`, IPv6 masked to its /64. IPv4 words
+        // What `hash_key` writes: the key of `peer_ip`, its network. IPv4 words
         // are odd, IPv6 networks' even, and each family's words are its addresses' bits.
         let key = |addr: &str| PeerIp::peer_ip(&parts(Some(addr))).unwrap();
         for v6 in [
@@ -211,25 +250,30 @@ mod tests {
             assert_eq!(ip_word(key(v4)) & 1, 1, "{v4}");
         }
         assert_ne!(ip_word(key("0.0.0.0:1")), ip_word(key("[::]:1")));
-        assert_ne!(ip_word(key("192.0.2.7:1")), ip_word(key("192.0.2.8:1")));
+        assert_ne!(ip_word(key("192.0.2.7:1")), ip_word(key("192.0.3.7:1")));
         assert_ne!(
-            ip_word(key("[2001:db8:0:1::1]:1")),
-            ip_word(key("[2001:db8:0:2::1]:1"))
+            ip_word(key("[2001:db8:1::1]:1")),
+            ip_word(key("[2001:db8:2::1]:1"))
         );
-        // Two addresses of one /64 are one key.
+        // Two addresses of one /24, or two /64s of one /48, are one key.
+        assert_eq!(ip_word(key("192.0.2.7:1")), ip_word(key("192.0.2.8:1")));
         assert_eq!(
             ip_word(key("[2001:db8:0:1::1]:1")),
-            ip_word(key("[2001:db8:0:1::2]:1"))
+            ip_word(key("[2001:db8:0:ffff::2]:1"))
+        );
+        assert_eq!(
+            PeerIp::network_word("192.0.2.200".parse().unwrap()),
+            ip_word(key("192.0.2.7:1"))
         );
     }
 
     #[test]
     fn a_resolved_client_address_wins_over_the_peer() {
         let mut p = parts(Some("10.0.0.2:40000"));
-        assert_eq!(PeerIp::peer_ip(&p), Some("10.0.0.2".parse().unwrap()));
+        assert_eq!(PeerIp::peer_ip(&p), Some("10.0.0.0".parse().unwrap()));
         p.extensions
             .insert(ClientAddr::new("2001:db8:1:2:3::9".parse().unwrap()));
-        assert_eq!(PeerIp::peer_ip(&p), Some("2001:db8:1:2::".parse().unwrap()));
+        assert_eq!(PeerIp::peer_ip(&p), Some("2001:db8:1::".parse().unwrap()));
     }
 
     #[cfg(all(feature = "axum", not(loom)))]
@@ -241,7 +285,7 @@ mod tests {
         ));
         assert_eq!(
             PeerIp::peer_ip(&req.into_parts().0),
-            Some("198.51.100.4".parse().unwrap())
+            Some("198.51.100.0".parse().unwrap())
         );
     }
 
@@ -261,7 +305,7 @@ mod tests {
         req.extensions_mut().insert(info);
         assert_eq!(
             PeerIp::peer_ip(&req.into_parts().0),
-            Some("203.0.113.9".parse().unwrap())
+            Some("203.0.113.0".parse().unwrap())
         );
     }
 }

@@ -216,7 +216,7 @@ impl PartialEq for TrustedProxies {
 impl Eq for TrustedProxies {}
 
 /// The `for` parameter of one `Forwarded` element, as an address.
-fn forwarded_for(element: &str) -> Option<IpAddr> {
+pub(crate) fn forwarded_for(element: &str) -> Option<IpAddr> {
     element.split(';').find_map(|pair| {
         let (key, value) = pair.trim().split_once('=')?;
         if !key.trim().eq_ignore_ascii_case("for") {
@@ -233,7 +233,7 @@ fn forwarded_for(element: &str) -> Option<IpAddr> {
 
 /// An address as proxies write it: `192.0.2.1`, `192.0.2.1:80`, `2001:db8::1`,
 /// `[2001:db8::1]` or `[2001:db8::1]:80`.
-fn parse_node(s: &str) -> Option<IpAddr> {
+pub(crate) fn parse_node(s: &str) -> Option<IpAddr> {
     if let Some(rest) = s.strip_prefix('[') {
         let (addr, after) = rest.split_once(']')?;
         if !(after.is_empty() || after.strip_prefix(':').is_some_and(is_port)) {

@@ -15,6 +15,7 @@ use super::state::{SignalSettings, SignalState};
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::Protocol;
+use crate::trust::Trust;
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.
@@ -26,13 +27,14 @@ pub struct OverloadSignal<S, C: Clock = TokioClock> {
     inner: S,
     state: Arc<SignalState<C>>,
     proxies: Option<TrustedProxies>,
+    trust: Trust,
 }
 
 impl<S> OverloadSignal<S> {
     /// Wraps `inner` with a histogram and a rule of its own, with every default of
     /// [`OverloadSignalLayer::new`](super::OverloadSignalLayer::new) (10 seconds in 10
     /// buckets; retry pressure above 5 % with at least 200 requests, sustained; callers keyed
-    /// by their peer address; every caller's counter counts).
+    /// by their network; the counters of callers on private networks count).
     ///
     /// Prefer [`OverloadSignalLayer`](super::OverloadSignalLayer): the services one layer
     /// makes share one histogram, so they judge the whole server's traffic.
@@ -41,6 +43,7 @@ impl<S> OverloadSignal<S> {
             inner,
             Arc::new(SignalState::new(SignalSettings::new())),
             None,
+            Trust::default(),
         )
     }
 }
@@ -50,11 +53,13 @@ impl<S, C: Clock> OverloadSignal<S, C> {
         inner: S,
         state: Arc<SignalState<C>>,
         proxies: Option<TrustedProxies>,
+        trust: Trust,
     ) -> Self {
         Self {
             inner,
             state,
             proxies,
+            trust,
         }
     }
 
@@ -84,6 +89,7 @@ impl<S: Clone, C: Clock> Clone for OverloadSignal<S, C> {
             inner: self.inner.clone(),
             state: Arc::clone(&self.state),
             proxies: self.proxies.clone(),
+            trust: self.trust.clone(),
         }
     }
 }
@@ -96,6 +102,7 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for OverloadSignal<S, C> {
             .field("histogram", &self.state.histogram)
             .field("rule", &self.state.rule)
             .field("trusted_proxies", &self.proxies)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -126,7 +133,8 @@ where
         let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.
-        let caller = self.state.record(&parts, protocol);
+        let trusted = self.trust.trusts(&parts.headers, &parts.extensions);
+        let caller = self.state.record(&parts, protocol, trusted);
         let request = Request::from_parts(parts, body);
         let inner = propagation::scope(self.inner.call(request));
         ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.state))

@@ -12,7 +12,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
 
-use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, TrustFn, UNKEYED};
+use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, UNKEYED};
 use super::peer::PeerIp;
 use super::rejection::{Rejection, RejectionKind, RejectionScope};
 use super::rule::StopRule;
@@ -53,7 +53,6 @@ pub(crate) struct SignalSettings<C: Clock = TokioClock> {
     pub(crate) histogram: AttemptHistogram<C>,
     pub(crate) rule: StopRule,
     pub(crate) key: Arc<dyn CallerKey>,
-    pub(crate) trust: Option<Arc<TrustFn>>,
     pub(crate) hashing: KeyHashing,
     pub(crate) judge_every: bool,
 }
@@ -64,14 +63,13 @@ pub(crate) const UNKEYED_LOG_INTERVAL: std::time::Duration = std::time::Duration
 
 impl SignalSettings {
     /// The defaults: named `"default"`, the default histogram and rule, callers keyed by
-    /// their peer address, hashed with a random key, every caller trusted.
+    /// their network, hashed with a random key.
     pub(crate) fn new() -> Self {
         Self {
             name: LayerName::default(),
             histogram: AttemptHistogram::new(),
             rule: StopRule::new(),
             key: Arc::new(PeerIp),
-            trust: None,
             hashing: KeyHashing::random(),
             judge_every: false,
         }
@@ -89,7 +87,6 @@ impl<C: Clock> SignalSettings<C> {
             histogram,
             rule: self.rule,
             key: self.key,
-            trust: self.trust,
             hashing: self.hashing,
             judge_every: self.judge_every,
         }
@@ -103,12 +100,11 @@ impl<C: Clock> SignalState<C> {
             histogram,
             rule,
             key,
-            trust,
             hashing,
             judge_every,
         } = settings;
         Self {
-            callers: CallerLedger::new(&histogram, key, trust, hashing),
+            callers: CallerLedger::new(&histogram, key, hashing),
             judge_every,
             unkeyed: LogThrottle::new(UNKEYED_LOG_INTERVAL),
             histogram,
@@ -131,11 +127,16 @@ impl<C: Clock> SignalState<C> {
         self.histogram.window()
     }
 
-    /// Records a request: its attempt counter (if its caller is trusted) in the histogram,
-    /// and in its caller class. On the layer's first request, registers the metrics and
-    /// starts the ticker.
-    pub(super) fn record(self: &Arc<Self>, parts: &Parts, protocol: Protocol) -> Caller {
-        let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc());
+    /// Records a request: its attempt counter (if its caller is `trusted`) in the
+    /// histogram, and in its caller class. On the layer's first request, registers the
+    /// metrics and starts the ticker.
+    pub(super) fn record(
+        self: &Arc<Self>,
+        parts: &Parts,
+        protocol: Protocol,
+        trusted: bool,
+    ) -> Caller {
+        let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc(), trusted);
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);

@@ -10,6 +10,8 @@ use http_body_util::Full;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 use tower::{Service, ServiceExt, service_fn};
 
+use crate::Trust;
+
 use super::state::{SignalSettings, SignalState};
 use super::*;
 use crate::histogram::{AttemptClass, AttemptHistogram};
@@ -30,9 +32,22 @@ fn rule(share: f64, min: u64) -> StopRule {
         .unwrap()
 }
 
-/// A layer with the default histogram and `rule`.
+/// A layer with the default histogram and `rule`, trusting every caller's counter: these
+/// tests are about the rule, not about whose word it takes (see `trust_tests`).
 fn layer_with(rule: StopRule) -> OverloadSignalLayer {
-    OverloadSignalLayer::builder().rule(rule).build().unwrap()
+    OverloadSignalLayer::builder()
+        .rule(rule)
+        .trust(Trust::everyone())
+        .build()
+        .unwrap()
+}
+
+/// The default layer, but trusting every caller's counter (see `layer_with`).
+fn trusting_layer() -> OverloadSignalLayer {
+    OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
+        .build()
+        .unwrap()
 }
 
 fn request(attempt: Option<u32>) -> Request<Body> {
@@ -122,7 +137,7 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn records_every_request_including_rejected_ones() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let histogram = layer.histogram().clone();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     send(
@@ -146,7 +161,7 @@ async fn records_every_request_including_rejected_ones() {
 
 #[tokio::test(start_paused = true)]
 async fn services_from_one_layer_share_one_histogram() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut a = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
     let mut b = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
     send(&mut a, 3, &[Some(0)]).await;
@@ -268,6 +283,7 @@ async fn a_storm_leaves_rejections_no_limiter_made_untouched() {
 #[tokio::test(start_paused = true)]
 async fn judging_every_rejection_rewrites_unmarked_ones_too() {
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .rule(rule(0.1, 10))
         .judge_every_rejection(true)
         .build()
@@ -320,6 +336,7 @@ async fn a_request_too_heavy_for_the_limit_is_never_the_stop_signal() {
     ];
     for judge_every in [false, true] {
         let layer = OverloadSignalLayer::builder()
+            .trust(Trust::everyone())
             .rule(rule(0.1, 10))
             .judge_every_rejection(judge_every)
             .build()
@@ -401,6 +418,7 @@ async fn storm_ends_when_the_window_slides_past_it() {
         .build()
         .unwrap();
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .histogram(histogram)
         .rule(rule(0.1, 10))
         .build()
@@ -452,7 +470,7 @@ async fn grpc_resource_exhausted_becomes_a_trailers_only_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn grpc_attempts_are_read_from_grpc_previous_rpc_attempts() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(&layer, answering(|| grpc_status_response(0)));
     let mut req = grpc_request(None);
     req.headers_mut().insert(
@@ -522,7 +540,7 @@ async fn marker_turns_a_handler_failure_into_the_stop_signal() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_leaves_a_recovered_or_deliberate_answer_alone() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut ok = tower::Layer::layer(&layer, marking(|| status(StatusCode::OK)));
     let r = one(&mut ok, request(Some(0))).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -534,7 +552,7 @@ async fn marker_leaves_a_recovered_or_deliberate_answer_alone() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_does_not_leak_between_requests() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|req: Request<Body>| async move {
@@ -559,7 +577,7 @@ async fn marker_does_not_leak_between_requests() {
 #[tokio::test(start_paused = true)]
 async fn marker_from_a_spawned_task_is_not_seen() {
     // The documented limit: spawned tasks are outside the scope; use the typed error there.
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(
         &layer,
         service_fn(|_req: Request<Body>| async move {
@@ -576,7 +594,7 @@ async fn marker_from_a_spawned_task_is_not_seen() {
 
 #[tokio::test(start_paused = true)]
 async fn marker_with_a_grpc_failure_answers_in_grpc_form() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(&layer, marking(|| grpc_status_response(13)));
     let r = one(&mut svc, grpc_request(Some(0))).await;
     assert_eq!(r.status(), StatusCode::OK);
@@ -594,7 +612,7 @@ async fn marker_with_a_grpc_failure_answers_in_grpc_form() {
 
 #[tokio::test(start_paused = true)]
 async fn a_handlers_own_stop_signal_passes_unchanged() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(
         &layer,
         answering(|| {
@@ -635,7 +653,7 @@ async fn inner_errors_pass_through() {
 #[tokio::test(start_paused = true)]
 async fn an_unmarked_overloaded_error_is_answered_with_the_stop_signal() {
     type BoxError = Box<dyn std::error::Error + Send + Sync>;
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut boxed = tower::Layer::layer(
         &layer,
         service_fn(|_req: Request<Body>| async {
@@ -705,7 +723,7 @@ async fn an_error_after_a_marked_downstream_call_is_answered_not_passed_on() {
     ];
     for (marks, http_status, grpc_code, stop) in cases {
         for grpc in [false, true] {
-            let layer = OverloadSignalLayer::new();
+            let layer = trusting_layer();
             let marks = marks.clone();
             let mut svc = tower::Layer::layer(
                 &layer,
@@ -741,9 +759,8 @@ async fn an_error_after_a_marked_downstream_call_is_answered_not_passed_on() {
 
 #[tokio::test(start_paused = true)]
 async fn readiness_is_the_inner_services() {
-    let (mut svc, mut handle) = tower_test::mock::spawn_layer::<Request<Body>, Response<Body>, _>(
-        OverloadSignalLayer::new(),
-    );
+    let (mut svc, mut handle) =
+        tower_test::mock::spawn_layer::<Request<Body>, Response<Body>, _>(trusting_layer());
     handle.allow(0);
     assert!(svc.poll_ready().is_pending());
     handle.allow(1);
@@ -865,11 +882,11 @@ fn decisions_are_counted() {
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
             // One request in the window: the rejection passes.
-            let first = shared.record(&head(Some(0), None), Protocol::Http);
+            let first = shared.record(&head(Some(0), None), Protocol::Http, true);
             respond(&shared, http_429(), Protocol::Http, false, first);
             let mut retry = first;
             for _ in 0..3 {
-                retry = shared.record(&head(Some(1), None), Protocol::Http);
+                retry = shared.record(&head(Some(1), None), Protocol::Http, true);
             }
             respond(&shared, http_429(), Protocol::Http, false, retry);
             respond(&shared, http_429(), Protocol::Http, false, retry);
@@ -945,14 +962,14 @@ fn window_gauges_are_exported_once_per_bucket() {
             .unwrap();
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
-            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http);
-            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http);
-            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http);
-            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, true);
+            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http, true);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, true);
+            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http, true);
+            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
             // Seven requests, three retries: the first try is answered with the stop signal
             // and counts as pressure too.
             let r = respond(&shared, http_429(), Protocol::Http, false, first);
@@ -960,7 +977,7 @@ fn window_gauges_are_exported_once_per_bucket() {
             assert!(retry.retry);
             tokio::time::advance(Duration::from_secs(1)).await;
             // The first request of the next bucket exports the window up to the last one.
-            shared.record(&head(None, None), Protocol::Http);
+            shared.record(&head(None, None), Protocol::Http, true);
         });
     });
     let values = metric_values(&recorder);
@@ -998,9 +1015,9 @@ fn from_peer(attempt: Option<u32>, peer: SocketAddr) -> Request<Body> {
     req
 }
 
-/// Honest caller `i` of many: 10.0.x.y.
+/// Honest caller `i` of many, each on a network of its own: 10.x.y.1.
 fn honest_peer(i: u32) -> SocketAddr {
-    SocketAddr::from(([10, 0, (i >> 8) as u8, i as u8], 40_000))
+    SocketAddr::from(([10, (i >> 8) as u8, i as u8, 1], 40_000))
 }
 
 const FORGER: SocketAddr = SocketAddr::new(
@@ -1056,6 +1073,7 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
     // Regression for finding 1: with every request in one class (no caller key), the forger
     // alone turned the honest callers' rejections into the stop signal.
     let unkeyed = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .key_by(|_: &http::request::Parts| None::<()>)
         .build()
         .unwrap();
@@ -1068,6 +1086,7 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
 
     // Keyed by peer address (the default): the forger weighs as one caller of 71.
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .caller_seed(7)
         .build()
         .unwrap();
@@ -1088,6 +1107,7 @@ async fn one_forging_caller_among_many_cannot_make_the_server_say_stop() {
 async fn a_storm_from_many_callers_still_makes_the_server_say_stop() {
     // The same 70 callers, each retrying its rejected requests twice (attempts 0, 1, 2).
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .caller_seed(7)
         .build()
         .unwrap();
@@ -1113,6 +1133,7 @@ async fn caller_scoped_rejections_are_judged_on_the_callers_own_class() {
     // A keyed limit rejects both the forger and the honest callers (each over its own
     // quota), and says so: only the forger, whose own traffic is all retries, is told to stop.
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .caller_seed(7)
         .build()
         .unwrap();
@@ -1129,11 +1150,11 @@ async fn caller_scoped_rejections_are_judged_on_the_callers_own_class() {
 async fn untrusted_callers_counters_do_not_count() {
     // Only 10.0.0.0/8 is trusted: the forger's counters are read as unknown.
     let layer = OverloadSignalLayer::builder()
-        .trust(|parts: &http::request::Parts| {
-            parts.extensions.get::<SocketAddr>().is_some_and(
+        .trust(Trust::when(|_, extensions| {
+            extensions.get::<SocketAddr>().is_some_and(
                 |peer| matches!(peer.ip(), std::net::IpAddr::V4(v4) if v4.octets()[0] == 10),
             )
-        })
+        }))
         .key_by(|_: &http::request::Parts| None::<()>)
         .build()
         .unwrap();
@@ -1213,7 +1234,7 @@ fn rejecting_tagged()
 
 #[tokio::test(start_paused = true)]
 async fn a_sustained_stop_signal_lasts_while_the_server_keeps_rejecting() {
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(&layer, rejecting_tagged());
     // 60 % of first tries rejected and retried: once the window holds 200 requests (in the
     // second second) the retries are far above 5 %, and from then on every rejection
@@ -1237,6 +1258,7 @@ async fn an_unsustained_stop_signal_lapses_when_callers_obey() {
     // The paper's rule: retries alone. The callers obey, their retries leave the window, the
     // signal lapses, their retries come back, and so on.
     let layer = OverloadSignalLayer::builder()
+        .trust(Trust::everyone())
         .rule(StopRule::builder().sustain(false).build().unwrap())
         .build()
         .unwrap();
@@ -1325,7 +1347,7 @@ fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
                 .build()
                 .unwrap();
             rt.block_on(async {
-                let layer = OverloadSignalLayer::new();
+                let layer = trusting_layer();
                 let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
                 send_from(&mut svc, 3, Some(0), honest_peer(1)).await;
                 assert_eq!(warned(), 0);
@@ -1340,7 +1362,7 @@ fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
                 send(&mut svc, 1, &[None]).await;
                 assert_eq!(warned(), 2, "again a minute later, while they keep coming");
                 // Another layer logs its own.
-                let other = OverloadSignalLayer::new();
+                let other = trusting_layer();
                 let mut svc = tower::Layer::layer(&other, answering(|| status(StatusCode::OK)));
                 send(&mut svc, 2, &[None]).await;
                 assert_eq!(warned(), 3);

@@ -31,9 +31,9 @@ fn balancer() -> TrustedProxies {
     .unwrap()
 }
 
-/// The storm of `forged_storm`, through the balancer: 70 honest clients (10.1.0.x) send
+/// The storm of `forged_storm`, through the balancer: 70 honest clients (10.1.x.1) send
 /// first tries; the forger (198.51.100.66) claims third retries and, to look like many
-/// callers, a fresh `X-Forwarded-For` address of its own on every request.
+/// callers, a fresh `X-Forwarded-For` network of its own on every request.
 async fn forged_storm_behind_a_balancer<S>(svc: &mut S) -> (Answers, Answers)
 where
     S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
@@ -42,11 +42,11 @@ where
     for _ in 0..15 {
         for i in 0..760u32 {
             if i % 38 < 3 {
-                let claimed = format!("192.0.2.{}", i % 250);
+                let claimed = format!("198.18.{}.1", i % 250);
                 let r = one(svc, through_balancer(Some(3), Some(&claimed), FORGER.ip())).await;
                 forger.count(&r);
             } else {
-                let client = IpAddr::from([10, 1, 0, (i % 70) as u8]);
+                let client = IpAddr::from([10, 1, (i % 70) as u8, 1]);
                 let r = one(svc, through_balancer(Some(0), None, client)).await;
                 honest.count(&r);
             }
@@ -58,21 +58,23 @@ where
 
 #[tokio::test(start_paused = true)]
 async fn behind_a_trusted_balancer_one_forger_cannot_make_the_server_say_stop() {
-    // Not trusted: every request is keyed by the balancer's address, one class, and the
-    // forger decides for everyone (the issue's "every request reaches the servers from the
-    // balancer's address").
+    // Every counter believed, the balancer not trusted: every request is keyed by the
+    // balancer's address, one class, and the forger decides for everyone (the issue's
+    // "every request reaches the servers from the balancer's address").
     let layer = OverloadSignalLayer::builder()
         .caller_seed(7)
+        .trust(Trust::everyone())
         .build()
         .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     let (honest, _) = forged_storm_behind_a_balancer(&mut svc).await;
     assert!(honest.stopped > honest.rejected, "{honest:?}");
 
-    // Trusted: keyed by the forwarded client, the forger is one caller of 71, whatever it
-    // writes in its own X-Forwarded-For.
+    // The balancer trusted: keyed by the forwarded client, the forger is one caller of 71,
+    // whatever it writes in its own X-Forwarded-For, even with every counter believed.
     let layer = OverloadSignalLayer::builder()
         .caller_seed(7)
+        .trust(Trust::everyone())
         .trusted_proxies(balancer())
         .build()
         .unwrap();
@@ -81,6 +83,25 @@ async fn behind_a_trusted_balancer_one_forger_cannot_make_the_server_say_stop() 
     assert_eq!(honest.stopped, 0, "{honest:?}");
     assert_eq!(honest.rejected, 15 * 700);
     assert_eq!(forger.stopped, 0, "{forger:?}");
+
+    // The default trust, with or without the balancer trusted: the forger's address is on
+    // the Internet, so its counters are not read at all.
+    for proxies in [None, Some(balancer())] {
+        let builder = OverloadSignalLayer::builder().caller_seed(7);
+        let builder = match proxies {
+            Some(p) => builder.trusted_proxies(p),
+            None => builder,
+        };
+        let layer = builder.build().unwrap();
+        let mut svc = tower::Layer::layer(&layer, answering(http_429));
+        let (honest, forger) = forged_storm_behind_a_balancer(&mut svc).await;
+        assert_eq!(
+            (honest.stopped, forger.stopped),
+            (0, 0),
+            "{honest:?} {forger:?}"
+        );
+        assert_eq!(layer.histogram().snapshot().retries(), 0);
+    }
 }
 
 #[tokio::test(start_paused = true)]
@@ -95,6 +116,7 @@ async fn trusting_the_clients_network_too_lets_the_forger_be_many() {
     .unwrap();
     let layer = OverloadSignalLayer::builder()
         .caller_seed(7)
+        .trust(Trust::everyone())
         .trusted_proxies(everyone_low)
         .build()
         .unwrap();

@@ -2,13 +2,14 @@
 //! request, window gauges that fall back when traffic stops, and the stop signal's episodes
 //! logged once.
 
-use std::sync::Mutex;
-
 use super::*;
+use crate::test_logs::LogCapture;
 
 /// A layer named `name` (if given) with `rule` and the default histogram.
 fn named(name: Option<&str>, rule: StopRule) -> OverloadSignalLayer {
-    let builder = OverloadSignalLayer::builder().rule(rule);
+    let builder = OverloadSignalLayer::builder()
+        .rule(rule)
+        .trust(Trust::everyone());
     match name {
         Some(name) => builder.name(name).build().unwrap(),
         None => builder.build().unwrap(),
@@ -186,7 +187,7 @@ fn assert_storm_gauges(values: &[Metric]) {
 async fn window_gauges_fall_to_zero_when_traffic_stops() {
     let recorder = DebuggingRecorder::new();
     let _metrics = metrics::set_default_local_recorder(&recorder);
-    let layer = OverloadSignalLayer::new();
+    let layer = trusting_layer();
     let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
     // A storm at 0 s, then nothing.
     send(&mut svc, 30, &[Some(1)]).await;
@@ -218,80 +219,6 @@ async fn window_gauges_fall_to_zero_when_traffic_stops() {
         let value = gauge_of(&values, metric, "default", &[]);
         assert_eq!(value.to_bits(), 0.0f64.to_bits(), "{metric}");
     }
-}
-
-/// An event the layer logged: its level, message and fields.
-#[derive(Clone, Debug)]
-struct Logged {
-    level: tracing::Level,
-    message: String,
-    fields: Vec<(String, String)>,
-}
-
-impl Logged {
-    fn field(&self, name: &str) -> Option<&str> {
-        self.fields
-            .iter()
-            .find(|(k, _)| k == name)
-            .map(|(_, v)| v.as_str())
-    }
-}
-
-/// Keeps every event logged while it is the thread's default subscriber.
-#[derive(Default)]
-struct LogCapture(Mutex<Vec<Logged>>);
-
-impl LogCapture {
-    /// The events whose message contains `needle`.
-    fn with_message(&self, needle: &str) -> Vec<Logged> {
-        let events = self.0.lock().unwrap();
-        events
-            .iter()
-            .filter(|e| e.message.contains(needle))
-            .cloned()
-            .collect()
-    }
-}
-
-struct FieldVisitor<'a>(&'a mut Logged);
-
-impl tracing::field::Visit for FieldVisitor<'_> {
-    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-        let value = format!("{value:?}");
-        if field.name() == "message" {
-            self.0.message = value;
-        } else {
-            self.0.fields.push((field.name().to_owned(), value));
-        }
-    }
-
-    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-        self.0
-            .fields
-            .push((field.name().to_owned(), value.to_owned()));
-    }
-}
-
-impl tracing::Subscriber for LogCapture {
-    fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-        true
-    }
-    fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-        tracing::span::Id::from_u64(1)
-    }
-    fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-    fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-    fn event(&self, event: &tracing::Event<'_>) {
-        let mut logged = Logged {
-            level: *event.metadata().level(),
-            message: String::new(),
-            fields: Vec::new(),
-        };
-        event.record(&mut FieldVisitor(&mut logged));
-        self.0.lock().unwrap().push(logged);
-    }
-    fn enter(&self, _: &tracing::span::Id) {}
-    fn exit(&self, _: &tracing::span::Id) {}
 }
 
 #[tokio::test(start_paused = true)]
