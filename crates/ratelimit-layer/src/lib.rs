@@ -288,7 +288,7 @@ pub use overload_core::clock;
 pub use adaptive::{AdaptiveLimit, AdaptiveLimitBuilder, AdaptiveLimitLayer};
 pub use algorithm::{Decision, FixedWindow, Limiter, SlidingWindow, TokenBucket};
 pub use overload_core::{ConfigError, ConfigErrorKind};
-pub use protect::{OverloadProtectionLayer, OverloadProtectionLayerBuilder};
+pub use protect::{DeadlineSlot, OverloadProtectionLayer, OverloadProtectionLayerBuilder};
 #[cfg(feature = "redis")]
 pub use rate_limit::Remote;
 pub use rate_limit::future;

@@ -72,14 +72,13 @@
 //!
 //! The same in tonic, `Server::builder().layer(protection)`; `tests/readme_setups.rs` runs
 //! both. Customised: a per-client-IP limit, an overload layer that tells callers apart by the
-//! same address and trusts only callers on the private network, and the deadline layer
+//! same address, only the callers of the fleet's own network trusted, and the deadline layer
 //! between them, so that requests whose callers stopped waiting are dropped before the
 //! limit:
 //!
 //! ```
-//! use http::request::Parts;
-//! use overload_signal::signal::peer_addr;
-//! use overload_signal::{DeadlineLayer, OverloadSignalLayer};
+//! use overload_signal::signal::IpNet;
+//! use overload_signal::{DeadlineLayer, OverloadSignalLayer, Trust};
 //! use ratelimit_layer::key::ClientIp;
 //! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //!
@@ -88,18 +87,13 @@
 //! let limit = RateLimitLayer::builder(TokenBucket::builder(20).burst(40).build()?)
 //!     .key_by_client_ip(client_ip.clone())
 //!     .build()?;
-//! let signal = OverloadSignalLayer::builder()
-//!     .key_by(client_ip)
-//!     .trust(|parts: &Parts| {
-//!         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
-//!             std::net::IpAddr::V4(v4) => v4.is_private(),
-//!             std::net::IpAddr::V6(_) => false,
-//!         })
-//!     })
-//!     .build()?;
+//! let signal = OverloadSignalLayer::builder().key_by(client_ip).build()?;
 //! let protection = OverloadProtectionLayer::builder(limit)
 //!     .signal(signal)
 //!     .deadline(DeadlineLayer::new())
+//!     // Whose attempt counters and deadlines' send times count, for both layers: the
+//!     // fleet's own network (the default trusts every private network).
+//!     .trust(Trust::networks([IpNet::new("10.20.0.0".parse()?, 16)?]))
 //!     .build()?;
 //! # drop(protection);
 //! # Ok(())
@@ -110,7 +104,7 @@ use std::fmt;
 
 use overload_core::clock::{Clock, TokioClock};
 use overload_signal::signal::TrustedProxies;
-use overload_signal::{DeadlineLayer, OverloadSignal, OverloadSignalLayer};
+use overload_signal::{DeadlineLayer, OverloadSignal, OverloadSignalLayer, Trust};
 use tower_layer::{Identity, Layer};
 
 /// `overload-signal`'s [`OverloadSignalLayer`] outside the limiting layer `L`, as one layer;
@@ -156,6 +150,7 @@ impl<L> OverloadProtectionLayer<L> {
             deadline: Identity::new(),
             limit,
             proxies: None,
+            trust: None,
         }
     }
 }
@@ -214,6 +209,7 @@ pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock, D = Identity
     deadline: D,
     limit: L,
     proxies: Option<TrustedProxies>,
+    trust: Option<Trust>,
 }
 
 impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
@@ -229,6 +225,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             deadline: self.deadline,
             limit: self.limit,
             proxies: self.proxies,
+            trust: self.trust,
         }
     }
 
@@ -245,6 +242,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             deadline,
             limit: self.limit,
             proxies: self.proxies,
+            trust: self.trust,
         }
     }
 
@@ -278,13 +276,47 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
         self
     }
 
+    /// Whose word the protection takes, for **both** layers that read what callers write:
+    /// the overload layer counts the attempt counters of `trust`'s callers only, and the
+    /// deadline layer (when there is one) believes only their deadlines' send times.
+    /// Default: each layer's own, which is [`Trust::private_networks`] unless it was built
+    /// with another: callers on private, loopback and link-local networks, so that a server
+    /// on the Internet takes no client's word, and one inside a private network needs no
+    /// configuration (see [`overload_signal::trust`]).
+    ///
+    /// Not together with a trust set on the layer given to [`signal`](Self::signal) or to
+    /// [`deadline`](Self::deadline): [`build`](Self::build) refuses that rather than
+    /// replace one with the other.
+    ///
+    /// ```
+    /// use overload_signal::{DeadlineLayer, Trust};
+    /// use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
+    ///
+    /// // A public API whose callers' counters and send times never count.
+    /// let protection = OverloadProtectionLayer::builder(RateLimitLayer::new(TokenBucket::new(100)?))
+    ///     .deadline(DeadlineLayer::new())
+    ///     .trust(Trust::nobody())
+    ///     .build()?;
+    /// # drop(protection);
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    pub fn trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
     /// Builds the layer.
     ///
     /// # Errors
     ///
     /// A [`ConfigError`](crate::ConfigError) of kind `Conflict` on `trusted_proxies` when
-    /// they are set here and on the layer given to [`signal`](Self::signal) too.
-    pub fn build(self) -> Result<OverloadProtectionLayer<L, C, D>, crate::ConfigError> {
+    /// they are set here and on the layer given to [`signal`](Self::signal) too, and on
+    /// `trust` when it is set here and on the layer given to `signal` or to
+    /// [`deadline`](Self::deadline).
+    pub fn build(self) -> Result<OverloadProtectionLayer<L, C, D>, crate::ConfigError>
+    where
+        D: DeadlineSlot,
+    {
         let signal = match self.proxies {
             Some(proxies) => {
                 if let Some(theirs) = self.signal.trusted_proxies() {
@@ -300,11 +332,83 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             }
             None => self.signal,
         };
+        let (signal, deadline) = match self.trust {
+            Some(trust) => {
+                if let Some(theirs) = signal.trust() {
+                    return Err(trust_conflict(
+                        &trust,
+                        "overload layer given to `signal`",
+                        theirs,
+                    ));
+                }
+                if let Some(theirs) = self.deadline.trust_set() {
+                    return Err(trust_conflict(
+                        &trust,
+                        "deadline layer given to `deadline`",
+                        theirs,
+                    ));
+                }
+                (
+                    signal.with_trust(trust.clone()),
+                    self.deadline.with_trust(trust),
+                )
+            }
+            None => (signal, self.deadline),
+        };
         Ok(OverloadProtectionLayer {
             signal,
-            deadline: self.deadline,
+            deadline,
             limit: self.limit,
         })
+    }
+}
+
+fn trust_conflict(ours: &Trust, whose: &str, theirs: &Trust) -> crate::ConfigError {
+    crate::ConfigError::conflict(
+        "trust",
+        format_args!(
+            "trust set on this builder ({ours:?}) and on the {whose} ({theirs:?}): set it once"
+        ),
+    )
+}
+
+/// What [`OverloadProtectionLayerBuilder::deadline`] may hold: no deadline layer
+/// ([`Identity`], the default) or `overload-signal`'s `DeadlineLayer`. Sealed: it lets
+/// [`OverloadProtectionLayerBuilder::trust`] reach the deadline layer when there is one.
+pub trait DeadlineSlot: sealed::Sealed + Sized {
+    /// The trust set on the deadline layer, if any.
+    #[doc(hidden)]
+    fn trust_set(&self) -> Option<&Trust>;
+
+    /// The deadline layer believing `trust`'s callers.
+    #[doc(hidden)]
+    #[must_use]
+    fn with_trust(self, trust: Trust) -> Self;
+}
+
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for tower_layer::Identity {}
+    impl Sealed for overload_signal::DeadlineLayer {}
+}
+
+impl DeadlineSlot for Identity {
+    fn trust_set(&self) -> Option<&Trust> {
+        None
+    }
+
+    fn with_trust(self, _: Trust) -> Self {
+        self
+    }
+}
+
+impl DeadlineSlot for DeadlineLayer {
+    fn trust_set(&self) -> Option<&Trust> {
+        self.trust()
+    }
+
+    fn with_trust(self, trust: Trust) -> Self {
+        Self::with_trust(self, trust)
     }
 }
 
@@ -317,6 +421,7 @@ impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug
             .field("deadline", &self.deadline)
             .field("limit", &self.limit)
             .field("trusted_proxies", &self.proxies)
+            .field("trust", &self.trust)
             .finish()
     }
 }
@@ -334,9 +439,12 @@ mod tests {
     use crate::clock::FakeClock;
     use crate::{RateLimitLayer, TokenBucket};
 
+    /// A retry from a caller on this host (whose counter the default trust counts).
     fn retry() -> Request<String> {
         let mut req = Request::new(String::new());
         Attempt::set(req.headers_mut(), 2);
+        req.extensions_mut()
+            .insert(std::net::SocketAddr::from(([127, 0, 0, 1], 40_000)));
         req
     }
 
@@ -523,5 +631,65 @@ mod tests {
         let got = statuses(p.layer(hello())).await;
         assert_eq!(got.first(), Some(&StatusCode::OK));
         assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
+    }
+
+    /// The protection's trust reaches both layers, and is refused when one of them has its
+    /// own (issue 31: one trust setting for the server, set once).
+    #[tokio::test(start_paused = true)]
+    async fn the_trust_setting_reaches_both_layers_once() {
+        let limit = || {
+            RateLimitLayer::builder(TokenBucket::new(1).unwrap())
+                .clock(FakeClock::new())
+                .build()
+                .unwrap()
+        };
+        let rule = || {
+            StopRule::builder()
+                .retry_share(0.1)
+                .min_requests(5)
+                .build()
+                .unwrap()
+        };
+        let nobody = OverloadProtectionLayer::builder(limit())
+            .signal(OverloadSignalLayer::builder().rule(rule()).build().unwrap())
+            .deadline(DeadlineLayer::new())
+            .trust(Trust::nobody())
+            .build()
+            .unwrap();
+        assert!(nobody.signal().trust().is_some());
+        assert!(nobody.deadline().trust().is_some());
+        // This host's retries no longer count: plain rejections, never the stop signal.
+        let got = statuses(nobody.layer(hello())).await;
+        assert!(!got.contains(&StatusCode::SERVICE_UNAVAILABLE), "{got:?}");
+
+        let err = OverloadProtectionLayer::builder(limit())
+            .signal(
+                OverloadSignalLayer::builder()
+                    .trust(Trust::everyone())
+                    .build()
+                    .unwrap(),
+            )
+            .trust(Trust::nobody())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "trust");
+        assert!(err.to_string().contains("set it once"), "{err}");
+        let err = OverloadProtectionLayer::builder(limit())
+            .deadline(
+                DeadlineLayer::builder()
+                    .trust(Trust::everyone())
+                    .build()
+                    .unwrap(),
+            )
+            .trust(Trust::nobody())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "trust");
+        // Without a deadline layer, the trust goes to the overload layer alone.
+        let alone = OverloadProtectionLayer::builder(limit())
+            .trust(Trust::everyone())
+            .build()
+            .unwrap();
+        assert!(alone.signal().trust().is_some());
     }
 }

@@ -2,7 +2,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
-use std::hash::{Hash, Hasher};
+use std::hash::Hasher;
 use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
@@ -192,12 +192,15 @@ impl KeyExtractor for ClientIp {
 }
 
 /// The overload layer tells callers apart by the same address as the limit (with the same
-/// trusted proxies and IPv6 prefix).
+/// trusted proxies), and, as its default key does, by that address's network: an IPv4 `/24`,
+/// an IPv6 `/48` ([`PeerIp::network`](overload_signal::signal::PeerIp::network)), so a
+/// handful of addresses of one network is one caller there, while the limit keeps a quota
+/// per address.
 impl CallerKey for ClientIp {
-    fn hash_key(&self, parts: &Parts, mut state: &mut dyn Hasher) -> bool {
+    fn hash_key(&self, parts: &Parts, state: &mut dyn Hasher) -> bool {
         match self.client_ip(parts) {
             Some(ip) => {
-                ip.hash(&mut state);
+                state.write_u128(overload_signal::signal::PeerIp::network_word(ip));
                 true
             }
             None => false,
