@@ -42,7 +42,7 @@
 //! What it cannot see: a load balancer that hides the client's address altogether (a TCP
 //! balancer without the PROXY protocol, on a private address) makes every client look like a
 //! private caller. Behind one, pass [`Trust::nobody`], or resolve the client address
-//! yourself and insert it as a [`ClientAddr`](crate::signal::ClientAddr).
+//! yourself and insert it as a [`ClientAddr`].
 //!
 //! # Choosing another
 //!

@@ -36,19 +36,20 @@
 //!
 //! Customised: a 30-second window in 30 buckets, read with the coarse clock; the stop signal
 //! above 10 % of at least 500 requests; callers keyed by an identity an authentication layer
-//! put in the request, and only the counters of callers inside the private network trusted;
-//! named `public-api` in its metrics and logs:
+//! put in the request, and only the counters of callers that presented a client certificate
+//! trusted; named `public-api` in its metrics and logs:
 //!
 //! ```
-//! use std::net::IpAddr;
 //! use std::time::Duration;
 //! use http::request::Parts;
 //! use overload_core::clock::CoarseClock;
-//! use overload_signal::signal::peer_addr;
-//! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule};
+//! use overload_signal::{AttemptHistogram, OverloadSignalLayer, StopRule, Trust};
 //!
 //! #[derive(Clone)]
 //! struct Tenant(u64);
+//! /// Put in the request by the TLS acceptor when the caller presented a certificate.
+//! #[derive(Clone)]
+//! struct PeerCertificate;
 //!
 //! let histogram = AttemptHistogram::builder()
 //!     .window(Duration::from_secs(30))
@@ -59,12 +60,9 @@
 //!     .histogram(histogram.clone()) // keep a clone to read `histogram.snapshot()`
 //!     .rule(StopRule::builder().retry_share(0.10).min_requests(500).build()?)
 //!     .key_by(|parts: &Parts| parts.extensions.get::<Tenant>().map(|t| t.0))
-//!     .trust(|parts: &Parts| {
-//!         peer_addr(&parts.extensions).is_some_and(|peer| match peer.ip() {
-//!             IpAddr::V4(v4) => v4.is_private(),
-//!             IpAddr::V6(_) => false,
-//!         })
-//!     })
+//!     .trust(Trust::when(|_headers, extensions| {
+//!         extensions.get::<PeerCertificate>().is_some()
+//!     }))
 //!     .name("public-api")
 //!     .build()?;
 //! # drop(layer);
@@ -131,73 +129,80 @@
 //!
 //! The attempt counter comes from the caller and is not authenticated. A caller may send
 //! any value; the stop signal it could provoke replaces other callers' *rejections* (never
-//! an admitted request) with "do not retry". The layer bounds what a lying caller can do:
+//! an admitted request) with "do not retry". Three defences bound what a lying caller can
+//! do, and this section is the threat model: each figure in it is asserted by the test
+//! named beside it.
 //!
-//! - **Caller classes.** Each request's [caller key](CallerKey) (by default its peer's IP
-//!   address, [`PeerIp`], read from wherever the server put it: [`peer_addr`]) is hashed, with a secret per-process seed, into one of
-//!   [`OverloadSignalLayer::CALLER_CLASSES`] (128) classes; requests without a key form one
-//!   more class. Each class's requests and retry pressure are counted over the same window
-//!   as the histogram.
+//! - **Whose counters count: [`Trust`](crate::Trust).** By default
+//!   ([`Trust::private_networks`](crate::Trust::private_networks)), only the counters of
+//!   callers on private, loopback and link-local networks are read, and not when they came
+//!   through a proxy from elsewhere (see [`crate::trust`]). Everyone else's requests count as
+//!   requests without a counter: they dilute the retry share, never raise it. So on the
+//!   Internet no client's word counts unless you say so, and inside a private network no
+//!   configuration is needed. The same setting decides whose deadlines' send times the
+//!   [deadline layer](crate::deadline) believes.
+//! - **Caller classes, by network.** Each request's [caller key](CallerKey) (by default
+//!   [`PeerIp`]: its client's network, an IPv4 `/24` or an IPv6 `/48`, so that a handful of
+//!   addresses rented together is one caller) is hashed, with a secret per-process seed,
+//!   into one of [`OverloadSignalLayer::CALLER_CLASSES`] (128) classes; requests without a
+//!   key form one more class. Each class's requests and retry pressure are counted over the
+//!   same window as the histogram.
 //! - **Each class's weight is bounded.** For a rejection that concerns the whole server,
 //!   the rule must fire twice: on the window's plain retry pressure, and on the
 //!   **per-caller pressure**, the mean of the classes' own pressures, each class weighing its
 //!   requests but **at most as much as the median class**. A caller that sends more does
 //!   not weigh more. Per-caller accounting can only prevent the stop signal, never cause it.
-//! - **Whose counters count.** [`trust`](OverloadSignalLayerBuilder::trust) restricts the
-//!   counters read to callers you trust (your own services' addresses, an mTLS identity, a
-//!   header your load balancer sets and strips from clients); other callers' requests count
-//!   as requests without a counter.
 //! - **Caller-scoped rejections.** A keyed limit's rejection ([`RejectionScope::Caller`]) is
 //!   judged on the rejected caller's own class: a caller that forges retries is told to stop
 //!   when its own limit rejects it, and honest callers over their own limits keep their plain
-//!   `429` whatever others send, unless they share the forger's class (with `k` callers,
-//!   each class holds about `k / 128` of them: the forger's class-mates are told to stop
-//!   too).
+//!   `429` whatever others send, unless they share the forger's class (its network's other
+//!   clients, and with `k` callers about `k / 128` others).
 //!
 //! What that means, with the default rule (5 %) and `n` classes in use:
 //!
-//! - **One caller** cannot make the server answer anyone else with the stop signal: all of
-//!   its requests being retries moves the per-caller pressure by about `1/n` (at most
-//!   `2/(n + 1)` however uneven the others' traffic): 0.8 % (1.6 %) with every class in use,
-//!   which leaves the 5 % threshold to the honest callers' own retries; with 20 callers,
-//!   5 % (10 %): the fewer the callers, the more each one weighs, and under about 20
-//!   classes in use (an internal tier with a handful of upstream pods) one caller that
-//!   sends only retries can fire the rule alone; the sustained rule then keeps the signal
-//!   for as long as the server rejects more than the threshold of its traffic. There,
-//!   [trust](OverloadSignalLayerBuilder::trust) only callers you run. It gets the stop
-//!   signal itself on a rejection of its own key.
+//! | who | what they can do | what they cannot | test |
+//! |---|---|---|---|
+//! | **one client on the Internet** | nothing: its counters are not read (default trust) | make anyone else's rejection the stop signal, fake clock skew or a queue time, page anyone | `proxies_tests::behind_a_trusted_balancer_one_forger_cannot_make_the_server_say_stop`, `deadline::tests::an_internet_caller_cannot_fake_clock_skew_or_queue_time`, the rules' promtool tests |
+//! | **one trusted caller** (or any caller, with [`Trust::everyone`](crate::Trust::everyone)) | move the per-caller pressure by about `1/n`, at most `2/(n + 1)`: 0.8 % (1.6 %) with every class in use; get the stop signal itself on a rejection of its own key | fire the rule alone while about 20 or more classes are in use | `callers::tests::one_class_s_pressure_moves_the_result_by_at_most_2_over_n_plus_1`, `one_forging_caller_among_many_cannot_make_the_server_say_stop`, `forged_attempts::one_forging_client_cannot_stop_the_honest_ones` (0 of about 1 000 honest rejections turned) |
+//! | **a few clients of one network** (seven addresses of one `/24`, a `/48`'s worth of IPv6) | what one caller can: they are one class | more: 7 forgers of one `/24` among 70 honest networks turned 0 of 1 085 honest rejections into stop signals (at most 2 % asserted; keyed by address, as before, 968 of 1 079) | `forged_attempts::seven_forgers_of_one_network_are_one_caller` |
+//! | **several networks colluding** (`m` networks in `m` classes) | move the per-caller pressure by about `m/n`: with every class in use, up to six cannot fire it alone; seven can (the same test's anchor, seven classes) | grow the layer's memory (the classes are fixed), touch an admitted request | the same test |
+//! | **many networks colluding** (a botnet over more than about `5 % × n` classes) | make a storm out of nothing, indistinguishable from a real one: the other callers' rejected requests fail without a retry for as long as the server keeps rejecting more than the threshold of its traffic (the rule is [sustained](StopRuleBuilder::sustain)), or for a window once the forgery stops if it rejects less | touch an admitted request | the rule's own tests: what a real storm does |
+//!
+//! And some cases that need the operator:
+//!
+//! - **Fewer callers, fewer classes.** Under about 20 classes in use (an internal tier with
+//!   a handful of upstream pods), one caller that sends only retries can fire the rule alone
+//!   (with 16 classes in use it does, with 41 it cannot:
+//!   `one_caller_among_few_fires_the_rule_alone_and_among_many_cannot`), and the sustained
+//!   rule keeps the signal while the server rejects more than the threshold. There,
+//!   [trust](OverloadSignalLayerBuilder::trust) only callers you run.
 //! - **One caller can also hold the signal back.** The plain figure weighs requests by
 //!   volume, with no cap per caller, and both figures must fire: a caller that sends many
-//!   requests without retries (first tries, or no counter at all) dilutes the plain figure.
-//!   With 1 000 honest first tries and 100 retries in the window (9 %, a storm), one caller
-//!   adding 2 000 first tries brings it to 3.2 %, and the signal does not fire while it keeps
-//!   that up. A single client with most of a server's traffic has that weight whether it
-//!   lies or not; the rate limiter in front is what bounds it.
-//! - **A few callers** (`m` of them, in `m` classes) move the per-caller pressure by about
-//!   `m/n`: with every class in use, up to six of them (4.7 %) cannot fire it alone; seven
-//!   can, or fewer when the honest callers' own retries make up the difference.
-//! - **Many colluding callers**, spread over more than about `5 % × n` classes (a botnet,
-//!   or one caller who can choose its key, such as a header it sets, or addresses when IPv6
-//!   is keyed by more than `/64`), can make a storm out of nothing, indistinguishable from a
-//!   real one: the other callers' rejected requests then fail without a retry, for as long
-//!   as the server keeps rejecting more than the threshold of its traffic (the rule is
-//!   [sustained](StopRuleBuilder::sustain)), or for a window once the forgery stops if it
-//!   rejects less. Admitted requests are never touched. Against them, key by something they
-//!   cannot multiply, and
-//!   [trust](OverloadSignalLayerBuilder::trust) only the callers whose counters you
-//!   control.
+//!   requests without retries (first tries, or no counter at all, as every untrusted caller
+//!   does) dilutes the plain figure. With 1 000 honest first tries and 100 retries in the
+//!   window (9 %, a storm), one caller adding 2 000 first tries brings it to 3.2 %, and the
+//!   signal does not fire while it keeps that up
+//!   (`one_caller_with_most_of_the_traffic_holds_the_signal_back`). A single client with
+//!   most of a server's traffic has that weight whether it lies or not; the rate limiter in
+//!   front is what bounds it.
+//! - **A key the caller chooses** (a header it sets) lets one caller be many classes: key
+//!   by something it cannot multiply.
 //! - **When every request comes from one key** (behind a load balancer that is the peer,
 //!   or a server that does not put the peer address in the request), there is one class,
-//!   and the decision is the plain one: any caller can forge a storm. The default key reads
-//!   the peer address wherever axum, tonic and hyper put it ([`peer_addr`]); a request
-//!   without one is counted (`overload_signal_unkeyed_requests_total`) and logged at `WARN`,
-//!   at once and then at most once a minute while such requests keep coming. Behind a
+//!   and the decision is the plain one: any trusted caller can forge a storm. The default key
+//!   reads the peer address the server put in the request ([`peer_addr`]); a request
+//!   without one is counted (`overload_signal_unkeyed_requests_total`) and logged. Behind a
 //!   balancer, trust it with
 //!   [`trusted_proxies`](OverloadSignalLayerBuilder::trusted_proxies): the layer then keys
 //!   each request by the client address the balancer forwards (`X-Forwarded-For` or
 //!   `Forwarded`, read only from the balancer's own address, never from anyone else's), and
 //!   leaves that address in the request ([`ClientAddr`]) for the limiter inside, so the
 //!   limit and this layer see the same callers from one setting (see [`TrustedProxies`]).
+//!   [`TrustedProxies`] refuses sets that would trust the clients' own networks.
+//! - **A load balancer that hides client addresses** (a TCP balancer on a private address,
+//!   without the PROXY protocol) makes every client look like a private caller to the
+//!   default trust: pass [`Trust::nobody`](crate::Trust::nobody) there, or resolve the
+//!   client address yourself.
 //! - Whatever they send, callers cannot grow the layer's memory: the classes are fixed.
 //!
 //! # Limits

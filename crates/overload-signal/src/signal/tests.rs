@@ -1373,3 +1373,75 @@ fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
     let unkeyed = find(&values, metric_names::UNKEYED_REQUESTS, None);
     assert_eq!(unkeyed, &DebugValue::Counter(5 + 60 + 2));
 }
+
+/// The threat model's "one caller can also hold the signal back": 1 000 honest first tries
+/// and 100 honest retries in the window (9 %, a storm: the server answers them with the
+/// stop signal), and the same with one caller adding 2 000 first tries: the plain figure
+/// falls to 3.2 %, and the signal does not fire.
+#[tokio::test(start_paused = true)]
+async fn one_caller_with_most_of_the_traffic_holds_the_signal_back() {
+    // 1 100 honest requests from 50 networks, one retry in eleven; returns the stop
+    // signals among the last 100.
+    async fn storm<S>(svc: &mut S, diluter: bool) -> u64
+    where
+        S: Service<Request<Body>, Response = Response<Body>, Error = Infallible>,
+    {
+        let mut stopped = 0;
+        for i in 0..1_100u32 {
+            let attempt = if i % 11 == 10 { 1 } else { 0 };
+            if diluter && i < 1_000 {
+                for _ in 0..2 {
+                    one(svc, from_peer(Some(0), FORGER)).await;
+                }
+            }
+            let r = one(svc, from_peer(Some(attempt), honest_peer(i % 50))).await;
+            if i >= 1_000 {
+                stopped += u64::from(protocol::is_stop_signal(r.headers()));
+            }
+        }
+        stopped
+    }
+    let layer = trusting_layer();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    assert_eq!(storm(&mut svc, false).await, 100);
+    let share = layer.histogram().snapshot().retry_share().unwrap();
+    assert!((share - 100.0 / 1_100.0).abs() < 1e-9, "{share}");
+
+    let layer = trusting_layer();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    assert_eq!(storm(&mut svc, true).await, 0);
+    let share = layer.histogram().snapshot().retry_share().unwrap();
+    assert!((share - 100.0 / 3_100.0).abs() < 1e-9, "{share}");
+    assert!((0.032..0.033).contains(&share), "{share}");
+}
+
+/// The threat model's "fewer callers, fewer classes": one caller that sends only retries,
+/// as much as any honest caller, among 15 honest networks (16 classes in use) fires the
+/// rule alone (its class weighs 1/16, 6.25 %, over the 5 % threshold); among 40 (41 classes,
+/// 2.4 %) it cannot.
+#[tokio::test(start_paused = true)]
+async fn one_caller_among_few_fires_the_rule_alone_and_among_many_cannot() {
+    async fn stops_with(honest: u32) -> u64 {
+        let layer = OverloadSignalLayer::builder()
+            .caller_seed(3)
+            .trust(Trust::everyone())
+            .build()
+            .unwrap();
+        let mut svc = tower::Layer::layer(&layer, answering(http_429));
+        let mut stopped = 0;
+        for round in 0..30u32 {
+            for i in 0..honest {
+                let r = one(&mut svc, from_peer(Some(0), honest_peer(i))).await;
+                if round >= 20 {
+                    stopped += u64::from(protocol::is_stop_signal(r.headers()));
+                }
+            }
+            one(&mut svc, from_peer(Some(2), FORGER)).await;
+        }
+        stopped
+    }
+    // NOTE: with a fixed seed, 16 networks fill 16 distinct classes (a collision would
+    // merge two honest networks, which the assertions would show).
+    assert_eq!(stops_with(15).await, 10 * 15);
+    assert_eq!(stops_with(40).await, 0);
+}
