@@ -93,7 +93,7 @@
 //!     .deadline(DeadlineLayer::new())
 //!     // Whose attempt counters and deadlines' send times count, for both layers: the
 //!     // fleet's own network (the default trusts every private network).
-//!     .trust(Trust::networks([IpNet::new("10.20.0.0".parse()?, 16)?]))
+//!     .trust(Trust::networks([IpNet::new([10, 20, 0, 0].into(), 16)?]))
 //!     .build()?;
 //! # drop(protection);
 //! # Ok(())

@@ -191,9 +191,15 @@ fn missing_key_defaults_and_caller_keys() {
     };
     let a = parts("192.0.2.1:1", &[("x-api-key", "k1")]);
     let b = parts("192.0.2.1:2", &[("x-api-key", "k2")]);
-    let c = parts("192.0.2.2:1", &[]);
+    let c = parts("192.0.3.2:1", &[]);
+    let same_network = parts("192.0.2.2:1", &[]);
     assert_eq!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &b));
     assert_ne!(hash(&ClientIp::new(), &a), hash(&ClientIp::new(), &c));
+    // The overload layer classes callers by network: one /24 is one caller there.
+    assert_eq!(
+        hash(&ClientIp::new(), &a),
+        hash(&ClientIp::new(), &same_network)
+    );
     assert_eq!(
         hash(&ClientIp::new(), &Request::new(()).into_parts().0),
         None
