@@ -209,6 +209,56 @@ async fn keyed_by_header() {
     );
 }
 
+/// A regression test of issue 31's finding 9: `HeaderKey` dropped a value over 256 bytes,
+/// so a limit keyed by `Authorization` took every request with a JWT (500 to 1 500 bytes)
+/// for one without a key: two clients with different 1 200-byte bearer tokens shared one
+/// limit (the missing-key policy's), and a third request of the second client was rejected
+/// by the first client's use. Now a long value is keyed by its digest: each token is a key
+/// of its own, limited by its own quota, and no request counts as missing its key.
+#[tokio::test]
+async fn a_long_bearer_token_is_a_key_of_its_own() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let layer = RateLimitLayer::builder(bucket(1, 2))
+        .clock(FakeClock::new())
+        .key_by_header(http::header::AUTHORIZATION)
+        .name("jwt")
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    // Two tokens of 1 200 bytes that differ in their last byte only.
+    let token = |last: char| format!("Bearer {}{last}", "e".repeat(1_192));
+    assert_eq!(token('A').len(), 1_200);
+    let bearer = |token: &str| {
+        Request::builder()
+            .header(http::header::AUTHORIZATION, token)
+            .body(String::new())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for t in [token('A'), token('A'), token('B'), token('B'), token('A'), token('B')] {
+        statuses.push(svc.clone().oneshot(bearer(&t)).await.unwrap().status().as_u16());
+    }
+    println!("statuses: {statuses:?}");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429, 429],
+        "each token has its own burst of 2"
+    );
+    let missing: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "ratelimit_layer_missing_key_total")
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(missing, 0, "no request counted as missing its key");
+}
+
 #[tokio::test]
 async fn weighted_requests() {
     let layer = RateLimitLayer::builder(bucket(10, 10))
