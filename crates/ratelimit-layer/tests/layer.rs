@@ -259,6 +259,61 @@ async fn a_long_bearer_token_is_a_key_of_its_own() {
     assert_eq!(missing, 0, "no request counted as missing its key");
 }
 
+/// A regression test of issue 31's finding 3, for the local map: at the key cap every new
+/// key was decided against one overflow limit with one key's rate, so one client minting
+/// keys pushed every new client of the server into one key's quota.
+///
+/// The attack: 2 000 new /64 keys a second, all from one IPv6 /48 (which holds 65 536 of
+/// them), against a map of 1 000 keys; beside it, one honest new client on another network
+/// arrives once the map is full. Before the fix, the honest client's 3 requests met the
+/// overflow limit the flood had spent: all 3 rejected. Now each network's new keys past the
+/// cap share an overflow limit of that network's own: the honest client is admitted at its
+/// own key's quota (a burst of 3, then rejected), and the flood spends only its own.
+#[tokio::test]
+async fn a_network_minting_keys_cannot_push_new_clients_of_other_networks_out() {
+    let clock = FakeClock::new();
+    let layer = RateLimitLayer::builder(
+        TokenBucket::builder(1)
+            .period(Duration::from_secs(3_600))
+            .burst(3)
+            .build()
+            .unwrap(),
+    )
+    .clock(clock.clone())
+    .key_by_client_ip(ClientIp::new())
+    .max_keys(1_000)
+    .build()
+    .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let status = |peer: String| {
+        let svc = svc.clone();
+        async move { svc.oneshot(from(&peer)).await.unwrap().status() }
+    };
+    // 2 000 new /64s a second of 2001:db8:bad::/48, for two seconds.
+    let mut flood_admitted = 0;
+    let mut honest = Vec::new();
+    for i in 0..4_000u32 {
+        clock.advance(Duration::from_micros(500));
+        let peer = format!("[2001:db8:bad:{:x}::1]:4000", i % 65_536);
+        if status(peer).await == StatusCode::OK {
+            flood_admitted += 1;
+        }
+        // The honest client, on 2001:db8:1::/48, starts once the map is full.
+        if i >= 3_000 && i % 200 == 0 {
+            honest.push(status("[2001:db8:1:1::7]:5000".to_owned()).await.as_u16());
+        }
+    }
+    println!("flood admitted: {flood_admitted} of 4000; honest client: {honest:?}");
+    assert_eq!(
+        honest,
+        [200, 200, 200, 429, 429],
+        "the honest client is admitted at its own key's quota (a burst of 3)"
+    );
+    // The flood: the map's 1 000 keys (3 requests' worth each, spent one at a time) and its
+    // network's one overflow burst, nothing more.
+    assert!(flood_admitted <= 1_024 + 3, "flood admitted {flood_admitted}");
+}
+
 #[tokio::test]
 async fn weighted_requests() {
     let layer = RateLimitLayer::builder(bucket(10, 10))
