@@ -237,8 +237,22 @@ async fn a_long_bearer_token_is_a_key_of_its_own() {
             .unwrap()
     };
     let mut statuses = Vec::new();
-    for t in [token('A'), token('A'), token('B'), token('B'), token('A'), token('B')] {
-        statuses.push(svc.clone().oneshot(bearer(&t)).await.unwrap().status().as_u16());
+    for t in [
+        token('A'),
+        token('A'),
+        token('B'),
+        token('B'),
+        token('A'),
+        token('B'),
+    ] {
+        statuses.push(
+            svc.clone()
+                .oneshot(bearer(&t))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
     }
     println!("statuses: {statuses:?}");
     assert_eq!(
@@ -311,7 +325,10 @@ async fn a_network_minting_keys_cannot_push_new_clients_of_other_networks_out() 
     );
     // The flood: the map's 1 000 keys (3 requests' worth each, spent one at a time) and its
     // network's one overflow burst, nothing more.
-    assert!(flood_admitted <= 1_024 + 3, "flood admitted {flood_admitted}");
+    assert!(
+        flood_admitted <= 1_024 + 3,
+        "flood admitted {flood_admitted}"
+    );
 }
 
 #[tokio::test]

@@ -256,7 +256,11 @@ fn long_header_values_are_keyed_by_their_digest() {
     let b = key(&token('B')).expect("a 1 200-byte token is a key");
     assert_ne!(a, b, "two tokens, two keys");
     assert_eq!(key(&token('A')).unwrap(), a, "the same token, the same key");
-    assert!(a.len() <= HeaderKey::MAX_LEN, "a bounded key: {} bytes", a.len());
+    assert!(
+        a.len() <= HeaderKey::MAX_LEN,
+        "a bounded key: {} bytes",
+        a.len()
+    );
     // The digest is not a per-process hash: the same bytes in every process of a fleet.
     assert_eq!(
         a,

@@ -38,7 +38,11 @@ mod tests {
         assert_ne!(net("192.0.2.1"), net("192.0.3.1"));
         assert_eq!(net("2001:db8:bad:1::1"), net("2001:db8:bad:ffff::9"));
         assert_ne!(net("2001:db8:bad::1"), net("2001:db8:bae::1"));
-        assert_eq!(net("::ffff:192.0.2.1"), net("192.0.2.9"), "IPv4-mapped is IPv4");
+        assert_eq!(
+            net("::ffff:192.0.2.1"),
+            net("192.0.2.9"),
+            "IPv4-mapped is IPv4"
+        );
         assert_ne!(net("0.0.0.0"), network_of(None));
         assert_ne!(net("0.0.0.0"), net("::"));
     }
