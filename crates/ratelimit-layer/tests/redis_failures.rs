@@ -394,6 +394,82 @@ async fn a_network_minting_keys_cannot_push_new_clients_of_other_networks_out_of
     );
 }
 
+/// Issue 31, finding 4: the fleet's key secret kept in Redis (the default) is read again
+/// every 20 recheck intervals. A key that is gone (Redis flushed, or a failover that lost
+/// it) is written back with the secret the process had, so the fleet keeps naming keys
+/// alike; another secret found there (a process made one while the key was gone) is taken,
+/// and logged at `WARN`: a process never goes on silently with a secret its peers do not
+/// have.
+#[tokio::test(flavor = "current_thread")]
+async fn the_key_secret_kept_in_redis_is_restored_or_taken_never_silently_left() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(2))
+            .key_by_header(http::HeaderName::from_static("x-api-key"))
+            .redis(store)
+            .budget(GENEROUS)
+            .recheck_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    let alice = || {
+        let svc = svc.clone();
+        async move {
+            let request = Request::builder()
+                .header("x-api-key", "alice")
+                .body(())
+                .unwrap();
+            svc.oneshot(request).await.unwrap().status().as_u16()
+        }
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let mut get = async || -> Option<Vec<u8>> {
+        redis::cmd("GET")
+            .arg("ratelimit:secret")
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    };
+    assert_eq!(alice().await, 200);
+    let secret = get().await.expect("made at the first keyed decision");
+    // Gone: written back as it was within 20 recheck intervals (1 s here).
+    assert_eq!(server.command("DEL ratelimit:secret"), ":1");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        get().await,
+        Some(secret),
+        "the process's own secret, written back"
+    );
+    assert_eq!(alice().await, 200, "alice's key kept its name");
+    assert_eq!(alice().await, 429);
+    // Another one: taken, and said.
+    assert_eq!(
+        server.command("SET ratelimit:secret another-secret-made-elsewhere"),
+        "+OK"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let said = logs.at(
+        Level::WARN,
+        "the secret that names rate-limit keys in Redis changed",
+    );
+    assert_eq!(said.len(), 1, "logged once");
+    assert_eq!(
+        alice().await,
+        200,
+        "alice's key under the new secret: a fresh name"
+    );
+    assert_eq!(
+        get().await.as_deref(),
+        Some(&b"another-secret-made-elsewhere"[..]),
+        "not overwritten"
+    );
+}
+
 /// A failover behind one address (a DNS name or a proxy that follows the master, as managed
 /// services and Sentinel setups offer): the connection still reaches the old master, now a
 /// replica, whose every write answers `READONLY`. The layer falls back (three answers in a

@@ -264,7 +264,7 @@ fn long_header_values_are_keyed_by_their_digest() {
     // The digest is not a per-process hash: the same bytes in every process of a fleet.
     assert_eq!(
         a,
-        super::header::digest_key(token('A').as_bytes()),
+        header::digest_key(token('A').as_bytes()),
         "the documented form"
     );
     // A short value is never taken for a hashed one: no header value holds a NUL byte.

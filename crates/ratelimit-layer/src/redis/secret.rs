@@ -165,7 +165,7 @@ impl FleetSecret {
             .unwrap_or_else(PoisonError::into_inner)
             .as_ref()
             .map(|(secret, _)| Arc::clone(secret));
-        let changed = match ours {
+        match ours {
             None => false,
             Some(ours) => match self.exchange(connection, &ours).await {
                 Ok(kept) if *kept != *ours => {
@@ -188,8 +188,7 @@ impl FleetSecret {
                     false
                 }
             },
-        };
-        changed
+        }
     }
 
     /// A recheck is over (however it ended): the next may start when due.
