@@ -71,8 +71,9 @@
 //! ([`key::ClientIp`]). A keyed rejection tells an overload layer outside that it concerns
 //! one caller (see [`protect`]). Keys live in a
 //! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
-//! losslessly, and a hard cap beyond which new keys share one overflow limit, so memory is
-//! bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
+//! losslessly, and a hard cap beyond which each network's new keys share an overflow limit
+//! of that network's own (one network minting keys cannot push other networks' new clients
+//! out), so memory is bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
 //! allocating, whichever built-in extractor found it.
 //!
 //! # With the overload signal

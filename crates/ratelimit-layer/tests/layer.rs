@@ -209,6 +209,128 @@ async fn keyed_by_header() {
     );
 }
 
+/// A regression test of issue 31's finding 9: `HeaderKey` dropped a value over 256 bytes,
+/// so a limit keyed by `Authorization` took every request with a JWT (500 to 1 500 bytes)
+/// for one without a key: two clients with different 1 200-byte bearer tokens shared one
+/// limit (the missing-key policy's), and a third request of the second client was rejected
+/// by the first client's use. Now a long value is keyed by its digest: each token is a key
+/// of its own, limited by its own quota, and no request counts as missing its key.
+#[tokio::test]
+async fn a_long_bearer_token_is_a_key_of_its_own() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _metrics = metrics::set_default_local_recorder(&recorder);
+    let layer = RateLimitLayer::builder(bucket(1, 2))
+        .clock(FakeClock::new())
+        .key_by_header(http::header::AUTHORIZATION)
+        .name("jwt")
+        .build()
+        .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    // Two tokens of 1 200 bytes that differ in their last byte only.
+    let token = |last: char| format!("Bearer {}{last}", "e".repeat(1_192));
+    assert_eq!(token('A').len(), 1_200);
+    let bearer = |token: &str| {
+        Request::builder()
+            .header(http::header::AUTHORIZATION, token)
+            .body(String::new())
+            .unwrap()
+    };
+    let mut statuses = Vec::new();
+    for t in [
+        token('A'),
+        token('A'),
+        token('B'),
+        token('B'),
+        token('A'),
+        token('B'),
+    ] {
+        statuses.push(
+            svc.clone()
+                .oneshot(bearer(&t))
+                .await
+                .unwrap()
+                .status()
+                .as_u16(),
+        );
+    }
+    println!("statuses: {statuses:?}");
+    assert_eq!(
+        statuses,
+        [200, 200, 200, 200, 429, 429],
+        "each token has its own burst of 2"
+    );
+    let missing: u64 = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == "ratelimit_layer_missing_key_total")
+        .map(|(.., value)| match value {
+            DebugValue::Counter(n) => n,
+            _ => 0,
+        })
+        .sum();
+    assert_eq!(missing, 0, "no request counted as missing its key");
+}
+
+/// A regression test of issue 31's finding 3, for the local map: at the key cap every new
+/// key was decided against one overflow limit with one key's rate, so one client minting
+/// keys pushed every new client of the server into one key's quota.
+///
+/// The attack: 2 000 new /64 keys a second, all from one IPv6 /48 (which holds 65 536 of
+/// them), against a map of 1 000 keys; beside it, one honest new client on another network
+/// arrives once the map is full. Before the fix, the honest client's 3 requests met the
+/// overflow limit the flood had spent: all 3 rejected. Now each network's new keys past the
+/// cap share an overflow limit of that network's own: the honest client is admitted at its
+/// own key's quota (a burst of 3, then rejected), and the flood spends only its own.
+#[tokio::test]
+async fn a_network_minting_keys_cannot_push_new_clients_of_other_networks_out() {
+    let clock = FakeClock::new();
+    let layer = RateLimitLayer::builder(
+        TokenBucket::builder(1)
+            .period(Duration::from_secs(3_600))
+            .burst(3)
+            .build()
+            .unwrap(),
+    )
+    .clock(clock.clone())
+    .key_by_client_ip(ClientIp::new())
+    .max_keys(1_000)
+    .build()
+    .unwrap();
+    let svc = layer.layer(counting_service(&Calls::default()));
+    let status = |peer: String| {
+        let svc = svc.clone();
+        async move { svc.oneshot(from(&peer)).await.unwrap().status() }
+    };
+    // 2 000 new /64s a second of 2001:db8:bad::/48, for two seconds.
+    let mut flood_admitted = 0;
+    let mut honest = Vec::new();
+    for i in 0..4_000u32 {
+        clock.advance(Duration::from_micros(500));
+        let peer = format!("[2001:db8:bad:{:x}::1]:4000", i % 65_536);
+        if status(peer).await == StatusCode::OK {
+            flood_admitted += 1;
+        }
+        // The honest client, on 2001:db8:1::/48, starts once the map is full.
+        if i >= 3_000 && i % 200 == 0 {
+            honest.push(status("[2001:db8:1:1::7]:5000".to_owned()).await.as_u16());
+        }
+    }
+    println!("flood admitted: {flood_admitted} of 4000; honest client: {honest:?}");
+    assert_eq!(
+        honest,
+        [200, 200, 200, 429, 429],
+        "the honest client is admitted at its own key's quota (a burst of 3)"
+    );
+    // The flood: the map's 1 000 keys (3 requests' worth each, spent one at a time) and its
+    // network's one overflow burst, nothing more.
+    assert!(
+        flood_admitted <= 1_024 + 3,
+        "flood admitted {flood_admitted}"
+    );
+}
+
 #[tokio::test]
 async fn weighted_requests() {
     let layer = RateLimitLayer::builder(bucket(10, 10))

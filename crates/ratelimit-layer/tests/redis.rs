@@ -18,7 +18,7 @@ use metrics_util::debugging::DebuggingRecorder;
 use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
 use ratelimit_layer::redis::RedisStore;
 use ratelimit_layer::redis::testing::RedisServer;
-use ratelimit_layer::{RateLimitLayer, TokenBucket};
+use ratelimit_layer::{ConfigErrorKind, RateLimitLayer, TokenBucket};
 use redis_support::{GENEROUS, Reading, Svc, header, hourly, ok, read, send, store};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceExt};
@@ -103,8 +103,14 @@ async fn keys_are_limited_apart_across_processes() {
     assert_eq!(status(&b, "bob").await, StatusCode::OK);
     // Requests without the header share one limit of their own.
     assert_eq!(send(&a).await.status(), StatusCode::OK);
-    assert_eq!(server.command("EXISTS edge:api:tb:k:alice"), ":1");
-    assert_eq!(server.command("EXISTS edge:api:tb:k:bob"), ":1");
+    // Two keys, named by a keyed hash under the secret the two layers share through Redis
+    // (issue 31, finding 4), never by the client's bytes.
+    assert_eq!(
+        server.command("EVAL \"return #redis.call('KEYS', 'edge:api:tb:k:*')\" 0"),
+        ":2"
+    );
+    assert_eq!(server.command("EXISTS edge:api:tb:k:alice"), ":0");
+    assert_eq!(server.command("EXISTS edge:secret"), ":1");
     assert_eq!(server.command("EXISTS edge:api:tb:u"), ":1");
 }
 
@@ -550,6 +556,144 @@ fn redis_settings_are_checked_by_name() {
             .build()
             .is_ok()
     );
+}
+
+/// Issue 31, finding 4: a brace in the key prefix or the layer's name made a hash tag of
+/// every key's namespace (`{edge}:api:tb:k:...`): every key of the limit in one Cluster
+/// slot, whatever the keys. Both are checked now, with the other bytes that would break the
+/// key layout (a `:` in the name, which would let two layers' namespaces meet; spaces and
+/// control bytes).
+#[test]
+fn key_layout_breaking_prefixes_and_names_are_refused() {
+    let store = RedisStore::new("redis://127.0.0.1:6379").unwrap();
+    let prefix = |prefix: &str| {
+        RateLimitLayer::builder(hourly(10))
+            .redis(store.clone())
+            .key_prefix(prefix)
+            .build()
+            .map(drop)
+            .map_err(|e| (e.field(), e.kind(), e.to_string()))
+    };
+    for bad in ["{edge}", "edge{", "ed}ge", "my app", "edge\n"] {
+        let (field, kind, message) = prefix(bad).unwrap_err();
+        assert_eq!(
+            (field, kind),
+            ("key_prefix", ConfigErrorKind::Invalid),
+            "{bad:?}"
+        );
+        assert!(message.contains("no `{`, `}`"), "{message}");
+    }
+    assert!(prefix("app:edge").is_ok(), "a `:` in the prefix is fine");
+    let name = |name: &str| {
+        RateLimitLayer::builder(hourly(10))
+            .name(name)
+            .redis(store.clone())
+            .build()
+            .map(drop)
+            .map_err(|e| (e.field(), e.kind()))
+    };
+    for bad in ["{api}", "a}", "api:v2", "my api"] {
+        assert_eq!(
+            name(bad).unwrap_err(),
+            ("name", ConfigErrorKind::Invalid),
+            "{bad:?}"
+        );
+    }
+    assert!(name("api-v2").is_ok());
+    // A secret too short to be one.
+    let err = RateLimitLayer::builder(hourly(10))
+        .redis(store)
+        .key_secret(b"short")
+        .build()
+        .unwrap_err();
+    assert_eq!(err.field(), "key_secret");
+    assert!(!err.to_string().contains("short"), "never printed: {err}");
+}
+
+/// Issue 31, finding 4: a key's name in Redis is a keyed hash of it under the fleet's
+/// secret. Layers of two processes given the same secret name a key alike (one limit);
+/// a layer given another secret names it otherwise (another limit). Without a secret,
+/// layers share the one kept in Redis (made by the first with `SET NX`): the same keys
+/// again, and the same as a layer given that secret.
+#[tokio::test]
+async fn layers_with_one_secret_name_keys_alike_and_other_secrets_do_not() {
+    let server = RedisServer::start();
+    let layer = |store: RedisStore, secret: Option<&[u8]>| {
+        let builder = RateLimitLayer::builder(hourly(2))
+            .key_by_header(http::HeaderName::from_static("x-api-key"))
+            .name("api")
+            .redis(store)
+            .budget(GENEROUS);
+        let builder = match secret {
+            Some(secret) => builder.key_secret(secret),
+            None => builder,
+        };
+        Svc::new(builder.build().unwrap().layer(ok()))
+    };
+    let status = |svc: &Svc, key: &'static str| {
+        let svc = svc.clone();
+        async move {
+            let request = Request::builder()
+                .header("x-api-key", key)
+                .body(())
+                .unwrap();
+            svc.oneshot(request).await.unwrap().status().as_u16()
+        }
+    };
+    let one = b"0123456789abcdef-the-fleet-secret";
+    let other = b"0123456789abcdef-another-secret!!";
+    let (a, b) = (
+        layer(store(&server).await, Some(one)),
+        layer(store(&server).await, Some(one)),
+    );
+    let c = layer(store(&server).await, Some(other));
+    let mut statuses = Vec::new();
+    for svc in [&a, &b, &a, &c, &c] {
+        statuses.push(status(svc, "alice").await);
+    }
+    assert_eq!(
+        statuses,
+        [200, 200, 429, 200, 200],
+        "a and b share alice's limit; c keeps its own"
+    );
+    assert_eq!(
+        server.command("EXISTS ratelimit:api:tb:k:alice"),
+        ":0",
+        "no plain name"
+    );
+    let names = || -> u64 {
+        server
+            .command("EVAL \"return #redis.call('KEYS', 'ratelimit:api:tb:k:*')\" 0")
+            .trim_start_matches(':')
+            .parse()
+            .unwrap()
+    };
+    assert_eq!(names(), 2, "one name per secret");
+
+    // Without a secret: the one kept in Redis, shared.
+    let (d, e) = (
+        layer(store(&server).await, None),
+        layer(store(&server).await, None),
+    );
+    let mut statuses = Vec::new();
+    for svc in [&d, &e, &d] {
+        statuses.push(status(svc, "bob").await);
+    }
+    assert_eq!(statuses, [200, 200, 429], "d and e share bob's limit");
+    assert_eq!(names(), 3);
+    // A layer given the secret kept in Redis names bob alike.
+    let kept: Vec<u8> = {
+        let client = redis::Client::open(server.url()).unwrap();
+        let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+        redis::cmd("GET")
+            .arg("ratelimit:secret")
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    };
+    assert!(kept.len() >= 16, "the secret is kept under the prefix");
+    let f = layer(store(&server).await, Some(&kept));
+    assert_eq!(status(&f, "bob").await, 429, "the same limit as d and e");
 }
 
 fn err_field(builder: Builder) -> &'static str {

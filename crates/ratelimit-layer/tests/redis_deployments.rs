@@ -89,6 +89,83 @@ async fn a_cluster_decides_keys_on_every_node_from_one_seed() {
     }
 }
 
+/// CRC16 (XMODEM), as a Redis Cluster hashes a key to its slot (`CRC16(key) mod 16384`).
+fn slot_of(key: &[u8]) -> u16 {
+    let mut crc: u16 = 0;
+    for byte in key {
+        crc ^= u16::from(*byte) << 8;
+        for _ in 0..8 {
+            crc = if crc & 0x8000 != 0 {
+                (crc << 1) ^ 0x1021
+            } else {
+                crc << 1
+            };
+        }
+    }
+    crc % 16_384
+}
+
+/// A regression test of issue 31's finding 4: a key's name in Redis was the namespace and
+/// the client's key (`ratelimit:api:tb:k:<key>`), and CRC16 is public, so a client that
+/// chooses its key (a header) found offline keys for any one slot, and put all its keys,
+/// and their load, on one master. Before the fix the 60 keys below, computed to land in
+/// slot 100 under that scheme, were all on one master (the others held none). Now a key's
+/// name is a keyed hash of it under the fleet's secret, which the client does not know:
+/// the same keys spread over the three masters.
+#[tokio::test(flavor = "current_thread")]
+async fn slot_targeted_keys_spread_over_the_masters() {
+    let cluster = RedisCluster::start(3, 0);
+    let store = RedisStore::cluster([&cluster.urls()[0]]).unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(2))
+            .key_by_header(http::HeaderName::from_static("x-api-key"))
+            .name("api")
+            .redis(store)
+            .budget(GENEROUS)
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    // What an attacker computes offline: keys whose names all hash to slot 100.
+    let target = 100;
+    let keys: Vec<String> = (0u64..)
+        .map(|n| format!("t{n}"))
+        .filter(|key| slot_of(format!("ratelimit:api:tb:k:{key}").as_bytes()) == target)
+        .take(60)
+        .collect();
+    for key in &keys {
+        let request = Request::builder()
+            .header("x-api-key", key.as_str())
+            .body(())
+            .unwrap();
+        assert_eq!(
+            svc.clone().oneshot(request).await.unwrap().status(),
+            StatusCode::OK
+        );
+    }
+    let masters: Vec<usize> = [0, 5_461, 10_923]
+        .iter()
+        .map(|slot| cluster.master_of(*slot))
+        .collect();
+    let per_master: Vec<u64> = masters
+        .iter()
+        .map(|master| {
+            // The rate-limit keys only (not the fleet's secret, if it is kept there).
+            cluster.nodes()[*master]
+                .command("EVAL \"return #redis.call('KEYS', 'ratelimit:api:*')\" 0")
+                .trim_start_matches(':')
+                .parse()
+                .unwrap()
+        })
+        .collect();
+    println!("60 keys aimed at slot {target}: per master {per_master:?}");
+    assert_eq!(per_master.iter().sum::<u64>(), 60);
+    for (master, held) in masters.iter().zip(&per_master) {
+        assert!(*held >= 5, "master {master} holds {held} of the 60 keys");
+    }
+}
+
 /// TLS as a managed Redis has it: `rediss://`, the server's certificate signed by a CA of
 /// the test's own (made in-process), and a client certificate the server asks for. The
 /// limit is kept in that Redis; a store without the client certificate, or trusting

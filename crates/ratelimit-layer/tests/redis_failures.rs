@@ -302,8 +302,10 @@ async fn a_flood_of_made_up_keys_makes_a_bounded_number_in_redis() {
         .trim_start_matches(':')
         .parse()
         .unwrap();
-    // The cap's burst, plus its rate over the flood, plus the known key and the overflow.
-    let bound = f64::from(cap) * (1.0 + seconds) + 2.0;
+    // The cap's burst, plus its rate over the flood, plus the known key, the overflow of
+    // the flood's one network (its requests carry no address: one network) and the fleet's
+    // key secret.
+    let bound = f64::from(cap) * (1.0 + seconds) + 3.0;
     let grown = used_memory(&server) - before;
     println!(
         "{flood} made-up keys in {seconds:.2} s: {keys} keys in Redis (bound {bound:.0}), \
@@ -316,9 +318,156 @@ async fn a_flood_of_made_up_keys_makes_a_bounded_number_in_redis() {
         "the overflow limit rejects the flood: {rejected}"
     );
     assert!(read(&snapshotter).rejected[2] > 0, "counted as overflow");
-    assert_eq!(server.command("EXISTS ratelimit:default:sw:o"), ":1");
+    // The flood's network's overflow limit (issue 31, finding 3), not the last one.
+    assert_eq!(
+        server.command("EVAL \"return #redis.call('KEYS', 'ratelimit:default:sw:o:*')\" 0"),
+        ":1"
+    );
+    assert_eq!(server.command("EXISTS ratelimit:default:sw:o"), ":0");
     // The known key kept its own limit throughout.
     assert_eq!(status("known".to_owned()).await, StatusCode::OK);
+}
+
+/// A regression test of issue 31's finding 3, in Redis: past the cap on new keys
+/// (`max_new_keys` a second per process), every new key was decided against one overflow
+/// limit with one key's rate, so one client minting keys pushed every new client of the
+/// fleet into one key's quota.
+///
+/// The attack: 2 000 new /64 keys a second, all from one IPv6 /48, against a cap of 100 new
+/// keys a second; beside it, one honest new client on another network, which arrives when
+/// the flood has spent the cap. Before the fix, its 3 requests met the overflow limit the
+/// flood had spent: all rejected. Now a network's new keys past the cap share an overflow
+/// limit of that network's own (`o:` and a keyed hash of the network): the honest client is
+/// admitted at its own key's quota (a burst of 3, then rejected). The cap's clock is fake
+/// (2 000 requests a second of it); Redis is real.
+#[tokio::test(flavor = "current_thread")]
+async fn a_network_minting_keys_cannot_push_new_clients_of_other_networks_out_of_redis() {
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    store.ping().await.unwrap();
+    let clock = ratelimit_layer::clock::FakeClock::new();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(3))
+            .clock(clock.clone())
+            .key_by_client_ip(ratelimit_layer::key::ClientIp::new())
+            .redis(store)
+            .budget(GENEROUS)
+            .max_new_keys(100)
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    let status = |peer: String| {
+        let svc = svc.clone();
+        async move {
+            let mut request = Request::new(());
+            request
+                .extensions_mut()
+                .insert(peer.parse::<std::net::SocketAddr>().unwrap());
+            svc.oneshot(request).await.unwrap().status()
+        }
+    };
+    let mut flood_admitted = 0;
+    let mut honest = Vec::new();
+    for i in 0..4_000u32 {
+        clock.advance(Duration::from_micros(500));
+        let peer = format!("[2001:db8:bad:{:x}::1]:4000", i % 65_536);
+        if status(peer).await == StatusCode::OK {
+            flood_admitted += 1;
+        }
+        // The honest client, on 2001:db8:1::/48, comes in the flood's second second.
+        if i >= 3_000 && i % 200 == 0 {
+            honest.push(status("[2001:db8:1:1::7]:5000".to_owned()).await.as_u16());
+        }
+    }
+    println!("flood admitted: {flood_admitted} of 4000; honest client: {honest:?}");
+    assert_eq!(
+        honest,
+        [200, 200, 200, 429, 429],
+        "the honest client is admitted at its own key's quota (a burst of 3)"
+    );
+    // The flood: the keys the cap let it make (its burst of 100 and 100 a second, 3
+    // requests each at most, one made per request), and its network's one overflow burst.
+    assert!(
+        flood_admitted <= 100 + 2 * 100 + 3,
+        "flood admitted {flood_admitted}"
+    );
+}
+
+/// Issue 31, finding 4: the fleet's key secret kept in Redis (the default) is read again
+/// every 20 recheck intervals. A key that is gone (Redis flushed, or a failover that lost
+/// it) is written back with the secret the process had, so the fleet keeps naming keys
+/// alike; another secret found there (a process made one while the key was gone) is taken,
+/// and logged at `WARN`: a process never goes on silently with a secret its peers do not
+/// have.
+#[tokio::test(flavor = "current_thread")]
+async fn the_key_secret_kept_in_redis_is_restored_or_taken_never_silently_left() {
+    let (logs, _guard) = Logs::capture();
+    let server = RedisServer::start();
+    let store = RedisStore::new(&server.url()).unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(2))
+            .key_by_header(http::HeaderName::from_static("x-api-key"))
+            .redis(store)
+            .budget(GENEROUS)
+            .recheck_interval(Duration::from_millis(50))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    let alice = || {
+        let svc = svc.clone();
+        async move {
+            let request = Request::builder()
+                .header("x-api-key", "alice")
+                .body(())
+                .unwrap();
+            svc.oneshot(request).await.unwrap().status().as_u16()
+        }
+    };
+    let client = redis::Client::open(server.url()).unwrap();
+    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
+    let mut get = async || -> Option<Vec<u8>> {
+        redis::cmd("GET")
+            .arg("ratelimit:secret")
+            .query_async(&mut connection)
+            .await
+            .unwrap()
+    };
+    assert_eq!(alice().await, 200);
+    let secret = get().await.expect("made at the first keyed decision");
+    // Gone: written back as it was within 20 recheck intervals (1 s here).
+    assert_eq!(server.command("DEL ratelimit:secret"), ":1");
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    assert_eq!(
+        get().await,
+        Some(secret),
+        "the process's own secret, written back"
+    );
+    assert_eq!(alice().await, 200, "alice's key kept its name");
+    assert_eq!(alice().await, 429);
+    // Another one: taken, and said.
+    assert_eq!(
+        server.command("SET ratelimit:secret another-secret-made-elsewhere"),
+        "+OK"
+    );
+    tokio::time::sleep(Duration::from_millis(1_500)).await;
+    let said = logs.at(
+        Level::WARN,
+        "the secret that names rate-limit keys in Redis changed",
+    );
+    assert_eq!(said.len(), 1, "logged once");
+    assert_eq!(
+        alice().await,
+        200,
+        "alice's key under the new secret: a fresh name"
+    );
+    assert_eq!(
+        get().await.as_deref(),
+        Some(&b"another-secret-made-elsewhere"[..]),
+        "not overwritten"
+    );
 }
 
 /// A failover behind one address (a DNS name or a proxy that follows the master, as managed

@@ -189,6 +189,12 @@ impl KeyExtractor for ClientIp {
     fn missing_key(&self) -> MissingKey {
         MissingKey::Reject
     }
+
+    /// The address this extractor keys by ([`client_ip`](Self::client_ip)), behind its own
+    /// trusted proxies too.
+    fn client_addr(&self, parts: &Parts) -> Option<IpAddr> {
+        self.client_ip(parts)
+    }
 }
 
 /// The overload layer tells callers apart by the same address as the limit (with the same

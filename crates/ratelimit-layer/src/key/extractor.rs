@@ -3,8 +3,10 @@
 
 use std::borrow::{Borrow, Cow};
 use std::hash::Hash;
+use std::net::IpAddr;
 
 use http::request::Parts;
+use overload_signal::signal::client_addr;
 
 /// What a keyed limit does with a request from which its extractor gets no key, chosen when
 /// the layer is built ([`RateLimitBuilder::missing_key`](crate::RateLimitBuilder::missing_key)).
@@ -106,6 +108,21 @@ pub trait KeyExtractor: Send + Sync + 'static {
     /// often a server that does not provide it; override it for keys a client may lack.
     fn missing_key(&self) -> MissingKey {
         MissingKey::Reject
+    }
+
+    /// The address of the request's client, whose network a new key past the limit's key
+    /// cap is charged to: each network's new keys past the cap share an overflow limit of
+    /// their own (see [`KeyedLimiter`](crate::keyed::KeyedLimiter)), so that one network
+    /// minting keys cannot push other networks' new clients out. Asked only for such a key,
+    /// never on a known key's path.
+    ///
+    /// Default: the client address the server resolved
+    /// (`overload_signal::signal::client_addr`: a `ClientAddr` a layer left in the request
+    /// behind trusted proxies, or else the connection's peer); [`ClientIp`](super::ClientIp)
+    /// answers the address it keys by. `None` when the request has none: such requests are
+    /// one network.
+    fn client_addr(&self, parts: &Parts) -> Option<IpAddr> {
+        client_addr(&parts.extensions)
     }
 }
 

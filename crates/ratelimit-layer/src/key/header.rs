@@ -6,14 +6,24 @@ use std::hash::Hasher;
 use http::HeaderName;
 use http::request::Parts;
 use overload_signal::signal::CallerKey;
+use sha2::{Digest, Sha256};
 
 use super::extractor::{KeyExtractor, MissingKey};
 
 /// A key extractor: the value of one request header (the first line, as bytes), such as an
-/// API key or a tenant id.
+/// API key, a bearer token or a tenant id.
 ///
-/// A request without the header, or with a value longer than [`MAX_LEN`](Self::MAX_LEN),
-/// has no key, so a long value cannot grow memory; by default such requests share one limit
+/// A value of up to [`MAX_LEN`](Self::MAX_LEN) bytes (256) is the key as it came. A longer
+/// one (a JWT is 500 to 1 500 bytes) is keyed by its SHA-256 digest: a NUL byte (which no
+/// header value holds, so it never names a short value's key) followed by the digest's 32
+/// bytes. So every key holds at most 256 bytes, whatever a client sends; the same value is
+/// the same key in every process of a fleet (the digest has no per-process seed, as a limit
+/// kept in Redis needs); and two different values share a key only if SHA-256 collides.
+/// Hashing costs a few microseconds for a value of a few kilobytes (the server's header
+/// size limit bounds it), and a 33-byte copy per request; a short value is looked up in
+/// place.
+///
+/// A request without the header has no key; by default such requests share one limit
 /// ([`MissingKey::Shared`]: a client may send no key).
 ///
 /// A request is looked up by the header's bytes in place, without allocating; the value is
@@ -40,8 +50,9 @@ pub struct HeaderKey {
 }
 
 impl HeaderKey {
-    /// The longest header value used as a key: 256 bytes, this crate's choice, above the
-    /// length of common API keys and tokens' identifiers while bounding what one key holds.
+    /// The longest header value used as a key as it came: 256 bytes, this crate's choice,
+    /// above the length of common API keys and tokens' identifiers while bounding what one
+    /// key holds. A longer value is keyed by its SHA-256 digest (33 bytes).
     pub const MAX_LEN: usize = 256;
 
     /// Keys requests by the value of header `name`.
@@ -62,7 +73,11 @@ impl KeyExtractor for HeaderKey {
     #[inline]
     fn extract<'a>(&self, parts: &'a Parts) -> Option<Cow<'a, [u8]>> {
         let value = parts.headers.get(&self.name)?.as_bytes();
-        (value.len() <= Self::MAX_LEN).then_some(Cow::Borrowed(value))
+        Some(if value.len() <= Self::MAX_LEN {
+            Cow::Borrowed(value)
+        } else {
+            Cow::Owned(digest_key(value))
+        })
     }
 
     /// [`MissingKey::Shared`]: a request without the header is an anonymous client, which
@@ -85,4 +100,17 @@ impl CallerKey for HeaderKey {
             None => false,
         }
     }
+}
+
+/// The key of a value longer than [`HeaderKey::MAX_LEN`]: a NUL byte, then the value's
+/// SHA-256 digest.
+#[cold]
+pub(super) fn digest_key(value: &[u8]) -> Vec<u8> {
+    // NOTE: the NUL byte keeps the 33 bytes from ever equalling a short value's key: an
+    // `http::HeaderValue` never holds one. SHA-256, not a keyed hash: every process of a
+    // fleet must name the same value alike, and no secret is needed against collisions.
+    let mut key = Vec::with_capacity(1 + 32);
+    key.push(0);
+    key.extend_from_slice(&Sha256::digest(value));
+    key
 }

@@ -161,9 +161,11 @@ fn header_keys_are_borrowed_from_the_request() {
     assert!(matches!(key, Cow::Borrowed(b"abc")), "not copied");
     assert_eq!(extract.extract(&parts("192.0.2.1:1", &[])), None);
     let long = "k".repeat(HeaderKey::MAX_LEN + 1);
-    assert_eq!(
-        extract.extract(&parts("192.0.2.1:1", &[("x-api-key", &long)])),
-        None
+    assert!(
+        extract
+            .extract(&parts("192.0.2.1:1", &[("x-api-key", &long)]))
+            .is_some(),
+        "a long value is a key (hashed), not a missing one"
     );
     let longest = "k".repeat(HeaderKey::MAX_LEN);
     assert!(
@@ -242,4 +244,36 @@ fn the_proxies_set_two_ways_are_refused() {
         .build()
         .unwrap();
     assert!(one.trusted_proxies().is_some());
+}
+
+/// Issue 31, finding 9: a value over `MAX_LEN` (a JWT of 1 200 bytes) is keyed by its
+/// SHA-256 digest: the same token the same key, two tokens two keys, in every process (no
+/// per-process seed), and never the key of a short value.
+#[test]
+fn long_header_values_are_keyed_by_their_digest() {
+    let extract = HeaderKey::new(HeaderName::from_static("authorization"));
+    let token = |last: char| format!("Bearer {}{last}", "e".repeat(1_192));
+    let key = |value: &str| {
+        extract
+            .extract(&parts("192.0.2.1:1", &[("authorization", value)]))
+            .map(Cow::into_owned)
+    };
+    let a = key(&token('A')).expect("a 1 200-byte token is a key");
+    let b = key(&token('B')).expect("a 1 200-byte token is a key");
+    assert_ne!(a, b, "two tokens, two keys");
+    assert_eq!(key(&token('A')).unwrap(), a, "the same token, the same key");
+    assert!(
+        a.len() <= HeaderKey::MAX_LEN,
+        "a bounded key: {} bytes",
+        a.len()
+    );
+    // The digest is not a per-process hash: the same bytes in every process of a fleet.
+    assert_eq!(
+        a,
+        header::digest_key(token('A').as_bytes()),
+        "the documented form"
+    );
+    // A short value is never taken for a hashed one: no header value holds a NUL byte.
+    assert_eq!(a[0], 0);
+    assert!(http::HeaderValue::from_bytes(&a).is_err());
 }

@@ -4,12 +4,14 @@
 use std::borrow::Borrow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, RandomState};
+use std::net::IpAddr;
 use std::sync::atomic::{AtomicUsize, Ordering};
-use std::sync::{PoisonError, RwLock};
+use std::sync::{Mutex, PoisonError, RwLock};
 
 use hashbrown::HashTable;
 use overload_core::clock::{Clock, TokioClock};
 
+use super::network::network_of;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 
 /// Which kind of limit a request was checked against; also the `key_class` label of the
@@ -20,7 +22,9 @@ pub enum KeyClass {
     Global,
     /// The request's own key.
     Keyed,
-    /// The shared overflow limit of keys that arrived while the map was at its cap.
+    /// An overflow limit of new keys that arrived while the map (or, in Redis, the cap on
+    /// new keys) was at its cap: the one of the request's client's network (IPv4 /24, IPv6
+    /// /48), or, past the cap on networks too, the last one all share.
     Overflow,
     /// The shared limit of requests from which no key could be extracted.
     Unkeyed,
@@ -65,11 +69,30 @@ const MIN_SHARD_CAP: usize = 256;
 ///   changes no decision.
 /// - **A hard cap.** Each shard holds at most `ceil(max_keys / shards)` keys. **At the cap**
 ///   (after a due sweep, if any), a new key is *not* stored: its request is checked against
-///   one shared *overflow* state with the same limit, [`KeyClass::Overflow`]. So a flood of
-///   distinct keys cannot grow memory; the flood as a whole gets one key's quota; keys
-///   already tracked keep their own limits. Once sweeps free room, new keys are tracked
-///   again. Because the cap is per shard, a few new keys may go to the overflow state
-///   shortly before `max_keys` keys are tracked in total (shards fill unevenly).
+///   the *overflow* state of its client's network ([`KeyClass::Overflow`]), with the same
+///   limit as a key. So a flood of distinct keys cannot grow memory; keys already tracked
+///   keep their own limits; once sweeps free room, new keys are tracked again. Because the
+///   cap is per shard, a few new keys may go to an overflow state shortly before
+///   `max_keys` keys are tracked in total (shards fill unevenly).
+///
+/// # Fair admission past the cap
+///
+/// A client's network is its address ([`check_from`](Self::check_from); a layer passes
+/// its key extractor's [`client_addr`](crate::key::KeyExtractor::client_addr)) taken at
+/// IPv4 `/24` or IPv6 `/48`; requests without an address are one network. Each network's
+/// new keys past the cap share one overflow state of its own, so a network that mints
+/// keys (an IPv6 `/48` holds 65 536 `/64` keys) spends its own key's quota, and a new
+/// client of another network is admitted at a key's quota of its own (tested: 2 000 new
+/// `/64` keys a second from one `/48` against a map of 1 000 keys, and one new client of
+/// another network admitted at its full burst). What holds, and what does not:
+///
+/// - Two new clients of one network past the cap share that network's quota (a NAT, an
+///   office); keys already tracked keep their own.
+/// - The overflow states of at most [`MAX_OVERFLOW_NETWORKS`](Self::MAX_OVERFLOW_NETWORKS)
+///   networks (1 024) are kept; idle ones are swept at most once per sweep interval. Past
+///   that, new keys of further networks share one last overflow state: a client holding
+///   more than 1 024 networks (an IPv6 `/38`, or 1 024 IPv4 `/24`s) at once can still push
+///   new clients of networks it has not reached into one key's quota.
 ///
 /// The map's heap use is at most [`memory_bound`](Self::memory_bound) bytes, plus whatever
 /// heap the keys themselves own (none for IP addresses).
@@ -107,7 +130,18 @@ pub struct KeyedLimiter<L: Limiter, K, C = TokioClock> {
     shard_cap: usize,
     pub(super) sweep_interval: u64,
     len: AtomicUsize,
+    /// The overflow states of networks past the cap.
+    networks: Mutex<NetworkTable<L::State>>,
+    /// The last overflow state, shared by new keys past the cap whose network has none
+    /// (the table of networks full).
     overflow: L::State,
+}
+
+/// The overflow states of networks ([`network_of`]) whose new keys came past the cap.
+struct NetworkTable<S> {
+    entries: HashTable<(u64, S)>,
+    /// Clock time (nanoseconds) after which a full table may be swept again.
+    next_sweep: u64,
 }
 
 /// One shard, on its own cache lines so that two shards' locks never share one.
@@ -151,9 +185,18 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             shard_cap,
             sweep_interval,
             len: AtomicUsize::new(0),
+            networks: Mutex::new(NetworkTable {
+                entries: HashTable::new(),
+                next_sweep: 0,
+            }),
             overflow: L::State::default(),
         }
     }
+
+    /// The most networks whose overflow states are kept at once: 1 024, this crate's
+    /// choice (tens of kilobytes). Past it, the new keys of further networks share one last
+    /// overflow state; see [Fair admission past the cap](Self#fair-admission-past-the-cap).
+    pub const MAX_OVERFLOW_NETWORKS: usize = 1_024;
 
     /// The limiter applied to each key.
     pub fn limiter(&self) -> &L {
@@ -197,13 +240,16 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        let (decision, _, class) = self.check_inner(key, cost, false, false);
+        let (decision, _, class) = self.check_inner(key, || None, cost, false, false);
         (decision, class)
     }
 
     /// As [`check`](Self::check), and also reads the key's [`QuotaStatus`] right after the
     /// decision (under the same lock) when the request is rejected, or admitted and
     /// `on_allow` is set: what a response's `RateLimit` field reports.
+    ///
+    /// A new key past the cap is charged to the network of no address; use
+    /// [`check_from`](Self::check_from) to charge it to its client's.
     #[inline]
     pub fn check_with_status<Q>(
         &self,
@@ -216,7 +262,70 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        self.check_inner(key, cost, on_allow, true)
+        self.check_inner(key, || None, cost, on_allow, true)
+    }
+
+    /// As [`check_with_status`](Self::check_with_status), for a request from `client`: a
+    /// new key past the cap is decided against the overflow state of `client`'s network
+    /// (IPv4 `/24`, IPv6 `/48`; `None` is one network of its own), so that one network
+    /// minting keys cannot push other networks' new clients out. See
+    /// [Fair admission past the cap](Self#fair-admission-past-the-cap).
+    ///
+    /// ```
+    /// use std::net::IpAddr;
+    /// use ratelimit_layer::TokenBucket;
+    /// use ratelimit_layer::keyed::{KeyClass, KeyedLimiter};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() -> Result<(), ratelimit_layer::ConfigError> {
+    /// let keyed: KeyedLimiter<_, String> = KeyedLimiter::builder(TokenBucket::new(1)?)
+    ///     .max_keys(1)
+    ///     .build()?;
+    /// let client: IpAddr = "192.0.2.1".parse().unwrap();
+    /// let other: IpAddr = "198.51.100.1".parse().unwrap();
+    /// // The map is full after one key: a second key is charged to its network.
+    /// assert_eq!(keyed.check_from("a", Some(client), 1, false).2, KeyClass::Keyed);
+    /// assert!(keyed.check_from("b", Some(client), 1, false).0.is_allowed());
+    /// assert!(!keyed.check_from("c", Some(client), 1, false).0.is_allowed());
+    /// // Another network's new key has a quota of its own.
+    /// let (decision, _, class) = keyed.check_from("d", Some(other), 1, false);
+    /// assert!(decision.is_allowed());
+    /// assert_eq!(class, KeyClass::Overflow);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[inline]
+    pub fn check_from<Q>(
+        &self,
+        key: &Q,
+        client: Option<IpAddr>,
+        cost: u32,
+        on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        self.check_inner(key, || client, cost, on_allow, true)
+    }
+
+    /// As [`check_from`](Self::check_from), with the client's address asked only for a new
+    /// key past the cap (a layer's requests, whose address costs extension look-ups).
+    #[inline]
+    pub(crate) fn check_lazy<Q>(
+        &self,
+        key: &Q,
+        client: impl FnOnce() -> Option<IpAddr>,
+        cost: u32,
+        on_allow: bool,
+    ) -> (Decision, Option<QuotaStatus>, KeyClass)
+    where
+        K: Borrow<Q>,
+        Q: ?Sized + Hash + Eq + ToOwned,
+        Q::Owned: Into<K>,
+    {
+        self.check_inner(key, client, cost, on_allow, true)
     }
 
     #[inline]
@@ -241,6 +350,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
     fn check_inner<Q>(
         &self,
         key: &Q,
+        client: impl FnOnce() -> Option<IpAddr>,
         cost: u32,
         on_allow: bool,
         on_reject: bool,
@@ -262,7 +372,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                 return (decision, status, KeyClass::Keyed);
             }
         }
-        self.check_new(shard, hash, key, now, cost, on_allow, on_reject)
+        self.check_new(shard, hash, key, client, now, cost, on_allow, on_reject)
     }
 
     #[cold]
@@ -272,6 +382,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         shard: &KeyShard<K, L::State>,
         hash: u64,
         key: &Q,
+        client: impl FnOnce() -> Option<IpAddr>,
         now: u64,
         cost: u32,
         on_allow: bool,
@@ -293,11 +404,14 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             self.sweep(&mut table, now);
         }
         if table.entries.len() >= self.shard_cap {
+            drop(table);
             tracing::debug!(
                 shard_cap = self.shard_cap,
-                "rate limit key map shard is full; checking a new key against the overflow limit"
+                "rate limit key map shard is full; checking a new key against its network's \
+                 overflow limit"
             );
-            let (decision, status) = self.decide(&self.overflow, now, cost, on_allow, on_reject);
+            let network = network_of(client());
+            let (decision, status) = self.decide_overflow(network, now, cost, on_allow, on_reject);
             return (decision, status, KeyClass::Overflow);
         }
         let state = L::State::default();
@@ -312,6 +426,51 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             self.len.fetch_add(1, Ordering::Relaxed);
         }
         (decision, status, KeyClass::Keyed)
+    }
+
+    /// A new key past the cap: the overflow state of its network, made if the table of
+    /// networks has room (after a due sweep of its idle states), or else the last one.
+    fn decide_overflow(
+        &self,
+        network: u64,
+        now: u64,
+        cost: u32,
+        on_allow: bool,
+        on_reject: bool,
+    ) -> (Decision, Option<QuotaStatus>) {
+        let hash = self.hasher.hash_one(network);
+        let mut table = self.networks.lock().unwrap_or_else(PoisonError::into_inner);
+        if let Some((_, state)) = table.entries.find(hash, |(n, _)| *n == network) {
+            return self.decide(state, now, cost, on_allow, on_reject);
+        }
+        if table.entries.len() >= Self::MAX_OVERFLOW_NETWORKS && now >= table.next_sweep {
+            // NOTE: at most once per sweep interval, so that a flood of networks costs no
+            // sweep of the table per request.
+            table.next_sweep = now.saturating_add(self.sweep_interval);
+            table
+                .entries
+                .retain(|(_, state)| !self.limiter.is_idle(state, now));
+        }
+        if table.entries.len() >= Self::MAX_OVERFLOW_NETWORKS {
+            return self.decide(&self.overflow, now, cost, on_allow, on_reject);
+        }
+        let state = L::State::default();
+        let decided = self.decide(&state, now, cost, on_allow, on_reject);
+        if !self.limiter.is_idle(&state, now) {
+            let hasher = &self.hasher;
+            table
+                .entries
+                .insert_unique(hash, (network, state), |(n, _)| hasher.hash_one(n));
+        }
+        decided
+    }
+
+    /// Removes the networks' idle overflow states.
+    fn sweep_networks(&self, now: u64) {
+        let mut table = self.networks.lock().unwrap_or_else(PoisonError::into_inner);
+        table
+            .entries
+            .retain(|(_, state)| !self.limiter.is_idle(state, now));
     }
 
     fn sweep(&self, table: &mut KeyShardTable<K, L::State>, now: u64) {
@@ -334,6 +493,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             let mut table = shard.table.write().unwrap_or_else(PoisonError::into_inner);
             self.sweep(&mut table, now);
         }
+        self.sweep_networks(now);
         before.saturating_sub(self.len())
     }
 
@@ -364,6 +524,15 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
                 self.sweep(&mut table, now);
             }
         }
+        {
+            let mut networks = self.networks.lock().unwrap_or_else(PoisonError::into_inner);
+            if !networks.entries.is_empty() && now >= networks.next_sweep {
+                networks.next_sweep = now.saturating_add(self.sweep_interval);
+                networks
+                    .entries
+                    .retain(|(_, state)| !self.limiter.is_idle(state, now));
+            }
+        }
         before.saturating_sub(self.len())
     }
 
@@ -380,20 +549,32 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
             })
             .sum::<usize>()
             + self.shards.len() * size_of::<KeyShard<K, L::State>>()
+            + self
+                .networks
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entries
+                .allocation_size()
     }
 
     /// The most heap the map can ever hold, whatever keys arrive (not counting heap owned
     /// by the keys): the shards themselves, plus for each shard a table grown to hold its
-    /// cap. A table holds `7/8` of its buckets, a power of two; each bucket costs one entry
-    /// (`size_of::<(K, L::State)>()`) and one control byte, plus 16 trailing control bytes.
+    /// cap, plus the networks' overflow states grown to
+    /// [`MAX_OVERFLOW_NETWORKS`](Self::MAX_OVERFLOW_NETWORKS). A table holds `7/8` of its
+    /// buckets, a power of two; each bucket costs one entry (`size_of::<(K, L::State)>()`)
+    /// and one control byte, plus 16 trailing control bytes.
     pub fn memory_bound(&self) -> usize {
-        let buckets = if self.shard_cap < 8 {
-            if self.shard_cap < 4 { 4 } else { 8 }
-        } else {
-            (self.shard_cap * 8).div_ceil(7).next_power_of_two()
-        };
-        let per_table = buckets * (size_of::<(K, L::State)>() + 1) + 16 + 16;
+        fn table_bytes(cap: usize, entry: usize) -> usize {
+            let buckets = if cap < 8 {
+                if cap < 4 { 4 } else { 8 }
+            } else {
+                (cap * 8).div_ceil(7).next_power_of_two()
+            };
+            buckets * (entry + 1) + 16 + 16
+        }
+        let per_table = table_bytes(self.shard_cap, size_of::<(K, L::State)>());
         self.shards.len() * (per_table + size_of::<KeyShard<K, L::State>>())
+            + table_bytes(Self::MAX_OVERFLOW_NETWORKS, size_of::<(u64, L::State)>())
     }
 }
 

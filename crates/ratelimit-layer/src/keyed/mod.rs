@@ -5,9 +5,12 @@
 
 mod builder;
 mod map;
+mod network;
 #[cfg(test)]
 mod tests;
 
 pub use builder::KeyedLimiterBuilder;
 pub(crate) use builder::{DEFAULT_MAX_KEYS, DEFAULT_SWEEP_INTERVAL, check_settings};
 pub use map::{KeyClass, KeyedLimiter};
+#[cfg(feature = "redis")]
+pub(crate) use network::network_of;

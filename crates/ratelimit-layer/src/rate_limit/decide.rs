@@ -103,7 +103,13 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
         match self.extract.extract(parts) {
             // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen
             // for the first time is copied into the map.
-            Some(key) => Some(self.map.check_with_status(&*key, cost, status_on_allow)),
+            // The client's address only for a new key past the cap (its network's overflow).
+            Some(key) => Some(self.map.check_lazy(
+                &*key,
+                || self.extract.client_addr(parts),
+                cost,
+                status_on_allow,
+            )),
             None => match self.missing.apply() {
                 MissingKey::Reject => None,
                 // NOTE: no status: nothing limits it, so no `RateLimit` field describes it.

@@ -3,6 +3,7 @@
 
 use std::borrow::Cow;
 use std::fmt;
+use std::net::IpAddr;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -15,6 +16,7 @@ use overload_core::telemetry::LayerName;
 use super::decider::RedisDecider;
 use super::key::RedisKey;
 use super::script::RedisAlgorithm;
+use super::secret::FleetSecret;
 use super::state::RedisSettings;
 use super::store::RedisStore;
 use crate::algorithm::Limiter;
@@ -44,6 +46,7 @@ impl<L: RedisAlgorithm, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             recheck_interval: RedisLayerBuilder::DEFAULT_RECHECK_INTERVAL,
             key_prefix: RedisLayerBuilder::DEFAULT_KEY_PREFIX.to_owned(),
             max_new_keys: RedisLayerBuilder::DEFAULT_MAX_NEW_KEYS,
+            key_secret: None,
             reservation: 0,
             reservation_lease: RedisLayerBuilder::DEFAULT_RESERVATION_LEASE,
             lease_set: false,
@@ -84,6 +87,8 @@ pub struct RedisLayerBuilder<L, C, E> {
     recheck_interval: Duration,
     key_prefix: String,
     max_new_keys: u32,
+    /// The fleet's secret, if given; else the one kept in Redis.
+    key_secret: Option<Vec<u8>>,
     reservation: u32,
     reservation_lease: Duration,
     /// Whether `reservation_lease` was set: refused without a reservation.
@@ -152,6 +157,10 @@ impl RedisLayerBuilder<(), (), ()> {
     /// `{prefix}:{name}:{algorithm}:...`, the name being the layer's
     /// ([`RateLimitBuilder::name`]).
     pub const DEFAULT_KEY_PREFIX: &'static str = "ratelimit";
+
+    /// The fewest bytes a [`key_secret`](RedisLayerBuilder::key_secret) may have: 16 (128
+    /// bits).
+    pub const MIN_KEY_SECRET_LEN: usize = super::secret::MIN_SECRET_LEN;
 }
 
 impl<L, C, E> RedisLayerBuilder<L, C, E> {
@@ -182,18 +191,64 @@ impl<L, C, E> RedisLayerBuilder<L, C, E> {
     }
 
     /// The first part of every key, to keep this application's keys apart from others in
-    /// the same Redis database. Default: `ratelimit`
+    /// the same Redis database: 1 to 128 bytes of printable ASCII, without `{`, `}` or
+    /// spaces (a brace would make a Cluster hash tag of it: every key of the limit in one
+    /// slot); `:` is allowed (`myapp:ratelimit`). Default: `ratelimit`
     /// ([`DEFAULT_KEY_PREFIX`](RedisLayerBuilder::DEFAULT_KEY_PREFIX)).
     pub fn key_prefix(mut self, prefix: &str) -> Self {
         prefix.clone_into(&mut self.key_prefix);
         self
     }
 
+    /// The fleet's secret, that names each client's key in Redis: a key's name is
+    /// HMAC-SHA-256 of the key under the secret (its first 128 bits, in hex), so that a
+    /// client who chooses its key (a header) cannot choose the Redis Cluster slot, and so
+    /// the master, its key lands on. At least 16 bytes
+    /// ([`MIN_KEY_SECRET_LEN`](RedisLayerBuilder::MIN_KEY_SECRET_LEN)); 32 random bytes are
+    /// ample. **Every process of a fleet must be given the same secret**: a process with
+    /// another names every key otherwise, and each key's limit would admit once per secret.
+    /// It is never logged, nor shown by `Debug`.
+    ///
+    /// Default: none given, the secret kept in Redis under `{prefix}:secret`: the first
+    /// process that needs it makes it (64 random hex digits from the operating system,
+    /// written with `SET NX`, so that two processes starting at once agree on one), and
+    /// every process reads it there before its first keyed decision (a keyed request
+    /// meanwhile is decided in Redis within its budget, or locally if Redis is away). Each
+    /// process reads it again every 20 recheck intervals (10 s by default) and writes its
+    /// own back if the key is gone (Redis flushed or restarted without persistence), so the
+    /// fleet keeps one secret; if Redis holds another (made by a process while the key was
+    /// gone), the process takes it and logs it at `WARN`. Give a secret where processes
+    /// must agree without Redis's help (a Redis whose keys are evicted, or a fleet spread
+    /// over several Redis databases with one limit each is fine either way); an operator may
+    /// also write the key before the fleet starts.
+    ///
+    /// ```
+    /// use ratelimit_layer::key::ClientIp;
+    /// use ratelimit_layer::redis::RedisStore;
+    /// use ratelimit_layer::{RateLimitLayer, TokenBucket};
+    ///
+    /// # fn secret_from_the_environment() -> Vec<u8> { vec![7; 32] }
+    /// let layer = RateLimitLayer::builder(TokenBucket::new(100)?)
+    ///     .key_by_client_ip(ClientIp::new())
+    ///     .redis(RedisStore::new("redis://127.0.0.1:6379")?)
+    ///     .key_secret(secret_from_the_environment())
+    ///     .build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    pub fn key_secret(mut self, secret: impl AsRef<[u8]>) -> Self {
+        self.key_secret = Some(secret.as_ref().to_vec());
+        self
+    }
+
     /// The cap on new keys this process makes in Redis, per second (and at once), for a
     /// keyed limit. A key over the cap (Redis does not hold it, and this process has made
-    /// its share of new keys this second) is decided against one shared overflow limit in
-    /// Redis, with the same rate, as the local map does at its cap; keys Redis holds keep
-    /// their own limits. Default: 1 000
+    /// its share of new keys this second) is decided against the overflow limit of its
+    /// client's network in Redis (IPv4 `/24`, IPv6 `/48`), with the same rate, as the local
+    /// map does at its cap, so that one network minting keys spends its own overflow limit
+    /// and not other networks' new clients'; keys Redis holds keep their own limits. The
+    /// same figure caps the networks' overflow keys a process makes a second; past both,
+    /// one last overflow limit is shared. Default: 1 000
     /// ([`DEFAULT_MAX_NEW_KEYS`](RedisLayerBuilder::DEFAULT_MAX_NEW_KEYS)). See the
     /// [module docs](crate::redis) for what it bounds.
     pub const fn max_new_keys(mut self, per_second: u32) -> Self {
@@ -258,7 +313,11 @@ where
     ///   such a batch could never be filled (kind `OutOfRange`);
     /// - `local_share` is not finite (kind `NotFinite`) or not within `(0, 1]` (kind
     ///   `OutOfRange`), or leaves a local burst below a fixed cost (kind `Conflict`);
-    /// - `key_prefix` is empty (kind `Invalid`);
+    /// - `key_prefix` is empty, longer than 128 bytes, or holds anything but printable ASCII
+    ///   without `{`, `}` and spaces; or the layer's `name` holds a `{`, `}`, `:` or space
+    ///   (kind `Invalid`): either would break the key layout (a brace makes a Cluster hash
+    ///   tag, every key in one slot; a `:` in the name lets two layers' keys meet);
+    /// - `key_secret` is shorter than 16 bytes (kind `OutOfRange`);
     /// - `reservation_lease` is set without a `reservation`, or `name` is set both before
     ///   `redis` and on this builder (kind `Conflict`);
     /// - the limiter cannot be computed exactly in Redis: a token bucket with more than one
@@ -298,6 +357,31 @@ where
                 "key_prefix",
                 &self.key_prefix,
                 "non-empty",
+            ));
+        }
+        // NOTE: the layout `{prefix}:{name}:{algorithm}:...` must hold no hash tag (a `{`
+        // makes the part up to the next `}` every key's slot), and name one layer only.
+        if self.key_prefix.len() > 128
+            || !self
+                .key_prefix
+                .bytes()
+                .all(|b| b.is_ascii_graphic() && b != b'{' && b != b'}')
+        {
+            return Err(ConfigError::invalid(
+                "key_prefix",
+                &self.key_prefix,
+                "at most 128 bytes of printable ASCII with no `{`, `}` or space (a brace would \
+                 put every key of the limit in one Redis Cluster slot)",
+            ));
+        }
+        if let Some(secret) = &self.key_secret
+            && secret.len() < RedisLayerBuilder::MIN_KEY_SECRET_LEN
+        {
+            // NOTE: the length only: a secret is never in a message.
+            return Err(ConfigError::out_of_range(
+                "key_secret",
+                format_args!("{} bytes", secret.len()),
+                "at least 16 bytes",
             ));
         }
         if self.lease_set && self.reservation == 0 {
@@ -343,6 +427,19 @@ where
             }
         }
         let name = LayerName::new(local.name.as_str())?;
+        if name
+            .as_str()
+            .bytes()
+            .any(|b| matches!(b, b'{' | b'}' | b':' | b' '))
+        {
+            return Err(ConfigError::invalid(
+                "name",
+                name.as_str(),
+                "free of `{`, `}`, `:` and spaces for a limit kept in Redis, where it is part \
+                 of every key (a brace would put every key in one Redis Cluster slot; a `:` \
+                 would let two layers' keys meet)",
+            ));
+        }
         let full_policy = rate_limit_policy(&name, &full)?;
         let clock = Arc::new(local.clock);
         let (remote_key, local_key) = match local.key {
@@ -363,6 +460,7 @@ where
             recheck: self.recheck_interval,
             capacity: full.capacity(),
             max_new_keys: self.max_new_keys,
+            secret: FleetSecret::new(self.key_secret.as_deref(), &self.key_prefix),
             reservation: (self.reservation > 0)
                 .then_some((self.reservation, self.reservation_lease)),
             away_after: RedisLayerBuilder::AWAY_AFTER_FAILURES,
@@ -408,6 +506,14 @@ where
             .field("recheck_interval", &self.recheck_interval)
             .field("key_prefix", &self.key_prefix)
             .field("max_new_keys", &self.max_new_keys)
+            .field(
+                "key_secret",
+                &if self.key_secret.is_some() {
+                    "given"
+                } else {
+                    "kept in Redis"
+                },
+            )
             .field("reservation", &self.reservation)
             .field("reservation_lease", &self.reservation_lease)
             .finish()
@@ -428,5 +534,9 @@ impl<E: KeyExtractor> KeyExtractor for SharedExtractor<E> {
 
     fn missing_key(&self) -> MissingKey {
         self.0.missing_key()
+    }
+
+    fn client_addr(&self, parts: &Parts) -> Option<IpAddr> {
+        self.0.client_addr(parts)
     }
 }

@@ -2,97 +2,73 @@
 //! command's buffer ([`command`]), and the call that sends the script itself when Redis
 //! does not have it ([`evalsha`]).
 
-use std::io::{self, Write};
+use std::io::Write;
 
 use redis::{Arg, Cmd, ErrorKind, RedisError, RedisWrite, ServerErrorKind, ToRedisArgs, Value};
 
 use super::connection::RedisConnection;
-use super::key::RedisKey;
 use super::script::{ScriptArgs, ScriptedLimit};
+use super::secret::NAME_LEN;
 
 /// Which limit a command names.
-pub(crate) enum RedisKeyName<'a, K: ?Sized> {
+pub(crate) enum RedisKeyName {
     /// The layer's one global limit: `g`.
     Global,
     /// A keyed limit's requests without a key, under `MissingKey::Shared`: `u`.
     Unkeyed,
-    /// The shared limit of new keys refused by the cap on new keys: `o`.
+    /// The last overflow limit, of new keys past the cap whose network could not have one
+    /// of its own (past the cap on new networks too): `o`.
     Overflow,
-    /// A request's key: `k:` and the key's bytes, escaped.
-    Keyed(&'a K),
+    /// A request's key: `k:` and its name under the fleet's secret ([`KeyNamer`]).
+    ///
+    /// [`KeyNamer`]: super::secret::KeyNamer
+    Keyed([u8; NAME_LEN]),
+    /// The overflow limit of one network's new keys past the cap: `o:` and the network's
+    /// name under the fleet's secret.
+    NetworkOverflow([u8; NAME_LEN]),
 }
 
 /// The key argument: the namespace and the limit's name, written straight into the
 /// command's buffer.
-struct RedisKeyArg<'a, K: ?Sized> {
+struct RedisKeyArg<'a> {
     namespace: &'a [u8],
-    name: &'a RedisKeyName<'a, K>,
+    name: &'a RedisKeyName,
 }
 
-impl<K: RedisKey + ?Sized> ToRedisArgs for RedisKeyArg<'_, K> {
+impl ToRedisArgs for RedisKeyArg<'_> {
     fn write_redis_args<W>(&self, out: &mut W)
     where
         W: ?Sized + RedisWrite,
     {
         let mut arg = out.writer_for_next_arg();
-        // NOTE: the command's buffer is a `Vec`, whose writes never fail.
+        // NOTE: the command's buffer is a `Vec`, whose writes never fail. A name is hex
+        // digits: no `{` or `}`, so no part of a key is a Cluster hash tag (the prefix and
+        // the layer's name are checked for them when the layer is built).
         let _ = arg.write_all(self.namespace);
         let _ = match self.name {
             RedisKeyName::Global => arg.write_all(b"g"),
             RedisKeyName::Unkeyed => arg.write_all(b"u"),
             RedisKeyName::Overflow => arg.write_all(b"o"),
-            RedisKeyName::Keyed(key) => arg
-                .write_all(b"k:")
-                .and_then(|()| key.write_key(&mut HashTagEscape(&mut arg))),
+            RedisKeyName::Keyed(name) => arg.write_all(b"k:").and_then(|()| arg.write_all(name)),
+            RedisKeyName::NetworkOverflow(name) => {
+                arg.write_all(b"o:").and_then(|()| arg.write_all(name))
+            }
         };
-    }
-}
-
-/// Writes a key's bytes with `%`, `{` and `}` as `%25`, `%7B` and `%7D`.
-///
-/// A Redis Cluster puts a key in the slot of the part between its first `{` and the next
-/// `}` (a hash tag), when there is one: unescaped, a client that chooses its key (a header)
-/// could send every key it makes to one node. Escaped, a key's slot follows from all its
-/// bytes. `%` is escaped too, so that two different keys never write the same bytes.
-struct HashTagEscape<'a, W: ?Sized>(&'a mut W);
-
-impl<W: Write + ?Sized> Write for HashTagEscape<'_, W> {
-    fn write(&mut self, buf: &[u8]) -> io::Result<usize> {
-        self.write_all(buf)?;
-        Ok(buf.len())
-    }
-
-    fn write_all(&mut self, buf: &[u8]) -> io::Result<()> {
-        let mut rest = buf;
-        while let Some(at) = rest.iter().position(|b| matches!(b, b'%' | b'{' | b'}')) {
-            self.0.write_all(&rest[..at])?;
-            self.0.write_all(match rest[at] {
-                b'%' => b"%25",
-                b'{' => b"%7B",
-                _ => b"%7D",
-            })?;
-            rest = &rest[at + 1..];
-        }
-        self.0.write_all(rest)
-    }
-
-    fn flush(&mut self) -> io::Result<()> {
-        self.0.flush()
     }
 }
 
 /// `EVALSHA hash 1 key ARGV...` for the limit `name` under `namespace`
 /// (`{prefix}:{name}:{algorithm}:`), with the call's arguments.
-pub(crate) fn command<K: RedisKey + ?Sized>(
+pub(crate) fn command(
     scripted: &ScriptedLimit,
     namespace: &[u8],
-    name: &RedisKeyName<'_, K>,
+    name: &RedisKeyName,
     args: ScriptArgs,
 ) -> Cmd {
     // NOTE: 10 arguments and their bytes, so that writing them never reallocates:
-    // "EVALSHA", the 40-digit hash, "1", the key (the namespace and up to 64 bytes of key,
-    // typical of an address or an API key), and six short numbers.
-    let mut cmd = Cmd::with_capacity(10, 64 + namespace.len() + 64 + 6 * 24);
+    // "EVALSHA", the 40-digit hash, "1", the key (the namespace and a name of 34 bytes),
+    // and six short numbers.
+    let mut cmd = Cmd::with_capacity(10, 64 + namespace.len() + 2 + NAME_LEN + 6 * 24);
     cmd.arg("EVALSHA")
         .arg(scripted.hash.as_bytes())
         .arg(1)
@@ -141,8 +117,9 @@ pub(crate) async fn eval(
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::redis::secret::KeyNamer;
 
-    fn written<K: RedisKey + ?Sized>(name: &RedisKeyName<'_, K>) -> Vec<u8> {
+    fn written(name: &RedisKeyName) -> Vec<u8> {
         let mut cmd = Cmd::new();
         cmd.arg(RedisKeyArg {
             namespace: b"ratelimit:api:tb:",
@@ -155,27 +132,22 @@ mod tests {
     }
 
     #[test]
-    fn keys_cannot_choose_their_cluster_slot() {
+    fn keys_are_named_by_their_keyed_hash() {
+        let namer = KeyNamer::new(b"0123456789abcdef");
         assert_eq!(
-            written(&RedisKeyName::Keyed("{tenant}1")),
-            b"ratelimit:api:tb:k:%7Btenant%7D1"
+            written(&RedisKeyName::Keyed(namer.name("alice"))),
+            b"ratelimit:api:tb:k:fdbf8b1cacd3d578e062d0e41104357d"
         );
-        assert_eq!(
-            written(&RedisKeyName::Keyed("a%7Bb")),
-            b"ratelimit:api:tb:k:a%257Bb"
+        let tagged = written(&RedisKeyName::Keyed(namer.name("{tenant}1")));
+        assert!(
+            !tagged.contains(&b'{') && !tagged.contains(&b'}'),
+            "no hash tag"
         );
-        assert_eq!(
-            written(&RedisKeyName::Keyed("192.0.2.1")),
-            b"ratelimit:api:tb:k:192.0.2.1"
+        assert_eq!(written(&RedisKeyName::Overflow), b"ratelimit:api:tb:o");
+        assert!(
+            written(&RedisKeyName::NetworkOverflow(namer.name(&7_u64)))
+                .starts_with(b"ratelimit:api:tb:o:")
         );
-        assert_eq!(
-            written::<str>(&RedisKeyName::Overflow),
-            b"ratelimit:api:tb:o"
-        );
-        // Two keys that would escape alike if `%` were not escaped.
-        assert_ne!(
-            written(&RedisKeyName::Keyed("%7B")),
-            written(&RedisKeyName::Keyed("{"))
-        );
+        assert_eq!(written(&RedisKeyName::Global), b"ratelimit:api:tb:g");
     }
 }

@@ -16,10 +16,11 @@ use super::connection::RedisConnection;
 use super::key::RedisKey;
 use super::reserve::{refill_ahead, reserve, reserved};
 use super::script::{ScriptArgs, ScriptReply};
+use super::secret::KeyNamer;
 use super::state::{Call, OVERFLOW_QUIET, RedisDeciderState, RedisSettings};
 use crate::algorithm::Limiter;
 use crate::key::{KeyExtractor, MissingKey};
-use crate::keyed::KeyClass;
+use crate::keyed::{KeyClass, network_of};
 use crate::rate_limit::decide::MissingKeyPolicy;
 use crate::rate_limit::remote_decision::{
     RemoteDecide, RemoteDecision, RemoteFallback, RemoteOutcome, RemoteStart,
@@ -114,12 +115,39 @@ where
         };
         let (scripted, namespace) = (&settings.scripted, settings.namespace.as_slice());
         let mut args = ScriptArgs::cost(cost);
-        let cmd = match target {
-            RedisTarget::Global => command::<()>(scripted, namespace, &RedisKeyName::Global, args),
+        let deadline = tokio::time::Instant::now() + settings.budget;
+        let (cmd, overflow) = match target {
+            RedisTarget::Global => (
+                command(scripted, namespace, &RedisKeyName::Global, args),
+                None,
+            ),
             RedisTarget::Keyed(key) => {
                 call.class = KeyClass::Keyed;
                 args.may_create = state.may_make_key();
-                command(scripted, namespace, &RedisKeyName::Keyed(&*key), args)
+                // NOTE: only a key that may not be made can meet the overflow: the client's
+                // network is looked up for those alone.
+                let network = (!args.may_create)
+                    .then(|| network_of(self.extract.as_ref().and_then(|e| e.client_addr(parts))));
+                let Some(namer) = settings.secret.namer() else {
+                    // NOTE: the secret is not known yet (the layer's first keyed requests):
+                    // the key's bytes are kept until it is.
+                    let mut plain = Vec::new();
+                    let _ = key.write_key(&mut plain);
+                    return RemoteStart::Pending(RemoteDecision::new(load_then_decide(
+                        Arc::clone(&self.state),
+                        connection,
+                        plain,
+                        args,
+                        call,
+                        network,
+                        deadline,
+                    )));
+                };
+                let name = RedisKeyName::Keyed(namer.name(&*key));
+                (
+                    command(scripted, namespace, &name, args),
+                    network.map(|network| (namer, network)),
+                )
             }
             RedisTarget::Unkeyed => {
                 call.class = KeyClass::Unkeyed;
@@ -128,7 +156,10 @@ where
                 if let Some(missing) = self.missing.as_deref() {
                     missing.apply();
                 }
-                command::<()>(scripted, namespace, &RedisKeyName::Unkeyed, args)
+                (
+                    command(scripted, namespace, &RedisKeyName::Unkeyed, args),
+                    None,
+                )
             }
         };
         RemoteStart::Pending(RemoteDecision::new(decide(
@@ -136,6 +167,8 @@ where
             connection,
             cmd,
             call,
+            overflow,
+            deadline,
         )))
     }
 
@@ -154,16 +187,51 @@ enum RedisTarget<'a, L: ?Sized + ToOwned> {
     Unkeyed,
 }
 
-/// One decision: the script within the budget (and, for a new key over the cap, the
-/// overflow limit's within what is left of it), its reply read.
+/// The layer's first keyed decisions, before the fleet's secret is known: the secret read
+/// from Redis (made there if no process has yet), then the decision, within one budget.
+async fn load_then_decide<C: Clock>(
+    state: Arc<RedisDeciderState<C>>,
+    mut connection: RedisConnection,
+    plain: Vec<u8>,
+    args: ScriptArgs,
+    call: Call,
+    network: Option<u64>,
+    deadline: tokio::time::Instant,
+) -> RemoteOutcome {
+    let settings = &state.settings;
+    let loaded = tokio::time::timeout_at(deadline, settings.secret.load(&mut connection)).await;
+    let namer = match loaded {
+        Ok(Ok(namer)) => namer,
+        Ok(Err(e)) => {
+            state.failed(RedisFallbackReason::Error, &e, call.observed, None);
+            state.fell_back(RedisFallbackReason::Error);
+            return Err(RemoteFallback);
+        }
+        Err(_elapsed) => {
+            let e = state.over_budget();
+            state.failed(RedisFallbackReason::Timeout, &e, call.observed, None);
+            state.fell_back(RedisFallbackReason::Timeout);
+            return Err(RemoteFallback);
+        }
+    };
+    let name = RedisKeyName::Keyed(namer.name(plain.as_slice()));
+    let cmd = command(&settings.scripted, &settings.namespace, &name, args);
+    let overflow = network.map(|network| (namer, network));
+    decide(state, connection, cmd, call, overflow, deadline).await
+}
+
+/// One decision: the script within the budget (and, for a new key over the cap, its
+/// network's overflow limit's within what is left of it, or the last overflow limit's),
+/// its reply read. `overflow` is the namer and the network of a key that may not be made.
 async fn decide<C: Clock>(
     state: Arc<RedisDeciderState<C>>,
     mut connection: RedisConnection,
     cmd: Cmd,
     call: Call,
+    overflow: Option<(KeyNamer, u64)>,
+    deadline: tokio::time::Instant,
 ) -> RemoteOutcome {
     let settings = &state.settings;
-    let deadline = tokio::time::Instant::now() + settings.budget;
     let mut class = call.class;
     let fell_back = |reason| {
         state.fell_back(reason);
@@ -173,29 +241,48 @@ async fn decide<C: Clock>(
         .ask(&mut connection, &cmd, deadline, call)
         .await
         .map_err(fell_back)?;
+    let mut network_made = false;
     if reply == ScriptReply::NoSuchKey {
-        // NOTE: a new key over the cap: the request is decided against the one overflow
-        // limit, as the local map does at its cap.
+        // NOTE: a new key over the cap: the request is decided against its network's
+        // overflow limit (made while the cap on new networks allows), or else the last
+        // one, as the local map does at its cap.
         if state.overflowing.seen(state.clock.now()) {
             tracing::warn!(
                 name = %settings.name,
                 max_new_keys = settings.max_new_keys,
                 "ratelimit-layer: more new rate-limit keys than the cap allows; their requests \
-                 share one overflow limit in Redis (logged once; `INFO` once none has come \
-                 for {OVERFLOW_QUIET:?})"
+                 share their network's overflow limit in Redis (logged once; `INFO` once none \
+                 has come for {OVERFLOW_QUIET:?})"
             );
         }
         class = KeyClass::Overflow;
-        let overflow = command::<()>(
-            &settings.scripted,
-            &settings.namespace,
-            &RedisKeyName::Overflow,
-            ScriptArgs::cost(call.cost),
-        );
-        reply = state
-            .ask(&mut connection, &overflow, deadline, call)
-            .await
-            .map_err(fell_back)?;
+        if let Some((namer, network)) = &overflow {
+            let mut args = ScriptArgs::cost(call.cost);
+            args.may_create = state.may_make_network();
+            let name = RedisKeyName::NetworkOverflow(namer.name(network));
+            let cmd = command(&settings.scripted, &settings.namespace, &name, args);
+            reply = state
+                .ask(&mut connection, &cmd, deadline, call)
+                .await
+                .map_err(fell_back)?;
+            network_made = matches!(reply, ScriptReply::Decided { made: true, .. });
+        }
+        if reply == ScriptReply::NoSuchKey {
+            let last = command(
+                &settings.scripted,
+                &settings.namespace,
+                &RedisKeyName::Overflow,
+                ScriptArgs::cost(call.cost),
+            );
+            reply = state
+                .ask(&mut connection, &last, deadline, call)
+                .await
+                .map_err(fell_back)?;
+        }
+    }
+    if network_made {
+        let (bucket, taken) = &state.new_networks;
+        let _ = bucket.check(taken, state.clock.now(), 1);
     }
     let ScriptReply::Decided {
         decision,

@@ -7,7 +7,10 @@ use std::net::IpAddr;
 ///
 /// Every process of a fleet must write the same bytes for the same key, so the bytes are
 /// the key's plain form (an IP address as text, a header value as it came), never a hash
-/// that depends on the process. Two different keys must write different bytes.
+/// that depends on the process. Two different keys must write different bytes. The bytes
+/// are not the key's name in Redis: the layer names a key by a keyed hash of them under
+/// the fleet's secret (see [`RedisLayerBuilder::key_secret`](super::RedisLayerBuilder::key_secret)),
+/// so that a client cannot choose the Cluster slot its key lands on.
 ///
 /// Why a trait of its own, beside [`KeyExtractor`](crate::key::KeyExtractor) and
 /// `overload-signal`'s `CallerKey`: it describes a key *type*'s form across processes, not

@@ -124,29 +124,61 @@
 //!
 //! Keys are namespaced, `{prefix}:{name}:{algorithm}:` (the name is the layer's,
 //! [`RateLimitBuilder::name`](crate::RateLimitBuilder::name)), followed by `g` for the global
-//! limit, `u` for requests without a key, `o` for the overflow limit below, or `k:` and the
-//! key's bytes ([`RedisKey`]; an IP address in its text form) with `%`, `{` and `}` escaped
-//! (`%25`, `%7B`, `%7D`), so that a client who chooses its key cannot choose its Cluster
-//! slot with a hash tag. They expire on their own once they hold nothing a fresh key would
-//! not (a token bucket's key when its bucket is full again, a sliding window's two windows
-//! after its last admission).
+//! limit, `u` for requests without a key, `o:` and a network's name or `o` for the overflow
+//! limits below, or `k:` and the key's name. They expire on their own once they hold
+//! nothing a fresh key would not (a token bucket's key when its bucket is full again, a
+//! sliding window's two windows after its last admission).
+//!
+//! **A client cannot choose its Cluster slot.** A key's name is not the client's key but a
+//! keyed hash of it under the fleet's secret: HMAC-SHA-256 of the key's bytes
+//! ([`RedisKey`]; an IP address in its text form), its first 128 bits in 32 hex digits. A
+//! Cluster puts a key in slot `CRC16(key) mod 16384`; CRC16 is public, so with the client's
+//! bytes in the name a client that chooses its key (a header) could compute, offline, keys
+//! that all land on one slot, and so one master (tested: 60 keys aimed at one slot under
+//! that scheme spread 20, 19 and 21 over three masters now). Without the secret it cannot.
+//! Hex digits hold no `{` or `}`, and the prefix and the layer's name are checked for them
+//! (and for spaces; the name for `:` too) when the layer is built, so no part of a key is a
+//! hash tag. The secret is [`RedisLayerBuilder::key_secret`], or by default one kept in Redis
+//! under `{prefix}:secret`, made once by the first process that needs it (`SET NX`) and read
+//! by every other: every process of a fleet names a key alike, and one that finds another
+//! secret there takes it and says so at `WARN` (see
+//! [`key_secret`](RedisLayerBuilder::key_secret)). What does not hold: a client still
+//! chooses how many keys it makes (the cap below bounds them), and someone who can read the
+//! secret (from Redis, or the configuration) can aim keys at a slot again.
 //!
 //! **A cap on new keys** ([`RedisLayerBuilder::max_new_keys`], default 1 000 a second per
 //! process): a keyed request whose key Redis does not hold makes it only while the process
 //! has made fewer than that many this second (a token bucket of that rate and burst);
-//! otherwise it is decided against one shared overflow limit (`o`, the same rate; counted
-//! with `key_class="overflow"`), as the local map does at its cap, and the first such
-//! request of an episode is logged at `WARN`. Keys Redis holds keep their own limits. So a
-//! flood of made-up keys (a client inventing a header value per request) holds at most
-//! `processes x max_new_keys x (1 s + a key's life)` keys in Redis, a key's life being one
-//! emission interval per unit taken for a token bucket and two windows for a sliding window:
-//! for three processes and a sliding window of a second, 9 000 keys, about 2.2 MB at the
-//! 247 bytes a key took in Redis 7.0 (measured: 3 000 made-up keys in 1.4 s with a cap of
-//! 200 a second left 481 keys, the bound being 482). Without the cap, every made-up key was
-//! a key. **Key by a header only after authenticating it** (a layer that checks an API key
-//! before this one): an unauthenticated header lets one client spread its requests over as
-//! many limits as it invents, up to the cap, and push real new clients into the overflow
-//! limit.
+//! otherwise it is decided against the overflow limit of its client's network (the same
+//! rate; counted with `key_class="overflow"`), as the local map does at its cap, and the
+//! first such request of an episode is logged at `WARN`. Keys Redis holds keep their own
+//! limits.
+//!
+//! **Fair admission past the cap.** A client's network is its address (the key extractor's
+//! [`client_addr`](crate::key::KeyExtractor::client_addr): the address
+//! [`ClientIp`](crate::key::ClientIp) keys by, or the client address the server resolved)
+//! taken at IPv4 `/24` or IPv6 `/48`; requests without an address are one network. Each
+//! network has an overflow limit of its own (`o:` and the network's name under the
+//! secret), so a network that mints keys (an IPv6 `/48` holds 65 536 `/64` keys) spends the
+//! cap and its own overflow limit, and a new client of another network is admitted at a
+//! key's quota of its own (tested: 2 000 new `/64` keys a second from one `/48` against a
+//! cap of 100 a second, and one new client of another network admitted at its full burst).
+//! This is the local map's rule. A process makes networks' overflow keys at most
+//! `max_new_keys` a second too; past that, new keys of further networks share one last
+//! overflow limit (`o`): a client holding thousands of networks at once (an IPv6 `/32`)
+//! can still push new clients of networks it has not reached into one key's quota. Two new
+//! clients of one network past the cap share that network's quota.
+//!
+//! So a flood of made-up keys (a client inventing a header value per request) holds at
+//! most `processes x max_new_keys x (1 s + a key's life)` keys in Redis, and as many
+//! networks' overflow keys, a key's life being one emission interval per unit taken for a
+//! token bucket and two windows for a sliding window: for three processes and a sliding
+//! window of a second, 9 000 keys, about 2.2 MB at the 247 bytes a key took in Redis 7.0
+//! (measured: 3 000 made-up keys in 1.4 s with a cap of 200 a second left 481 keys, the
+//! bound being 482). Without the cap, every made-up key was a key. **Key by a header only
+//! after authenticating it** (a layer that checks an API key before this one): an
+//! unauthenticated header lets one client spread its requests over as many limits as it
+//! invents, up to the cap.
 //!
 //! # When Redis is slow, away, or silent
 //!
@@ -285,6 +317,7 @@ mod decider;
 mod key;
 mod reserve;
 mod script;
+mod secret;
 mod state;
 mod store;
 #[cfg(any(test, feature = "test-util"))]

@@ -198,7 +198,7 @@ async fn ask_for_batch<C: Clock>(
         extra: batch.saturating_sub(cost),
         ..ScriptArgs::cost(cost)
     };
-    let cmd = command::<()>(
+    let cmd = command(
         &settings.scripted,
         &settings.namespace,
         &RedisKeyName::Global,

@@ -17,6 +17,7 @@ use tokio::sync::Notify;
 use super::command::{eval, evalsha};
 use super::connection::RedisConnection;
 use super::script::{ScriptReply, ScriptedLimit};
+use super::secret::FleetSecret;
 use super::store::RedisStore;
 use crate::algorithm::{Limiter, TokenBucket};
 use crate::keyed::KeyClass;
@@ -35,8 +36,11 @@ pub(crate) struct RedisSettings {
     /// request asks it, the layer checks it.
     pub(crate) recheck: Duration,
     pub(crate) capacity: u64,
-    /// New keys per second this process may make in Redis (keyed limits).
+    /// New keys per second this process may make in Redis (keyed limits), and networks'
+    /// overflow keys.
     pub(crate) max_new_keys: u32,
+    /// The secret keys are named with.
+    pub(crate) secret: FleetSecret,
     /// The local reservation's largest batch and its lease, if any.
     pub(crate) reservation: Option<(u32, Duration)>,
     /// Failed decisions counted in a row that turn Redis away.
@@ -81,6 +85,9 @@ pub(super) struct RedisDeciderState<C> {
     ticker: Ticker,
     /// The cap on new keys: a token bucket of `max_new_keys` per second.
     pub(super) new_keys: (TokenBucket, <TokenBucket as Limiter>::State),
+    /// The cap on new networks' overflow keys past the cap on new keys: a token bucket of
+    /// `max_new_keys` per second too.
+    pub(super) new_networks: (TokenBucket, <TokenBucket as Limiter>::State),
     /// New keys over the cap: begun by the first (`WARN`), over after `OVERFLOW_QUIET`.
     pub(super) overflowing: Episode,
     pub(super) reservation: Option<LocalReservation>,
@@ -115,6 +122,15 @@ impl<C> Drop for ProbeGuard<C> {
     }
 }
 
+/// Owned by a recheck of the secret's task from when the task is made, as [`ProbeGuard`].
+struct SecretCheckGuard<C>(Arc<RedisDeciderState<C>>);
+
+impl<C> Drop for SecretCheckGuard<C> {
+    fn drop(&mut self) {
+        self.0.settings.secret.recheck_done();
+    }
+}
+
 impl<C: Clock> RedisDeciderState<C> {
     pub(super) fn new(settings: RedisSettings, clock: C) -> Result<Arc<Self>, ConfigError> {
         let metrics = LazyMetrics::new(settings.name.clone());
@@ -141,6 +157,7 @@ impl<C: Clock> RedisDeciderState<C> {
             #[cfg(test)]
             probes: std::sync::atomic::AtomicUsize::new(0),
             ticker: Ticker::new(),
+            new_networks: (new_keys.clone(), Default::default()),
             new_keys: (new_keys, Default::default()),
             overflowing: Episode::new(),
             reservation,
@@ -248,6 +265,45 @@ impl<C: Clock> RedisDeciderState<C> {
     pub(super) fn may_make_key(&self) -> bool {
         let (bucket, taken) = &self.new_keys;
         bucket.status(taken, self.clock.now()).remaining >= 1
+    }
+
+    /// Whether a network's overflow key may be made in Redis: while the cap on new
+    /// networks has a unit left.
+    pub(super) fn may_make_network(&self) -> bool {
+        let (bucket, taken) = &self.new_networks;
+        bucket.status(taken, self.clock.now()).remaining >= 1
+    }
+
+    /// Reads the secret kept in Redis again when it is due (every
+    /// [`SECRET_RECHECK_TICKS`](super::secret::SECRET_RECHECK_TICKS) ticks), in a task of
+    /// its own, within the store's response timeout.
+    fn recheck_secret(&self) {
+        if !self.settings.secret.recheck_due() {
+            return;
+        }
+        let (Some(this), Ok(runtime)) =
+            (self.this.upgrade(), tokio::runtime::Handle::try_current())
+        else {
+            self.settings.secret.recheck_done();
+            return;
+        };
+        // NOTE: the guard is moved into the task when it is made, so that a runtime that
+        // drops the task unpolled ends the recheck all the same.
+        let guard = SecretCheckGuard(this);
+        runtime.spawn(async move {
+            let guard = guard;
+            let state = &guard.0;
+            let settings = &state.settings;
+            if let Ok((mut connection, _)) = settings.store.connection() {
+                let _ = tokio::time::timeout(
+                    settings.store.response_timeout(),
+                    settings
+                        .secret
+                        .recheck(&mut connection, settings.name.as_str()),
+                )
+                .await;
+            }
+        });
     }
 
     pub(super) fn over_budget(&self) -> RedisError {
@@ -365,6 +421,7 @@ impl<C: Clock> RedisDeciderState<C> {
     /// its return are seen, logged and reported without traffic.
     pub(super) fn tick(&self) {
         let asked = self.asked.swap(false, Ordering::Relaxed);
+        self.recheck_secret();
         if let Some(ended) = self.overflowing.quiet_for(OVERFLOW_QUIET, self.clock.now()) {
             tracing::info!(
                 name = %self.settings.name,

@@ -28,6 +28,7 @@ fn state(port: u16, recheck: Duration) -> Arc<RedisDeciderState<TokioClock>> {
         recheck,
         capacity: 10,
         max_new_keys: 10,
+        secret: FleetSecret::new(None, "test"),
         reservation: None,
         away_after: 3,
         name: LayerName::default(),

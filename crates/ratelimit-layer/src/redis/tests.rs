@@ -33,6 +33,17 @@ fn at(cost: u32, now_micros: u64) -> ScriptArgs {
     }
 }
 
+/// The name of `key` under the tests' secret.
+fn name_of(key: &str) -> String {
+    let namer = crate::redis::secret::KeyNamer::new(b"0123456789abcdef");
+    String::from_utf8(namer.name(key).to_vec()).unwrap()
+}
+
+/// The limit of `key`, named under the tests' secret.
+fn keyed(key: &str) -> RedisKeyName {
+    RedisKeyName::Keyed(crate::redis::secret::KeyNamer::new(b"0123456789abcdef").name(key))
+}
+
 /// One call in Redis for `key`, and its reply.
 async fn call(
     settings: &TestLimit,
@@ -40,12 +51,7 @@ async fn call(
     key: &str,
     args: ScriptArgs,
 ) -> ScriptReply {
-    let cmd = command(
-        &settings.scripted,
-        &settings.namespace,
-        &RedisKeyName::Keyed(key),
-        args,
-    );
+    let cmd = command(&settings.scripted, &settings.namespace, &keyed(key), args);
     let reply = evalsha(connection, &cmd, settings.scripted.code)
         .await
         .unwrap();
@@ -173,7 +179,7 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
     let cmd = command(
         &bucket.scripted,
         &bucket.namespace,
-        &RedisKeyName::Keyed("192.0.2.1"),
+        &keyed("192.0.2.1"),
         ScriptArgs::cost(5),
     );
     evalsha(&mut connection, &cmd, bucket.scripted.code)
@@ -186,12 +192,12 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
             .parse()
             .unwrap()
     };
-    let ttl = pttl("test:default:tb:k:192.0.2.1");
+    let ttl = pttl(&format!("test:default:tb:k:{}", name_of("192.0.2.1")));
     assert!((1..=501).contains(&ttl), "PTTL {ttl}");
 
     // A sliding window of one second: two windows.
     let window = settings(&SlidingWindow::new(10).unwrap());
-    let cmd = command::<()>(
+    let cmd = command(
         &window.scripted,
         &window.namespace,
         &RedisKeyName::Global,
@@ -212,7 +218,7 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
             .build()
             .unwrap(),
     );
-    let cmd = command::<()>(
+    let cmd = command(
         &slow.scripted,
         &slow.namespace,
         &RedisKeyName::Unkeyed,
@@ -222,7 +228,7 @@ async fn keys_are_namespaced_and_expire_on_their_own() {
         .await
         .unwrap();
     let before = pttl("test:default:tb:u");
-    let cmd = command::<()>(
+    let cmd = command(
         &slow.scripted,
         &slow.namespace,
         &RedisKeyName::Unkeyed,
@@ -384,7 +390,7 @@ async fn keys_are_made_only_when_the_call_allows() {
             "{known:?}"
         );
     }
-    let key = String::from_utf8_lossy(b"test:default:tb:k:new").into_owned();
+    let key = format!("test:default:tb:k:{}", name_of("new"));
     assert_eq!(server.command(&format!("EXISTS {key}")), ":1");
 }
 
