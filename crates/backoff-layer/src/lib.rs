@@ -270,7 +270,10 @@
 //! the handles (no lookup per request): install the recorder before the first request;
 //! building the layer before the recorder is fine. Every series is registered at zero then,
 //! every `backoff_layer_gave_up_total` reason included; a destination's
-//! `backoff_layer_throttle_probability` is registered the first time it is throttled.
+//! `backoff_layer_throttle_probability` is registered the first time it is throttled, for
+//! at most 32 destinations per throttle, the rest sharing one series (see the
+//! [throttle's metrics](throttle#metrics)): a layer's series are bounded whatever
+//! destinations it reaches.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -284,7 +287,7 @@
 //! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
 //! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's) | requests the client-side throttle refused, never sent |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
-//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled |
+//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled; `destination="(other)"` for every destination beyond the first 32 throttled |
 //!
 //! # Logs
 //!
