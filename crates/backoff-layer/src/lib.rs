@@ -235,6 +235,7 @@
 //! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
 //! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable), [`NotRetryable`](GiveUpReason::NotRetryable) or [`RetryAfterTooLong`](GiveUpReason::RetryAfterTooLong) |
 //! | a failure (`429`, `5xx` and their gRPC codes: the protocol's `Outcome::is_failure`) carrying the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the request-scoped marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
+//! | the same, from a layer set to honour stop signals without passing them up ([`StopSignals::HonourOnly`], for a third party) | `Ok(response)`, the failure itself with the stop signal taken out, with `RetryInfo { gave_up: Some(`[`GiveUpReason::StopSignal`]`) }`; the marker says the call was given up on, never the stop signal |
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
@@ -246,6 +247,14 @@
 //!
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
 //! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
+//!
+//! **Whose stop signals go up.** By default a downstream's stop signal is honoured and
+//! passed up: the server this client runs in tells its own callers to stop too. That is
+//! right inside one organisation, whose services judge overload by the same rule; a third
+//! party's `X-Overloaded` would make our server tell its callers to stop on its word. Build
+//! the layer in front of a third party with
+//! [`stop_signals(StopSignals::HonourOnly)`](RetryBuilder::stop_signals): still never
+//! retried, never passed up.
 //!
 //! **In a server that is a proxy.** Besides the stop signal, the layer marks the request's
 //! [propagation scope](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html)
@@ -345,7 +354,7 @@ pub use overload_core::clock;
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
-pub use retry::{Retry, RetryBuilder, RetryLayer};
+pub use retry::{Retry, RetryBuilder, RetryLayer, StopSignals};
 pub use throttle::{Throttled, is_throttled};
 
 // The README's examples, compiled and run as doctests so that they stay true.
