@@ -235,6 +235,7 @@
 //! | a response the classifier calls final (a success, a `404`, ...) | `Ok(response)`, with [`RetryInfo`] `{ attempts, gave_up: None }` in its extensions |
 //! | a retryable response, retries exhausted | `Ok(response)` (the last one), with `RetryInfo { gave_up: Some(reason) }`: [`GiveUpReason::MaxAttempts`], [`BudgetExhausted`](GiveUpReason::BudgetExhausted), [`Deadline`](GiveUpReason::Deadline), [`BodyNotReplayable`](GiveUpReason::BodyNotReplayable), [`NotRetryable`](GiveUpReason::NotRetryable) or [`RetryAfterTooLong`](GiveUpReason::RetryAfterTooLong) |
 //! | a failure (`429`, `5xx` and their gRPC codes: the protocol's `Outcome::is_failure`) carrying the stop signal | `Err`, an [`Overloaded`] (`err.is::<Overloaded>()`, or [`is_overloaded`] anywhere in a source chain); the request-scoped marker of [`overload_signal::propagation`](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html) is raised |
+//! | the same, from a layer set to honour stop signals without passing them up ([`StopSignals::HonourOnly`], for a third party) | `Ok(response)`, the failure itself with the stop signal taken out, with `RetryInfo { gave_up: Some(`[`GiveUpReason::StopSignal`]`) }`; the marker says the call was given up on, never the stop signal |
 //! | an error the classifier calls final | `Err`, the inner service's error, boxed, unchanged |
 //! | a retryable error, retries exhausted | `Err`, a [`GaveUp`] with the same reasons, the last error as its `source()` |
 //! | the last attempt timed out | as a retryable error, the source being [`AttemptTimedOut`] |
@@ -246,6 +247,14 @@
 //!
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
 //! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
+//!
+//! **Whose stop signals go up.** By default a downstream's stop signal is honoured and
+//! passed up: the server this client runs in tells its own callers to stop too. That is
+//! right inside one organisation, whose services judge overload by the same rule; a third
+//! party's `X-Overloaded` would make our server tell its callers to stop on its word. Build
+//! the layer in front of a third party with
+//! [`stop_signals(StopSignals::HonourOnly)`](RetryBuilder::stop_signals): still never
+//! retried, never passed up.
 //!
 //! **In a server that is a proxy.** Besides the stop signal, the layer marks the request's
 //! [propagation scope](https://docs.rs/overload-signal/latest/overload_signal/propagation/index.html)
@@ -270,7 +279,10 @@
 //! the handles (no lookup per request): install the recorder before the first request;
 //! building the layer before the recorder is fine. Every series is registered at zero then,
 //! every `backoff_layer_gave_up_total` reason included; a destination's
-//! `backoff_layer_throttle_probability` is registered the first time it is throttled.
+//! `backoff_layer_throttle_probability` is registered the first time it is throttled, for
+//! at most 32 destinations per throttle, the rest sharing one series (see the
+//! [throttle's metrics](throttle#metrics)): a layer's series are bounded whatever
+//! destinations it reaches.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -284,7 +296,7 @@
 //! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
 //! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's) | requests the client-side throttle refused, never sent |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
-//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled |
+//! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled; `destination="(other)"` for every destination beyond the first 32 throttled |
 //!
 //! # Logs
 //!
@@ -342,7 +354,7 @@ pub use overload_core::clock;
 pub use overload_core::{ConfigError, ConfigErrorKind};
 pub use overload_signal::{Overloaded, is_overloaded};
 pub use retry::future;
-pub use retry::{Retry, RetryBuilder, RetryLayer};
+pub use retry::{Retry, RetryBuilder, RetryLayer, StopSignals};
 pub use throttle::{Throttled, is_throttled};
 
 // The README's examples, compiled and run as doctests so that they stay true.

@@ -35,11 +35,18 @@ pub enum GiveUpReason {
     /// [`max_retry_after`](crate::RetryBuilder::max_retry_after): the layer gives up at once
     /// rather than park the request that long.
     RetryAfterTooLong,
+    /// The failure carried the stop signal and the layer honours it without passing it up
+    /// ([`StopSignals::HonourOnly`](crate::StopSignals::HonourOnly)): not retried, and
+    /// returned with the signal taken out. Not counted in `backoff_layer_gave_up_total`:
+    /// every stop signal is counted once, in `backoff_layer_stop_signals_total`, whatever
+    /// the setting.
+    StopSignal,
 }
 
 impl GiveUpReason {
     /// The reason as the metric label value: `max_attempts`, `budget`, `deadline`,
-    /// `body_not_replayable`, `not_retryable` or `retry_after_too_long`.
+    /// `body_not_replayable`, `not_retryable` or `retry_after_too_long` (and
+    /// `stop_signal`, never a label: see [`GiveUpReason::StopSignal`]).
     pub const fn as_str(self) -> &'static str {
         match self {
             GiveUpReason::MaxAttempts => "max_attempts",
@@ -48,6 +55,7 @@ impl GiveUpReason {
             GiveUpReason::BodyNotReplayable => "body_not_replayable",
             GiveUpReason::NotRetryable => "not_retryable",
             GiveUpReason::RetryAfterTooLong => "retry_after_too_long",
+            GiveUpReason::StopSignal => "stop_signal",
         }
     }
 }
@@ -61,6 +69,7 @@ impl fmt::Display for GiveUpReason {
             GiveUpReason::BodyNotReplayable => "request body cannot be replayed",
             GiveUpReason::NotRetryable => "request may not be retried",
             GiveUpReason::RetryAfterTooLong => "server asked for a wait over max_retry_after",
+            GiveUpReason::StopSignal => "downstream said stop retrying",
         })
     }
 }

@@ -10,7 +10,7 @@ use std::time::Duration;
 
 use backoff_layer::backoff::{Exponential, Fixed, Seeds};
 use backoff_layer::budget::Budget;
-use backoff_layer::{AttemptTimedOut, BoxError, GiveUpReason, RetryInfo, RetryLayer};
+use backoff_layer::{AttemptTimedOut, BoxError, GiveUpReason, RetryInfo, RetryLayer, StopSignals};
 use bytes::Bytes;
 use http::{Method, Request, Response, StatusCode};
 use http_body_util::{Empty, Full};
@@ -124,6 +124,64 @@ async fn grpc_stop_signal_is_not_retried_either() {
     let err = send(layer(), &mock, get()).await.unwrap_err();
     assert!(overload_signal::is_overloaded(&*err));
     assert_eq!(mock.seen().len(), 1);
+}
+
+/// Issue 31, finding 7: a layer in front of a third party honours its stop signal (one
+/// attempt, even for a retryable `503`) without passing it up: the failure comes back as a
+/// response without the signal, given up on, and the scope is never marked with the stop
+/// signal; a retry layer above does not retry it either.
+#[tokio::test(start_paused = true)]
+async fn honoured_only_the_stop_signal_is_not_retried_nor_passed_up() {
+    for (reply, signal_headers) in [
+        (
+            Reply::Status(
+                503,
+                vec![("x-overloaded", "stop-retrying"), ("x-kept", "1")],
+            ),
+            &["x-overloaded"][..],
+        ),
+        (
+            Reply::Status(
+                200,
+                vec![
+                    ("content-type", "application/grpc"),
+                    ("grpc-status", "14"),
+                    ("grpc-retry-pushback-ms", "-1"),
+                    ("x-overloaded", "stop-retrying"),
+                    ("x-kept", "1"),
+                ],
+            ),
+            &["x-overloaded", "grpc-retry-pushback-ms"],
+        ),
+    ] {
+        let mock = Mock::new(vec![reply, status(200)]);
+        let inner = layer()
+            .stop_signals(StopSignals::HonourOnly)
+            .build()
+            .unwrap();
+        let outer = layer().build().unwrap();
+        let service = outer.layer(inner.layer(mock.clone()));
+        let mut call = pin!(propagation::scope(service.oneshot(get())));
+        let response = call.as_mut().await.expect("the failure, as a response");
+        assert_eq!(mock.seen().len(), 1, "honoured: one attempt");
+        assert!(!overload_signal::protocol::is_stop_signal(
+            response.headers()
+        ));
+        for name in signal_headers {
+            assert!(response.headers().get(*name).is_none(), "{name}");
+        }
+        assert_eq!(response.headers()["x-kept"], "1");
+        assert_eq!(
+            info(&response),
+            RetryInfo {
+                attempts: 1,
+                gave_up: Some(GiveUpReason::StopSignal)
+            }
+        );
+        let marks = propagation::take_marks(call.as_mut());
+        assert!(!marks.stop_signal(), "{marks:?}");
+        assert!(marks.contains(propagation::Downstream::GaveUp), "{marks:?}");
+    }
 }
 
 #[tokio::test(start_paused = true)]

@@ -18,6 +18,16 @@
 //! connection: the most retryable failure there is. The adaptive limit reads them too, to
 //! leave out of its measurements what a downstream did.
 //!
+//! # Whose stop signals
+//!
+//! Every stop signal a retry layer receives is passed up by default: marked here, and, in a
+//! gateway whose handler hands the downstream's answer back as it came, carried in that
+//! answer too. That is right inside one organisation, whose services judge overload by the
+//! same rule. A downstream you do not run (a third party's API) could otherwise make this
+//! server tell all its callers to stop: `backoff-layer`'s `StopSignals::HonourOnly`, set on
+//! the retry layer in front of it, honours its signal (no retry) without marking it here,
+//! and takes it out of the answer the handler gets.
+//!
 //! # Limits
 //!
 //! The marker follows the request's future, not threads or tasks: a downstream call made

@@ -13,6 +13,8 @@ use crate::budget::Budget;
 use crate::classify::Classify;
 use crate::throttle::Throttle;
 
+use super::StopSignals;
+
 /// Everything a [`Retry`](super::Retry) needs, shared by all its clones and requests.
 pub(crate) struct RetryConfig {
     pub(crate) max_attempts: u32,
@@ -33,6 +35,8 @@ pub(crate) struct RetryConfig {
     pub(crate) classifier: Arc<dyn Classify>,
     pub(crate) body_limit: usize,
     pub(crate) seeds: Arc<Seeds>,
+    /// Whether a downstream's stop signal is passed up, or honoured only.
+    pub(crate) stop_signal_policy: StopSignals,
     /// The client-side throttle, shared by every clone of the layer; `None` when turned
     /// off.
     pub(crate) throttle: Option<Throttle>,
@@ -106,6 +110,7 @@ impl fmt::Debug for RetryConfig {
             .field("backoff", &self.backoff)
             .field("classifier", &self.classifier)
             .field("body_limit", &self.body_limit)
+            .field("stop_signals", &self.stop_signal_policy)
             .field("throttle", &self.throttle)
             .finish_non_exhaustive()
     }

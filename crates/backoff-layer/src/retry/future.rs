@@ -20,6 +20,7 @@ use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
+use super::{StopSignals, remove_stop_signal};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
@@ -370,20 +371,46 @@ impl<B> RetryState<B> {
     }
 
     /// The output for a failure carrying the stop signal: never retried, whatever the
-    /// classifier says; and a server layer above us is told, so it can answer its own
-    /// caller with the signal too.
+    /// classifier says. Passed up (the default), a server layer above us is told, so it can
+    /// answer its own caller with the signal too; honoured only, the failure is returned
+    /// without the signal, and the scope is marked as a call given up on.
     fn stop_signal<A: Adapter<B>, ResBody>(
         &self,
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Result<Response<ResBody>, BoxError> {
         self.config.stop_signal_seen();
-        propagation::mark_downstream(Downstream::StopSignal);
-        tracing::debug!(attempts = self.attempts, "stop signal received");
-        let headers = match outcome {
-            Ok(response) => response.into_parts().0.headers,
-            Err(_) => HeaderMap::new(),
-        };
-        Err(A::stop_signal(headers, self.attempts))
+        match self.config.stop_signal_policy {
+            StopSignals::PassUp => {
+                propagation::mark_downstream(Downstream::StopSignal);
+                tracing::debug!(attempts = self.attempts, "stop signal received");
+                let headers = match outcome {
+                    Ok(response) => response.into_parts().0.headers,
+                    Err(_) => HeaderMap::new(),
+                };
+                Err(A::stop_signal(headers, self.attempts))
+            }
+            StopSignals::HonourOnly => {
+                // NOTE: never the stop-signal mark: the overload layer above would answer
+                // our caller with the signal whatever the handler returns.
+                propagation::mark_downstream(Downstream::GaveUp);
+                tracing::debug!(
+                    attempts = self.attempts,
+                    "stop signal received; honoured, not passed up"
+                );
+                let info = RetryInfo {
+                    attempts: self.attempts,
+                    gave_up: Some(GiveUpReason::StopSignal),
+                };
+                match outcome {
+                    Ok(mut response) => {
+                        remove_stop_signal(response.headers_mut());
+                        response.extensions_mut().insert(info);
+                        A::response(response, info)
+                    }
+                    Err(e) => Err(A::error(e, info)),
+                }
+            }
+        }
     }
 
     /// The final output: responses carry a [`RetryInfo`]; a retryable error given up on is
@@ -394,7 +421,9 @@ impl<B> RetryState<B> {
         gave_up: Option<GiveUpReason>,
     ) -> Result<Response<ResBody>, BoxError> {
         if let Some(reason) = gave_up {
-            self.config.metrics().gave_up(reason).increment(1);
+            if let Some(counter) = self.config.metrics().gave_up(reason) {
+                counter.increment(1);
+            }
             tracing::debug!(attempts = self.attempts, %reason, "giving up");
             // NOTE: a server layer above (the overload layer) answers the caller from these
             // marks when this error reaches it, instead of letting it reset the connection.

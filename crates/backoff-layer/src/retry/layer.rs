@@ -10,6 +10,7 @@ use tower_layer::Layer;
 
 use super::config::RetryConfig;
 use super::service::Retry;
+use super::stop::StopSignals;
 use super::telemetry::STOP_SIGNAL_QUIET;
 use crate::adapter::Direct;
 use crate::backoff::{Backoff, Exponential, Seeds};
@@ -148,6 +149,7 @@ impl RetryLayer {
             grpc_retryable_codes: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
             seeds: None,
+            stop_signals: StopSignals::PassUp,
             throttle: ThrottleChoice::Default,
             wall: None,
             contradictions: Contradictions::NONE,
@@ -227,6 +229,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
 /// | [`throttle`](Self::throttle) | a [`Throttle`] with its defaults, named after the layer: per destination, 2 s window, K = 2, at most 90 % refused; [`no_throttle`](Self::no_throttle) turns it off | the SRE book, Envoy, gRPC-Go; see [`throttle`](crate::throttle) |
+/// | [`stop_signals`](Self::stop_signals) | [`StopSignals::PassUp`]: a downstream's stop signal is honoured and passed up to the server's callers | this workspace's protocol, inside one organisation |
 /// | [`wall_clock`](Self::wall_clock) | [`SystemWallClock`] | |
 ///
 /// [`build`](Self::build) checks the settings:
@@ -256,6 +259,7 @@ pub struct RetryBuilder {
     body_limit: usize,
     seeds: Option<Arc<Seeds>>,
     wall: Option<Arc<dyn WallClock>>,
+    stop_signals: StopSignals,
     throttle: ThrottleChoice,
     /// Settings both set and turned off: `build` refuses them.
     contradictions: Contradictions,
@@ -322,6 +326,7 @@ impl fmt::Debug for RetryBuilder {
             .field("classifier", &self.classifier)
             .field("grpc_retryable_codes", &self.grpc_retryable_codes)
             .field("body_limit", &self.body_limit)
+            .field("stop_signals", &self.stop_signals)
             .field("throttle", &self.throttle)
             .finish_non_exhaustive()
     }
@@ -482,6 +487,17 @@ impl RetryBuilder {
         self
     }
 
+    /// Whose stop signals the layer passes up to the server it runs in: all, honoured and
+    /// passed up ([`StopSignals::PassUp`], the default: right for downstreams of the same
+    /// organisation), or none, honoured only ([`StopSignals::HonourOnly`]: for a third
+    /// party, whose `X-Overloaded` must not make our server tell its own callers to stop).
+    /// Either way a failure carrying the stop signal is never retried. [`StopSignals`] has
+    /// the whole table.
+    pub const fn stop_signals(mut self, stop_signals: StopSignals) -> Self {
+        self.stop_signals = stop_signals;
+        self
+    }
+
     /// The client-side throttle: when a destination keeps failing, most of its requests fail
     /// at once with [`Throttled`](crate::Throttled), without being sent, and the rest probe
     /// it. A throttle is shared by its clones: give clones of one to several layers and it
@@ -582,6 +598,7 @@ impl RetryBuilder {
                     .unwrap_or_else(|| Arc::new(DefaultClassifier::new())),
                 body_limit: self.body_limit,
                 seeds,
+                stop_signal_policy: self.stop_signals,
                 throttle,
                 metrics: LazyMetrics::new(name),
                 stop_signals: Episode::new(),

@@ -7,9 +7,12 @@ mod deadline;
 pub mod future;
 mod layer;
 mod service;
+mod stop;
 mod telemetry;
 #[cfg(test)]
 mod tests;
 
 pub use layer::{RetryBuilder, RetryLayer};
 pub use service::Retry;
+pub use stop::StopSignals;
+pub(crate) use stop::remove_stop_signal;

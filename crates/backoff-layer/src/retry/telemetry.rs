@@ -57,7 +57,9 @@ impl MetricSet for RetryMetrics {
 
 impl RetryMetrics {
     /// The give-up counter of `reason`.
-    pub(crate) const fn gave_up(&self, reason: GiveUpReason) -> &Counter {
+    /// The counter of `reason`; `None` for [`GiveUpReason::StopSignal`], counted in
+    /// `stop_signals` instead.
+    pub(crate) const fn gave_up(&self, reason: GiveUpReason) -> Option<&Counter> {
         let i = match reason {
             GiveUpReason::MaxAttempts => 0,
             GiveUpReason::BudgetExhausted => 1,
@@ -65,8 +67,9 @@ impl RetryMetrics {
             GiveUpReason::BodyNotReplayable => 3,
             GiveUpReason::NotRetryable => 4,
             GiveUpReason::RetryAfterTooLong => 5,
+            GiveUpReason::StopSignal => return None,
         };
-        &self.gave_up[i]
+        Some(&self.gave_up[i])
     }
 }
 

@@ -60,6 +60,12 @@ impl Throttle {
     /// The default number of destinations tracked: 256 (in buckets of 8); a destination
     /// that finds its bucket full is sent without throttling.
     pub const DEFAULT_MAX_DESTINATIONS: usize = 256;
+    /// The default number of destinations with a gauge series of their own: 32, the first
+    /// 32 destinations throttled; every later one shares the series `(other)`. See
+    /// [`ThrottleBuilder::max_labelled_destinations`].
+    pub const DEFAULT_MAX_LABELLED_DESTINATIONS: usize = 32;
+    /// The most destinations with a series of their own accepted: 1 024.
+    pub const MAX_LABELLED_DESTINATIONS: usize = 1_024;
     /// The most destinations accepted: 65 536.
     pub const MAX_DESTINATIONS: usize = 65_536;
     /// The most slots accepted: 64.
@@ -88,6 +94,7 @@ impl Throttle {
             max_probability: Self::DEFAULT_MAX_PROBABILITY,
             min_failures: Self::DEFAULT_MIN_FAILURES,
             max_destinations: Self::DEFAULT_MAX_DESTINATIONS,
+            max_labelled_destinations: Self::DEFAULT_MAX_LABELLED_DESTINATIONS,
             scope: ThrottleScope::Destination,
             clock: None,
             seeds: None,
@@ -134,6 +141,11 @@ impl Throttle {
     /// The number of destinations tracked.
     pub fn max_destinations(&self) -> usize {
         self.shared.settings().max_destinations
+    }
+
+    /// The number of destinations with a gauge series of their own.
+    pub fn max_labelled_destinations(&self) -> usize {
+        self.shared.settings().max_labelled_destinations
     }
 
     /// Which requests share a state.
@@ -191,6 +203,7 @@ impl Default for Throttle {
 /// | [`max_probability`](Self::max_probability) | 0.9: one request in ten always probes | Envoy's cap (0.8), a little higher |
 /// | [`min_failures`](Self::min_failures) | 10 per window | Envoy's `rps_threshold`, as a count of failures |
 /// | [`max_destinations`](Self::max_destinations) | 256, beyond them not throttled | |
+/// | [`max_labelled_destinations`](Self::max_labelled_destinations) | 32 with a gauge series of their own, the rest sharing `(other)` | |
 /// | [`scope`](Self::scope) | [`ThrottleScope::Destination`]: scheme, host and port | the SRE book's per-backend throttle |
 /// | [`clock`](Self::clock) | [`TokioClock`] | |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
@@ -205,7 +218,8 @@ impl Default for Throttle {
 /// - `max_probability` is finite and within 0..1, both excluded (1 would stop the probes
 ///   that see a destination come back; 0 throttles nothing: use
 ///   [`RetryBuilder::no_throttle`](crate::RetryBuilder::no_throttle));
-/// - `max_destinations` is within 1..=65 536.
+/// - `max_destinations` is within 1..=65 536;
+/// - `max_labelled_destinations` is within 0..=1 024.
 #[must_use = "a builder does nothing until `build` is called"]
 pub struct ThrottleBuilder {
     name: Option<String>,
@@ -215,6 +229,7 @@ pub struct ThrottleBuilder {
     max_probability: f64,
     min_failures: u32,
     max_destinations: usize,
+    max_labelled_destinations: usize,
     scope: ThrottleScope,
     clock: Option<Box<dyn Clock>>,
     seeds: Option<Seeds>,
@@ -230,6 +245,7 @@ impl fmt::Debug for ThrottleBuilder {
             .field("max_probability", &self.max_probability)
             .field("min_failures", &self.min_failures)
             .field("max_destinations", &self.max_destinations)
+            .field("max_labelled_destinations", &self.max_labelled_destinations)
             .field("scope", &self.scope)
             .finish_non_exhaustive()
     }
@@ -289,6 +305,33 @@ impl ThrottleBuilder {
     /// Default: 256.
     pub const fn max_destinations(mut self, max_destinations: usize) -> Self {
         self.max_destinations = max_destinations;
+        self
+    }
+
+    /// How many destinations get a series of their own in the gauge
+    /// `backoff_layer_throttle_probability`: the first `max_labelled_destinations`
+    /// destinations throttled keep theirs for the life of the throttle (a destination that
+    /// is throttled again later is set in its own series again); every other destination
+    /// throttled shares the series whose `destination` label is `(other)`, which shows the
+    /// highest refusal probability among them (0 when none is throttled).
+    ///
+    /// A recorder keeps every series it was given (the `metrics` facade cannot delete one),
+    /// and destinations may come from your users (webhooks, a forward proxy): this bound
+    /// keeps the throttle's series at `max_labelled_destinations + 3` (the gauges, `(other)`
+    /// and the two counters) whatever destinations the client reaches. `0` puts every
+    /// destination under `(other)`. Logs still name each destination (once when its
+    /// throttling begins, once when it ends). Within 0..=1 024. Default: 32.
+    ///
+    /// ```
+    /// use backoff_layer::throttle::Throttle;
+    ///
+    /// // A client of webhooks: no series per destination at all.
+    /// let throttle = Throttle::builder().name("webhooks").max_labelled_destinations(0).build()?;
+    /// assert_eq!(throttle.max_labelled_destinations(), 0);
+    /// # Ok::<(), backoff_layer::ConfigError>(())
+    /// ```
+    pub const fn max_labelled_destinations(mut self, max_labelled_destinations: usize) -> Self {
+        self.max_labelled_destinations = max_labelled_destinations;
         self
     }
 
@@ -385,6 +428,13 @@ impl ThrottleBuilder {
                 "within 1..=65536",
             ));
         }
+        if self.max_labelled_destinations > Throttle::MAX_LABELLED_DESTINATIONS {
+            return Err(ConfigError::out_of_range(
+                "max_labelled_destinations",
+                self.max_labelled_destinations,
+                "within 0..=1024",
+            ));
+        }
         Ok(())
     }
 
@@ -400,6 +450,7 @@ impl ThrottleBuilder {
             window: self.window,
             slots: self.slots,
             max_destinations: self.max_destinations,
+            max_labelled_destinations: self.max_labelled_destinations,
             scope: self.scope,
         };
         let clock = self.clock.unwrap_or_else(|| Box::new(TokioClock::new()));

@@ -166,6 +166,7 @@
 //! | highest refusal probability | 0.9: one request in ten always probes ([`Throttle::DEFAULT_MAX_PROBABILITY`]) | Envoy's 0.8 cap, a little higher |
 //! | failures to start | 10 per window ([`Throttle::DEFAULT_MIN_FAILURES`]) | Envoy's `rps_threshold`, counted in failures |
 //! | destinations | 256, beyond them not throttled ([`Throttle::DEFAULT_MAX_DESTINATIONS`]) | |
+//! | destinations with a series of their own | 32, the rest in `(other)` ([`Throttle::DEFAULT_MAX_LABELLED_DESTINATIONS`]) | |
 //! | scope | scheme, host and port ([`ThrottleScope::Destination`]) | the SRE book's per-backend throttle |
 //! | name | the retry layer's (`"default"` for one built alone) | |
 //!
@@ -173,14 +174,26 @@
 //!
 //! Through the [`metrics`](https://docs.rs/metrics) facade, labelled with the throttle's name
 //! (the layer's, for the throttle a layer makes); the counters register on the first
-//! request, a destination's gauge the first time it is throttled (so a recorder keeps a
-//! series only for destinations that were throttled, at most `max_destinations` at a time:
-//! configure your exporter's idle timeout if destinations come from your users):
+//! request, a destination's gauge the first time it is throttled.
+//!
+//! **A bounded set of series.** A recorder keeps every series it is given (the facade
+//! cannot delete one), and the destinations a client reaches may be chosen by its users (a
+//! webhook, a forward proxy): so only the first `max_labelled_destinations` (32) destinations
+//! throttled get a gauge series of their own, kept for the life of the throttle; every later
+//! one is reported in one shared series, `destination="(other)"`, which shows the highest
+//! refusal probability among them. A throttle has at most 35 series, however many
+//! destinations it sees: 32 gauges, `(other)` and its two counters
+//! ([`ThrottleBuilder::max_labelled_destinations`] changes the 32). Logs still name every
+//! destination, once when its throttling begins and once when it ends.
+//!
+//! **No credentials.** A destination is named by its scheme, host and port (and route or
+//! [`ThrottleKey`]): never the user information of its URI (`http://user:secret@host`),
+//! never its query, in a label, a log field or an error.
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `backoff_layer_throttle_refused_total` | counter | `name` | requests refused locally, not sent |
-//! | `backoff_layer_throttle_probability` | gauge | `name`, `destination` (`http://10.0.0.7:8080`) | the destination's refusal probability, 0 when it is not throttled |
+//! | `backoff_layer_throttle_probability` | gauge | `name`, `destination` (`http://10.0.0.7:8080`, or `(other)`) | the destination's refusal probability, 0 when it is not throttled; for `(other)`, the highest among the destinations without a series of their own |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` | requests to a destination the table had no room for, sent without throttling |
 //!
 //! # Logs

@@ -24,6 +24,8 @@ pub(crate) struct ThrottleSettings {
     pub(crate) window: Duration,
     pub(crate) slots: u32,
     pub(crate) max_destinations: usize,
+    /// Destinations with a gauge series of their own; the others share one.
+    pub(crate) max_labelled_destinations: usize,
     pub(crate) scope: ThrottleScope,
 }
 
@@ -115,6 +117,7 @@ impl ThrottleShared {
             slots,
             self.slot_nanos,
             IDLE_WINDOWS * slots as u64,
+            self.settings.max_labelled_destinations,
             now,
             received,
         );

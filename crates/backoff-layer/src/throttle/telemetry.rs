@@ -30,6 +30,9 @@ impl MetricSet for ThrottleMetrics {
     }
 }
 
+/// The `destination` label of the series every destination without one of its own shares.
+pub(crate) const OTHER_DESTINATIONS: &str = "(other)";
+
 /// The gauge of `destination`'s refusal probability.
 pub(crate) fn probability_gauge(name: &LayerName, destination: &str) -> Gauge {
     gauge!(PROBABILITY, NAME_LABEL => name.label(), DESTINATION_LABEL => destination.to_owned())

@@ -591,6 +591,77 @@ fn refusals_and_the_probability_are_reported_by_name_and_destination() {
     );
 }
 
+/// Issue 31, finding 5: beyond `max_labelled_destinations`, destinations share the series
+/// `(other)`, which shows the highest probability among them, and 0 once none is
+/// throttled; a labelled destination throttled again after its slot was released is set in
+/// its own series again.
+#[test]
+fn destinations_beyond_the_labelled_ones_share_one_series() {
+    let clock = FakeClock::new();
+    let t = builder(&clock)
+        .name("hooks")
+        .max_labelled_destinations(1)
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let gauges = || {
+        let mut seen = std::collections::BTreeMap::new();
+        for (key, _, _, value) in snapshotter.snapshot().into_vec() {
+            if let DebugValue::Gauge(p) = value {
+                let destination = key
+                    .key()
+                    .labels()
+                    .find(|l| l.key() == "destination")
+                    .map(|l| l.value().to_owned())
+                    .unwrap();
+                seen.insert(destination, (p.into_inner() * 100.0).round() as u32);
+            }
+        }
+        seen
+    };
+    let (a, b, c) = (uri("http://a:1/"), uri("http://b:1/"), uri("http://c:1/"));
+    metrics::with_local_recorder(&recorder, || {
+        let mut traffic = Traffic::new(&t, &clock);
+        // `a` is throttled first: its own series; then `b`, in `(other)`.
+        traffic.run(&a, 100, Duration::from_secs(3), |_| Some(Failed), |_, _| {});
+        traffic.run(&b, 100, Duration::from_secs(3), |_| Some(Failed), |_, _| {});
+    });
+    // (`a`'s window, without requests while `b` runs, keeps its last probes' outcome.)
+    let seen = gauges();
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["(other)", "http://a:1"]);
+    assert_eq!(seen["(other)"], 90);
+    assert!(seen["http://a:1"] > 0, "{seen:?}");
+    metrics::with_local_recorder(&recorder, || {
+        let mut traffic = Traffic::new(&t, &clock);
+        traffic.now = clock_now(&clock);
+        traffic.next_tick = traffic.now + SLOT;
+        // `b` recovers, then `c` fails: `(other)` follows them; `a` is left idle, released.
+        traffic.run(
+            &b,
+            100,
+            Duration::from_secs(3),
+            |_| Some(Accepted),
+            |_, _| {},
+        );
+        assert_eq!(gauges()["(other)"], 0);
+        traffic.run(
+            &c,
+            100,
+            Duration::from_secs(30),
+            |_| Some(Failed),
+            |_, _| {},
+        );
+        assert_eq!(gauges()["(other)"], 90);
+        assert_eq!(gauges()["http://a:1"], 0, "released");
+        // `a` again: its own series, not `(other)`.
+        traffic.run(&a, 100, Duration::from_secs(3), |_| Some(Failed), |_, _| {});
+    });
+    let seen = gauges();
+    assert_eq!(seen.keys().collect::<Vec<_>>(), ["(other)", "http://a:1"]);
+    assert_eq!(seen["http://a:1"], 90);
+}
+
 #[test]
 fn a_layer_scope_throttles_every_destination_together() {
     let clock = FakeClock::new();
@@ -655,6 +726,10 @@ fn invalid_settings_are_refused_by_name() {
         refused(Throttle::builder().max_destinations(65_537)).0,
         "max_destinations"
     );
+    assert_eq!(
+        refused(Throttle::builder().max_labelled_destinations(1_025)).1,
+        "max_labelled_destinations must be within 0..=1024, got 1025"
+    );
     assert_eq!(refused(Throttle::builder().name("")).0, "name");
     assert!(
         Throttle::builder()
@@ -664,6 +739,7 @@ fn invalid_settings_are_refused_by_name() {
             .max_probability(0.99)
             .min_failures(0)
             .max_destinations(1)
+            .max_labelled_destinations(0)
             .build()
             .is_ok()
     );
@@ -679,6 +755,11 @@ fn defaults_are_the_documented_ones() {
     assert!((t.max_probability() - 0.9).abs() < 1e-12);
     assert_eq!(t.min_failures(), 10);
     assert_eq!(t.max_destinations(), 256);
+    assert_eq!(t.max_labelled_destinations(), 32);
+    assert_eq!(
+        Throttle::DEFAULT_MAX_LABELLED_DESTINATIONS,
+        t.max_labelled_destinations()
+    );
     assert_eq!(t.scope(), ThrottleScope::Destination);
     assert_eq!(
         format!("{:?}", Throttle::builder().build().unwrap()),

@@ -4,7 +4,13 @@
 //!
 //! Only the tick reads or writes it, one tick at a time (it sits behind the throttle's tick
 //! lock, which no request takes), so it needs no atomics.
+//!
+//! **Bounded series.** A recorder keeps every series it was given, and destinations may be
+//! chosen by a client's users: the first `max_labelled` destinations throttled get a gauge
+//! series of their own, for the life of the throttle; every later one is reported in one
+//! shared series, `(other)`, set to the highest probability among them.
 
+use std::collections::HashSet;
 use std::sync::mpsc::Receiver;
 use std::time::Duration;
 
@@ -13,7 +19,9 @@ use overload_core::telemetry::LayerName;
 
 use crate::throttle::rule::{SentCounts, ThrottleRule, from_units};
 use crate::throttle::table::DestinationTable;
-use crate::throttle::telemetry::{probability_gauge, throttling_began, throttling_ended};
+use crate::throttle::telemetry::{
+    OTHER_DESTINATIONS, probability_gauge, throttling_began, throttling_ended,
+};
 
 /// A destination's name, sent by the request that claimed its slot: `(slot, key, name)`.
 pub(crate) type ClaimedLabel = (usize, u64, Box<str>);
@@ -45,6 +53,18 @@ impl SlotCounts {
     }
 }
 
+/// Where a destination's probability is reported.
+#[derive(Default)]
+enum Series {
+    /// Not decided yet: the destination has not been throttled.
+    #[default]
+    Undecided,
+    /// A series of its own.
+    Own(Gauge),
+    /// The shared series, `(other)`.
+    Other,
+}
+
 /// What one slot of the table is, as the tick knows it.
 #[derive(Default)]
 struct SlotView {
@@ -53,7 +73,7 @@ struct SlotView {
     /// Ticks without a request.
     idle: u64,
     name: Option<Box<str>>,
-    gauge: Option<Gauge>,
+    series: Series,
     /// When the current throttling began, in the clock's nanoseconds.
     throttling_since: Option<u64>,
 }
@@ -70,6 +90,11 @@ pub(crate) struct TickState {
     ring: Vec<SlotCounts>,
     views: Vec<SlotView>,
     names: Receiver<ClaimedLabel>,
+    /// The names of the destinations with a series of their own: at most `max_labelled`.
+    labelled: HashSet<Box<str>>,
+    max_labelled: usize,
+    /// The series of every other destination, registered when the first is throttled.
+    other: Option<Gauge>,
 }
 
 /// What one tick did, for the tests.
@@ -89,6 +114,7 @@ impl TickState {
         slots: usize,
         slot_nanos: u64,
         idle_ticks: u64,
+        max_labelled: usize,
         now: u64,
         names: Receiver<ClaimedLabel>,
     ) -> Self {
@@ -100,6 +126,9 @@ impl TickState {
             ring: vec![SlotCounts::default(); capacity * slots],
             views: (0..capacity).map(|_| SlotView::default()).collect(),
             names,
+            labelled: HashSet::new(),
+            max_labelled,
+            other: None,
         }
     }
 
@@ -131,6 +160,9 @@ impl TickState {
             }
         }
         let slots = self.slots as u64;
+        // Whether a destination reported in `(other)` changed: its value is then decided
+        // again, once, after every slot.
+        let mut other_changed = false;
         for index in 0..table.capacity() {
             let key = table.key_at(index);
             if key == 0 {
@@ -166,7 +198,7 @@ impl TickState {
             if after != before {
                 table.set_probability(index, after);
                 if TELEMETRY {
-                    self.report_change(index, before, after, now, name);
+                    other_changed |= self.report_change(index, before, after, now, name);
                 }
             }
             report.updated += 1;
@@ -179,19 +211,46 @@ impl TickState {
             };
             if view.idle >= self.idle_ticks && table.release(index, key) {
                 if TELEMETRY && after > 0 {
-                    self.report_change(index, after, 0, now, name);
+                    other_changed |= self.report_change(index, after, 0, now, name);
                 }
                 self.views[index] = SlotView::default();
                 self.ring[index * self.slots..(index + 1) * self.slots].fill(SlotCounts::default());
                 report.released += 1;
             }
         }
+        if other_changed {
+            self.report_others(table, name);
+        }
         report
     }
 
-    /// Sets the gauge of slot `index` and logs when its throttling begins or ends.
+    /// Sets `(other)` to the highest probability among the destinations reported there.
     #[cold]
-    fn report_change(&mut self, index: usize, before: u64, after: u64, now: u64, name: &LayerName) {
+    fn report_others(&mut self, table: &DestinationTable, name: &LayerName) {
+        let highest = self
+            .views
+            .iter()
+            .enumerate()
+            .filter(|(_, view)| matches!(view.series, Series::Other))
+            .map(|(index, _)| table.probability_at(index))
+            .max()
+            .unwrap_or(0);
+        self.other
+            .get_or_insert_with(|| probability_gauge(name, OTHER_DESTINATIONS))
+            .set(from_units(highest));
+    }
+
+    /// Sets the gauge of slot `index` and logs when its throttling begins or ends. Returns
+    /// whether the slot is reported in `(other)` (whose value the caller decides again).
+    #[cold]
+    fn report_change(
+        &mut self,
+        index: usize,
+        before: u64,
+        after: u64,
+        now: u64,
+        name: &LayerName,
+    ) -> bool {
         let view = &mut self.views[index];
         let destination = view.name.as_deref().unwrap_or("(unnamed)");
         let probability = from_units(after);
@@ -206,12 +265,26 @@ impl TickState {
                 Duration::from_nanos(now.saturating_sub(since)),
             );
         }
-        // NOTE: a destination's gauge is registered the first time it is throttled, never
-        // for a destination that never fails: the series a recorder keeps are those of
-        // destinations that were throttled.
-        let gauge = view
-            .gauge
-            .get_or_insert_with(|| probability_gauge(name, destination));
-        gauge.set(probability);
+        // NOTE: a destination's series is decided the first time it is throttled, never for
+        // a destination that never fails; a recorder keeps every series it was given, so
+        // only the first `max_labelled` destinations (by name: one throttled again after
+        // its slot was released keeps its series) get one of their own.
+        if matches!(view.series, Series::Undecided) {
+            let own = self.labelled.contains(destination)
+                || (self.labelled.len() < self.max_labelled
+                    && self.labelled.insert(destination.into()));
+            view.series = if own {
+                Series::Own(probability_gauge(name, destination))
+            } else {
+                Series::Other
+            };
+        }
+        match &view.series {
+            Series::Own(gauge) => {
+                gauge.set(probability);
+                false
+            }
+            Series::Other | Series::Undecided => true,
+        }
     }
 }

@@ -182,9 +182,9 @@ pub struct Logged {
 }
 
 /// The events logged on this thread (a `current_thread` test's, tasks included) while the
-/// guard [`Logs::capture`] returns lives.
+/// guard [`Logs::capture`] returns lives; and the spans opened, with their fields.
 #[derive(Clone, Default)]
-pub struct Logs(Arc<Mutex<Vec<Logged>>>);
+pub struct Logs(Arc<Mutex<Vec<Logged>>>, Arc<Mutex<Vec<Logged>>>);
 
 impl Logs {
     pub fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
@@ -207,29 +207,68 @@ impl Logs {
             .cloned()
             .collect()
     }
+
+    /// Every event, at every level, and every span opened (its name as the message), in
+    /// order: all a subscriber could print.
+    pub fn everything(&self) -> Vec<Logged> {
+        let mut all = self.0.lock().unwrap().clone();
+        all.extend(self.1.lock().unwrap().iter().cloned());
+        all
+    }
+}
+
+/// Reads an event's or a span's fields into a [`Logged`].
+struct Fields<'a>(&'a mut Logged);
+
+impl tracing::field::Visit for Fields<'_> {
+    fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+        self.0
+            .fields
+            .insert(field.name().to_owned(), value.to_owned());
+    }
+
+    fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+        let value = format!("{value:?}");
+        if field.name() == "message" {
+            self.0.message = value;
+        } else {
+            self.0.fields.insert(field.name().to_owned(), value);
+        }
+    }
 }
 
 impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Logs {
+    fn on_new_span(
+        &self,
+        attrs: &tracing::span::Attributes<'_>,
+        _: &tracing::span::Id,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut logged = Logged {
+            level: *attrs.metadata().level(),
+            message: attrs.metadata().name().to_owned(),
+            fields: std::collections::BTreeMap::new(),
+        };
+        attrs.record(&mut Fields(&mut logged));
+        self.1.lock().unwrap().push(logged);
+    }
+
+    fn on_record(
+        &self,
+        _: &tracing::span::Id,
+        values: &tracing::span::Record<'_>,
+        _: tracing_subscriber::layer::Context<'_, S>,
+    ) {
+        let mut logged = Logged {
+            level: tracing::Level::TRACE,
+            message: "(span record)".to_owned(),
+            fields: std::collections::BTreeMap::new(),
+        };
+        values.record(&mut Fields(&mut logged));
+        self.1.lock().unwrap().push(logged);
+    }
+
     fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
-        struct Fields<'a>(&'a mut Logged);
-
-        impl tracing::field::Visit for Fields<'_> {
-            fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
-                self.0
-                    .fields
-                    .insert(field.name().to_owned(), value.to_owned());
-            }
-
-            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
-                let value = format!("{value:?}");
-                if field.name() == "message" {
-                    self.0.message = value;
-                } else {
-                    self.0.fields.insert(field.name().to_owned(), value);
-                }
-            }
-        }
-
         let mut logged = Logged {
             level: *event.metadata().level(),
             message: String::new(),
@@ -257,6 +296,23 @@ impl Recorded {
             snapshotter: recorder.snapshotter(),
             _guard: metrics::set_default_local_recorder(recorder),
         }
+    }
+
+    /// Every series (of any kind), as `name{label=value}...`.
+    pub fn series(&self) -> Vec<String> {
+        self.snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .map(|(key, ..)| {
+                let key = key.key();
+                let mut name = key.name().to_owned();
+                for label in key.labels() {
+                    name.push_str(&format!("{{{}={}}}", label.key(), label.value()));
+                }
+                name
+            })
+            .collect()
     }
 
     /// Every counter's value, and every histogram's number of values.

@@ -91,14 +91,43 @@ struct Inner {
 }
 
 impl TrustedProxies {
+    /// The broadest network accepted, as a prefix length, for IPv4 and for IPv6 alike: 8
+    /// (`10.0.0.0/8`, a 256th of IPv4; `fd00::/8`, a 256th of IPv6).
+    ///
+    /// The widest private ranges in use are of this size: `10.0.0.0/8` (RFC 1918) and
+    /// `fd00::/8` (the locally assigned unique local addresses of RFC 4193; the other half
+    /// of `fc00::/7` is not assigned). Proxies live in networks an organisation runs, so a
+    /// broader network than the broadest private one is a network of other people's
+    /// addresses, clients' among them: name the balancers' own networks instead.
+    pub const MAX_NETWORK_PREFIX: u8 = 8;
+
     /// Trusts `proxies` to write the client's address in `header`.
+    ///
+    /// An IPv4-mapped IPv6 network counts as the IPv4 network it holds (see [`IpNet`]).
     ///
     /// # Errors
     ///
-    /// A [`ConfigError`] on `proxies`: of kind `OutOfRange` when no network is given (leave
-    /// the setting out to trust no one), of kind `Invalid` for a network of prefix 0
-    /// (`0.0.0.0/0`, `::/0`), which trusts every peer, clients included: any client could
-    /// then choose its own address.
+    /// A [`ConfigError`] on `proxies`:
+    ///
+    /// - of kind `OutOfRange` when no network is given (leave the setting out to trust no
+    ///   one);
+    /// - of kind `Invalid` when the networks, together, hold every IPv4 address or every
+    ///   IPv6 address (`0.0.0.0/0`; `0.0.0.0/1` with `128.0.0.0/1`; `::/1` with
+    ///   `8000::/1`; `::ffff:0:0/96`, which is all of IPv4): that trusts every peer,
+    ///   clients included, so any client could choose its own address;
+    /// - of kind `Invalid` for a network broader than a `/8`
+    ///   ([`MAX_NETWORK_PREFIX`](Self::MAX_NETWORK_PREFIX) says why), naming it.
+    ///
+    /// ```
+    /// use overload_signal::signal::{ForwardedHeader, TrustedProxies};
+    ///
+    /// let halves = ["0.0.0.0/1".parse()?, "128.0.0.0/1".parse()?];
+    /// let err = TrustedProxies::new(ForwardedHeader::XForwardedFor, halves).unwrap_err();
+    /// assert!(err.to_string().contains("every IPv4 address"));
+    /// let private = ["10.0.0.0/8".parse()?, "fd00::/8".parse()?];
+    /// assert!(TrustedProxies::new(ForwardedHeader::XForwardedFor, private).is_ok());
+    /// # Ok::<(), overload_signal::ConfigError>(())
+    /// ```
     pub fn new(
         header: ForwardedHeader,
         proxies: impl IntoIterator<Item = IpNet>,
@@ -117,6 +146,33 @@ impl TrustedProxies {
                 &everyone.to_string(),
                 "a network that leaves clients out: trusting every address lets any client \
                  choose its own",
+            ));
+        }
+        if let Some(family) = covered_family(&proxies) {
+            let list = proxies
+                .iter()
+                .map(ToString::to_string)
+                .collect::<Vec<_>>()
+                .join(", ");
+            return Err(ConfigError::invalid(
+                "proxies",
+                &list,
+                &format!(
+                    "networks that leave clients out: together these hold every {family} \
+                     address, and trusting every address lets any client choose its own"
+                ),
+            ));
+        }
+        if let Some(broad) = proxies
+            .iter()
+            .find(|net| net.prefix() < Self::MAX_NETWORK_PREFIX)
+        {
+            return Err(ConfigError::invalid(
+                "proxies",
+                &broad.to_string(),
+                "networks no broader than a /8 (the widest private ranges are 10.0.0.0/8 \
+                 and fd00::/8): a broader one holds other people's addresses, clients' among \
+                 them; name the balancers' own networks",
             ));
         }
         Ok(Self {
@@ -214,6 +270,47 @@ impl PartialEq for TrustedProxies {
 }
 
 impl Eq for TrustedProxies {}
+
+/// The family (`"IPv4"` or `"IPv6"`) every address of which `nets` hold together, if any.
+/// An IPv6 network that holds every IPv4-mapped address holds all of IPv4.
+fn covered_family(nets: &[IpNet]) -> Option<&'static str> {
+    let mut v4 = Vec::new();
+    let mut v6 = Vec::new();
+    for net in nets {
+        if net.addr().is_ipv4() {
+            v4.push(net.range());
+        } else {
+            v6.push(net.range());
+            if net.holds_every_ipv4_mapped() {
+                v4.push((0, u128::from(u32::MAX)));
+            }
+        }
+    }
+    if covers(v4, u128::from(u32::MAX)) {
+        Some("IPv4")
+    } else if covers(v6, u128::MAX) {
+        Some("IPv6")
+    } else {
+        None
+    }
+}
+
+/// Whether the ranges `(first, last)`, together, hold every number of `0..=max`.
+fn covers(mut ranges: Vec<(u128, u128)>, max: u128) -> bool {
+    ranges.sort_unstable();
+    // The first number not held yet; `None` once `max` is held.
+    let mut next = Some(0u128);
+    for (first, last) in ranges {
+        let Some(n) = next else { break };
+        if first > n {
+            return false;
+        }
+        if last >= n {
+            next = if last >= max { None } else { Some(last + 1) };
+        }
+    }
+    next.is_none()
+}
 
 /// The `for` parameter of one `Forwarded` element, as an address.
 pub(crate) fn forwarded_for(element: &str) -> Option<IpAddr> {
@@ -348,14 +445,90 @@ mod tests {
             assert_eq!(err.field(), "proxies");
             assert!(err.to_string().contains("any client"), "{err}");
         }
-        // A wide network that still leaves some addresses out is the user's call.
-        assert!(
-            TrustedProxies::new(
-                ForwardedHeader::XForwardedFor,
-                ["0.0.0.0/1".parse().unwrap()]
-            )
-            .is_ok()
-        );
+    }
+
+    fn trust(nets: &[&str]) -> Result<TrustedProxies, ConfigError> {
+        TrustedProxies::new(
+            ForwardedHeader::XForwardedFor,
+            nets.iter().map(|n| n.parse::<IpNet>().unwrap()),
+        )
+    }
+
+    /// Regression (issue 31, finding 6): `/0` was refused, but two halves (or four
+    /// quarters) that cover every address were accepted: the same "trust everyone", which
+    /// lets any client write its own address in `X-Forwarded-For`.
+    #[test]
+    fn every_address_in_pieces_is_refused() {
+        for everyone in [
+            &["0.0.0.0/1", "128.0.0.0/1"][..],
+            &["0.0.0.0/2", "64.0.0.0/2", "128.0.0.0/2", "192.0.0.0/2"],
+            &["::/1", "8000::/1"],
+            // All of IPv4, written as IPv4-mapped IPv6.
+            &["::ffff:0:0/96"],
+            &["::ffff:0:0/97", "::ffff:128.0.0.0/97"],
+            &["::ffff:0.0.0.0/97", "128.0.0.0/1"],
+        ] {
+            let err = trust(everyone).unwrap_err();
+            assert_eq!(err.field(), "proxies", "{everyone:?}");
+            assert!(
+                err.to_string().contains("any client"),
+                "{everyone:?}: {err}"
+            );
+        }
+        // Every /8 of IPv4, each within the bound on one network: together, everyone.
+        let slash_8s: Vec<String> = (0..=255).map(|i| format!("{i}.0.0.0/8")).collect();
+        let slash_8s: Vec<&str> = slash_8s.iter().map(String::as_str).collect();
+        let err = trust(&slash_8s).unwrap_err();
+        assert!(err.to_string().contains("every IPv4 address"), "{err}");
+        // An IPv6 network that holds every IPv4-mapped address holds all of IPv4.
+        let err = trust(&["::/8"]).unwrap_err();
+        assert!(err.to_string().contains("every IPv4 address"), "{err}");
+        // Half of everything is refused too, by the bound on one network.
+        let err = trust(&["8000::/1"]).unwrap_err();
+        assert!(err.to_string().contains("no broader than"), "{err}");
+    }
+
+    /// Issue 31, finding 6: a network broader than an IPv4 /8 or an IPv6 /8 is refused
+    /// with a message that names it and the widest private ranges.
+    #[test]
+    fn a_network_broader_than_a_slash_8_is_refused() {
+        for broad in [
+            "0.0.0.0/1",
+            "11.0.0.0/7",
+            "2000::/3",
+            "fc00::/7",
+            "4000::/2",
+        ] {
+            let err = trust(&["10.0.0.2", broad]).unwrap_err();
+            assert_eq!(err.field(), "proxies", "{broad}");
+            assert_eq!(err.kind(), overload_core::ConfigErrorKind::Invalid);
+            assert!(
+                err.to_string()
+                    .contains(&format!("got \"{}\"", broad.parse::<IpNet>().unwrap())),
+                "{broad}: {err}"
+            );
+            assert!(err.to_string().contains("10.0.0.0/8"), "{err}");
+            assert!(err.to_string().contains("fd00::/8"), "{err}");
+        }
+    }
+
+    #[test]
+    fn ordinary_private_sets_are_accepted() {
+        for ordinary in [
+            &["10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16"][..],
+            &["fd00::/8", "fe80::/10", "::1", "127.0.0.0/8"],
+            &["100.64.0.0/10", "2001:db8::/32"],
+            &["10.0.0.2"],
+            &["::ffff:10.0.0.0/104"],
+        ] {
+            let proxies = trust(ordinary).unwrap_or_else(|e| panic!("{ordinary:?}: {e}"));
+            assert!(!proxies.is_trusted(ip("203.0.113.1")), "{ordinary:?}");
+            assert!(!proxies.is_trusted(ip("2001:4860::1")), "{ordinary:?}");
+        }
+        // The IPv4-mapped form is the IPv4 network it holds.
+        let mapped = trust(&["::ffff:10.0.0.0/104"]).unwrap();
+        assert_eq!(mapped.proxies(), &["10.0.0.0/8".parse::<IpNet>().unwrap()]);
+        assert!(mapped.is_trusted(ip("10.9.9.9")));
     }
 
     #[test]

@@ -104,25 +104,29 @@ async fn behind_a_trusted_balancer_one_forger_cannot_make_the_server_say_stop() 
     }
 }
 
+/// Regression (issue 31, finding 6): the mistake the setting's rule against `/0` guards
+/// against, made with two halves that cover every IPv4 address, was accepted; trusting the
+/// network the clients live in let the forger's own X-Forwarded-For choose its key, a new
+/// caller on every request (this test then showed the honest clients told to stop). It is
+/// refused now, and so is one half alone; the balancer's own address is accepted.
 #[tokio::test(start_paused = true)]
-async fn trusting_the_clients_network_too_lets_the_forger_be_many() {
-    // The mistake the setting's rule against `/0` guards against, made with two halves that
-    // cover every IPv4 address: trusting the network the clients live in lets the forger's
-    // own X-Forwarded-For choose its key, a new caller on every request.
-    let everyone_low = TrustedProxies::new(
-        ForwardedHeader::XForwardedFor,
-        ["0.0.0.0/1".parse().unwrap(), "128.0.0.0/1".parse().unwrap()],
-    )
-    .unwrap();
+async fn trusting_the_clients_network_too_is_refused() {
+    let halves = ["0.0.0.0/1".parse().unwrap(), "128.0.0.0/1".parse().unwrap()];
+    let err = TrustedProxies::new(ForwardedHeader::XForwardedFor, halves).unwrap_err();
+    assert_eq!(err.field(), "proxies");
+    assert!(err.to_string().contains("any client"), "{err}");
+    let half = ["0.0.0.0/1".parse().unwrap()];
+    assert!(TrustedProxies::new(ForwardedHeader::XForwardedFor, half).is_err());
+    // The balancer alone: the forger is one caller among 71.
     let layer = OverloadSignalLayer::builder()
         .caller_seed(7)
         .trust(Trust::everyone())
-        .trusted_proxies(everyone_low)
+        .trusted_proxies(balancer())
         .build()
         .unwrap();
     let mut svc = tower::Layer::layer(&layer, answering(http_429));
     let (honest, _) = forged_storm_behind_a_balancer(&mut svc).await;
-    assert!(honest.stopped > 0, "{honest:?}");
+    assert_eq!(honest.stopped, 0, "{honest:?}");
 }
 
 #[tokio::test]
