@@ -1,26 +1,26 @@
 //! Which network a request's client is in, for the fair admission of new keys past the
 //! cap: each network's new keys share an overflow limit of that network's own.
+//!
+//! The networks are the overload layer's caller networks
+//! ([`PeerIp::network`](overload_signal::signal::PeerIp::network)): an IPv4 `/24`, the
+//! smallest block routed between networks on the Internet, so the one a client holds most
+//! cheaply; an IPv6 `/48`, what a site is assigned (a `/48` holds 65 536 `/64`s, which one
+//! client can key requests by).
 
 use std::net::IpAddr;
 
-/// The prefix an IPv4 client's network is taken at: `/24`, the smallest block routed
-/// between networks on the Internet (longer prefixes are filtered by most transit), so
-/// the one a client holds most cheaply.
-pub(crate) const IPV4_PREFIX: u8 = 24;
-
-/// The prefix an IPv6 client's network is taken at: `/48`, what a site is assigned
-/// (RFC 6177 leaves `/48` to `/64`; a `/48` holds 65 536 `/64`s, which one client can key
-/// requests by).
-pub(crate) const IPV6_PREFIX: u8 = 48;
+use overload_signal::signal::PeerIp;
 
 /// The network of a client, as a number: 0 for a request without a client address (such
 /// requests are one network), otherwise a tag (1 for IPv4, 2 for IPv6) above the network's
 /// bits (an IPv4-mapped IPv6 address counts as IPv4).
 pub(crate) fn network_of(client: Option<IpAddr>) -> u64 {
-    match client.map(|ip| ip.to_canonical()) {
+    const V4_SHIFT: u32 = 32 - PeerIp::IPV4_PREFIX as u32;
+    const V6_SHIFT: u32 = 128 - PeerIp::IPV6_PREFIX as u32;
+    match client.map(PeerIp::network) {
         None => 0,
-        Some(IpAddr::V4(v4)) => (1 << 48) | u64::from(u32::from(v4) >> (32 - IPV4_PREFIX)),
-        Some(IpAddr::V6(v6)) => (2 << 48) | (u128::from(v6) >> (128 - IPV6_PREFIX)) as u64,
+        Some(IpAddr::V4(v4)) => (1 << 48) | u64::from(v4.to_bits() >> V4_SHIFT),
+        Some(IpAddr::V6(v6)) => (2 << 48) | (v6.to_bits() >> V6_SHIFT) as u64,
     }
 }
 
