@@ -406,6 +406,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                 missing: Arc::new(MissingKeyPolicy::new(
                     self.missing_key.unwrap_or_else(|| extract.missing_key()),
                     LazyMetrics::new(name.clone()),
+                    // NOTE: a client-IP key is missing only when the request carries no peer
+                    // address, which no client can cause: the server is set up wrong, and
+                    // the log says so at `ERROR` with the fix.
+                    (&extract as &dyn std::any::Any).is::<ClientIp>(),
                 )),
                 extract,
                 unkeyed: L::State::default(),
