@@ -66,10 +66,11 @@
 //! an explicit [`key::MissingKey`] policy, chosen at build time (`500`, one shared limit, or
 //! no limit; by default `500` for client IPs, whose absence means the server does not
 //! provide them, and one shared limit for header keys); such requests are counted, and
-//! logged at `WARN` at the first and then at most once a minute while they keep coming. A
-//! client IP is read from the `SocketAddr` extension the server puts in each request
-//! ([`key::ClientIp`]; see [Feature flags](#feature-flags) for axum and tonic). A keyed rejection tells an overload layer outside that it concerns
-//! one caller (see [`protect`]). Keys live in a
+//! logged at the first and then at most once a minute while they keep coming (at `ERROR`,
+//! with the fix, when a client IP is missing). A client IP is read from the `SocketAddr`
+//! extension the server puts in each request ([`key::ClientIp`]; see
+//! [Feature flags](#feature-flags) for axum and tonic). A keyed rejection tells an overload
+//! layer outside that it concerns one caller (see [`protect`]). Keys live in a
 //! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
 //! losslessly, and a hard cap beyond which new keys share one overflow limit, so memory is
 //! bounded ([`keyed::KeyedLimiter::memory_bound`]). A known key is checked without
@@ -223,8 +224,9 @@
 //! first rejection) and once when it ends (`INFO`, "rate limit released", once nothing has
 //! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request;
 //! each rejection is logged at `TRACE`. Requests a keyed layer finds no key in are logged at
-//! `WARN` at the first, then at most once a minute while they keep coming (with their
-//! count).
+//! the first, then at most once a minute while they keep coming (with their count): at
+//! `ERROR`, with the fix, when the key is the client IP (the server does not put the peer
+//! address in its requests, which no client can cause), at `WARN` otherwise.
 //!
 //! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
 //!

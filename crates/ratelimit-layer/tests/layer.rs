@@ -709,8 +709,8 @@ async fn metrics_count_admitted_rejected_and_keys() {
     );
 }
 
-/// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (axum
-/// served without `into_make_service_with_connect_info`) put every client in one shared
+/// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (a server
+/// that does not put the peer address in its requests) put every client in one shared
 /// bucket, silently. Each policy, with the client-IP key whose key is missing here.
 #[tokio::test]
 async fn each_missing_key_policy_does_what_it_says() {

@@ -261,8 +261,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// What a keyed limit does with a request its extractor finds no key in: answer `500`
     /// ([`MissingKey::Reject`]), limit all such requests together ([`MissingKey::Shared`]),
-    /// or admit them unlimited ([`MissingKey::Bypass`]). The first such request is logged at
-    /// `WARN` whatever the policy, and `ratelimit_layer_missing_key_total` counts them.
+    /// or admit them unlimited ([`MissingKey::Bypass`]). The first such request is logged
+    /// whatever the policy (at `ERROR`, with the fix, for a [`ClientIp`] key: the server does
+    /// not put the peer address in its requests; at `WARN` otherwise), and
+    /// `ratelimit_layer_missing_key_total` counts them.
     ///
     /// Default: the extractor's own ([`KeyExtractor::missing_key`]): `Reject` for
     /// [`ClientIp`] and closures (a missing peer address means the server does not provide
