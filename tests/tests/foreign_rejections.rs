@@ -37,8 +37,8 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
-use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::OverloadSignalLayer;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::protocol::{self, Attempt, RATELIMIT};
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
@@ -57,7 +57,7 @@ async fn serve(router: Router) -> SocketAddr {
     tokio::spawn(async move {
         axum::serve(listener, into_make_service_with_peer_addr(router))
             .await
-        .unwrap();
+            .unwrap();
     });
     addr
 }

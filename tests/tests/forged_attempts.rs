@@ -85,7 +85,7 @@ async fn server(signal: OverloadSignalLayer) -> (String, AttemptHistogram) {
     tokio::spawn(async move {
         axum::serve(listener, into_make_service_with_peer_addr(app))
             .await
-        .unwrap();
+            .unwrap();
     });
     (url, histogram)
 }

@@ -95,7 +95,11 @@ async fn serves_refuses_a_busy_port_and_shuts_down_on_sigterm() {
     // The overload layer told its callers apart by their address: the server's connections
     // insert it as the `SocketAddr` extension the layers read (the line the layer logs
     // otherwise says "requests without a peer address", or "... without a caller key").
-    for unkeyed in ["without a peer address", "without a caller key", "no caller key"] {
+    for unkeyed in [
+        "without a peer address",
+        "without a caller key",
+        "no caller key",
+    ] {
         assert!(!stderr.contains(unkeyed), "{stderr}");
     }
 }

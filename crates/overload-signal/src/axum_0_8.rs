@@ -206,7 +206,9 @@ mod tests {
             .oneshot(request)
             .await
             .unwrap_or_else(|e: Infallible| match e {});
-        let body = axum::body::to_bytes(response.into_body(), 1024).await.unwrap();
+        let body = axum::body::to_bytes(response.into_body(), 1024)
+            .await
+            .unwrap();
         String::from_utf8(body.to_vec()).unwrap()
     }
 
@@ -233,13 +235,18 @@ mod tests {
 
     #[tokio::test]
     async fn a_socket_addr_already_there_wins_and_a_request_without_connect_info_passes() {
-        let (outer, info): (SocketAddr, SocketAddr) =
-            ("192.0.2.1:1".parse().unwrap(), "192.0.2.2:2".parse().unwrap());
+        let (outer, info): (SocketAddr, SocketAddr) = (
+            "192.0.2.1:1".parse().unwrap(),
+            "192.0.2.2:2".parse().unwrap(),
+        );
         let mut extensions = Extensions::new();
         extensions.insert(outer);
         extensions.insert(ConnectInfo(info));
         let router = reporting().layer(PeerAddrLayer::new());
-        assert_eq!(seen(router.clone(), extensions).await, format!("Some({outer})"));
+        assert_eq!(
+            seen(router.clone(), extensions).await,
+            format!("Some({outer})")
+        );
         assert_eq!(seen(router, Extensions::new()).await, "None");
     }
 
@@ -250,6 +257,9 @@ mod tests {
         copy_peer(&mut extensions);
         assert_eq!(client_addr(&extensions), Some("10.0.0.2".parse().unwrap()));
         extensions.insert(ClientAddr::new("203.0.113.9".parse().unwrap()));
-        assert_eq!(client_addr(&extensions), Some("203.0.113.9".parse().unwrap()));
+        assert_eq!(
+            client_addr(&extensions),
+            Some("203.0.113.9".parse().unwrap())
+        );
     }
 }

@@ -220,7 +220,10 @@ mod tests {
             }));
         let mut request = Request::new(());
         *request.extensions_mut() = extensions;
-        assert_eq!(service.oneshot(request).await.unwrap(), (None, Some(Mine(7))));
+        assert_eq!(
+            service.oneshot(request).await.unwrap(),
+            (None, Some(Mine(7)))
+        );
     }
 
     #[tokio::test]

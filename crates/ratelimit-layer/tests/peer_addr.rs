@@ -30,7 +30,9 @@ struct ConnectInfo<T>(T);
 
 /// A request as another axum major serves it: its peer only in that `ConnectInfo`.
 fn request_from(peer: &str) -> Request<axum::body::Body> {
-    let mut request = Request::get("/api").body(axum::body::Body::empty()).unwrap();
+    let mut request = Request::get("/api")
+        .body(axum::body::Body::empty())
+        .unwrap();
     let peer: SocketAddr = peer.parse().unwrap();
     request.extensions_mut().insert(ConnectInfo(peer));
     request
@@ -55,7 +57,11 @@ async fn send(app: &Router) -> Vec<StatusCode> {
 /// plain contract for any other server.
 fn the_one_error(logs: &Logs) -> String {
     let errors = logs.at(Level::ERROR, "");
-    assert_eq!(errors.len(), 1, "one ERROR line, at the first request: {errors:#?}");
+    assert_eq!(
+        errors.len(),
+        1,
+        "one ERROR line, at the first request: {errors:#?}"
+    );
     let message = &errors[0].message;
     for fix in ["axum-0_8", "tonic-0_14", "SocketAddr"] {
         assert!(message.contains(fix), "the fix ({fix}) is named: {message}");
@@ -73,7 +79,10 @@ async fn the_readme_setup_without_a_peer_address_says_so_once_with_the_fix() {
         .route("/api", get(|| async { "ok" }))
         .layer(OverloadProtectionLayer::new(limit));
     let statuses = send(&app).await;
-    assert!(statuses.iter().take(20).all(|s| *s == StatusCode::OK), "{statuses:?}");
+    assert!(
+        statuses.iter().take(20).all(|s| *s == StatusCode::OK),
+        "{statuses:?}"
+    );
     let message = the_one_error(&logs);
     assert!(message.contains("overload-signal"), "{message}");
 }
@@ -93,7 +102,9 @@ async fn a_client_ip_limit_without_a_peer_address_says_so_once_with_the_fix() {
         .layer(limit);
     let statuses = send(&app).await;
     assert!(
-        statuses.iter().all(|s| *s == StatusCode::INTERNAL_SERVER_ERROR),
+        statuses
+            .iter()
+            .all(|s| *s == StatusCode::INTERNAL_SERVER_ERROR),
         "{statuses:?}"
     );
     let message = the_one_error(&logs);
@@ -213,7 +224,10 @@ async fn tonic_through_the_adapter_layer_keys_each_client() {
             answers.push(check(channel.clone()).await);
         }
     }
-    assert_eq!(answers, [Ok(()), Err(tonic::Code::ResourceExhausted), Ok(())]);
+    assert_eq!(
+        answers,
+        [Ok(()), Err(tonic::Code::ResourceExhausted), Ok(())]
+    );
     assert_eq!(logs.at(Level::ERROR, ""), [], "every request had its peer");
     server.abort();
 }
@@ -222,12 +236,10 @@ async fn tonic_through_the_adapter_layer_keys_each_client() {
 /// `TlsConnectInfo<TcpConnectInfo>`, and the limit keys each client by it.
 #[tokio::test]
 async fn tonic_over_tls_through_server_builder_keys_each_client() {
-    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
     use ratelimit_layer::tonic_0_14::server_builder;
+    use rcgen::{BasicConstraints, CertificateParams, IsCa, KeyPair, SanType};
     use tonic::transport::server::TcpIncoming;
-    use tonic::transport::{
-        Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig,
-    };
+    use tonic::transport::{Certificate, ClientTlsConfig, Endpoint, Identity, ServerTlsConfig};
 
     let ca_key = KeyPair::generate().unwrap();
     let mut ca = CertificateParams::new(Vec::<String>::new()).unwrap();
@@ -272,7 +284,10 @@ async fn tonic_over_tls_through_server_builder_keys_each_client() {
             answers.push(check(channel.clone()).await);
         }
     }
-    assert_eq!(answers, [Ok(()), Err(tonic::Code::ResourceExhausted), Ok(())]);
+    assert_eq!(
+        answers,
+        [Ok(()), Err(tonic::Code::ResourceExhausted), Ok(())]
+    );
     assert_eq!(logs.at(Level::ERROR, ""), [], "every request had its peer");
     server.abort();
 }
