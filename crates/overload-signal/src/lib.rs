@@ -126,12 +126,12 @@
 //! ([`signal::peer_addr`]), whatever the framework. Each framework feature names the major
 //! version it covers, so an application on another version compiles none of it.
 //!
-//! - `axum-0_8`: module [`axum_0_8`]: the peer address adapter for axum 0.8
+//! - `axum-0_8`: module `axum_0_8`: the peer address adapter for axum 0.8
 //!   (`into_make_service_with_peer_addr`, which is what `axum::serve` takes, and
 //!   `PeerAddrLayer`, which copies axum's `ConnectInfo<SocketAddr>` into the `SocketAddr`
 //!   extension); and `axum::response::IntoResponse` for [`Overloaded`], so an axum handler
 //!   can return `Result<_, Overloaded>` and answer with the stop signal.
-//! - `tonic-0_14`: module [`tonic_0_14`]: the peer address adapter for tonic 0.14
+//! - `tonic-0_14`: module `tonic_0_14`: the peer address adapter for tonic 0.14
 //!   (`server_builder`, which is `Server::builder()` with the adapter outermost, and
 //!   `PeerAddrLayer`, which copies tonic's `TcpConnectInfo`, or `TlsConnectInfo` over TLS,
 //!   into the `SocketAddr` extension).

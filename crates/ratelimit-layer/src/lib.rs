@@ -122,7 +122,7 @@
 //! # }
 //! ```
 //!
-//! Customised, in axum: per client IP (the peer address, which [`axum_0_8`] puts where the
+//! Customised, in axum: per client IP (the peer address, which `axum_0_8` puts where the
 //! layers read it; feature `axum-0_8`), a sliding window, heavier uploads, and the
 //! `RateLimit` fields on every response:
 //!
@@ -153,7 +153,7 @@
 //!
 //! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`,
 //! behind the overload layer (one [`OverloadProtectionLayer`], so the order cannot be
-//! wrong), which tells callers apart by the same address (tonic's, which [`tonic_0_14`] puts
+//! wrong), which tells callers apart by the same address (tonic's, which `tonic_0_14` puts
 //! where the layers read it; feature `tonic-0_14`):
 //!
 //! ```no_run
@@ -259,12 +259,12 @@
 //! extension, whatever the framework; each framework feature names the major version it
 //! covers, so an application on another version compiles none of it.
 //!
-//! - `axum-0_8`: module [`axum_0_8`] (`overload-signal`'s, re-exported; turns on its feature
+//! - `axum-0_8`: module `axum_0_8` (`overload-signal`'s, re-exported; turns on its feature
 //!   of the same name, which compiles `axum` without default features):
 //!   `into_make_service_with_peer_addr(app)`, what `axum::serve` takes, with the peer address
 //!   copied from axum's `ConnectInfo` into the `SocketAddr` extension; and `IntoResponse` for
 //!   `overload_signal::Overloaded`.
-//! - `tonic-0_14`: module [`tonic_0_14`] (likewise; compiles tonic's server transport):
+//! - `tonic-0_14`: module `tonic_0_14` (likewise; compiles tonic's server transport):
 //!   `server_builder()`, `Server::builder()` with the peer address copied from tonic's
 //!   `TcpConnectInfo` (or `TlsConnectInfo` over TLS) as its outermost layer.
 //!
