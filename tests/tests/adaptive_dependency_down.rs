@@ -10,7 +10,6 @@ use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use axum::response::IntoResponse;
 use axum::routing::get;
 use backoff_layer::{ReplayBody, RetryLayer, is_overloaded};
@@ -119,7 +118,7 @@ async fn run(down: Down) -> Seen {
     let peer: SocketAddr = ([192, 0, 2, 1], 40_000).into();
     let request = |path: &str| {
         let mut request = Request::get(path).body(Body::empty()).unwrap();
-        request.extensions_mut().insert(ConnectInfo(peer));
+        request.extensions_mut().insert(peer);
         request
     };
     let mut tick = tokio::time::interval(Duration::from_secs(1) / OK_RATE as u32);

@@ -4,7 +4,7 @@
 //! acting as a gateway come back exactly as they were sent, status, headers and body.
 //!
 //! The server is the README's axum setup (`OverloadProtectionLayer::new(limit)` on the
-//! router, served with `ConnectInfo`), whose token bucket (50 req/s) counts `/api` only (a
+//! router, served with the peer address), whose token bucket (50 req/s) counts `/api` only (a
 //! cost of 0 elsewhere, so the two other routes always reach their handlers):
 //!
 //! - `/api` answers `ok`; most of it is rejected by the limit;
@@ -38,6 +38,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::OverloadSignalLayer;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::protocol::{self, Attempt, RATELIMIT};
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
@@ -54,12 +55,9 @@ async fn serve(router: Router) -> SocketAddr {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        axum::serve(
-            listener,
-            router.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(router))
+            .await
+            .unwrap();
     });
     addr
 }

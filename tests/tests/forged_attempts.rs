@@ -10,15 +10,15 @@
 //! a network of its own (127.0.10.1 to 127.0.79.1: the loopback network answers on all of
 //! 127.0.0.0/8, and the overload layer keys IPv4 callers by their /24), send 5 first tries
 //! per second; the forger, from 127.200.0.1, sends 30 requests per second claiming to be
-//! third retries. The server is axum, served with
-//! `ConnectInfo`, behind `OverloadProtectionLayer` around a global token bucket that admits
+//! third retries. The server is axum, served with the peer address
+//! (`into_make_service_with_peer_addr`), behind `OverloadProtectionLayer` around a global token bucket that admits
 //! 100 req/s, so most requests are rejected.
 //!
 //! Two servers run side by side: one with the default overload layer (callers keyed by peer
 //! address), one whose overload layer keys nothing, which is how every request was counted
 //! before (the anchor: it must reproduce the finding).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -32,6 +32,7 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::protocol::{self, Attempt};
 use overload_signal::{AttemptHistogram, OverloadSignalLayer};
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
@@ -68,7 +69,7 @@ impl Tally {
     }
 }
 
-/// Serves the protected API on 127.0.0.1 with `ConnectInfo`; returns its URL and the
+/// Serves the protected API on 127.0.0.1 with the peer address; returns its URL and the
 /// overload layer's histogram.
 async fn server(signal: OverloadSignalLayer) -> (String, AttemptHistogram) {
     let histogram = signal.histogram().clone();
@@ -83,12 +84,9 @@ async fn server(signal: OverloadSignalLayer) -> (String, AttemptHistogram) {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(app))
+            .await
+            .unwrap();
     });
     (url, histogram)
 }

@@ -23,8 +23,8 @@ use overload_signal::protocol::{self, Protocol};
 use overload_signal::{OverloadSignalLayer, Overloaded, StopRule, is_overloaded};
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
+use tonic::transport::Channel;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 use tower::{Layer, ServiceBuilder, ServiceExt};
@@ -52,7 +52,8 @@ async fn tonic_rejections_become_the_grpc_stop_signal_in_a_retry_storm() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
-        Server::builder()
+        // With the peer address where the overload layer reads it.
+        overload_signal::tonic_0_14::server_builder()
             .layer(ServiceBuilder::new().layer(signal).layer(limit))
             .add_service(health)
             .serve_with_incoming(TcpIncoming::from(listener))

@@ -3,7 +3,6 @@
 //! with the peer address, and a hyper-util client behind the retry layer with every default.
 //! If this test has to change, so does the README.
 
-use std::net::SocketAddr;
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU32, Ordering};
 
@@ -45,7 +44,7 @@ async fn readme_stack_rejects_then_the_client_retries_after_retry_after() {
     let server = tokio::spawn(async move {
         axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app),
         )
         .await
     });

@@ -8,14 +8,14 @@
 //! - axum: the stop signal fires for a storm against a global limit; against a per-client
 //!   limit, the client that storms its own quota is told to stop and a client merely over
 //!   its own quota keeps its plain `429`;
-//! - axum served without `into_make_service_with_connect_info`: a per-client-IP limit
-//!   answers `500` instead of putting every client in one bucket (finding 3).
+//! - axum served without the peer address (`into_make_service_with_peer_addr`): a
+//!   per-client-IP limit answers `500` instead of putting every client in one bucket
+//!   (finding 3).
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::time::Duration;
 
 use axum::Router;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
 use bytes::Bytes;
 use http::request::Parts;
@@ -24,6 +24,7 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::protocol::{self, Attempt};
 use overload_signal::{OverloadSignalLayer, StopRule};
 use ratelimit_layer::clock::FakeClock;
@@ -168,8 +169,8 @@ fn client_from(source: Ipv4Addr) -> HttpClient {
     Client::builder(TokioExecutor::new()).build(connector)
 }
 
-/// Serves `/api` behind `protection` on 127.0.0.1, with or without `ConnectInfo`.
-async fn axum_server<L>(protection: L, connect_info: bool) -> String
+/// Serves `/api` behind `protection` on 127.0.0.1, with or without the peer address.
+async fn axum_server<L>(protection: L, peer_addr: bool) -> String
 where
     L: tower::Layer<axum::routing::Route> + Clone + Send + Sync + 'static,
     L::Service: tower::Service<axum::extract::Request> + Clone + Send + Sync + 'static,
@@ -185,12 +186,8 @@ where
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
     tokio::spawn(async move {
-        if connect_info {
-            axum::serve(
-                listener,
-                app.into_make_service_with_connect_info::<SocketAddr>(),
-            )
-            .await
+        if peer_addr {
+            axum::serve(listener, into_make_service_with_peer_addr(app)).await
         } else {
             axum::serve(listener, app).await
         }
@@ -240,8 +237,8 @@ async fn axum_fires_the_stop_signal_behind_the_combined_layer() {
 #[tokio::test]
 async fn axum_per_client_limits_stop_only_the_client_that_storms() {
     // Each client IP may send 2 requests, ever; the overload layer tells callers apart by the
-    // same address, read from axum's `ConnectInfo`.
-    let client_ip = ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0));
+    // same address, which the server puts in every request.
+    let client_ip = ClientIp::new();
     let limit = admits(2)
         .key_by_client_ip(client_ip.clone())
         .build()
@@ -288,10 +285,10 @@ async fn axum_per_client_limits_stop_only_the_client_that_storms() {
 
 #[tokio::test]
 async fn axum_without_connect_info_answers_500_rather_than_one_shared_bucket() {
-    // Regression for finding 3: the key is read from `ConnectInfo`, which axum only inserts
-    // with `into_make_service_with_connect_info`; without it every client shared one bucket,
+    // Regression for finding 3: the key is the peer address, which an axum server puts in
+    // its requests only when served with it; without it every client shared one bucket,
     // silently.
-    let client_ip = ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0));
+    let client_ip = ClientIp::new();
     let limit = admits(2).key_by_client_ip(client_ip).build().unwrap();
     let url = axum_server(OverloadProtectionLayer::new(limit), false).await;
     let client = client_from(Ipv4Addr::LOCALHOST);
@@ -302,7 +299,7 @@ async fn axum_without_connect_info_answers_500_rather_than_one_shared_bucket() {
         );
     }
     // Served with it, the same layer limits per client.
-    let client_ip = ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0));
+    let client_ip = ClientIp::new();
     let limit = admits(2).key_by_client_ip(client_ip).build().unwrap();
     let url = axum_server(OverloadProtectionLayer::new(limit), true).await;
     let statuses = [

@@ -24,8 +24,8 @@ use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
 use tokio::time::Instant;
 use tonic::Code;
+use tonic::transport::Channel;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Server};
 use tonic_health::ServingStatus;
 use tonic_health::pb::health_client::HealthClient;
 use tonic_health::pb::{HealthCheckRequest, health_check_response};
@@ -151,8 +151,9 @@ impl TestServer {
             // `Router::layer` (the first layer added is the outermost), so the order is
             // spelled out in one `ServiceBuilder`, outermost first. A combined server layer
             // that gets the order right by construction is on its way; until it lands, the
-            // order is kept by hand here.
-            Server::builder()
+            // order is kept by hand here. `server_builder` puts the peer address where the
+            // overload layer reads it.
+            overload_signal::tonic_0_14::server_builder()
                 .layer(
                     ServiceBuilder::new()
                         .layer(record)

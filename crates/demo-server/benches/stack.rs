@@ -8,7 +8,6 @@ use std::net::SocketAddr;
 
 use axum::Router;
 use axum::body::Body;
-use axum::extract::ConnectInfo;
 use criterion::{Criterion, criterion_group, criterion_main};
 use demo_server::app::{AppConfig, Stack, app};
 use demo_server::model::{LatencyModel, Model};
@@ -56,7 +55,7 @@ fn bench(c: &mut Criterion) {
             b.iter(|| {
                 let mut request = Request::get("/api").body(Body::empty()).expect("request");
                 // What the demo server's connections insert: the overload layer keys by it.
-                request.extensions_mut().insert(ConnectInfo(peer));
+                request.extensions_mut().insert(peer);
                 let response = runtime
                     .block_on(router.clone().oneshot(request))
                     .expect("infallible");

@@ -121,18 +121,26 @@
 //!
 //! # Feature flags
 //!
-//! - `axum` (off by default): implements `axum::response::IntoResponse` for [`Overloaded`],
-//!   so an axum handler can return `Result<_, Overloaded>` and answer with the stop signal;
-//!   and lets the default caller key ([`signal::PeerIp`], through [`signal::peer_addr`]) read
-//!   axum's `ConnectInfo<SocketAddr>`.
-//! - `tonic` (off by default): lets the default caller key read tonic's `TcpConnectInfo`,
-//!   the peer address tonic's server puts in every request.
+//! None is on by default: the crate is plain Tower over `http`, and its layers read the
+//! connection's peer address from a plain `SocketAddr` request extension
+//! ([`signal::peer_addr`]), whatever the framework. Each framework feature names the major
+//! version it covers, so an application on another version compiles none of it.
 //!
-//! Both are off here because the crate is plain Tower over `http`, and the client side
-//! (`backoff-layer`) needs neither. `ratelimit-layer`, whose `OverloadProtectionLayer` is how
-//! a server uses this layer, turns both on by default, so that callers are keyed in axum and
-//! tonic servers with no configuration; a server that uses this crate alone turns on the
-//! one of its framework.
+//! - `axum-0_8`: module `axum_0_8`: the peer address adapter for axum 0.8
+//!   (`into_make_service_with_peer_addr`, which is what `axum::serve` takes, and
+//!   `PeerAddrLayer`, which copies axum's `ConnectInfo<SocketAddr>` into the `SocketAddr`
+//!   extension); and `axum::response::IntoResponse` for [`Overloaded`], so an axum handler
+//!   can return `Result<_, Overloaded>` and answer with the stop signal.
+//! - `tonic-0_14`: module `tonic_0_14`: the peer address adapter for tonic 0.14
+//!   (`server_builder`, which is `Server::builder()` with the adapter outermost, and
+//!   `PeerAddrLayer`, which copies tonic's `TcpConnectInfo`, or `TlsConnectInfo` over TLS,
+//!   into the `SocketAddr` extension).
+//!
+//! A server on another framework, or another version, inserts the peer's `SocketAddr` in
+//! each request's extensions itself (see [`signal::peer_addr`]). A server whose requests carry
+//! no peer address is told so at its first request, at `ERROR`, with the fix (see
+//! [`signal`](signal#the-peer-address)). `ratelimit-layer` has the same two features, which
+//! turn these on, and re-exports the two modules.
 //! - `test-util` (off by default): `clock::FakeClock`, a clock that moves only when told
 //!   to, for tests of code that takes a [`clock::Clock`]; and
 //!   `OverloadSignalLayerBuilder::caller_seed`, which hashes caller keys with a fixed key so
@@ -142,8 +150,8 @@
 //! `RUSTFLAGS="--cfg loom"`; that `cfg` is not a feature and changes nothing in a normal
 //! build.
 
-#[cfg(all(feature = "axum", not(loom)))]
-mod axum;
+#[cfg(all(feature = "axum-0_8", not(loom)))]
+pub mod axum_0_8;
 pub mod deadline;
 mod error;
 pub mod histogram;
@@ -153,6 +161,8 @@ pub mod protocol;
 pub mod signal;
 #[cfg(test)]
 mod test_logs;
+#[cfg(all(feature = "tonic-0_14", not(loom)))]
+pub mod tonic_0_14;
 pub mod trust;
 
 pub use deadline::{Deadline, DeadlineLayer, DeadlineLayerBuilder, RequestDeadline};

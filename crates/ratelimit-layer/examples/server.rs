@@ -8,13 +8,10 @@
 //! Then `curl -i http://127.0.0.1:3000/` a few times quickly: past the burst the answers are
 //! `429` with `Retry-After`, `RateLimit-Policy` and `RateLimit`. Stops on Ctrl-C.
 
-use std::net::SocketAddr;
-
 use axum::Router;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
+use ratelimit_layer::axum_0_8::into_make_service_with_peer_addr;
 use ratelimit_layer::config::RateLimitConfig;
-use ratelimit_layer::key::ClientIp;
 
 fn usage() -> ! {
     eprintln!(
@@ -39,8 +36,8 @@ where
 async fn main() -> Result<(), Box<dyn std::error::Error>> {
     let mut config = RateLimitConfig {
         rate: 100,
-        // axum keeps the peer address in `ConnectInfo`.
-        client_ip: ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| Some(ci.0)),
+        // `--key ip` reads the peer address that `into_make_service_with_peer_addr` puts in
+        // every request (the default `ClientIp`).
         admitted_headers: true,
         ..RateLimitConfig::default()
     };
@@ -69,13 +66,10 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
         config.algorithm,
         config.key
     );
-    axum::serve(
-        listener,
-        app.into_make_service_with_connect_info::<SocketAddr>(),
-    )
-    .with_graceful_shutdown(async {
-        let _ = tokio::signal::ctrl_c().await;
-    })
-    .await?;
+    axum::serve(listener, into_make_service_with_peer_addr(app))
+        .with_graceful_shutdown(async {
+            let _ = tokio::signal::ctrl_c().await;
+        })
+        .await?;
     Ok(())
 }

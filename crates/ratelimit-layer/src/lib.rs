@@ -66,10 +66,11 @@
 //! an explicit [`key::MissingKey`] policy, chosen at build time (`500`, one shared limit, or
 //! no limit; by default `500` for client IPs, whose absence means the server does not
 //! provide them, and one shared limit for header keys); such requests are counted, and
-//! logged at `WARN` at the first and then at most once a minute while they keep coming. A
-//! client IP is read wherever axum, tonic or hyper put the peer address
-//! ([`key::ClientIp`]). A keyed rejection tells an overload layer outside that it concerns
-//! one caller (see [`protect`]). Keys live in a
+//! logged at the first and then at most once a minute while they keep coming (at `ERROR`,
+//! with the fix, when a client IP is missing). A client IP is read from the `SocketAddr`
+//! extension the server puts in each request ([`key::ClientIp`]; see
+//! [Feature flags](#feature-flags) for axum and tonic). A keyed rejection tells an overload
+//! layer outside that it concerns one caller (see [`protect`]). Keys live in a
 //! [`keyed::KeyedLimiter`]: sharded, read-locked on the hot path, idle keys evicted
 //! losslessly, and a hard cap beyond which each network's new keys share an overflow limit
 //! of that network's own (one network minting keys cannot push other networks' new clients
@@ -122,13 +123,14 @@
 //! # }
 //! ```
 //!
-//! Customised, in axum: per client IP (axum's `ConnectInfo`, read by default), a sliding
-//! window, heavier uploads, and the `RateLimit` fields on every response:
+//! Customised, in axum: per client IP (the peer address, which `axum_0_8` puts where the
+//! layers read it; feature `axum-0_8`), a sliding window, heavier uploads, and the
+//! `RateLimit` fields on every response:
 //!
 //! ```no_run
-//! use std::net::SocketAddr;
 //! use std::time::Duration;
 //! use axum::{Router, routing::get};
+//! use ratelimit_layer::axum_0_8::into_make_service_with_peer_addr;
 //! use ratelimit_layer::{RateLimitLayer, SlidingWindow};
 //! use ratelimit_layer::key::ClientIp;
 //!
@@ -136,7 +138,7 @@
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
 //! let window = SlidingWindow::builder(600).window(Duration::from_secs(60)).build()?;
 //! let layer = RateLimitLayer::builder(window)
-//!     // axum puts the peer address in `ConnectInfo`, which `ClientIp` reads.
+//!     // The peer address, from the `SocketAddr` extension.
 //!     .key_by_client_ip(ClientIp::new())
 //!     .cost_by(|parts| if parts.method == http::Method::POST { 10 } else { 1 })
 //!     .name("api")
@@ -144,22 +146,22 @@
 //!     .build()?;
 //! let app = Router::new().route("/api", get(|| async { "hello" })).layer(layer);
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8070").await?;
-//! // `ConnectInfo` exists only with `into_make_service_with_connect_info`.
-//! axum::serve(listener, app.into_make_service_with_connect_info::<SocketAddr>()).await?;
+//! // Puts the peer address in every request, outside every layer.
+//! axum::serve(listener, into_make_service_with_peer_addr(app)).await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
 //! In tonic, where rejections become `RESOURCE_EXHAUSTED` with `grpc-retry-pushback-ms`,
 //! behind the overload layer (one [`OverloadProtectionLayer`], so the order cannot be
-//! wrong), which tells callers apart by the same address (tonic's `TcpConnectInfo`, read by
-//! default):
+//! wrong), which tells callers apart by the same address (tonic's, which `tonic_0_14` puts
+//! where the layers read it; feature `tonic-0_14`):
 //!
 //! ```no_run
 //! use overload_signal::OverloadSignalLayer;
 //! use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 //! use ratelimit_layer::key::ClientIp;
-//! use tonic::transport::Server;
+//! use ratelimit_layer::tonic_0_14::server_builder;
 //!
 //! # #[tokio::main]
 //! # async fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -167,7 +169,8 @@
 //!     .key_by_client_ip(ClientIp::new())
 //!     .build()?;
 //! let (_reporter, health) = tonic_health::server::health_reporter();
-//! Server::builder()
+//! // `Server::builder()` with the peer address copied outermost.
+//! server_builder()
 //!     .layer(OverloadProtectionLayer::new(limit))
 //!     .add_service(health)
 //!     .serve("127.0.0.1:50051".parse()?)
@@ -222,8 +225,9 @@
 //! first rejection) and once when it ends (`INFO`, "rate limit released", once nothing has
 //! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request;
 //! each rejection is logged at `TRACE`. Requests a keyed layer finds no key in are logged at
-//! `WARN` at the first, then at most once a minute while they keep coming (with their
-//! count).
+//! the first, then at most once a minute while they keep coming (with their count): at
+//! `ERROR`, with the fix, when the key is the client IP (the server does not put the peer
+//! address in its requests, which no client can cause), at `WARN` otherwise.
 //!
 //! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
 //!
@@ -251,14 +255,23 @@
 //!
 //! # Feature flags
 //!
-//! - `axum` and `tonic` (on by default): the peer address as the client-IP key
-//!   ([`key::ClientIp::new`]) and as the overload layer's caller key, wherever axum
-//!   (`ConnectInfo<SocketAddr>`, when served with `into_make_service_with_connect_info`) and
-//!   tonic (`TcpConnectInfo`) put it, besides a plain `SocketAddr` extension. They turn on
-//!   `overload-signal`'s features of the same names, which compile `axum` (without default
-//!   features) and tonic's server transport (`tonic` without default features, `server`). A
-//!   server on one framework may turn the other off: `default-features = false, features =
-//!   ["axum"]`.
+//! None is on by default. The layers read the connection's peer address (the client-IP key
+//! [`key::ClientIp::new`], the overload layer's caller key) from a plain `SocketAddr` request
+//! extension, whatever the framework; each framework feature names the major version it
+//! covers, so an application on another version compiles none of it.
+//!
+//! - `axum-0_8`: module `axum_0_8` (`overload-signal`'s, re-exported; turns on its feature
+//!   of the same name, which compiles `axum` without default features):
+//!   `into_make_service_with_peer_addr(app)`, what `axum::serve` takes, with the peer address
+//!   copied from axum's `ConnectInfo` into the `SocketAddr` extension; and `IntoResponse` for
+//!   `overload_signal::Overloaded`.
+//! - `tonic-0_14`: module `tonic_0_14` (likewise; compiles tonic's server transport):
+//!   `server_builder()`, `Server::builder()` with the peer address copied from tonic's
+//!   `TcpConnectInfo` (or `TlsConnectInfo` over TLS) as its outermost layer.
+//!
+//! A server on another framework or version inserts the peer's `SocketAddr` in each
+//! request's extensions itself. A server whose requests carry no peer address is told so at
+//! its first request, at `ERROR`, with the fix in the message (see [`key::ClientIp`]).
 //! - `test-util` (off by default): enables `overload-core`'s `test-util` feature, so that
 //!   `clock::FakeClock`, a clock that moves only when told to, exists for tests (and, with
 //!   `redis`, `redis::testing`).
@@ -281,6 +294,11 @@ mod remote_health;
 #[cfg(any(feature = "redis", loom))]
 mod reservation;
 mod telemetry;
+
+#[cfg(all(feature = "axum-0_8", not(loom)))]
+pub use overload_signal::axum_0_8;
+#[cfg(all(feature = "tonic-0_14", not(loom)))]
+pub use overload_signal::tonic_0_14;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.
 #[doc(no_inline)]

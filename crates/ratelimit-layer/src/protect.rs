@@ -41,11 +41,13 @@
 //!
 //! # Who the callers are
 //!
-//! The overload layer tells callers apart by the peer address, which it reads wherever the
-//! server put it: axum's `ConnectInfo<SocketAddr>` (a router served with
-//! `into_make_service_with_connect_info::<SocketAddr>()`), tonic's `TcpConnectInfo`, or a
-//! `SocketAddr` extension (this crate's default features `axum` and `tonic`). So the
-//! examples below, and the README's, need no key of their own. Behind a load balancer, or
+//! The overload layer tells callers apart by the peer address, which it reads from a
+//! `SocketAddr` request extension: the plain contract every layer of this crate reads, put
+//! there by the adapters of the features `axum-0_8`
+//! (`axum_0_8::into_make_service_with_peer_addr`) and `tonic-0_14`
+//! (`tonic_0_14::server_builder`), or by your own server code. So the examples below, and
+//! the README's, need no key of their own. A server whose requests carry none is told so at
+//! its first request, at `ERROR`, with the fix. Behind a load balancer, or
 //! for a key of your own, pass the same `ClientIp` (trusted proxies included) to the limit
 //! and to the overload layer.
 //!
@@ -70,9 +72,12 @@
 //! # }
 //! ```
 //!
-//! The same in tonic, `Server::builder().layer(protection)`; `tests/readme_setups.rs` runs
-//! both. Customised: a per-client-IP limit, an overload layer that tells callers apart by the
-//! same address, only the callers of the fleet's own network trusted, and the deadline layer
+//! Served with the peer address in every request:
+//! `axum::serve(listener, axum_0_8::into_make_service_with_peer_addr(app))` (feature
+//! `axum-0_8`). The same in tonic, `tonic_0_14::server_builder().layer(protection)` (feature
+//! `tonic-0_14`); `tests/readme_setups.rs` runs both. Customised: a per-client-IP limit, an
+//! overload layer that tells callers apart by the same address, only the callers of the
+//! fleet's own network trusted, and the deadline layer
 //! between them, so that requests whose callers stopped waiting are dropped before the
 //! limit:
 //!

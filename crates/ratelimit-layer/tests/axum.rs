@@ -1,9 +1,7 @@
-//! The layer in an axum `Router`, end to end on 127.0.0.1, keyed by axum's `ConnectInfo`.
-
-use std::net::SocketAddr;
+//! The layer in an axum `Router`, end to end on 127.0.0.1, keyed by the peer address the
+//! axum 0.8 adapter copies from axum's `ConnectInfo`.
 
 use axum::Router;
-use axum::extract::ConnectInfo;
 use axum::routing::get;
 use bytes::Bytes;
 use http::{Request, StatusCode};
@@ -11,6 +9,7 @@ use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::protocol::{RATELIMIT, RATELIMIT_POLICY};
+use ratelimit_layer::axum_0_8::into_make_service_with_peer_addr;
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::key::ClientIp;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
@@ -21,9 +20,7 @@ async fn axum_router_answers_429_with_the_protocol_headers() {
     // however slow the machine.
     let layer = RateLimitLayer::builder(TokenBucket::builder(1).burst(2).build().unwrap())
         .clock(FakeClock::new())
-        .key_by_client_ip(ClientIp::from_extension(|ci: &ConnectInfo<SocketAddr>| {
-            Some(ci.0)
-        }))
+        .key_by_client_ip(ClientIp::new())
         .admitted_headers(true)
         .build()
         .unwrap();
@@ -34,12 +31,9 @@ async fn axum_router_answers_429_with_the_protocol_headers() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
-        axum::serve(
-            listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
-        )
-        .await
-        .unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(app))
+            .await
+            .unwrap();
     });
 
     let client = Client::builder(TokioExecutor::new()).build_http::<Empty<Bytes>>();

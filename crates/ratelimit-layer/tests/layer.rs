@@ -831,8 +831,8 @@ async fn metrics_count_admitted_rejected_and_keys() {
     );
 }
 
-/// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (axum
-/// served without `into_make_service_with_connect_info`) put every client in one shared
+/// Regression for finding 3 of the trust issue: a keyed limit whose key is missing (a server
+/// that does not put the peer address in its requests) put every client in one shared
 /// bucket, silently. Each policy, with the client-IP key whose key is missing here.
 #[tokio::test]
 async fn each_missing_key_policy_does_what_it_says() {
@@ -949,11 +949,10 @@ fn keyed_settings_without_a_key_are_refused() {
     );
 }
 
-/// Counts the events logged at `WARN`.
-#[derive(Default)]
-struct WarnCounter(AtomicUsize);
+/// Counts the events logged at one level.
+struct LevelCounter(tracing::Level, AtomicUsize);
 
-impl tracing::Subscriber for WarnCounter {
+impl tracing::Subscriber for LevelCounter {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -963,61 +962,70 @@ impl tracing::Subscriber for WarnCounter {
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            self.0.fetch_add(1, Ordering::SeqCst);
+        if *event.metadata().level() == self.0 {
+            self.1.fetch_add(1, Ordering::SeqCst);
         }
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// Requests without a key are logged at `WARN` at the first, and again at most once a
-/// minute while they keep coming, whatever the policy. (Regression, issue 23: they were
-/// logged once per layer, then never again.)
+/// Requests without a key are logged at the first, and again at most once a minute while
+/// they keep coming, whatever the policy. (Regression, issue 23: they were logged once per
+/// layer, then never again.) A client-IP key is missing only when the server does not put
+/// the peer address in its requests: logged at `ERROR`, with the fix (issue 31, finding 8:
+/// it was a `WARN`). A header key is missing when a client leaves the header out: `WARN`.
 #[test]
 fn a_missing_key_is_logged_at_once_then_every_minute_whatever_the_policy() {
-    for policy in [MissingKey::Reject, MissingKey::Shared, MissingKey::Bypass] {
-        let warnings = Arc::new(WarnCounter::default());
-        let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
-        tracing::dispatcher::with_default(&dispatch, || {
-            let rt = tokio::runtime::Builder::new_current_thread()
-                .enable_time()
-                .start_paused(true)
-                .build()
-                .unwrap();
-            rt.block_on(async {
-                let layer = RateLimitLayer::builder(bucket(1, 100))
-                    .clock(FakeClock::new())
-                    .key_by_client_ip(ClientIp::new())
-                    .missing_key(policy)
+    for (level, by_header) in [(tracing::Level::ERROR, false), (tracing::Level::WARN, true)] {
+        for policy in [MissingKey::Reject, MissingKey::Shared, MissingKey::Bypass] {
+            let logged = Arc::new(LevelCounter(level, AtomicUsize::new(0)));
+            let count = || logged.1.load(Ordering::SeqCst);
+            let dispatch = tracing::Dispatch::from(Arc::clone(&logged));
+            tracing::dispatcher::with_default(&dispatch, || {
+                let rt = tokio::runtime::Builder::new_current_thread()
+                    .enable_time()
+                    .start_paused(true)
                     .build()
                     .unwrap();
-                let svc = layer.layer(counting_service(&Calls::default()));
-                // Keyed requests log nothing.
-                svc.clone().oneshot(from("192.0.2.1:1")).await.unwrap();
-                assert_eq!(warnings.0.load(Ordering::SeqCst), 0, "{policy:?}");
-                for _ in 0..3 {
-                    svc.clone().oneshot(request()).await.unwrap();
-                }
-                assert_eq!(warnings.0.load(Ordering::SeqCst), 1, "{policy:?}");
-                for _ in 0..59 {
+                rt.block_on(async {
+                    let builder = RateLimitLayer::builder(bucket(1, 100)).clock(FakeClock::new());
+                    let layer = if by_header {
+                        builder
+                            .key_by_header(http::HeaderName::from_static("x-api-key"))
+                            .missing_key(policy)
+                            .build()
+                            .unwrap()
+                    } else {
+                        builder
+                            .key_by_client_ip(ClientIp::new())
+                            .missing_key(policy)
+                            .build()
+                            .unwrap()
+                    };
+                    let svc = layer.layer(counting_service(&Calls::default()));
+                    // Keyed requests log nothing.
+                    let mut keyed = from("192.0.2.1:1");
+                    keyed
+                        .headers_mut()
+                        .insert("x-api-key", HeaderValue::from_static("k"));
+                    svc.clone().oneshot(keyed).await.unwrap();
+                    assert_eq!(count(), 0, "{level} {policy:?}");
+                    for _ in 0..3 {
+                        svc.clone().oneshot(request()).await.unwrap();
+                    }
+                    assert_eq!(count(), 1, "{level} {policy:?}");
+                    for _ in 0..59 {
+                        tokio::time::sleep(Duration::from_secs(1)).await;
+                        svc.clone().oneshot(request()).await.unwrap();
+                    }
+                    assert_eq!(count(), 1, "{level} {policy:?}: not per request");
                     tokio::time::sleep(Duration::from_secs(1)).await;
                     svc.clone().oneshot(request()).await.unwrap();
-                }
-                assert_eq!(
-                    warnings.0.load(Ordering::SeqCst),
-                    1,
-                    "{policy:?}: not per request"
-                );
-                tokio::time::sleep(Duration::from_secs(1)).await;
-                svc.clone().oneshot(request()).await.unwrap();
+                });
             });
-        });
-        assert_eq!(
-            warnings.0.load(Ordering::SeqCst),
-            2,
-            "{policy:?}: a minute later, again"
-        );
+            assert_eq!(count(), 2, "{level} {policy:?}: a minute later, again");
+        }
     }
 }
 

@@ -5,25 +5,29 @@
 //! The setups, word for word:
 //!
 //! - axum: `Router::new().route(..).layer(OverloadProtectionLayer::new(limit))`, served with
-//!   `into_make_service_with_connect_info::<SocketAddr>()`;
-//! - tonic: `Server::builder().layer(OverloadProtectionLayer::new(limit)).add_service(..)`.
+//!   `ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app)`;
+//! - tonic: `ratelimit_layer::tonic_0_14::server_builder()
+//!   .layer(OverloadProtectionLayer::new(limit)).add_service(..)`.
 //!
 //! Nothing keys the callers but the defaults. These tests live in this crate, not in the
 //! workspace's integration package, on purpose: `cargo test -p ratelimit-layer` builds
 //! `overload-signal` with the features this crate turns on and nothing else, as a user who
-//! depends on `ratelimit-layer` alone gets it. (The workspace's other packages turn on
-//! `overload-signal/axum` themselves, which would hide a missing default.)
+//! depends on `ratelimit-layer` alone, with its features `axum-0_8` and `tonic-0_14`, gets
+//! it. (The workspace's other packages turn on `overload-signal`'s features themselves,
+//! which would hide a missing one.)
 //!
-//! The traffic, for 4 seconds: 70 honest clients, each from its own source address
-//! (127.0.0.10 to 127.0.0.79: the loopback network answers on all of 127.0.0.0/8), send 350
-//! first tries per second in all; the forger, from 127.0.0.200, sends 30 requests per
-//! second claiming to be third retries: 7.9 % of the traffic, over the default 5 %
+//! The traffic, for 4 seconds: 70 honest clients, each from its own source address and its
+//! own /24 (127.0.10.1 to 127.0.79.1: the loopback network answers on all of 127.0.0.0/8),
+//! send 350 first tries per second in all; the forger, from 127.0.200.1, sends 30 requests
+//! per second claiming to be third retries: 7.9 % of the traffic, over the default 5 %
 //! threshold. A global token bucket admits 100 per second, so most requests are rejected.
-//! Before the fix, tonic keyed no caller (its peer address is in `TcpConnectInfo`, which the
-//! default key did not read) and neither did axum without `overload-signal`'s `axum`
-//! feature: every honest rejection became the stop signal once the window filled.
+//! Before issue 23's fix, tonic keyed no caller (its peer address is in `TcpConnectInfo`,
+//! which the default key did not read) and neither did axum without `overload-signal`'s
+//! axum feature: every honest rejection became the stop signal once the window filled. Since
+//! issue 31 (finding 8) the layers read a plain `SocketAddr` extension, which the README's
+//! one-line adapters put there.
 
-use std::net::{IpAddr, Ipv4Addr, SocketAddr};
+use std::net::{IpAddr, Ipv4Addr};
 use std::sync::Arc;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
@@ -41,7 +45,7 @@ use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
 use tokio::task::JoinSet;
 use tonic::transport::server::TcpIncoming;
-use tonic::transport::{Channel, Endpoint, Server};
+use tonic::transport::{Channel, Endpoint};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -123,12 +127,13 @@ where
     (honest, forger)
 }
 
-/// The source address of client `i` (the forger is the last).
+/// The source address of client `i` (the forger is the last): each of its own /24, so that
+/// however callers are grouped by network, each client is one caller.
 fn source(i: usize) -> IpAddr {
     if i == usize::from(HONEST_CLIENTS) {
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 200))
+        IpAddr::V4(Ipv4Addr::new(127, 0, 200, 1))
     } else {
-        IpAddr::V4(Ipv4Addr::new(127, 0, 0, 10 + i as u8))
+        IpAddr::V4(Ipv4Addr::new(127, 0, 10 + i as u8, 1))
     }
 }
 
@@ -165,7 +170,7 @@ async fn axum_as_the_readme_shows_keeps_honest_rejections_429() {
     tokio::spawn(async move {
         axum::serve(
             listener,
-            app.into_make_service_with_connect_info::<SocketAddr>(),
+            ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app),
         )
         .await
         .unwrap();
@@ -208,7 +213,7 @@ async fn tonic_as_the_readme_shows_keeps_honest_rejections_resource_exhausted() 
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     tokio::spawn(async move {
-        Server::builder()
+        ratelimit_layer::tonic_0_14::server_builder()
             .layer(OverloadProtectionLayer::new(limit))
             .add_service(greeter)
             .serve_with_incoming(TcpIncoming::from(listener))

@@ -1,12 +1,14 @@
-//! The layer in a tonic server, end to end on 127.0.0.1, with the real gRPC health service.
+//! The layer in a tonic server, end to end on 127.0.0.1, with the real gRPC health service,
+//! keyed by the peer address the tonic 0.14 adapter copies from tonic's `TcpConnectInfo`.
 
 use std::time::Duration;
 
 use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::key::ClientIp;
+use ratelimit_layer::tonic_0_14::server_builder;
 use ratelimit_layer::{RateLimitLayer, TokenBucket};
-use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
-use tonic::transport::{Channel, Server};
+use tonic::transport::Channel;
+use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -14,9 +16,7 @@ use tonic_health::pb::health_client::HealthClient;
 async fn tonic_server_answers_resource_exhausted_with_pushback() {
     let layer = RateLimitLayer::builder(TokenBucket::builder(4).burst(1).build().unwrap())
         .clock(FakeClock::new())
-        .key_by_client_ip(ClientIp::from_extension(|ci: &TcpConnectInfo| {
-            ci.remote_addr
-        }))
+        .key_by_client_ip(ClientIp::new())
         .build()
         .unwrap();
     let (_reporter, health) = tonic_health::server::health_reporter();
@@ -24,7 +24,7 @@ async fn tonic_server_answers_resource_exhausted_with_pushback() {
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
-        Server::builder()
+        server_builder()
             .layer(layer)
             .add_service(health)
             .serve_with_incoming(TcpIncoming::from(listener))

@@ -136,6 +136,10 @@ impl hyper::service::Service<Request<Incoming>> for ConnectionService {
 
     fn call(&self, mut request: Request<Incoming>) -> Self::Future {
         let busy = self.track.begin();
+        // NOTE: the peer address where the layers read it (a `SocketAddr`: the overload
+        // layer's caller key, `--key ip`), and as axum's `ConnectInfo` for handlers that
+        // extract it, as `axum::serve` with connect info gives.
+        request.extensions_mut().insert(self.remote);
         request.extensions_mut().insert(ConnectInfo(self.remote));
         let request = request.map(Body::new);
         let work = Oneshot::new(self.router.clone(), request);

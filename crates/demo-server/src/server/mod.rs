@@ -12,9 +12,11 @@
 //! - counters of the connections closed by each rule ([`ConnectionStats`]).
 //!
 //! It keeps what `axum::serve` gives: HTTP/1 and HTTP/2 on one port (hyper-util's `auto`
-//! connection builder), the client's address as
-//! [`ConnectInfo<SocketAddr>`](axum::extract::ConnectInfo) in every request's extensions
-//! (what `into_make_service_with_connect_info` provides, and what `--key ip` reads), and
+//! connection builder), the client's address in every request's extensions, both as a
+//! plain `SocketAddr` (what the layers read: the overload layer's caller key and `--key
+//! ip`; what `overload_signal::axum_0_8::into_make_service_with_peer_addr` provides) and as
+//! [`ConnectInfo<SocketAddr>`](axum::extract::ConnectInfo) (what
+//! `into_make_service_with_connect_info` provides, for handlers that extract it), and
 //! graceful shutdown (stop accepting, let requests in progress finish, close idle
 //! connections).
 //!

@@ -228,15 +228,17 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// What identifies a request's caller: a [`CallerKey`], such as a closure
     /// `|parts: &Parts| -> Option<K>`, or `ratelimit-layer`'s `ClientIp` (the same key as a
     /// per-client limit, trusted proxies included). Default: [`PeerIp`](super::PeerIp), the
-    /// peer's IP address wherever the server put it ([`peer_addr`](super::peer_addr): a
-    /// `SocketAddr` extension, axum's `ConnectInfo`, tonic's `TcpConnectInfo`).
+    /// peer's IP address, from the `SocketAddr` extension the server put in the request
+    /// ([`peer_addr`](super::peer_addr), which says how axum and tonic servers put it there).
     ///
     /// The layer hashes keys into [`OverloadSignalLayer::CALLER_CLASSES`] classes and
     /// bounds what one class weighs in the decision, so that no small set of callers can make
     /// it (see the [module docs](crate::signal#trust-what-callers-can-and-cannot-do)).
     /// Requests without a key form one class of their own: each is counted in
-    /// `overload_signal_unkeyed_requests_total`, and logged at `WARN` at the first and then
-    /// at most once a minute while they keep coming.
+    /// `overload_signal_unkeyed_requests_total`, and logged at the first and then at most
+    /// once a minute while they keep coming: at `ERROR`, with the fix, when the request
+    /// carries no peer address at all (see [the peer address](super#the-peer-address)), at
+    /// `WARN` when a key of your own found none.
     pub fn key_by<K: CallerKey>(mut self, key: K) -> Self {
         self.settings.key = Arc::new(key);
         self

@@ -190,8 +190,10 @@
 //! - **When every request comes from one key** (behind a load balancer that is the peer,
 //!   or a server that does not put the peer address in the request), there is one class,
 //!   and the decision is the plain one: any trusted caller can forge a storm. The default key
-//!   reads the peer address the server put in the request ([`peer_addr`]); a request
-//!   without one is counted (`overload_signal_unkeyed_requests_total`) and logged. Behind a
+//!   reads the peer address from a `SocketAddr` extension ([`peer_addr`]; see
+//!   [The peer address](#the-peer-address)); a request without a key is counted
+//!   (`overload_signal_unkeyed_requests_total`) and logged, at once and then at most once a
+//!   minute while such requests keep coming. Behind a
 //!   balancer, trust it with
 //!   [`trusted_proxies`](OverloadSignalLayerBuilder::trusted_proxies): the layer then keys
 //!   each request by the client address the balancer forwards (`X-Forwarded-For` or
@@ -204,6 +206,31 @@
 //!   default trust: pass [`Trust::nobody`](crate::Trust::nobody) there, or resolve the
 //!   client address yourself.
 //! - Whatever they send, callers cannot grow the layer's memory: the classes are fixed.
+//!
+//! # The peer address
+//!
+//! The layers of this workspace read the connection's peer address from one place: a
+//! [`SocketAddr`](std::net::SocketAddr) in the request's extensions ([`peer_addr`]), or the
+//! client address a layer resolved behind trusted proxies ([`ClientAddr`], read first by
+//! [`client_addr`]). Only server code can insert an extension; a client cannot. Frameworks
+//! keep the peer in types of their own, one per major version, so the crate's adapters copy
+//! it across, each behind a feature that names the version it covers:
+//!
+//! | server | how |
+//! |---|---|
+//! | axum 0.8 | `axum::serve(listener, overload_signal::axum_0_8::into_make_service_with_peer_addr(app))` (feature `axum-0_8`) |
+//! | tonic 0.14, plain TCP or TLS | `overload_signal::tonic_0_14::server_builder()` in place of `Server::builder()` (feature `tonic-0_14`) |
+//! | anything else (hyper, another major of axum or tonic, a Unix socket) | insert the peer's `SocketAddr` in each request's extensions, outside this layer |
+//!
+//! A server whose requests carry no peer address (and no [`ClientAddr`]) is set up wrong,
+//! and no client can cause it: every connection has a peer. The layer says so at the first
+//! such request that has no caller key, at `ERROR`, with the fix in the message, and then
+//! at most once a minute while they keep coming (with how many came since the last line);
+//! `overload_signal_unkeyed_requests_total` counts every one. The requests themselves are
+//! served: they share one caller class, so the stop decision is the plain one for them. A
+//! key of your own ([`key_by`](OverloadSignalLayerBuilder::key_by)) that finds none in a
+//! request that does carry a peer address is logged the same way at `WARN` (a client can
+//! cause that, by leaving out what the key reads).
 //!
 //! # Limits
 //!
@@ -337,8 +364,10 @@
 //!   for one window of the histogram (10 seconds by default), with how long the episode
 //!   `lasted` (from its first stop signal to its last). Checked every bucket by the task
 //!   above;
-//! - `WARN` **requests without a caller key**: at the first, then at most once a minute
-//!   while they keep coming, with how many came since the last line (see
+//! - `ERROR` **requests without a peer address** (or `WARN` **requests without a caller
+//!   key**, when they do carry one and a key of your own found none): at the first, then at
+//!   most once a minute while they keep coming, with how many came since the last line and
+//!   the fix (see [The peer address](#the-peer-address) and
 //!   [Trust](#trust-what-callers-can-and-cannot-do)): a server set up so that one caller
 //!   can forge a storm is a misconfiguration to fix, not a state that passes.
 //!

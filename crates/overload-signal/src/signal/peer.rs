@@ -1,5 +1,5 @@
-//! Where a request's peer address is, whichever server accepted it ([`peer_addr`]), and the
-//! default caller key built on it and on the client address resolved behind trusted proxies
+//! Where a request's peer address is: a plain `SocketAddr` extension, whichever server
+//! accepted it ([`peer_addr`]), and the default caller key built on it and on the client address resolved behind trusted proxies
 //! ([`PeerIp`]).
 
 use std::hash::Hasher;
@@ -10,21 +10,24 @@ use http::request::Parts;
 
 use super::callers::CallerKey;
 
-/// The address of the connection's peer, from the request extension the server put there:
+/// The address of the connection's peer: the [`SocketAddr`] the server put in the request's
+/// extensions.
 ///
-/// 1. axum's `ConnectInfo<SocketAddr>`, inserted when a router is served with
-///    `into_make_service_with_connect_info::<SocketAddr>()` (axum 0.8; feature `axum`);
-/// 2. tonic's `TcpConnectInfo`, inserted by `tonic::transport::Server` for every request
-///    on a plain TCP connection (tonic 0.14; feature `tonic`);
-/// 3. a [`SocketAddr`] extension (what a plain hyper server inserts when told to, and what
-///    tests and custom servers insert).
+/// The one place every layer of this workspace reads the peer from (through
+/// [`client_addr`], which prefers a resolved [`ClientAddr`]), whatever the framework: a plain
+/// contract, which no framework upgrade can break. Frameworks keep the peer in types of
+/// their own; the adapters copy it here (see [the peer address](super#the-peer-address)):
 ///
-/// `ratelimit-layer` enables both features by default, so a server built with it finds the
-/// peer in axum and in tonic without a line of configuration. A request with none of these
-/// (axum served without connect info, tonic over TLS, whose extension is
-/// `TlsConnectInfo<TcpConnectInfo>`, another framework, another major version of axum or
-/// tonic) has no peer address here: key it yourself
-/// ([`OverloadSignalLayerBuilder::key_by`](super::OverloadSignalLayerBuilder::key_by)).
+/// - axum 0.8: serve with `overload_signal::axum_0_8::into_make_service_with_peer_addr(app)`
+///   (feature `axum-0_8`), in place of `app.into_make_service_with_connect_info::<SocketAddr>()`;
+/// - tonic 0.14 (plain TCP or TLS): build the server with
+///   `overload_signal::tonic_0_14::server_builder()` (feature `tonic-0_14`), in place of
+///   `Server::builder()`;
+/// - any other server (hyper, another major version of axum or tonic): insert the peer's
+///   `SocketAddr` in each request's extensions, outside the layers.
+///
+/// `None` without it: a layer keyed by the peer then says so at `ERROR`, with the fix, at its
+/// first such request.
 ///
 /// ```
 /// use std::net::SocketAddr;
@@ -39,17 +42,6 @@ use super::callers::CallerKey;
 /// ```
 #[inline]
 pub fn peer_addr(extensions: &Extensions) -> Option<SocketAddr> {
-    // NOTE: the frameworks' own extensions first: every request of an axum or tonic server
-    // finds its peer at the first look-up, and a look-up that misses costs about as much
-    // as one that hits.
-    #[cfg(all(feature = "axum", not(loom)))]
-    if let Some(info) = extensions.get::<::axum::extract::ConnectInfo<SocketAddr>>() {
-        return Some(info.0);
-    }
-    #[cfg(all(feature = "tonic", not(loom)))]
-    if let Some(info) = extensions.get::<::tonic::transport::server::TcpConnectInfo>() {
-        return info.remote_addr();
-    }
     extensions.get::<SocketAddr>().copied()
 }
 
@@ -103,8 +95,10 @@ pub fn client_addr(extensions: &Extensions) -> Option<IpAddr> {
 /// one resolved behind a trusted load balancer (a [`ClientAddr`](super::ClientAddr) the layer
 /// leaves in the request when it is set up with
 /// [`trusted_proxies`](super::OverloadSignalLayerBuilder::trusted_proxies)), or else the
-/// connection's peer ([`peer_addr`]). A request with neither has no key; the layer counts and
-/// logs such requests (see [`CallerKey`]).
+/// connection's peer, from the `SocketAddr` extension the server put there ([`peer_addr`],
+/// which says how axum and tonic servers put it there). A request with neither has no key;
+/// the layer counts such requests and logs them at `ERROR` with the fix (see
+/// [the peer address](super#the-peer-address) and [`CallerKey`]).
 ///
 /// **Callers are networks, not addresses**: an IPv4 client is keyed by its `/24`
 /// ([`PeerIp::IPV4_PREFIX`]), an IPv6 client by its `/48` ([`PeerIp::IPV6_PREFIX`]), and an
@@ -274,38 +268,5 @@ mod tests {
         p.extensions
             .insert(ClientAddr::new("2001:db8:1:2:3::9".parse().unwrap()));
         assert_eq!(PeerIp::peer_ip(&p), Some("2001:db8:1::".parse().unwrap()));
-    }
-
-    #[cfg(all(feature = "axum", not(loom)))]
-    #[test]
-    fn peer_ip_reads_axums_connect_info() {
-        let mut req = http::Request::new(());
-        req.extensions_mut().insert(::axum::extract::ConnectInfo(
-            "198.51.100.4:9".parse::<SocketAddr>().unwrap(),
-        ));
-        assert_eq!(
-            PeerIp::peer_ip(&req.into_parts().0),
-            Some("198.51.100.0".parse().unwrap())
-        );
-    }
-
-    /// Regression (issue 23, finding 1): tonic's server puts the peer in `TcpConnectInfo`
-    /// only, so the default key found none, and every request of a tonic server fell into
-    /// one caller class.
-    #[cfg(all(feature = "tonic", not(loom)))]
-    #[test]
-    fn peer_ip_reads_tonics_tcp_connect_info() {
-        use ::tonic::transport::server::TcpConnectInfo;
-        // `TcpConnectInfo`'s fields are public; tonic fills them from the accepted stream.
-        let info = TcpConnectInfo {
-            local_addr: Some("127.0.0.1:50051".parse().unwrap()),
-            remote_addr: Some("203.0.113.9:41000".parse().unwrap()),
-        };
-        let mut req = http::Request::new(());
-        req.extensions_mut().insert(info);
-        assert_eq!(
-            PeerIp::peer_ip(&req.into_parts().0),
-            Some("203.0.113.0".parse().unwrap())
-        );
     }
 }

@@ -13,7 +13,7 @@ use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
 
 use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, UNKEYED};
-use super::peer::PeerIp;
+use super::peer::{PeerIp, client_addr};
 use super::rejection::{Rejection, RejectionKind, RejectionScope};
 use super::rule::StopRule;
 use super::telemetry::{
@@ -144,21 +144,22 @@ impl<C: Clock> SignalState<C> {
         self.ticker
             .start(self, self.histogram.bucket_width(), |_| {}, Self::tick);
         if lane == UNKEYED {
-            self.report_unkeyed();
+            self.report_unkeyed(parts);
         }
         self.export_window(bucket);
         caller
     }
 
-    /// A request without a caller key: counted, and logged at `WARN` at the first one and
-    /// then at most once per [`UNKEYED_LOG_INTERVAL`] while they keep coming, because the
-    /// server is then set up so that one caller can forge a storm for every caller without
-    /// a key.
+    /// A request without a caller key: counted, and logged at the first one and then at
+    /// most once per [`UNKEYED_LOG_INTERVAL`] while they keep coming, because the server is
+    /// then set up so that one caller can forge a storm for every caller without a key: at
+    /// `ERROR` with the fix when the request carries no peer address at all.
     #[cold]
-    fn report_unkeyed(&self) {
+    fn report_unkeyed(&self, parts: &Parts) {
         self.metrics.get().unkeyed();
         if let Some(count) = self.unkeyed.note(self.histogram.clock().now()) {
-            log_unkeyed(self.name(), count, UNKEYED_LOG_INTERVAL);
+            let no_peer = client_addr(&parts.extensions).is_none();
+            log_unkeyed(self.name(), count, UNKEYED_LOG_INTERVAL, no_peer);
         }
     }
 

@@ -156,20 +156,40 @@ pub(super) fn log_engaged(name: &LayerName, trigger: StopTrigger, rule: &StopRul
 }
 
 /// Logs that `count` requests without a caller key came since the last such line (at most
-/// one per `interval`).
+/// one per `interval`): at `ERROR` when the request that logs carries no peer address
+/// (`no_peer`: the server is set up wrong, which no client can cause), with the fix; at
+/// `WARN` otherwise (a key of the user's own found none, which a client can cause).
 #[cold]
-pub(super) fn log_unkeyed(name: &LayerName, count: u64, interval: Duration) {
-    tracing::warn!(
-        name = name.as_str(),
-        requests = count,
-        "overload-signal: requests without a caller key: they share one caller class, so the \
-         stop decision cannot bound their retries per caller, and any one of them can forge a \
-         retry storm for all of them. Serve with the peer address in the request (axum: \
-         `into_make_service_with_connect_info::<SocketAddr>()`; tonic: plain TCP; hyper: a \
-         `SocketAddr` extension) or give the layer a key \
-         (`OverloadSignalLayerBuilder::key_by`). Logged again at most every {interval:?} \
-         while it lasts; `overload_signal_unkeyed_requests_total` counts every one."
-    );
+pub(super) fn log_unkeyed(name: &LayerName, count: u64, interval: Duration, no_peer: bool) {
+    if no_peer {
+        tracing::error!(
+            name = name.as_str(),
+            requests = count,
+            "overload-signal: requests without a peer address: the server does not put the \
+             connection's peer in its requests, so the layer cannot tell its callers apart: \
+             they share one caller class, and any one of them can forge a retry storm for all \
+             of them. The layers read a `SocketAddr` request extension. Fix: axum 0.8, serve \
+             with `overload_signal::axum_0_8::into_make_service_with_peer_addr(app)` (feature \
+             `axum-0_8`); tonic 0.14, build the server with \
+             `overload_signal::tonic_0_14::server_builder()` (feature `tonic-0_14`); \
+             `ratelimit-layer` has the same features and modules; any other server (another \
+             major version of axum or tonic, hyper), insert the peer's `SocketAddr` in each \
+             request's extensions, outside this layer. Logged again at most every \
+             {interval:?} while it lasts; `overload_signal_unkeyed_requests_total` counts \
+             every one."
+        );
+    } else {
+        tracing::warn!(
+            name = name.as_str(),
+            requests = count,
+            "overload-signal: requests without a caller key: the layer's key found none, so \
+             they share one caller class, the stop decision cannot bound their retries per \
+             caller, and any one of them can forge a retry storm for all of them. Give every \
+             request a key (`OverloadSignalLayerBuilder::key_by`). Logged again at most every \
+             {interval:?} while it lasts; `overload_signal_unkeyed_requests_total` counts \
+             every one."
+        );
+    }
 }
 
 /// Logs that the layer has not answered a rejection with the stop signal for `quiet`.

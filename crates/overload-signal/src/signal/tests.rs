@@ -1273,11 +1273,22 @@ async fn an_unsustained_stop_signal_lapses_when_callers_obey() {
     );
 }
 
-/// Counts the events logged at `WARN`.
+/// Counts the events logged at `WARN` and at `ERROR`.
 #[derive(Default)]
-struct WarnCounter(std::sync::atomic::AtomicUsize);
+struct LevelCounter {
+    warn: std::sync::atomic::AtomicUsize,
+    error: std::sync::atomic::AtomicUsize,
+}
 
-impl tracing::Subscriber for WarnCounter {
+impl LevelCounter {
+    /// (`WARN` lines, `ERROR` lines) so far.
+    fn get(&self) -> (usize, usize) {
+        use std::sync::atomic::Ordering::Relaxed;
+        (self.warn.load(Relaxed), self.error.load(Relaxed))
+    }
+}
+
+impl tracing::Subscriber for LevelCounter {
     fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
         true
     }
@@ -1287,9 +1298,12 @@ impl tracing::Subscriber for WarnCounter {
     fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
     fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
     fn event(&self, event: &tracing::Event<'_>) {
-        if *event.metadata().level() == tracing::Level::WARN {
-            self.0.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
-        }
+        let counter = match *event.metadata().level() {
+            tracing::Level::WARN => &self.warn,
+            tracing::Level::ERROR => &self.error,
+            _ => return,
+        };
+        counter.fetch_add(1, std::sync::atomic::Ordering::Relaxed);
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
@@ -1331,12 +1345,14 @@ fn anchor_interest() {
 /// Regression (issue 23, finding 1): a request without a caller key was logged once per
 /// layer, then never again, while every such request let one caller forge a storm for all
 /// of them. Each is counted, and logged again at most once a minute while they keep coming.
+/// Issue 31, finding 8: a request without a peer address means the server does not provide
+/// it (no client can cause that), so the line is an `ERROR` (it was a `WARN`), with the fix.
 #[test]
 fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
     anchor_interest();
-    let warnings = Arc::new(WarnCounter::default());
-    let warned = || warnings.0.load(std::sync::atomic::Ordering::Relaxed);
-    let dispatch = tracing::Dispatch::from(Arc::clone(&warnings));
+    let levels = Arc::new(LevelCounter::default());
+    let errors = || levels.get().1;
+    let dispatch = tracing::Dispatch::from(Arc::clone(&levels));
     let recorder = DebuggingRecorder::new();
     metrics::with_local_recorder(&recorder, || {
         tracing::dispatcher::with_default(&dispatch, || {
@@ -1350,28 +1366,37 @@ fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
                 let layer = trusting_layer();
                 let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
                 send_from(&mut svc, 3, Some(0), honest_peer(1)).await;
-                assert_eq!(warned(), 0);
+                assert_eq!(levels.get(), (0, 0));
                 send(&mut svc, 5, &[Some(0)]).await;
-                assert_eq!(warned(), 1, "the first at once");
+                assert_eq!(levels.get(), (0, 1), "the first at once, at ERROR");
                 for _ in 0..59 {
                     tokio::time::advance(Duration::from_secs(1)).await;
                     send(&mut svc, 1, &[None]).await;
                 }
-                assert_eq!(warned(), 1, "not once per request");
+                assert_eq!(errors(), 1, "not once per request");
                 tokio::time::advance(Duration::from_secs(1)).await;
                 send(&mut svc, 1, &[None]).await;
-                assert_eq!(warned(), 2, "again a minute later, while they keep coming");
+                assert_eq!(errors(), 2, "again a minute later, while they keep coming");
                 // Another layer logs its own.
                 let other = trusting_layer();
                 let mut svc = tower::Layer::layer(&other, answering(|| status(StatusCode::OK)));
                 send(&mut svc, 2, &[None]).await;
-                assert_eq!(warned(), 3);
+                assert_eq!(levels.get(), (0, 3));
+                // A key of the user's own that finds none in a request that has a peer: a
+                // client can cause that (by leaving out what the key reads), so a `WARN`.
+                let keyed = OverloadSignalLayer::builder()
+                    .key_by(|_: &http::request::Parts| None::<u8>)
+                    .build()
+                    .unwrap();
+                let mut svc = tower::Layer::layer(&keyed, answering(|| status(StatusCode::OK)));
+                send_from(&mut svc, 2, Some(0), honest_peer(1)).await;
+                assert_eq!(levels.get(), (1, 3));
             });
         });
     });
     let values = metric_values(&recorder);
     let unkeyed = find(&values, metric_names::UNKEYED_REQUESTS, None);
-    assert_eq!(unkeyed, &DebugValue::Counter(5 + 60 + 2));
+    assert_eq!(unkeyed, &DebugValue::Counter(5 + 60 + 2 + 2));
 }
 
 /// The threat model's "one caller can also hold the signal back": 1 000 honest first tries

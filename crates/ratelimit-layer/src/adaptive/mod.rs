@@ -245,14 +245,15 @@
 //!     }
 //! });
 //! let listener = tokio::net::TcpListener::bind("127.0.0.1:8070").await?;
-//! // The peer address in each request: the overload layer tells callers apart by it.
-//! axum::serve(listener, app.into_make_service_with_connect_info::<std::net::SocketAddr>())
+//! // The peer address in each request (feature `axum-0_8`): the overload layer tells
+//! // callers apart by it.
+//! axum::serve(listener, ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app))
 //!     .await?;
 //! # Ok(())
 //! # }
 //! ```
 //!
-//! In tonic, `Server::builder().layer(OverloadProtectionLayer::new(AdaptiveLimitLayer::new()))`:
+//! In tonic, `tonic_0_14::server_builder().layer(OverloadProtectionLayer::new(AdaptiveLimitLayer::new()))`:
 //! one layer, in the right order whichever way the server nests. Rejections are then
 //! `UNAVAILABLE` with `grpc-retry-pushback-ms`.
 //!

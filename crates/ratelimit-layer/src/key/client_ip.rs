@@ -24,18 +24,26 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// The connection's peer address is read from a request extension, which the server puts
 /// there:
 ///
-/// - [`ClientIp::new`] (the default) reads it wherever the servers this workspace supports
-///   put it (`overload_signal::signal::peer_addr`): a [`SocketAddr`] extension (plain hyper,
-///   tests), axum's `ConnectInfo<SocketAddr>` (a router served with
-///   `into_make_service_with_connect_info::<SocketAddr>()`; feature `axum`, on by default)
-///   and tonic's `TcpConnectInfo` (feature `tonic`, on by default). The overload layer's
-///   default caller key reads the same, so a limit and the overload layer see one client
-///   alike.
-/// - [`ClientIp::from_extension`] reads any other extension type through a function: for
-///   tonic over TLS, `TlsConnectInfo<TcpConnectInfo>`:
-///   `ClientIp::from_extension(|c: &TlsConnectInfo<TcpConnectInfo>| c.get_ref().remote_addr())`.
+/// - [`ClientIp::new`] (the default) reads a [`SocketAddr`] extension
+///   (`overload_signal::signal::peer_addr`): the plain contract every layer of this
+///   workspace reads, whatever the framework. The overload layer's default caller key reads
+///   the same, so a limit and the overload layer see one client alike. Put it there with
+///   this crate's adapters: in axum 0.8, serve with
+///   `ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app)` (feature
+///   `axum-0_8`); in tonic 0.14, plain TCP or TLS, build the server with
+///   `ratelimit_layer::tonic_0_14::server_builder()` (feature `tonic-0_14`); in any other
+///   server (hyper, another major version of axum or tonic), insert the peer's `SocketAddr`
+///   in each request's extensions, outside the limit.
+/// - [`ClientIp::from_extension`] reads any other extension type through a function: a
+///   type of your own server's, or a framework's connect info read directly.
 ///
-/// A request without the extension has no key.
+/// A request without the extension has no key: the server does not provide the address,
+/// which no client can cause. Such a request follows the layer's
+/// [`MissingKey`] policy, by default [`Reject`](MissingKey::Reject): `500` (gRPC
+/// `INTERNAL`), without calling the service, rather than one limit for every client, which
+/// would let one client use up everyone's quota. The layer says why at the first such
+/// request, at `ERROR`, with the fix in the message, then at most once a minute while they
+/// keep coming, and `ratelimit_layer_missing_key_total` counts every one.
 ///
 /// # Proxies
 ///
@@ -68,8 +76,8 @@ type PeerFn = dyn Fn(&Extensions) -> Option<SocketAddr> + Send + Sync;
 /// use std::net::SocketAddr;
 /// use ratelimit_layer::key::{ClientIp, ForwardedHeader};
 ///
-/// // The defaults: the peer address wherever the server put it, no trusted proxy, IPv6
-/// // keyed by /64.
+/// // The defaults: the peer address from the `SocketAddr` extension, no trusted proxy,
+/// // IPv6 keyed by /64.
 /// let direct = ClientIp::new();
 ///
 /// // Behind a load balancer in 10.0.0.0/8 that appends to `X-Forwarded-For`.
@@ -92,9 +100,9 @@ impl ClientIp {
     /// site, so one host can hold a whole `/64`.
     pub const DEFAULT_IPV6_PREFIX: u8 = 64;
 
-    /// Reads the peer address wherever the server put it (a [`SocketAddr`] extension,
-    /// axum's `ConnectInfo`, tonic's `TcpConnectInfo`); no trusted proxies; IPv6 keyed by
-    /// `/64`.
+    /// Reads the peer address from the [`SocketAddr`] extension the server put in the
+    /// request (see [where the peer address comes from](ClientIp#where-the-peer-address-comes-from));
+    /// no trusted proxies; IPv6 keyed by `/64`.
     pub fn new() -> Self {
         Self {
             peer: Arc::new(peer_addr),
@@ -227,7 +235,7 @@ pub struct ClientIpBuilder {
 
 impl ClientIpBuilder {
     /// Reads the peer address from a request extension of type `T` through `peer`.
-    /// Default: wherever the server put it (see [`ClientIp`]).
+    /// Default: the [`SocketAddr`] extension (see [`ClientIp`]).
     pub fn peer_from_extension<T, F>(mut self, peer: F) -> Self
     where
         T: Send + Sync + 'static,

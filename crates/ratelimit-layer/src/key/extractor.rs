@@ -11,9 +11,11 @@ use overload_signal::signal::client_addr;
 /// What a keyed limit does with a request from which its extractor gets no key, chosen when
 /// the layer is built ([`RateLimitBuilder::missing_key`](crate::RateLimitBuilder::missing_key)).
 ///
-/// Whichever it is, the first such request is logged at `WARN` (once per layer), and the
-/// counter `ratelimit_layer_missing_key_total` counts them all, so a key that is missing by
-/// mistake is never silent.
+/// Whichever it is, the first such request is logged (then at most once a minute while they
+/// keep coming: at `ERROR`, with the fix, for a [`ClientIp`](super::ClientIp), whose key is
+/// missing only when the server does not put the peer address in its requests; at `WARN`
+/// otherwise), and the counter `ratelimit_layer_missing_key_total` counts them all, so a key
+/// that is missing by mistake is never silent.
 ///
 /// Default: the extractor's ([`KeyExtractor::missing_key`]): [`Reject`](Self::Reject) for
 /// [`ClientIp`](super::ClientIp) and closures, [`Shared`](Self::Shared) for
@@ -22,7 +24,7 @@ use overload_signal::signal::client_addr;
 pub enum MissingKey {
     /// Answer `500 Internal Server Error` (for gRPC, `grpc-status: 13`, `INTERNAL`) without
     /// calling the inner service: the key is missing because the server is not set up to
-    /// provide it (axum served without `into_make_service_with_connect_info`, an
+    /// provide it (a server that does not put the peer address in its requests, an
     /// authentication layer placed after the limit). Fails loudly, as `tower_governor` does,
     /// rather than limit every client as one.
     Reject,

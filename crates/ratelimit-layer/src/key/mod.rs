@@ -4,7 +4,8 @@
 //! Extractors see the request head ([`Parts`]) and return `None` when the request has no
 //! key; what happens to such a request is the layer's [`MissingKey`] policy: a `500`, one
 //! shared limit ([`KeyClass::Unkeyed`](crate::keyed::KeyClass)), or no limit. The first such
-//! request is logged at `WARN`, whatever the policy.
+//! request is logged, whatever the policy: at `ERROR` with the fix for a [`ClientIp`] (the
+//! server does not put the peer address in its requests), at `WARN` otherwise.
 //!
 //! The built-in extractors also implement `overload-signal`'s [`CallerKey`], so the overload
 //! layer can tell callers apart by the same key as the limit.

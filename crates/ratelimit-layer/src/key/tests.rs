@@ -133,24 +133,27 @@ fn other_extensions_and_missing_ones() {
     assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("192.0.2.8")));
 }
 
-/// Regression (issue 23, finding 1): `ClientIp::new` read a `SocketAddr` extension only,
-/// which neither axum nor tonic inserts; it reads theirs (with the default features).
+/// Issue 31, finding 8: `ClientIp::new` reads the plain contract, a `SocketAddr` extension
+/// (which the adapters copy from axum's and tonic's connect info), and no framework's type:
+/// an application on another major version of a framework is keyed the same way. (Issue 23,
+/// finding 1, had it read axum 0.8's and tonic 0.14's types directly.)
 #[cfg(not(loom))]
 #[test]
-fn the_default_client_ip_reads_axums_and_tonics_peer_extensions() {
+fn the_default_client_ip_reads_the_socket_addr_extension_only() {
     let c = ClientIp::new();
     let mut req = Request::new(());
     req.extensions_mut().insert(axum::extract::ConnectInfo(
         "192.0.2.9:1".parse::<SocketAddr>().unwrap(),
     ));
-    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("192.0.2.9")));
-    let mut req = Request::new(());
     req.extensions_mut()
         .insert(tonic::transport::server::TcpConnectInfo {
             local_addr: None,
             remote_addr: Some("198.51.100.3:50000".parse().unwrap()),
         });
-    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("198.51.100.3")));
+    assert_eq!(c.client_ip(&req.clone().into_parts().0), None);
+    req.extensions_mut()
+        .insert("203.0.113.4:1".parse::<SocketAddr>().unwrap());
+    assert_eq!(c.client_ip(&req.into_parts().0), Some(ip("203.0.113.4")));
 }
 
 #[test]

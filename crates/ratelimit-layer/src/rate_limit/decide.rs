@@ -162,6 +162,9 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> KeyedDecider<L, C, E> {
 /// (its counter, and the keys gauge).
 pub(crate) struct MissingKeyPolicy {
     policy: MissingKey,
+    /// Whether the key is the peer address ([`ClientIp`](crate::key::ClientIp)): a key missing
+    /// then means the server does not put the peer address in its requests.
+    peer_keyed: bool,
     /// Logged at the first request without a key, then at most once a minute while they
     /// keep coming.
     log: LogThrottle,
@@ -175,9 +178,14 @@ pub(crate) struct MissingKeyPolicy {
 pub(crate) const MISSING_KEY_LOG_INTERVAL: Duration = Duration::from_secs(60);
 
 impl MissingKeyPolicy {
-    pub(crate) fn new(policy: MissingKey, metrics: LazyMetrics<KeyedLimitMetrics>) -> Self {
+    pub(crate) fn new(
+        policy: MissingKey,
+        metrics: LazyMetrics<KeyedLimitMetrics>,
+        peer_keyed: bool,
+    ) -> Self {
         Self {
             policy,
+            peer_keyed,
             log: LogThrottle::new(MISSING_KEY_LOG_INTERVAL),
             clock: TokioClock::new(),
             metrics,
@@ -195,28 +203,47 @@ impl MissingKeyPolicy {
     pub(crate) fn apply(&self) -> MissingKey {
         self.metrics.get().missing_key(self.policy).increment(1);
         if let Some(count) = self.log.note(self.clock.now()) {
-            self.warn(count);
+            self.log(count);
         }
         self.policy
     }
 
+    /// Logs that `count` requests without a key came since the last line: at `ERROR` with
+    /// the fix when the key is the peer address (the server is set up wrong, which no client
+    /// can cause); at `WARN` otherwise (a client can leave out a header).
     #[cold]
-    fn warn(&self, count: u64) {
+    fn log(&self, count: u64) {
         let action = match self.policy {
             MissingKey::Reject => "answering 500 without calling the service",
             MissingKey::Shared => "limiting every request without a key together, as one key",
             MissingKey::Bypass => "admitting every request without a key, unlimited",
         };
-        tracing::warn!(
-            name = %self.metrics.name(),
-            missing_key = self.policy.as_str(),
-            requests = count,
-            "ratelimit-layer: requests without a rate-limit key; {action} (the layer's \
-             missing-key policy). Logged again at most every {MISSING_KEY_LOG_INTERVAL:?} \
-             while it lasts; `ratelimit_layer_missing_key_total` counts every such request. A \
-             client-IP key needs the peer address in the request's extensions: in axum, serve \
-             with `into_make_service_with_connect_info::<SocketAddr>()`; in tonic, over plain \
-             TCP (for TLS, read `TlsConnectInfo` with `ClientIp::from_extension`)."
-        );
+        if self.peer_keyed {
+            tracing::error!(
+                name = %self.metrics.name(),
+                missing_key = self.policy.as_str(),
+                requests = count,
+                "ratelimit-layer: requests without a peer address: the server does not put the \
+                 connection's peer in its requests, so a client-IP limit cannot tell its \
+                 clients apart; {action} (the layer's missing-key policy). The layers read a \
+                 `SocketAddr` request extension. Fix: axum 0.8, serve with \
+                 `ratelimit_layer::axum_0_8::into_make_service_with_peer_addr(app)` (feature \
+                 `axum-0_8`); tonic 0.14, build the server with \
+                 `ratelimit_layer::tonic_0_14::server_builder()` (feature `tonic-0_14`); any \
+                 other server (another major version of axum or tonic, hyper), insert the \
+                 peer's `SocketAddr` in each request's extensions, outside this layer. Logged \
+                 again at most every {MISSING_KEY_LOG_INTERVAL:?} while it lasts; \
+                 `ratelimit_layer_missing_key_total` counts every such request."
+            );
+        } else {
+            tracing::warn!(
+                name = %self.metrics.name(),
+                missing_key = self.policy.as_str(),
+                requests = count,
+                "ratelimit-layer: requests without a rate-limit key; {action} (the layer's \
+                 missing-key policy). Logged again at most every {MISSING_KEY_LOG_INTERVAL:?} \
+                 while it lasts; `ratelimit_layer_missing_key_total` counts every such request."
+            );
+        }
     }
 }

@@ -261,8 +261,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
 
     /// What a keyed limit does with a request its extractor finds no key in: answer `500`
     /// ([`MissingKey::Reject`]), limit all such requests together ([`MissingKey::Shared`]),
-    /// or admit them unlimited ([`MissingKey::Bypass`]). The first such request is logged at
-    /// `WARN` whatever the policy, and `ratelimit_layer_missing_key_total` counts them.
+    /// or admit them unlimited ([`MissingKey::Bypass`]). The first such request is logged
+    /// whatever the policy (at `ERROR`, with the fix, for a [`ClientIp`] key: the server does
+    /// not put the peer address in its requests; at `WARN` otherwise), and
+    /// `ratelimit_layer_missing_key_total` counts them.
     ///
     /// Default: the extractor's own ([`KeyExtractor::missing_key`]): `Reject` for
     /// [`ClientIp`] and closures (a missing peer address means the server does not provide
@@ -406,6 +408,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                 missing: Arc::new(MissingKeyPolicy::new(
                     self.missing_key.unwrap_or_else(|| extract.missing_key()),
                     LazyMetrics::new(name.clone()),
+                    // NOTE: a client-IP key is missing only when the request carries no peer
+                    // address, which no client can cause: the server is set up wrong, and
+                    // the log says so at `ERROR` with the fix.
+                    (&extract as &dyn std::any::Any).is::<ClientIp>(),
                 )),
                 extract,
                 unkeyed: L::State::default(),

@@ -1,5 +1,7 @@
 //! What the tests share: the events this crate logs, recorded.
 
+#![allow(dead_code)] // each test file uses its own part
+
 use std::fmt;
 use std::sync::{Arc, Mutex};
 
@@ -17,14 +19,28 @@ pub(crate) struct Logged {
 
 /// Records the events this crate logs at `INFO` and above, while its guard lives (on this
 /// thread, so under a current-thread runtime: the layer's ticks included).
-#[derive(Clone, Default)]
-pub(crate) struct Logs(Arc<Mutex<Vec<Logged>>>);
+#[derive(Clone)]
+pub(crate) struct Logs {
+    events: Arc<Mutex<Vec<Logged>>>,
+    /// The targets (crates) whose events are recorded.
+    targets: &'static [&'static str],
+}
 
 impl Logs {
-    /// Records from now until the guard is dropped.
+    /// Records this crate's events from now until the guard is dropped.
     pub(crate) fn capture() -> (Self, tracing::subscriber::DefaultGuard) {
+        Self::capture_from(&["ratelimit_layer"])
+    }
+
+    /// Records the events of the crates `targets` from now until the guard is dropped.
+    pub(crate) fn capture_from(
+        targets: &'static [&'static str],
+    ) -> (Self, tracing::subscriber::DefaultGuard) {
         anchor_interest();
-        let logs = Self::default();
+        let logs = Self {
+            events: Arc::default(),
+            targets,
+        };
         let guard =
             tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
         tracing::callsite::rebuild_interest_cache();
@@ -33,7 +49,7 @@ impl Logs {
 
     /// The events at `level` whose message contains `text`.
     pub(crate) fn at(&self, level: Level, text: &str) -> Vec<Logged> {
-        self.0
+        self.events
             .lock()
             .unwrap()
             .iter()
@@ -69,7 +85,8 @@ impl Visit for Fields {
 impl<S: Subscriber> tracing_subscriber::Layer<S> for Logs {
     fn on_event(&self, event: &Event<'_>, _: Context<'_, S>) {
         let level = *event.metadata().level();
-        if !event.metadata().target().starts_with("ratelimit_layer") || level > Level::INFO {
+        let target = event.metadata().target();
+        if !self.targets.iter().any(|t| target.starts_with(t)) || level > Level::INFO {
             return;
         }
         let mut fields = Fields {
@@ -77,7 +94,7 @@ impl<S: Subscriber> tracing_subscriber::Layer<S> for Logs {
             name: None,
         };
         event.record(&mut fields);
-        self.0.lock().unwrap().push(Logged {
+        self.events.lock().unwrap().push(Logged {
             level,
             message: fields.message,
             name: fields.name,

@@ -4,7 +4,6 @@ use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::time::Duration;
 
-use axum::extract::ConnectInfo;
 use clap::builder::{PossibleValue, PossibleValuesParser, TypedValueParser};
 use clap::{Parser, ValueEnum};
 use demo_server::app::{ARTICLE_BURST, ARTICLE_RATE_LIMIT, MMC_BURST, MMC_RATE_LIMIT, Stack};
@@ -566,7 +565,8 @@ impl Cli {
             rate: self.rate_limit.unwrap_or(rate),
             burst,
             key: self.key,
-            client_ip: ClientIp::from_extension(|c: &ConnectInfo<SocketAddr>| Some(c.0)),
+            // The peer address the server's connections insert as a `SocketAddr`.
+            client_ip: ClientIp::new(),
             ..RateLimitConfig::default()
         }
     }
