@@ -32,6 +32,7 @@ use hyper_util::rt::TokioExecutor;
 use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
 use overload_core::clock::TokioWallClock;
 use overload_signal::DeadlineLayer;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::deadline::{self, RequestDeadline};
 use tokio::net::TcpListener;
 use tokio::task::JoinHandle;
@@ -85,7 +86,9 @@ async fn server(skew: Skew) -> Server {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let url = format!("http://{}/api", listener.local_addr().unwrap());
     let task = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(router))
+            .await
+            .unwrap();
     });
     Server { url, handled, task }
 }

@@ -35,6 +35,7 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 use overload_signal::DeadlineLayer;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::deadline::RequestDeadline;
 use overload_signal::protocol::{Attempt, WireDeadline};
 use tokio::net::TcpListener;
@@ -223,7 +224,9 @@ async fn serve(router: Router, log: Log) -> Tier {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(router))
+            .await
+            .unwrap();
     });
     Tier { addr, log, task }
 }

@@ -39,6 +39,7 @@ use http_body_util::Empty;
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
+use overload_signal::axum_0_8::into_make_service_with_peer_addr;
 use overload_signal::protocol::{self, Attempt};
 use overload_signal::{OverloadSignalLayer, is_overloaded};
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
@@ -163,7 +164,9 @@ async fn serve(router: Router) -> Tier {
     let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
     let addr = listener.local_addr().unwrap();
     let task = tokio::spawn(async move {
-        axum::serve(listener, router).await.unwrap();
+        axum::serve(listener, into_make_service_with_peer_addr(router))
+            .await
+            .unwrap();
     });
     Tier { addr, log, task }
 }

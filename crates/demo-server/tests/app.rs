@@ -14,8 +14,17 @@ use overload_signal::protocol::{Attempt, RATELIMIT, RATELIMIT_POLICY, is_stop_si
 use ratelimit_layer::config::RateLimitConfig;
 use tower::ServiceExt;
 
+/// `GET path` from a client on this host: the peer address the server's connections put in
+/// every request (whose counters and deadlines the default trust takes).
 fn get(path: &str) -> Request<Body> {
-    Request::get(path).body(Body::empty()).unwrap()
+    from_this_host(Request::get(path).body(Body::empty()).unwrap())
+}
+
+fn from_this_host(mut request: Request<Body>) -> Request<Body> {
+    request
+        .extensions_mut()
+        .insert(std::net::SocketAddr::from(([127, 0, 0, 1], 40_000)));
+    request
 }
 
 async fn body_text(response: http::Response<Body>) -> String {
@@ -71,7 +80,7 @@ async fn unknown_routes_and_methods_are_refused() {
     let router = app(AppConfig::new(Model::new(LatencyModel::Instant)));
     let missing = router.clone().oneshot(get("/nope")).await.unwrap();
     assert_eq!(missing.status(), StatusCode::NOT_FOUND);
-    let post = Request::post("/api").body(Body::empty()).unwrap();
+    let post = from_this_host(Request::post("/api").body(Body::empty()).unwrap());
     let response = router.clone().oneshot(post).await.unwrap();
     assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED);
     // Without a metrics handle there is no /metrics route.
