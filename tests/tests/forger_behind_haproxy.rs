@@ -4,9 +4,12 @@
 //! forger cannot make the server tell the honest clients to stop; without it, every caller
 //! has the balancer's address and it can.
 //!
-//! Each client connects to HAProxy from an address of its own on the loopback network
-//! (127.0.0.2 to 127.0.0.21 honest, 127.0.0.66 the forger), so HAProxy forwards each one's
-//! address.
+//! Each client connects to HAProxy from a network of its own on the loopback network
+//! (127.0.2.1 to 127.0.21.1 honest, 127.66.0.1 the forger: the overload layer keys callers
+//! by their `/24`), so HAProxy forwards each one's address. Every address involved is a
+//! private one, so the default trust counts every caller's counter: the forger is a client
+//! inside the private network, the case the trusted proxy setting is for (a forger on the
+//! Internet is not trusted at all; `overload-signal`'s proxies tests show that).
 
 use std::ffi::OsString;
 use std::net::{IpAddr, Ipv4Addr, SocketAddr};
@@ -22,7 +25,7 @@ use hyper_util::rt::TokioIo;
 use overload_signal::protocol::{Attempt, is_stop_signal};
 
 const HONEST: u8 = 20;
-const FORGER: Ipv4Addr = Ipv4Addr::new(127, 0, 0, 66);
+const FORGER: Ipv4Addr = Ipv4Addr::new(127, 66, 0, 1);
 
 #[derive(Debug, Default, Clone, Copy)]
 struct Answers {
@@ -52,7 +55,7 @@ async fn client(from: Ipv4Addr, to: SocketAddr, attempt: u32, per_s: u64, secs: 
         if attempt > 0 {
             req.headers_mut().insert(
                 "x-forwarded-for",
-                format!("192.0.2.{}", i % 250).parse().unwrap(),
+                format!("10.{}.0.1", i % 250).parse().unwrap(),
             );
         }
         let Ok(response) = send.send_request(req).await else {
@@ -108,7 +111,7 @@ async fn storm(trust: bool) -> Vec<Answers> {
     let to = balancer.addr();
     let forger = tokio::spawn(client(FORGER, to, 3, 100, 8));
     let honest: Vec<_> = (0..HONEST)
-        .map(|i| tokio::spawn(client(Ipv4Addr::new(127, 0, 0, 2 + i), to, 0, 20, 8)))
+        .map(|i| tokio::spawn(client(Ipv4Addr::new(127, 0, 2 + i, 1), to, 0, 20, 8)))
         .collect();
     let mut each = Vec::new();
     for h in honest {

@@ -31,8 +31,8 @@ use ratelimit_layer::clock::FakeClock;
 use ratelimit_layer::key::ClientIp;
 use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tokio::net::TcpListener;
+use tonic::transport::Channel;
 use tonic::transport::server::{TcpConnectInfo, TcpIncoming};
-use tonic::transport::{Channel, Server};
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
 
@@ -59,7 +59,8 @@ macro_rules! tonic_server {
         let (_reporter, health) = tonic_health::server::health_reporter();
         let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
-        let mut server = Server::builder()$(.layer($layer))+;
+        // `Server::builder()` with the peer address in each request, as the README shows.
+        let mut server = overload_signal::tonic_0_14::server_builder()$(.layer($layer))+;
         tokio::spawn(async move {
             server
                 .add_service(health)
@@ -258,8 +259,8 @@ async fn axum_per_client_limits_stop_only_the_client_that_storms() {
         .unwrap();
     let url = axum_server(protection, true).await;
     let (storm, calm) = (
-        client_from(Ipv4Addr::new(127, 0, 0, 21)),
-        client_from(Ipv4Addr::new(127, 0, 0, 22)),
+        client_from(Ipv4Addr::new(127, 0, 21, 1)),
+        client_from(Ipv4Addr::new(127, 0, 22, 1)),
     );
     // The calm client sends first tries over its quota, the storm client retries.
     let mut calm_answers = Vec::new();

@@ -9,13 +9,13 @@
 //! - [`into_make_service_with_peer_addr`]: what `axum::serve` takes, for a `Router`, with the
 //!   copy outermost, so that no order of `.layer` calls can put a layer that needs the
 //!   peer outside it. The way to serve a router.
-//! - [`PeerAddrLayer`]: the copy as a Tower layer, for a service that is not a `Router`, or
+//! - [`AxumPeerAddrLayer`]: the copy as a Tower layer, for a service that is not a `Router`, or
 //!   served some other way. It must be outside every layer that reads the peer address (in
 //!   axum, added *after* them).
 //!
 //! A server on another major version of axum needs neither: insert the peer address as a
 //! `SocketAddr` extension from that version's `ConnectInfo` (a dozen lines, as
-//! [`PeerAddr`] does), or turn on the feature of that version when this crate has one.
+//! [`AxumPeerAddr`] does), or turn on the feature of that version when this crate has one.
 //!
 //! ```no_run
 //! use axum::{Router, routing::get};
@@ -49,9 +49,9 @@ use crate::protocol::{Protocol, stop_signal_response};
 
 /// What `axum::serve` takes to serve `router` with the peer address in every request, where
 /// the layers of this workspace read it: a [`SocketAddr`] extension, copied by
-/// [`PeerAddrLayer`] from axum's `ConnectInfo<SocketAddr>`.
+/// [`AxumPeerAddrLayer`] from axum's `ConnectInfo<SocketAddr>`.
 ///
-/// The same as `router.layer(PeerAddrLayer::new())
+/// The same as `router.layer(AxumPeerAddrLayer::new())
 /// .into_make_service_with_connect_info::<SocketAddr>()`: the copy is the router's
 /// outermost layer, outside every layer added before, whatever their order; and requests
 /// keep axum's `ConnectInfo`, so handlers that extract it work as before.
@@ -70,13 +70,13 @@ pub fn into_make_service_with_peer_addr(
     router: Router,
 ) -> IntoMakeServiceWithConnectInfo<Router, SocketAddr> {
     router
-        .layer(PeerAddrLayer::new())
+        .layer(AxumPeerAddrLayer::new())
         .into_make_service_with_connect_info::<SocketAddr>()
 }
 
 /// Copies axum 0.8's `ConnectInfo<SocketAddr>` into a [`SocketAddr`] request extension,
 /// where the layers of this workspace read the peer address; a request without it, or with
-/// a `SocketAddr` already, goes through unchanged. Makes [`PeerAddr`].
+/// a `SocketAddr` already, goes through unchanged. Makes [`AxumPeerAddr`].
 ///
 /// Outside every layer that reads the peer address: in axum, `.layer(..)` it after them
 /// (the last call is the outermost). [`into_make_service_with_peer_addr`] does it for a
@@ -86,14 +86,14 @@ pub fn into_make_service_with_peer_addr(
 /// use std::net::SocketAddr;
 /// use axum::extract::ConnectInfo;
 /// use http::Request;
-/// use overload_signal::axum_0_8::PeerAddrLayer;
+/// use overload_signal::axum_0_8::AxumPeerAddrLayer;
 /// use overload_signal::signal::peer_addr;
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let service = ServiceBuilder::new()
-///     .layer(PeerAddrLayer::new())
+///     .layer(AxumPeerAddrLayer::new())
 ///     .service(service_fn(|request: Request<()>| async move {
 ///         Ok::<_, std::convert::Infallible>(peer_addr(request.extensions()))
 ///     }));
@@ -104,33 +104,33 @@ pub fn into_make_service_with_peer_addr(
 /// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
-pub struct PeerAddrLayer {
+pub struct AxumPeerAddrLayer {
     _private: (),
 }
 
-impl PeerAddrLayer {
+impl AxumPeerAddrLayer {
     /// The layer (it has no settings).
     pub const fn new() -> Self {
         Self { _private: () }
     }
 }
 
-impl<S> Layer<S> for PeerAddrLayer {
-    type Service = PeerAddr<S>;
+impl<S> Layer<S> for AxumPeerAddrLayer {
+    type Service = AxumPeerAddr<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PeerAddr::new(inner)
+        AxumPeerAddr::new(inner)
     }
 }
 
 /// Middleware that copies axum 0.8's `ConnectInfo<SocketAddr>` into a [`SocketAddr`]
-/// request extension; made by [`PeerAddrLayer`].
+/// request extension; made by [`AxumPeerAddrLayer`].
 #[derive(Clone, Copy, Debug)]
-pub struct PeerAddr<S> {
+pub struct AxumPeerAddr<S> {
     inner: S,
 }
 
-impl<S> PeerAddr<S> {
+impl<S> AxumPeerAddr<S> {
     /// Wraps `inner`.
     pub const fn new(inner: S) -> Self {
         Self { inner }
@@ -139,7 +139,7 @@ impl<S> PeerAddr<S> {
     overload_core::define_inner_service_accessors!();
 }
 
-impl<S, B> Service<Request<B>> for PeerAddr<S>
+impl<S, B> Service<Request<B>> for AxumPeerAddr<S>
 where
     S: Service<Request<B>>,
 {
@@ -229,7 +229,7 @@ mod tests {
         // Without the adapter the layers see no peer: they read the plain contract only.
         assert_eq!(peer_addr(&extensions), None);
         assert_eq!(client_addr(&extensions), None);
-        let router = reporting().layer(PeerAddrLayer::new());
+        let router = reporting().layer(AxumPeerAddrLayer::new());
         assert_eq!(seen(router, extensions).await, format!("Some({peer})"));
     }
 
@@ -242,7 +242,7 @@ mod tests {
         let mut extensions = Extensions::new();
         extensions.insert(outer);
         extensions.insert(ConnectInfo(info));
-        let router = reporting().layer(PeerAddrLayer::new());
+        let router = reporting().layer(AxumPeerAddrLayer::new());
         assert_eq!(
             seen(router.clone(), extensions).await,
             format!("Some({outer})")

@@ -128,12 +128,12 @@
 //!
 //! - `axum-0_8`: module `axum_0_8`: the peer address adapter for axum 0.8
 //!   (`into_make_service_with_peer_addr`, which is what `axum::serve` takes, and
-//!   `PeerAddrLayer`, which copies axum's `ConnectInfo<SocketAddr>` into the `SocketAddr`
+//!   `AxumPeerAddrLayer`, which copies axum's `ConnectInfo<SocketAddr>` into the `SocketAddr`
 //!   extension); and `axum::response::IntoResponse` for [`Overloaded`], so an axum handler
 //!   can return `Result<_, Overloaded>` and answer with the stop signal.
 //! - `tonic-0_14`: module `tonic_0_14`: the peer address adapter for tonic 0.14
 //!   (`server_builder`, which is `Server::builder()` with the adapter outermost, and
-//!   `PeerAddrLayer`, which copies tonic's `TcpConnectInfo`, or `TlsConnectInfo` over TLS,
+//!   `TonicPeerAddrLayer`, which copies tonic's `TcpConnectInfo`, or `TlsConnectInfo` over TLS,
 //!   into the `SocketAddr` extension).
 //!
 //! A server on another framework, or another version, inserts the peer's `SocketAddr` in
@@ -163,17 +163,17 @@ pub mod signal;
 mod test_logs;
 #[cfg(all(feature = "tonic-0_14", not(loom)))]
 pub mod tonic_0_14;
-pub mod trust;
 
 pub use deadline::{Deadline, DeadlineLayer, DeadlineLayerBuilder, RequestDeadline};
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};
 pub use overload_core::telemetry::LayerName;
 pub use overload_core::{ConfigError, ConfigErrorKind};
+pub use signal::Trust;
+pub use signal::trust;
 pub use signal::{
     OverloadSignal, OverloadSignalLayer, OverloadSignalLayerBuilder, StopRule, StopRuleBuilder,
 };
-pub use trust::Trust;
 
 // NOTE: not inlined: the module is `overload-core`'s, documented there.
 #[doc(no_inline)]

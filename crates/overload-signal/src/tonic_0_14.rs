@@ -9,7 +9,7 @@
 //! - [`server_builder`]: `Server::builder()` with the copy as its first, outermost layer,
 //!   so that no `.layer` call after it can put a layer that needs the peer outside it. The
 //!   way to build a server.
-//! - [`PeerAddrLayer`]: the copy as a Tower layer, for a server built some other way. It
+//! - [`TonicPeerAddrLayer`]: the copy as a Tower layer, for a server built some other way. It
 //!   must be outside every layer that reads the peer address (in tonic, added *before*
 //!   them: the first call is the outermost).
 //!
@@ -42,7 +42,7 @@ use tonic::transport::server::TcpConnectInfo;
 use tower_layer::{Identity, Layer, Stack};
 use tower_service::Service;
 
-/// `tonic::transport::Server::builder()` with [`PeerAddrLayer`] as its first layer: the
+/// `tonic::transport::Server::builder()` with [`TonicPeerAddrLayer`] as its first layer: the
 /// outermost, outside every layer added after it, so every layer finds the peer address.
 /// Every setting of the builder is there as usual (`Server<L>`'s methods).
 ///
@@ -53,14 +53,14 @@ use tower_service::Service;
 /// let server = server_builder().timeout(Duration::from_secs(30));
 /// # drop(server);
 /// ```
-pub fn server_builder() -> Server<Stack<PeerAddrLayer, Identity>> {
-    Server::builder().layer(PeerAddrLayer::new())
+pub fn server_builder() -> Server<Stack<TonicPeerAddrLayer, Identity>> {
+    Server::builder().layer(TonicPeerAddrLayer::new())
 }
 
 /// Copies the peer address of tonic 0.14's connect info (`TcpConnectInfo`, or
 /// `TlsConnectInfo<TcpConnectInfo>` over TLS) into a [`SocketAddr`] request extension,
 /// where the layers of this workspace read it; a request without it, or with a
-/// `SocketAddr` already, goes through unchanged. Makes [`PeerAddr`].
+/// `SocketAddr` already, goes through unchanged. Makes [`TonicPeerAddr`].
 ///
 /// Outside every layer that reads the peer address: in tonic, `.layer(..)` it before them
 /// (the first call is the outermost). [`server_builder`] does it.
@@ -69,14 +69,14 @@ pub fn server_builder() -> Server<Stack<PeerAddrLayer, Identity>> {
 /// use std::net::SocketAddr;
 /// use http::Request;
 /// use overload_signal::signal::peer_addr;
-/// use overload_signal::tonic_0_14::PeerAddrLayer;
+/// use overload_signal::tonic_0_14::TonicPeerAddrLayer;
 /// use tonic::transport::server::TcpConnectInfo;
 /// use tower::{ServiceBuilder, ServiceExt, service_fn};
 ///
 /// # #[tokio::main(flavor = "current_thread")]
 /// # async fn main() {
 /// let service = ServiceBuilder::new()
-///     .layer(PeerAddrLayer::new())
+///     .layer(TonicPeerAddrLayer::new())
 ///     .service(service_fn(|request: Request<()>| async move {
 ///         Ok::<_, std::convert::Infallible>(peer_addr(request.extensions()))
 ///     }));
@@ -90,33 +90,33 @@ pub fn server_builder() -> Server<Stack<PeerAddrLayer, Identity>> {
 /// # }
 /// ```
 #[derive(Clone, Copy, Debug, Default)]
-pub struct PeerAddrLayer {
+pub struct TonicPeerAddrLayer {
     _private: (),
 }
 
-impl PeerAddrLayer {
+impl TonicPeerAddrLayer {
     /// The layer (it has no settings).
     pub const fn new() -> Self {
         Self { _private: () }
     }
 }
 
-impl<S> Layer<S> for PeerAddrLayer {
-    type Service = PeerAddr<S>;
+impl<S> Layer<S> for TonicPeerAddrLayer {
+    type Service = TonicPeerAddr<S>;
 
     fn layer(&self, inner: S) -> Self::Service {
-        PeerAddr::new(inner)
+        TonicPeerAddr::new(inner)
     }
 }
 
 /// Middleware that copies the peer address of tonic 0.14's connect info into a
-/// [`SocketAddr`] request extension; made by [`PeerAddrLayer`].
+/// [`SocketAddr`] request extension; made by [`TonicPeerAddrLayer`].
 #[derive(Clone, Copy, Debug)]
-pub struct PeerAddr<S> {
+pub struct TonicPeerAddr<S> {
     inner: S,
 }
 
-impl<S> PeerAddr<S> {
+impl<S> TonicPeerAddr<S> {
     /// Wraps `inner`.
     pub const fn new(inner: S) -> Self {
         Self { inner }
@@ -125,7 +125,7 @@ impl<S> PeerAddr<S> {
     overload_core::define_inner_service_accessors!();
 }
 
-impl<S, B> Service<Request<B>> for PeerAddr<S>
+impl<S, B> Service<Request<B>> for TonicPeerAddr<S>
 where
     S: Service<Request<B>>,
 {
@@ -177,7 +177,7 @@ mod tests {
     /// is still there for handlers that read it.
     async fn seen(extensions: Extensions) -> (Option<SocketAddr>, bool) {
         let service = ServiceBuilder::new()
-            .layer(PeerAddrLayer::new())
+            .layer(TonicPeerAddrLayer::new())
             .service(service_fn(|request: Request<()>| async move {
                 Ok::<_, std::convert::Infallible>((
                     peer_addr(request.extensions()),
@@ -211,7 +211,7 @@ mod tests {
         let mut extensions = Extensions::new();
         extensions.insert(Mine(7));
         let service = ServiceBuilder::new()
-            .layer(PeerAddrLayer::new())
+            .layer(TonicPeerAddrLayer::new())
             .service(service_fn(|request: Request<()>| async move {
                 Ok::<_, std::convert::Infallible>((
                     peer_addr(request.extensions()),

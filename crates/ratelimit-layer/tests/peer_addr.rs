@@ -195,7 +195,7 @@ async fn check(channel: tonic::transport::Channel) -> Result<(), tonic::Code> {
 /// layer: the limit keys each client by its own address.
 #[tokio::test]
 async fn tonic_through_the_adapter_layer_keys_each_client() {
-    use ratelimit_layer::tonic_0_14::PeerAddrLayer;
+    use ratelimit_layer::tonic_0_14::TonicPeerAddrLayer;
     use tonic::transport::server::TcpIncoming;
     use tonic::transport::{Endpoint, Server};
 
@@ -204,7 +204,7 @@ async fn tonic_through_the_adapter_layer_keys_each_client() {
     let addr = listener.local_addr().unwrap();
     let server = tokio::spawn(async move {
         Server::builder()
-            .layer(PeerAddrLayer::new())
+            .layer(TonicPeerAddrLayer::new())
             .layer(OverloadProtectionLayer::new(one_per_client()))
             .add_service(health)
             .serve_with_incoming(TcpIncoming::from(listener))

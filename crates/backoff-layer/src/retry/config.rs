@@ -13,7 +13,7 @@ use crate::budget::Budget;
 use crate::classify::Classify;
 use crate::throttle::Throttle;
 
-use super::StopSignals;
+use super::stop::StopSignals;
 
 /// Everything a [`Retry`](super::Retry) needs, shared by all its clones and requests.
 pub(crate) struct RetryConfig {

@@ -20,7 +20,7 @@ use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
-use super::{StopSignals, remove_stop_signal};
+use super::stop::{StopSignals, remove_stop_signal};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};

@@ -15,4 +15,3 @@ mod tests;
 pub use layer::{RetryBuilder, RetryLayer};
 pub use service::Retry;
 pub use stop::StopSignals;
-pub(crate) use stop::remove_stop_signal;

@@ -9,7 +9,7 @@ use tower_layer::Layer;
 
 use super::service::Deadline;
 use super::state::{self, DeadlineSettings, DeadlineState};
-use crate::trust::Trust;
+use crate::signal::trust::Trust;
 
 /// Applies [`Deadline`] to a service: answers a request whose caller's deadline has passed
 /// at once, without running the inner service, cancels one still running at its deadline,
@@ -221,7 +221,7 @@ impl DeadlineLayerBuilder {
     /// from arrival (its `timeout` alone, as gRPC's `grpc-timeout` does), which can only
     /// shorten that caller's own request, is never counted as skewed, and puts no sample in
     /// the queued-time histogram. Default: [`Trust::private_networks`] (see
-    /// [`crate::trust`]).
+    /// [`trust`](crate::signal::trust)).
     ///
     /// The same setting decides whose attempt counters the overload layer counts;
     /// `ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust` sets both at once.

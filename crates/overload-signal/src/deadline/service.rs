@@ -13,7 +13,7 @@ use super::future::ResponseFuture;
 use super::state::{Arrival, DeadlineCaller, DeadlineSettings, DeadlineState};
 use super::value::RequestDeadline;
 use crate::protocol::Protocol;
-use crate::trust::Trust;
+use crate::signal::trust::Trust;
 
 /// Server middleware that drops work nobody waits for: a request whose caller's deadline
 /// has passed is answered at once (`504`, gRPC `DEADLINE_EXCEEDED`) without calling the

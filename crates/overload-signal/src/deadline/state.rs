@@ -16,8 +16,8 @@ use super::current::current;
 use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
 use super::value::RequestDeadline;
 use crate::protocol::{GRPC_TIMEOUT, Protocol, WireDeadline, X_REQUEST_DEADLINE, grpc_timeout};
+use crate::signal::trust::Trust;
 use crate::signal::{PeerIp, client_addr};
-use crate::trust::Trust;
 
 /// How long without an expired request (or a skewed one) before the layer logs that the
 /// episode ended: 10 seconds, as the overload layer's stop-signal episodes.

@@ -12,8 +12,8 @@ use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::service::OverloadSignal;
 use super::state::{SignalSettings, SignalState};
+use super::trust::Trust;
 use crate::histogram::AttemptHistogram;
-use crate::trust::Trust;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
 /// rejections into the stop signal when the fleet is drowning in retries, and propagates a
@@ -250,7 +250,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// callers on private, loopback and link-local networks who did not come through a
     /// proxy from elsewhere, so that a server on the Internet takes no client's word for a
     /// retry, and one inside a private network needs no configuration (see
-    /// [`crate::trust`]).
+    /// [`trust`](crate::signal::trust)).
     ///
     /// The same setting decides whose deadlines' send times the deadline layer believes;
     /// `ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust` sets both at once.
@@ -262,7 +262,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// // Only the callers of the fleet's own network, 10.20.0.0/16, can make the server say
     /// // "stop".
     /// let layer = OverloadSignalLayer::builder()
-    ///     .trust(Trust::networks([IpNet::new("10.20.0.0".parse()?, 16)?]))
+    ///     .trust(Trust::networks([IpNet::new([10, 20, 0, 0].into(), 16)?]))
     ///     .build()?;
     /// # drop(layer);
     /// # Ok::<(), overload_core::ConfigError>(())

@@ -136,7 +136,7 @@
 //! - **Whose counters count: [`Trust`](crate::Trust).** By default
 //!   ([`Trust::private_networks`](crate::Trust::private_networks)), only the counters of
 //!   callers on private, loopback and link-local networks are read, and not when they came
-//!   through a proxy from elsewhere (see [`crate::trust`]). Everyone else's requests count as
+//!   through a proxy from elsewhere (see [`trust`](crate::signal::trust)). Everyone else's requests count as
 //!   requests without a counter: they dilute the retry share, never raise it. So on the
 //!   Internet no client's word counts unless you say so, and inside a private network no
 //!   configuration is needed. The same setting decides whose deadlines' send times the
@@ -167,6 +167,18 @@
 //! | **a few clients of one network** (seven addresses of one `/24`, a `/48`'s worth of IPv6) | what one caller can: they are one class | more: 7 forgers of one `/24` among 70 honest networks turned 0 of 1 085 honest rejections into stop signals (at most 2 % asserted; keyed by address, as before, 968 of 1 079) | `forged_attempts::seven_forgers_of_one_network_are_one_caller` |
 //! | **several networks colluding** (`m` networks in `m` classes) | move the per-caller pressure by about `m/n`: with every class in use, up to six cannot fire it alone; seven can (the same test's anchor, seven classes) | grow the layer's memory (the classes are fixed), touch an admitted request | the same test |
 //! | **many networks colluding** (a botnet over more than about `5 % × n` classes) | make a storm out of nothing, indistinguishable from a real one: the other callers' rejected requests fail without a retry for as long as the server keeps rejecting more than the threshold of its traffic (the rule is [sustained](StopRuleBuilder::sustain)), or for a window once the forgery stops if it rejects less | touch an admitted request | the rule's own tests: what a real storm does |
+//!
+//! What the same callers can and cannot do to the layers around this one:
+//!
+//! | who | cannot | test |
+//! |---|---|---|
+//! | anyone | page the operator about clock skew or expiring deadlines: the alerts fire on more than 1 % of the requests carrying a deadline, from at least 3 callers a minute | `ops/prometheus/tower-overload.rules.test.yml` (one caller at 20 expired and 5 skewed requests a second fires neither) |
+//! | one network minting keys (2 000 new IPv6 `/64`s a second from one `/48`) | push another network's new client into its own overflow limit: that client is admitted at its own key's quota, in the local map and in Redis | `ratelimit-layer`'s `layer::a_network_minting_keys_cannot_push_new_clients_of_other_networks_out`, `redis_failures::…_out_of_redis` |
+//! | a client that chooses its key bytes | choose its Redis Cluster slot: 60 keys aimed at one slot spread 20, 19, 21 over three masters (keys are named by a keyed hash under a fleet secret) | `ratelimit-layer`'s `redis_deployments::slot_targeted_keys_spread_over_the_masters` |
+//! | a client with a long token | escape its key: a header value over 256 bytes is keyed by its digest | `ratelimit-layer`'s `layer::a_long_bearer_token_is_a_key_of_its_own` |
+//! | a downstream of a client stack (a third party answering with `X-Overloaded`) | make this server tell its own callers to stop, once its retry layer is built with `StopSignals::HonourOnly` (by default it can: right inside one organisation) | `foreign_stop_signals::a_third_party_stop_signal_reaches_our_http_callers_only_when_passed_up` |
+//! | anyone reaching a client's destinations (webhooks, a forward proxy) | grow the throttle's metric series past 35, or see user information in a label or a log | `backoff-layer`'s `telemetry::a_thousand_throttled_destinations_leave_a_bounded_set_of_series_and_no_secret` |
+//! | an operator's typo | trust every client as a proxy: sets covering all of IPv4 or IPv6, or a network broader than a `/8`, are refused | `proxies_tests::trusting_the_clients_network_too_is_refused` |
 //!
 //! And some cases that need the operator:
 //!
@@ -316,11 +328,13 @@
 //! }
 //! let mut top = tier(tier(bottom.clone()));
 //!
-//! // A storm: 300 requests reach the bottom tier, two thirds of them retries.
+//! // A storm: 300 requests reach the bottom tier, two thirds of them retries, from a caller
+//! // on the private network (whose counters the default trust counts).
 //! let mut storm = bottom.clone();
 //! for n in 0..300u32 {
 //!     let mut req = Request::new(());
 //!     Attempt::set(req.headers_mut(), n % 3);
+//!     req.extensions_mut().insert(std::net::SocketAddr::from(([10, 0, 0, 7], 40_000)));
 //!     storm.ready().await.unwrap().call(req).await.unwrap();
 //! }
 //!
@@ -385,6 +399,7 @@ mod rule;
 mod service;
 mod state;
 mod telemetry;
+pub mod trust;
 
 #[cfg(test)]
 mod tests;
@@ -394,7 +409,7 @@ pub use ip_net::IpNet;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
 pub use peer::{ClientAddr, PeerIp, client_addr, peer_addr};
 pub use proxies::{ForwardedHeader, TrustedProxies};
-pub(crate) use proxies::{forwarded_for, parse_node as parse_forwarded_node};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;
+pub use trust::Trust;

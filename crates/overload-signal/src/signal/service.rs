@@ -12,10 +12,10 @@ use super::future::ResponseFuture;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::state::{SignalSettings, SignalState};
+use super::trust::Trust;
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::Protocol;
-use crate::trust::Trust;
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.

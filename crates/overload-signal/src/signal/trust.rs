@@ -53,7 +53,7 @@
 //! // A public API: no caller's counters or send times count.
 //! let public = Trust::nobody();
 //! // A fleet whose callers all run in 10.20.0.0/16.
-//! let fleet = Trust::networks([IpNet::new("10.20.0.0".parse()?, 16)?]);
+//! let fleet = Trust::networks([IpNet::new([10, 20, 0, 0].into(), 16)?]);
 //! // Callers that presented a client certificate (an extension your TLS acceptor inserts).
 //! #[derive(Clone)]
 //! struct PeerCertificate;
@@ -74,7 +74,9 @@ use std::sync::Arc;
 use http::header::{FORWARDED, HeaderName};
 use http::{Extensions, HeaderMap};
 
-use crate::signal::{ClientAddr, IpNet, client_addr};
+use super::ip_net::IpNet;
+use super::peer::{ClientAddr, client_addr};
+use super::proxies::{forwarded_for, parse_node};
 
 /// `X-Forwarded-For`, as proxies write it.
 const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
@@ -85,7 +87,7 @@ const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 type TrustFn = dyn Fn(&HeaderMap, &Extensions) -> bool + Send + Sync;
 
 /// Whose attempt counters and deadlines' send times the server layers believe. See the
-/// [module docs](crate::trust) for what each choice means and the default's reasoning.
+/// [module docs](crate::signal::trust) for what each choice means and the default's reasoning.
 ///
 /// Cheap to clone. Default: [`Trust::private_networks`].
 #[derive(Clone)]
@@ -103,7 +105,7 @@ enum Kind {
 impl Trust {
     /// Callers whose client address is on a private, loopback, link-local or shared network,
     /// and who did not come through a proxy from anywhere else: the default. The
-    /// [module docs](crate::trust#the-default-callers-on-private-networks) list the
+    /// [module docs](crate::signal::trust#the-default-callers-on-private-networks) list the
     /// networks and say what it sees and what it cannot.
     pub const fn private_networks() -> Self {
         Self(Kind::PrivateNetworks)
@@ -227,16 +229,15 @@ fn forwarded_all_private(headers: &HeaderMap) -> bool {
     let plain = |name: &HeaderName| {
         headers.get_all(name).iter().all(|line| {
             line.to_str().is_ok_and(|line| {
-                line.split(',').all(|element| {
-                    crate::signal::parse_forwarded_node(element.trim()).is_some_and(is_private)
-                })
+                line.split(',')
+                    .all(|element| parse_node(element.trim()).is_some_and(is_private))
             })
         })
     };
     let forwarded = headers.get_all(FORWARDED).iter().all(|line| {
         line.to_str().is_ok_and(|line| {
             line.split(',')
-                .all(|element| crate::signal::forwarded_for(element).is_some_and(is_private))
+                .all(|element| forwarded_for(element).is_some_and(is_private))
         })
     });
     plain(&X_FORWARDED_FOR) && plain(&X_REAL_IP) && forwarded
