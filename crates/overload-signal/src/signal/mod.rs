@@ -133,10 +133,10 @@
 //! do, and this section is the threat model: each figure in it is asserted by the test
 //! named beside it.
 //!
-//! - **Whose counters count: [`Trust`](crate::Trust).** By default
+//! - **Whose counters count: [`Trust`].** By default
 //!   ([`Trust::private_networks`](crate::Trust::private_networks)), only the counters of
 //!   callers on private, loopback and link-local networks are read, and not when they came
-//!   through a proxy from elsewhere (see [`trust`](crate::signal::trust)). Everyone else's requests count as
+//!   through a proxy from elsewhere (see [`trust`]). Everyone else's requests count as
 //!   requests without a counter: they dilute the retry share, never raise it. So on the
 //!   Internet no client's word counts unless you say so, and inside a private network no
 //!   configuration is needed. The same setting decides whose deadlines' send times the
