@@ -272,15 +272,25 @@ impl<C: Clock> CallerLedger<C> {
         }
     }
 
-    /// The request's attempt counter as far as the decision goes (unknown when its caller
-    /// is not `trusted`) and its caller class ([`UNKEYED`] without a key: the caller reports
-    /// it). `grpc`: the request is gRPC (or gRPC-Web), whose own counter is read too.
+    /// The request's attempt counter as far as the decision goes (unknown when it claims a
+    /// retry and its caller is not `trusted`) and its caller class ([`UNKEYED`] without a
+    /// key: the caller reports it). `grpc`: the request is gRPC (or gRPC-Web), whose own
+    /// counter is read too.
     #[inline]
-    pub(crate) fn identify(&self, parts: &Parts, grpc: bool, trusted: bool) -> (Attempt, u8) {
-        let attempt = if trusted {
-            Attempt::from_headers_of(&parts.headers, grpc)
-        } else {
+    pub(crate) fn identify(
+        &self,
+        parts: &Parts,
+        grpc: bool,
+        trusted: impl FnOnce() -> bool,
+    ) -> (Attempt, u8) {
+        let attempt = Attempt::from_headers_of(&parts.headers, grpc);
+        // NOTE: only a claim to be a retry can raise the pressure, so only then is the
+        // caller's trust asked (a few header and extension look-ups): first tries, most of
+        // a server's traffic, skip it, whoever sends them.
+        let attempt = if attempt.is_retry() && !trusted() {
             Attempt::Unknown
+        } else {
+            attempt
         };
         let mut state = self.hashing.hasher();
         let lane = if self.key.hash_key(parts, &mut state) {

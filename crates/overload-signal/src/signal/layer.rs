@@ -244,9 +244,9 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
         self
     }
 
-    /// Whose attempt counters count: a request from a caller `trust` does not trust is
-    /// recorded as if it carried no counter (it counts towards the window's requests and
-    /// dilutes the pressure, never as a retry). Default: [`Trust::private_networks`]: the
+    /// Whose attempt counters count: a request that claims to be a retry, from a caller
+    /// `trust` does not trust, is recorded as if it carried no counter (it counts towards the
+    /// window's requests and dilutes the pressure, never as a retry). Default: [`Trust::private_networks`]: the
     /// callers on private, loopback and link-local networks who did not come through a
     /// proxy from elsewhere, so that a server on the Internet takes no client's word for a
     /// retry, and one inside a private network needs no configuration (see

@@ -136,8 +136,8 @@
 //! - **Whose counters count: [`Trust`].** By default
 //!   ([`Trust::private_networks`](crate::Trust::private_networks)), only the counters of
 //!   callers on private, loopback and link-local networks are read, and not when they came
-//!   through a proxy from elsewhere (see [`trust`]). Everyone else's requests count as
-//!   requests without a counter: they dilute the retry share, never raise it. So on the
+//!   through a proxy from elsewhere (see [`trust`]). Everyone else's claims to be a retry
+//!   count as requests without a counter: they dilute the retry share, never raise it. So on the
 //!   Internet no client's word counts unless you say so, and inside a private network no
 //!   configuration is needed. The same setting decides whose deadlines' send times the
 //!   [deadline layer](crate::deadline) believes.
@@ -190,8 +190,8 @@
 //!   [trust](OverloadSignalLayerBuilder::trust) only callers you run.
 //! - **One caller can also hold the signal back.** The plain figure weighs requests by
 //!   volume, with no cap per caller, and both figures must fire: a caller that sends many
-//!   requests without retries (first tries, or no counter at all, as every untrusted caller
-//!   does) dilutes the plain figure. With 1 000 honest first tries and 100 retries in the
+//!   requests without retries (first tries, no counter at all, or retries no one trusts)
+//!   dilutes the plain figure. With 1 000 honest first tries and 100 retries in the
 //!   window (9 %, a storm), one caller adding 2 000 first tries brings it to 3.2 %, and the
 //!   signal does not fire while it keeps that up
 //!   (`one_caller_with_most_of_the_traffic_holds_the_signal_back`). A single client with

@@ -133,8 +133,10 @@ where
         let protocol = Protocol::of_headers(&parts.headers);
         // NOTE: recorded before the inner stack runs, so rejected requests count too: a
         // storm of rejected retries is exactly what the histogram must see.
-        let trusted = self.trust.trusts(&parts.headers, &parts.extensions);
-        let caller = self.state.record(&parts, protocol, trusted);
+        let trust = &self.trust;
+        let caller = self.state.record(&parts, protocol, || {
+            trust.trusts(&parts.headers, &parts.extensions)
+        });
         let request = Request::from_parts(parts, body);
         let inner = propagation::scope(self.inner.call(request));
         ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.state))

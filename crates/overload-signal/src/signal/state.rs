@@ -134,7 +134,7 @@ impl<C: Clock> SignalState<C> {
         self: &Arc<Self>,
         parts: &Parts,
         protocol: Protocol,
-        trusted: bool,
+        trusted: impl FnOnce() -> bool,
     ) -> Caller {
         let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc(), trusted);
         let class = AttemptClass::of(attempt);

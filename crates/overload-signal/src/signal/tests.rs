@@ -882,11 +882,11 @@ fn decisions_are_counted() {
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
             // One request in the window: the rejection passes.
-            let first = shared.record(&head(Some(0), None), Protocol::Http, true);
+            let first = shared.record(&head(Some(0), None), Protocol::Http, || true);
             respond(&shared, http_429(), Protocol::Http, false, first);
             let mut retry = first;
             for _ in 0..3 {
-                retry = shared.record(&head(Some(1), None), Protocol::Http, true);
+                retry = shared.record(&head(Some(1), None), Protocol::Http, || true);
             }
             respond(&shared, http_429(), Protocol::Http, false, retry);
             respond(&shared, http_429(), Protocol::Http, false, retry);
@@ -962,14 +962,14 @@ fn window_gauges_are_exported_once_per_bucket() {
             .unwrap();
         rt.block_on(async {
             let shared = shared_with(rule(0.1, 2));
-            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, true);
-            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http, true);
-            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, true);
-            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http, true);
-            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
-            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, true);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, || true);
+            shared.record(&head(Some(2), Some("192.0.2.1:1")), Protocol::Http, || true);
+            shared.record(&head(Some(0), Some("192.0.2.1:1")), Protocol::Http, || true);
+            let retry = shared.record(&head(Some(1), Some("192.0.2.1:1")), Protocol::Http, || true);
+            let first = shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, || true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, || true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, || true);
+            shared.record(&head(Some(0), Some("192.0.2.2:1")), Protocol::Http, || true);
             // Seven requests, three retries: the first try is answered with the stop signal
             // and counts as pressure too.
             let r = respond(&shared, http_429(), Protocol::Http, false, first);
@@ -977,7 +977,7 @@ fn window_gauges_are_exported_once_per_bucket() {
             assert!(retry.retry);
             tokio::time::advance(Duration::from_secs(1)).await;
             // The first request of the next bucket exports the window up to the last one.
-            shared.record(&head(None, None), Protocol::Http, true);
+            shared.record(&head(None, None), Protocol::Http, || true);
         });
     });
     let values = metric_values(&recorder);

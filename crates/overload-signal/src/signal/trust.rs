@@ -5,8 +5,9 @@
 //! authenticates them. A counter that says "retry" from a caller on the Internet may be a
 //! lie meant to make the server tell everyone to stop; a send time in next year may be a lie
 //! meant to page the operator about clock skew. The layers therefore read both fields only
-//! from callers they trust, and treat everyone else as a caller that sent no counter and a
-//! deadline without a send time (its `timeout` counted from arrival, which can only shorten
+//! from callers they trust, and treat everyone else's claim to be a retry as no counter at
+//! all (a first try stays a first try: it can only dilute the retry share) and its deadline
+//! as one without a send time (its `timeout` counted from arrival, which can only shorten
 //! that caller's own request).
 //!
 //! # The default: callers on private networks
