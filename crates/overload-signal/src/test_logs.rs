@@ -1,4 +1,5 @@
-//! A tracing subscriber for tests: keeps every event logged while it is the default.
+//! Tracing for tests: a subscriber that keeps every event logged while it is the default,
+//! and the anchor that keeps callsite interest right while tests run in parallel.
 
 use std::sync::Mutex;
 
@@ -74,4 +75,37 @@ impl tracing::Subscriber for LogCapture {
     }
     fn enter(&self, _: &tracing::span::Id) {}
     fn exit(&self, _: &tracing::span::Id) {}
+}
+
+/// Keeps tracing's per-callsite interest right while tests run in parallel: the interest is
+/// cached process-wide, computed on the thread that reaches a callsite first, and a sibling
+/// test's thread (no subscriber) would cache "never", so the counting test would miss its
+/// event (seen once in a full parallel run). A global subscriber interested in every
+/// callsite and enabling none keeps two dispatchers alive, so the interest is the union.
+pub(crate) fn anchor_interest() {
+    struct Anchor;
+    impl tracing::Subscriber for Anchor {
+        fn register_callsite(
+            &self,
+            _: &'static tracing::Metadata<'static>,
+        ) -> tracing::subscriber::Interest {
+            tracing::subscriber::Interest::sometimes()
+        }
+        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
+            false
+        }
+        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
+            tracing::span::Id::from_u64(1)
+        }
+        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
+        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
+        fn event(&self, _: &tracing::Event<'_>) {}
+        fn enter(&self, _: &tracing::span::Id) {}
+        fn exit(&self, _: &tracing::span::Id) {}
+    }
+    static ONCE: std::sync::Once = std::sync::Once::new();
+    ONCE.call_once(|| {
+        // NOTE: another global subscriber already installed serves as well.
+        let _ = tracing::subscriber::set_global_default(Anchor);
+    });
 }

@@ -625,8 +625,10 @@ async fn an_internet_caller_cannot_fake_clock_skew_or_queue_time() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
+    crate::test_logs::anchor_interest();
     let logs = Arc::new(crate::test_logs::LogCapture::default());
     let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    tracing::callsite::rebuild_interest_cache();
     let wall = wall();
     let (svc, calls) = worker(Duration::ZERO);
     let svc = layer(wall, DeadlineLayer::DEFAULT_SKEW_ALLOWANCE).layer(svc);
@@ -689,8 +691,10 @@ async fn a_trusted_callers_skew_is_counted_once_a_minute_per_caller() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
+    crate::test_logs::anchor_interest();
     let logs = Arc::new(crate::test_logs::LogCapture::default());
     let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    tracing::callsite::rebuild_interest_cache();
     let wall = wall();
     let (svc, _) = worker(Duration::ZERO);
     let svc = layer(wall, DeadlineLayer::DEFAULT_SKEW_ALLOWANCE).layer(svc);
@@ -749,8 +753,10 @@ async fn expired_requests_are_counted_per_caller_and_logged_for_trusted_ones() {
     let recorder = DebuggingRecorder::new();
     let snapshotter = recorder.snapshotter();
     let _guard = metrics::set_default_local_recorder(&recorder);
+    crate::test_logs::anchor_interest();
     let logs = Arc::new(crate::test_logs::LogCapture::default());
     let _logs = tracing::subscriber::set_default(Arc::clone(&logs));
+    tracing::callsite::rebuild_interest_cache();
     let wall = wall();
     let (svc, calls) = worker(Duration::ZERO);
     let svc = layer(wall, Duration::ZERO).layer(svc);

@@ -3,12 +3,13 @@
 //! ([`PeerIp`]).
 
 use std::hash::Hasher;
-use std::net::{IpAddr, Ipv4Addr, Ipv6Addr, SocketAddr};
+use std::net::{IpAddr, SocketAddr};
 
 use http::Extensions;
 use http::request::Parts;
 
 use super::callers::CallerKey;
+use super::ip_net::mask;
 
 /// The address of the connection's peer: the [`SocketAddr`] the server put in the request's
 /// extensions.
@@ -145,14 +146,10 @@ impl PeerIp {
     /// assert_eq!(network("2001:db8:aa:bb:cc::1"), "2001:db8:aa::");
     /// ```
     #[inline]
-    pub const fn network(ip: IpAddr) -> IpAddr {
+    pub fn network(ip: IpAddr) -> IpAddr {
         match ip.to_canonical() {
-            IpAddr::V4(v4) => IpAddr::V4(Ipv4Addr::from_bits(
-                v4.to_bits() & (u32::MAX << (32 - Self::IPV4_PREFIX as u32)),
-            )),
-            IpAddr::V6(v6) => IpAddr::V6(Ipv6Addr::from_bits(
-                v6.to_bits() & (u128::MAX << (128 - Self::IPV6_PREFIX as u32)),
-            )),
+            v4 @ IpAddr::V4(_) => mask(v4, Self::IPV4_PREFIX),
+            v6 @ IpAddr::V6(_) => mask(v6, Self::IPV6_PREFIX),
         }
     }
 
@@ -160,7 +157,7 @@ impl PeerIp {
     /// networks, IPv4 and IPv6 apart. For a key of your own that should class callers as
     /// this one does.
     #[inline]
-    pub const fn network_word(ip: IpAddr) -> u128 {
+    pub fn network_word(ip: IpAddr) -> u128 {
         ip_word(Self::network(ip))
     }
 }

@@ -27,6 +27,9 @@ use overload_core::ConfigError;
 use super::ip_net::IpNet;
 use super::peer::{ClientAddr, peer_addr};
 
+/// `X-Forwarded-For`, as proxies write it.
+pub(crate) const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
+
 /// The header that carries client addresses through trusted proxies.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum ForwardedHeader {
@@ -42,7 +45,7 @@ impl ForwardedHeader {
     /// The header's name.
     pub fn name(self) -> HeaderName {
         match self {
-            Self::XForwardedFor => HeaderName::from_static("x-forwarded-for"),
+            Self::XForwardedFor => X_FORWARDED_FOR,
             Self::Forwarded => http::header::FORWARDED,
         }
     }

@@ -1309,39 +1309,6 @@ impl tracing::Subscriber for LevelCounter {
     fn exit(&self, _: &tracing::span::Id) {}
 }
 
-/// Keeps tracing's per-callsite interest right while tests run in parallel: the interest is
-/// cached process-wide, computed on the thread that reaches a callsite first, and a sibling
-/// test's thread (no subscriber) would cache "never", so the counting test would miss its
-/// event (seen once in a full parallel run). A global subscriber interested in every
-/// callsite and enabling none keeps two dispatchers alive, so the interest is the union.
-fn anchor_interest() {
-    struct Anchor;
-    impl tracing::Subscriber for Anchor {
-        fn register_callsite(
-            &self,
-            _: &'static tracing::Metadata<'static>,
-        ) -> tracing::subscriber::Interest {
-            tracing::subscriber::Interest::sometimes()
-        }
-        fn enabled(&self, _: &tracing::Metadata<'_>) -> bool {
-            false
-        }
-        fn new_span(&self, _: &tracing::span::Attributes<'_>) -> tracing::span::Id {
-            tracing::span::Id::from_u64(1)
-        }
-        fn record(&self, _: &tracing::span::Id, _: &tracing::span::Record<'_>) {}
-        fn record_follows_from(&self, _: &tracing::span::Id, _: &tracing::span::Id) {}
-        fn event(&self, _: &tracing::Event<'_>) {}
-        fn enter(&self, _: &tracing::span::Id) {}
-        fn exit(&self, _: &tracing::span::Id) {}
-    }
-    static ONCE: std::sync::Once = std::sync::Once::new();
-    ONCE.call_once(|| {
-        // NOTE: another global subscriber already installed serves as well.
-        let _ = tracing::subscriber::set_global_default(Anchor);
-    });
-}
-
 /// Regression (issue 23, finding 1): a request without a caller key was logged once per
 /// layer, then never again, while every such request let one caller forge a storm for all
 /// of them. Each is counted, and logged again at most once a minute while they keep coming.
@@ -1349,7 +1316,7 @@ fn anchor_interest() {
 /// it (no client can cause that), so the line is an `ERROR` (it was a `WARN`), with the fix.
 #[test]
 fn requests_without_a_caller_key_are_counted_and_logged_again_every_minute() {
-    anchor_interest();
+    crate::test_logs::anchor_interest();
     let levels = Arc::new(LevelCounter::default());
     let errors = || levels.get().1;
     let dispatch = tracing::Dispatch::from(Arc::clone(&levels));

@@ -77,10 +77,8 @@ use http::{Extensions, HeaderMap};
 
 use super::ip_net::IpNet;
 use super::peer::{ClientAddr, client_addr};
-use super::proxies::{forwarded_for, parse_node};
+use super::proxies::{X_FORWARDED_FOR, forwarded_for, parse_node};
 
-/// `X-Forwarded-For`, as proxies write it.
-const X_FORWARDED_FOR: HeaderName = HeaderName::from_static("x-forwarded-for");
 /// `X-Real-IP`, as nginx writes it.
 const X_REAL_IP: HeaderName = HeaderName::from_static("x-real-ip");
 
