@@ -109,6 +109,8 @@
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` |
 //! | `overload_signal_deadline_skewed_total` | counter | `name` |
+//! | `overload_signal_deadline_requests_total` | counter | `name` |
+//! | `overload_signal_deadline_callers_total` | counter | `name`, `reason` (`expired`, `skewed`) |
 //! | `overload_signal_unkeyed_requests_total` | counter | `name` |
 //! | `overload_signal_window_requests` | gauge | `name`, `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`) |
 //! | `overload_signal_window_retry_share` | gauge | `name` |

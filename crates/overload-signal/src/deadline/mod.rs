@@ -102,6 +102,16 @@
 //! disagree: the deadline is then counted from arrival (`timeout` alone), and the request is
 //! counted as skewed.
 //!
+//! # Whose send times count
+//!
+//! A send time is the caller's word. The layer believes it only from the callers its
+//! [`Trust`](crate::Trust) trusts ([`DeadlineLayerBuilder::trust`]; by default those on
+//! private networks, see [`trust`](crate::signal::trust)); anyone else's `X-Request-Deadline`
+//! counts from arrival, its `timeout` alone: it can only shorten that caller's own request,
+//! and it is never counted as skew nor sampled as queue time. `grpc-timeout`, relative,
+//! needs no trust. A trusted send time more than [`DeadlineLayer::MAX_QUEUED`] (one hour) in
+//! the past is a wrong clock, not a queue: counted as skew, and read from arrival.
+//!
 //! # The time left a request runs with
 //!
 //! What [`time_left`] and [`current`] say in the handler, and what its downstream calls
@@ -153,13 +163,23 @@
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
 //! | `overload_signal_deadline_malformed_total` | counter | `name` |
 //! | `overload_signal_deadline_skewed_total` | counter | `name` |
+//! | `overload_signal_deadline_requests_total` | counter | `name` |
+//! | `overload_signal_deadline_callers_total` | counter | `name`, `reason` (`expired`, `skewed`) |
+//!
+//! `overload_signal_deadline_requests_total` counts the requests that carried a deadline (or
+//! arrived in the scope of one): what the expired and skewed figures are a share of.
+//! `overload_signal_deadline_callers_total` counts caller-minutes: each caller network (an
+//! IPv4 `/24`, an IPv6 `/48`, hashed into 128 classes) once in each minute in which it sent
+//! an expired (`reason="expired"`) or skewed (`reason="skewed"`) request, so that an alert
+//! can ask how many callers a figure comes from, which one caller cannot fake.
 //!
 //! # Logs
 //!
 //! Through [`tracing`](https://docs.rs/tracing), once per episode, each with the field
-//! `name`: a `WARN` when the layer starts dropping expired requests, and an `INFO` once none
-//! has expired for [`DeadlineLayer::QUIET`] (10 s); likewise for requests sent from the
-//! future (clock skew beyond the allowance). An episode's end is noticed by the next request.
+//! `name`: a `WARN` when the layer starts dropping a trusted caller's expired requests, and
+//! an `INFO` once none has expired for [`DeadlineLayer::QUIET`] (10 s); likewise for trusted
+//! callers' send times the clocks cannot explain (clock skew beyond the allowance, or a send
+//! time over [`DeadlineLayer::MAX_QUEUED`] old). An episode's end is noticed by the next request.
 //! Each dropped or cancelled request is a `debug` event.
 //!
 //! # Limits
