@@ -17,6 +17,7 @@
 //! - [`experiment`], [`drive`], [`scenario`], [`simulate`], [`server`], [`process`]: the
 //!   outage experiment, against real processes or in virtual time;
 //! - [`fleet`]: the same experiment in the paper's topology, three servers behind HAProxy;
+//! - [`envoy`]: an Envoy of our own in front of servers, with a mesh's retry policy;
 //! - [`record`]: the per-second recorder;
 //! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
 //! - [`output`]: the CSV and the SVG plots;
@@ -29,6 +30,7 @@
 pub mod cli;
 pub mod client;
 pub mod drive;
+pub mod envoy;
 pub mod experiment;
 pub mod fleet;
 pub mod load;
