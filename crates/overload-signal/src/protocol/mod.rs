@@ -130,8 +130,8 @@ pub use grpc::{
 };
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
-    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_OVERLOADED, X_REQUEST_ATTEMPT,
-    X_REQUEST_DEADLINE,
+    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_ENVOY_ATTEMPT_COUNT,
+    X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED, X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
 };
 pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
@@ -139,6 +139,7 @@ pub use retry_after::{
     GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback, parse_grpc_pushback,
     parse_retry_after, retry_after,
 };
+pub(crate) use stop::complete_stop_signal;
 pub use stop::{
     Protocol, bad_gateway_response, exceeds_capacity_response, is_stop_signal,
     service_unavailable_response, set_stop_signal, stop_signal_response,
