@@ -1,5 +1,6 @@
-//! How long the caller waits: `X-Request-Deadline` for HTTP, `grpc-timeout` for gRPC, and the
-//! answer to a request whose deadline has passed.
+//! How long the caller waits: `X-Request-Deadline` for HTTP, `grpc-timeout` for gRPC,
+//! Envoy's `x-envoy-expected-rq-timeout-ms` for either, and the answer to a request whose
+//! deadline has passed.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -8,7 +9,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::grpc::GRPC_DEADLINE_EXCEEDED;
-use super::headers::{GRPC_TIMEOUT, X_REQUEST_DEADLINE};
+use super::headers::{GRPC_TIMEOUT, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_DEADLINE};
 use super::stop::{Protocol, final_answer};
 
 /// A deadline as it travels in `X-Request-Deadline`: when the sender sent the request, on
@@ -287,8 +288,8 @@ fn parse_number(bytes: &[u8]) -> Result<u64, MalformedDeadline> {
         .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
-/// An `X-Request-Deadline` or `grpc-timeout` that breaks the protocol's rules; its message
-/// says which. Receivers ignore such a field (and count it); it is never an error response.
+/// An `X-Request-Deadline`, `grpc-timeout` or `x-envoy-expected-rq-timeout-ms` that breaks
+/// the protocol's rules; its message says which. Receivers ignore such a field (and count it); it is never an error response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub struct MalformedDeadline(&'static str);
 
@@ -389,6 +390,90 @@ pub fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, MalformedDe
         found = Some(timeout);
     }
     Ok(found)
+}
+
+/// Parses an `x-envoy-expected-rq-timeout-ms` value: how long Envoy still waits for this
+/// attempt, in milliseconds, counted from when the receiver reads it (the field has no send
+/// time). `Ok(None)` for `0`, which is no deadline.
+///
+/// # Parsing rules
+///
+/// - 1 to 15 ASCII digits (a Structured Field integer's range, as `X-Request-Deadline`'s
+///   values; Envoy's own timeouts, at most 10 000 years, fit in it), nothing else: no sign,
+///   no unit, no fraction, no spaces. Leading zeros are allowed.
+/// - `0` is no deadline, not an expired one: Envoy reads `0` as "no timeout" in its own
+///   timeout headers, and never sends it in this one (it sends `1` when its route timeout
+///   has run out), so whoever sent a `0` did not mean "already too late".
+///
+/// Parsing never panics and never allocates.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderValue;
+/// use overload_signal::protocol::parse_envoy_expected_rq_timeout;
+///
+/// let parse = |v| parse_envoy_expected_rq_timeout(&HeaderValue::from_static(v));
+/// assert_eq!(parse("1500"), Ok(Some(Duration::from_millis(1_500))));
+/// assert_eq!(parse("0"), Ok(None));
+/// assert!(parse("1.5").is_err());
+/// assert!(parse("15s").is_err());
+/// ```
+///
+/// # Errors
+///
+/// [`MalformedDeadline`] for anything else.
+pub fn parse_envoy_expected_rq_timeout(
+    value: &HeaderValue,
+) -> Result<Option<Duration>, MalformedDeadline> {
+    let bytes = value.as_bytes();
+    if bytes.is_empty() || bytes.len() > 15 || !bytes.iter().all(u8::is_ascii_digit) {
+        return Err(MalformedDeadline(
+            "x-envoy-expected-rq-timeout-ms is not 1 to 15 ASCII digits",
+        ));
+    }
+    let ms = bytes
+        .iter()
+        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    Ok((ms > 0).then(|| Duration::from_millis(ms)))
+}
+
+/// Reads `x-envoy-expected-rq-timeout-ms` from `headers`: `Ok(None)` when it is absent, or
+/// `0` ([`parse_envoy_expected_rq_timeout`]'s rules). Several lines are read as one value
+/// when they agree (a proxy that merged two), and are malformed when they do not.
+///
+/// Envoy sets the field on every request it forwards to an upstream while a timeout runs
+/// for it: its route timeout (15 s by default) less the time already spent on the request,
+/// or the route's per-try timeout if that is shorter, so each attempt of Envoy's retries
+/// carries its own.
+///
+/// ```
+/// use std::time::Duration;
+/// use http::HeaderMap;
+/// use overload_signal::protocol::{X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, envoy_expected_rq_timeout};
+///
+/// let mut headers = HeaderMap::new();
+/// assert_eq!(envoy_expected_rq_timeout(&headers), Ok(None));
+/// headers.insert(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, "14873".parse().unwrap());
+/// assert_eq!(envoy_expected_rq_timeout(&headers), Ok(Some(Duration::from_millis(14_873))));
+/// ```
+///
+/// # Errors
+///
+/// [`MalformedDeadline`] when a value breaks the parsing rules, or several disagree.
+pub fn envoy_expected_rq_timeout(
+    headers: &HeaderMap,
+) -> Result<Option<Duration>, MalformedDeadline> {
+    let mut found = None;
+    for value in headers.get_all(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS) {
+        let timeout = parse_envoy_expected_rq_timeout(value)?;
+        if found.is_some_and(|seen| seen != timeout) {
+            return Err(MalformedDeadline(
+                "x-envoy-expected-rq-timeout-ms repeated with another value",
+            ));
+        }
+        found = Some(timeout);
+    }
+    Ok(found.flatten())
 }
 
 const DEADLINE_EXCEEDED_MESSAGE: &str = "deadline exceeded before the request was served";
@@ -602,6 +687,7 @@ mod tests {
             if let Ok(value) = HeaderValue::from_bytes(&bytes) {
                 let _ = WireDeadline::parse(&value);
                 let _ = parse_grpc_timeout(&value);
+                let _ = parse_envoy_expected_rq_timeout(&value);
             }
         }
     }
@@ -644,6 +730,83 @@ mod tests {
         assert_eq!(grpc_timeout(&h), Ok(Some(Duration::from_secs(1))));
         h.append(GRPC_TIMEOUT, HeaderValue::from_static("2S"));
         assert!(grpc_timeout(&h).is_err());
+    }
+
+    #[test]
+    fn envoys_expected_timeout_is_1_to_15_digits_of_milliseconds_and_nothing_else() {
+        let p = |v: &'static str| parse_envoy_expected_rq_timeout(&HeaderValue::from_static(v));
+        assert_eq!(p("1"), Ok(Some(Duration::from_millis(1))));
+        assert_eq!(p("15000"), Ok(Some(Duration::from_secs(15))));
+        assert_eq!(p("015000"), Ok(Some(Duration::from_secs(15))));
+        assert_eq!(
+            p("999999999999999"),
+            Ok(Some(Duration::from_millis(MAX_VALUE)))
+        );
+        assert_eq!(p("0"), Ok(None), "Envoy's \"no timeout\"");
+        assert_eq!(p("000"), Ok(None));
+        for junk in [
+            "",
+            " ",
+            " 5",
+            "5 ",
+            "-1",
+            "+5",
+            "1.5",
+            "1e3",
+            "0x10",
+            "5ms",
+            "15s",
+            "5, 6",
+            "1000000000000000",
+            "99999999999999999999",
+        ] {
+            let err = p(junk).unwrap_err();
+            assert_eq!(
+                err.to_string(),
+                "malformed deadline: x-envoy-expected-rq-timeout-ms is not 1 to 15 ASCII digits",
+                "{junk:?}"
+            );
+        }
+        let non_ascii = HeaderValue::from_bytes(b"1\xff").unwrap();
+        assert!(parse_envoy_expected_rq_timeout(&non_ascii).is_err());
+    }
+
+    #[test]
+    fn envoys_expected_timeout_lines_must_agree() {
+        let mut h = HeaderMap::new();
+        assert_eq!(envoy_expected_rq_timeout(&h), Ok(None));
+        h.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("1000"),
+        );
+        h.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("01000"),
+        );
+        assert_eq!(
+            envoy_expected_rq_timeout(&h),
+            Ok(Some(Duration::from_secs(1)))
+        );
+        h.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("999"),
+        );
+        assert!(envoy_expected_rq_timeout(&h).is_err());
+        let mut zeros = HeaderMap::new();
+        zeros.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("0"),
+        );
+        zeros.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("0"),
+        );
+        assert_eq!(envoy_expected_rq_timeout(&zeros), Ok(None));
+        zeros.append(
+            X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            HeaderValue::from_static("5"),
+        );
+        assert!(envoy_expected_rq_timeout(&zeros).is_err());
     }
 
     #[test]

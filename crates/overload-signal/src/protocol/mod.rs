@@ -121,8 +121,8 @@ mod stop;
 
 pub use attempt::Attempt;
 pub use deadline::{
-    MalformedDeadline, WireDeadline, deadline_exceeded_response, format_grpc_timeout, grpc_timeout,
-    parse_grpc_timeout,
+    MalformedDeadline, WireDeadline, deadline_exceeded_response, envoy_expected_rq_timeout,
+    format_grpc_timeout, grpc_timeout, parse_envoy_expected_rq_timeout, parse_grpc_timeout,
 };
 pub use grpc::{
     GRPC_DEADLINE_EXCEEDED, GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
@@ -130,8 +130,8 @@ pub use grpc::{
 };
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
-    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_OVERLOADED, X_REQUEST_ATTEMPT,
-    X_REQUEST_DEADLINE,
+    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+    X_OVERLOADED, X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
 };
 pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
