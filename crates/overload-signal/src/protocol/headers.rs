@@ -66,3 +66,10 @@ pub const X_REQUEST_DEADLINE: HeaderName = HeaderName::from_static("x-request-de
 
 /// `grpc-timeout`: how long the caller of a gRPC call waits, from when the server reads it.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// `x-envoy-expected-rq-timeout-ms`: how long Envoy still waits for this attempt, in
+/// milliseconds, from when it forwarded it (what is left of its route timeout, or its
+/// per-try timeout if that is shorter); set by Envoy on every request it forwards with a
+/// timeout. See [`envoy_expected_rq_timeout`](super::envoy_expected_rq_timeout).
+pub const X_ENVOY_EXPECTED_RQ_TIMEOUT_MS: HeaderName =
+    HeaderName::from_static("x-envoy-expected-rq-timeout-ms");

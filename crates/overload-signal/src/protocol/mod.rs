@@ -1,6 +1,7 @@
 //! The wire protocol every crate of this workspace speaks.
 //!
-//! Header names, the attempt counter, the deadline (`X-Request-Deadline`, `grpc-timeout`),
+//! Header names, the attempt counter, the deadline (`X-Request-Deadline`, `grpc-timeout`,
+//! Envoy's `x-envoy-expected-rq-timeout-ms`),
 //! the "stop retrying" signal, `Retry-After` and `grpc-retry-pushback-ms`, and the IETF
 //! `RateLimit` fields live here, once, so that the
 //! client layer, the rate limiter and the overload layer cannot drift apart. The module
@@ -18,6 +19,8 @@
 //! | node-local rejection: retry later, elsewhere | `429 Too Many Requests`, `Retry-After: <whole seconds, rounded up, at least 1>`, `RateLimit-Policy: "default";q=100;w=1`, `RateLimit: "default";r=0;t=1` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms: <ms>` |
 //! | a request whose cost exceeds a rate limit's capacity: never admissible, do not retry ([`exceeds_capacity_response`]) | `413 Content Too Large`, `RateLimit-Policy` (the quota it exceeds); no `Retry-After`, no `RateLimit` | HTTP `200`, `grpc-status: 3` (INVALID_ARGUMENT), `grpc-message`; no pushback |
 //! | how long the caller still waits | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`: when the attempt was sent, on the sender's clock, and how long from then the sender waits for the response's head ([`WireDeadline`]). A receiver measures the time the request queued from `t`, trusts `t` to within a skew allowance, and falls back on `timeout` from arrival when `t` lies further in its future. Malformed: ignored and counted, never an error response | `grpc-timeout` (gRPC's own): what is left of the caller's deadline when the attempt is sent, never more than the caller gave; read from arrival |
+//! | how long a proxy still waits (request) | `x-envoy-expected-rq-timeout-ms: <ms>` (Envoy's, [`envoy_expected_rq_timeout`]): what is left of Envoy's route timeout for this attempt, or its per-try timeout if shorter; 1 to 15 digits, `0` is no deadline; read from arrival, from anyone (relative: no clock to trust). Malformed: ignored and counted | the same header (Envoy sets it on gRPC requests too) |
+//! | several deadlines on one request | the **earliest** of those the receiver believes: `X-Request-Deadline` (its send time only from trusted callers; from anyone else, its `timeout` from arrival), `x-envoy-expected-rq-timeout-ms`; each is a tier that stops waiting then | the earliest of `X-Request-Deadline`, `grpc-timeout` and `x-envoy-expected-rq-timeout-ms`, as for HTTP |
 //! | the deadline passed before the request was served | `504 Gateway Timeout` | HTTP `200`, `grpc-status: 4` (DEADLINE_EXCEEDED) |
 //! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
 //! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`, `x-envoy-ratelimited: true` (what stops Envoy from retrying it). Read as the signal on a failure: `X-Overloaded` with any value, Envoy's `x-envoy-overloaded` with any value, or `x-envoy-ratelimited: true` (any case) ([`is_stop_signal`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying`, `x-envoy-ratelimited: true`; read as the signal: the same headers as HTTP, or a pushback negative or not a number |
@@ -136,12 +139,10 @@ mod outcome;
 mod ratelimit_fields;
 mod retry_after;
 mod stop;
+mod timeout;
 
 pub use attempt::Attempt;
-pub use deadline::{
-    MalformedDeadline, WireDeadline, deadline_exceeded_response, format_grpc_timeout, grpc_timeout,
-    parse_grpc_timeout,
-};
+pub use deadline::{MalformedDeadline, WireDeadline, deadline_exceeded_response};
 pub use grpc::{
     GRPC_DEADLINE_EXCEEDED, GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
     grpc_status, is_grpc, is_grpc_web,
@@ -149,7 +150,8 @@ pub use grpc::{
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
     IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_ENVOY_ATTEMPT_COUNT,
-    X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED, X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
+    X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED,
+    X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
 };
 pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
@@ -162,4 +164,8 @@ pub use stop::{
     Protocol, bad_gateway_response, exceeds_capacity_response, is_stop_signal,
     service_unavailable_response, set_stop_signal, stop_signal_response,
     too_many_requests_response,
+};
+pub use timeout::{
+    envoy_expected_rq_timeout, format_grpc_timeout, grpc_timeout, parse_envoy_expected_rq_timeout,
+    parse_grpc_timeout,
 };
