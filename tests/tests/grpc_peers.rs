@@ -142,7 +142,10 @@ impl<S> Layer<S> for Slow {
     type Service = Slowed<S>;
 
     fn layer(&self, inner: S) -> Slowed<S> {
-        Slowed { inner, time: self.0 }
+        Slowed {
+            inner,
+            time: self.0,
+        }
     }
 }
 
@@ -287,7 +290,11 @@ impl Figures {
         for attempts in by_call.values_mut() {
             attempts.sort_by_key(|s| s.at);
         }
-        let start = seen.iter().map(|s| s.at).min().expect("the server saw calls");
+        let start = seen
+            .iter()
+            .map(|s| s.at)
+            .min()
+            .expect("the server saw calls");
         let engaged = seen.iter().filter(|s| s.stop).map(|s| s.at).min();
         let after: Vec<&Vec<Seen>> = by_call
             .values()
@@ -396,14 +403,18 @@ struct PythonRun {
 
 /// Runs the Python client against `target`: `calls` calls at `rate` per second, the
 /// script's service config (`maxAttempts: 5` on `UNAVAILABLE` and `RESOURCE_EXHAUSTED`,
-/// `retryThrottling`), bounded by 120 s in all.
+/// backoff from 50 ms to 500 ms, [`PYTHON_THROTTLING`]), bounded by 120 s in all.
 async fn run_python(target: SocketAddr, calls: u32, rate: u32) -> PythonRun {
+    let (max_tokens, token_ratio) = PYTHON_THROTTLING;
     let python = find_python();
     let child = tokio::process::Command::new(&python)
         .arg(client_script())
         .args(["--target", &target.to_string()])
         .args(["--calls", &calls.to_string()])
         .args(["--rate", &rate.to_string()])
+        .args(["--max-attempts", "5"])
+        .args(["--max-tokens", &max_tokens.to_string()])
+        .args(["--token-ratio", &token_ratio.to_string()])
         .stdin(Stdio::null())
         .stdout(Stdio::piped())
         .stderr(Stdio::piped())
@@ -452,6 +463,17 @@ const PYTHON_CAPACITY: Capacity = Capacity::Rate { per_second: 60 };
 /// Three times the capacity, for five seconds.
 const PYTHON_RATE: u32 = 180;
 const PYTHON_CALLS: u32 = 900;
+/// The client's `retryThrottling`: `maxTokens` 1000, `tokenRatio` 0.1.
+///
+/// NOTE: the loosest `maxTokens` gRPC allows (at most 1000), on purpose. A channel stops
+/// retrying once its failures have spent half its tokens (each failure costs one, each
+/// success gives back `tokenRatio`), so at three times the capacity a channel retries for
+/// its first `maxTokens / 2` failures or so and then hardly at all. With A6's example
+/// (`maxTokens` 10) it stops after five: the server then sees 1.01 attempts per call with
+/// or without the overload layer, the retries never reach the rule's 5 %, and the
+/// counterfactual cannot show anything. A fleet is many channels, each with tokens of its
+/// own; 1000 tokens in one channel stands for them.
+const PYTHON_THROTTLING: (u32, f64) = (1000, 0.1);
 
 /// Python's grpcio, `retryPolicy` with `maxAttempts: 5` on `UNAVAILABLE` and
 /// `RESOURCE_EXHAUSTED` and `retryThrottling`, 900 calls at three times a tonic server's
@@ -646,7 +668,11 @@ impl EnvoyRun {
     fn context(&self) -> String {
         let mut codes: BTreeMap<String, usize> = BTreeMap::new();
         for r in self.received.values() {
-            let key = format!("{:?}{}", r.code, if r.overloaded.is_some() { "+stop" } else { "" });
+            let key = format!(
+                "{:?}{}",
+                r.code,
+                if r.overloaded.is_some() { "+stop" } else { "" }
+            );
             *codes.entry(key).or_default() += 1;
         }
         format!(
@@ -664,7 +690,12 @@ const ENVOY_CALLS: u64 = 960;
 /// A tonic server behind `capacity` (protected or not), Envoy in front with `policy` and
 /// an HTTP/2 upstream, and our plain tonic client at three times the capacity for four
 /// seconds through it.
-async fn through_envoy(name: &str, policy: RetryPolicy, capacity: Capacity, protected: bool) -> EnvoyRun {
+async fn through_envoy(
+    name: &str,
+    policy: RetryPolicy,
+    capacity: Capacity,
+    protected: bool,
+) -> EnvoyRun {
     let envoy = find_envoy(None).unwrap_or_else(|e| panic!("{e}"));
     let server = TestServer::start(capacity, protected).await;
     let dir = std::env::temp_dir().join(format!("grpc-peers-{name}-{}", std::process::id()));
@@ -797,8 +828,16 @@ async fn envoy_with_a_policy_that_retries_rate_limits_in_front_of_tonic_stops_re
 async fn envoy_in_front_of_tonic_without_the_overload_layer_amplifies_the_load() {
     let _one = ONE_AT_A_TIME.lock().await;
     for (name, policy, capacity) in [
-        ("istio-bare", RetryPolicy::istio_default(), ENVOY_CONCURRENCY),
-        ("ratelimits-bare", RetryPolicy::with_rate_limits(), ENVOY_RATE),
+        (
+            "istio-bare",
+            RetryPolicy::istio_default(),
+            ENVOY_CONCURRENCY,
+        ),
+        (
+            "ratelimits-bare",
+            RetryPolicy::with_rate_limits(),
+            ENVOY_RATE,
+        ),
     ] {
         let run = through_envoy(name, policy, capacity, false).await;
         let context = run.context();
@@ -807,7 +846,10 @@ async fn envoy_in_front_of_tonic_without_the_overload_layer_amplifies_the_load()
             run.offered >= 2.0 * capacity.per_second(),
             "the client did not offer an overload: {context}"
         );
-        assert_eq!(run.upstream_requests, run.figures.attempts as u64, "{context}");
+        assert_eq!(
+            run.upstream_requests, run.figures.attempts as u64,
+            "{context}"
+        );
         assert_eq!(run.figures.stop_signals, 0, "{context}");
         assert!(
             run.figures.per_call() > MAX_ATTEMPTS_PER_CALL,
