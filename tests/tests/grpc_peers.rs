@@ -35,7 +35,7 @@ use tonic::transport::Channel;
 use tonic::transport::server::TcpIncoming;
 use tonic_health::pb::HealthCheckRequest;
 use tonic_health::pb::health_client::HealthClient;
-use tower::util::Either;
+use tower::util::{Either, MapResponseLayer};
 use tower::{Layer, Service, ServiceBuilder};
 
 /// At most this many attempts per call once the stop signal engages (the figure).
@@ -206,11 +206,22 @@ struct TestServer {
     task: tokio::task::JoinHandle<()>,
 }
 
+/// What stands in front of the limit.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum Protection {
+    /// Nothing: the limit alone.
+    Bare,
+    /// `OverloadProtectionLayer` with its defaults: the stop signal above 5 % retry
+    /// pressure over at least 200 requests.
+    Protected,
+    /// The same, with `x-envoy-ratelimited` taken off every answer (outside the recording
+    /// layer): the stop signal as it was before Envoy was told not to retry it.
+    WithoutEnvoyRatelimited,
+}
+
 impl TestServer {
-    /// A tonic health server behind `capacity`, with `OverloadProtectionLayer` (its
-    /// defaults: the stop signal above 5 % retry pressure over at least 200 requests) when
-    /// `protected`, the bare limit otherwise.
-    async fn start(capacity: Capacity, protected: bool) -> Self {
+    /// A tonic health server behind `capacity` and `protection`.
+    async fn start(capacity: Capacity, protection: Protection) -> Self {
         let (limit, slow) = match capacity {
             Capacity::Rate { per_second } => {
                 let bucket = TokenBucket::builder(per_second).burst(5).build().unwrap();
@@ -227,16 +238,23 @@ impl TestServer {
                 (Either::Right(limit), time)
             }
         };
-        let limit = if protected {
-            Either::Left(OverloadProtectionLayer::new(limit))
-        } else {
+        let limit = if protection == Protection::Bare {
             Either::Right(limit)
+        } else {
+            Either::Left(OverloadProtectionLayer::new(limit))
         };
+        let strip = (protection == Protection::WithoutEnvoyRatelimited).then(|| {
+            MapResponseLayer::new(|mut response: http::Response<tonic::body::Body>| {
+                response.headers_mut().remove("x-envoy-ratelimited");
+                response
+            })
+        });
         let record = Record::default();
         let (_reporter, health) = tonic_health::server::health_reporter();
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
         let layers = ServiceBuilder::new()
+            .option_layer(strip)
             .layer(record.clone())
             .layer(limit)
             .layer(Slow(slow));
@@ -483,7 +501,7 @@ const PYTHON_THROTTLING: (u32, f64) = (1000, 0.1);
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_retries_stop_at_the_stop_signal() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let server = TestServer::start(PYTHON_CAPACITY, true).await;
+    let server = TestServer::start(PYTHON_CAPACITY, Protection::Protected).await;
     let run = run_python(server.addr, PYTHON_CALLS, PYTHON_RATE).await;
     let figures = Figures::of(&server.seen());
     let context = format!("{}; client: {run:?}", figures.summary());
@@ -560,7 +578,7 @@ async fn python_grpcio_retries_stop_at_the_stop_signal() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn python_grpcio_without_the_overload_layer_amplifies_the_load() {
     let _one = ONE_AT_A_TIME.lock().await;
-    let server = TestServer::start(PYTHON_CAPACITY, false).await;
+    let server = TestServer::start(PYTHON_CAPACITY, Protection::Bare).await;
     let run = run_python(server.addr, PYTHON_CALLS, PYTHON_RATE).await;
     let figures = Figures::of(&server.seen());
     let context = format!("{}; client: {run:?}", figures.summary());
@@ -596,6 +614,9 @@ struct Received {
     code: Code,
     overloaded: Option<String>,
     pushback: Option<i64>,
+    /// `x-envoy-ratelimited` was passed on to the client (the server sends it with the stop
+    /// signal, for Envoy).
+    envoy_ratelimited: bool,
 }
 
 /// `calls` plain (not retrying) health checks through `proxy` at `rate` per second, each
@@ -625,6 +646,7 @@ async fn run_tonic(proxy: SocketAddr, calls: u64, rate: u32) -> (BTreeMap<u64, R
                     code: Code::Ok,
                     overloaded: None,
                     pushback: None,
+                    envoy_ratelimited: false,
                 },
                 Err(status) => Received {
                     code: status.code(),
@@ -636,6 +658,7 @@ async fn run_tonic(proxy: SocketAddr, calls: u64, rate: u32) -> (BTreeMap<u64, R
                         .metadata()
                         .get("grpc-retry-pushback-ms")
                         .and_then(|v| v.to_str().ok()?.parse().ok()),
+                    envoy_ratelimited: status.metadata().contains_key("x-envoy-ratelimited"),
                 },
             };
             (call, received)
@@ -672,7 +695,11 @@ impl EnvoyRun {
                 "{:?}{}",
                 r.code,
                 if r.overloaded.is_some() { "+stop" } else { "" }
-            );
+            ) + if r.envoy_ratelimited {
+                "+envoy-ratelimited"
+            } else {
+                ""
+            };
             *codes.entry(key).or_default() += 1;
         }
         format!(
@@ -687,17 +714,17 @@ impl EnvoyRun {
 
 const ENVOY_CALLS: u64 = 960;
 
-/// A tonic server behind `capacity` (protected or not), Envoy in front with `policy` and
+/// A tonic server behind `capacity` and `protection`, Envoy in front with `policy` and
 /// an HTTP/2 upstream, and our plain tonic client at three times the capacity for four
 /// seconds through it.
 async fn through_envoy(
     name: &str,
     policy: RetryPolicy,
     capacity: Capacity,
-    protected: bool,
+    protection: Protection,
 ) -> EnvoyRun {
     let envoy = find_envoy(None).unwrap_or_else(|e| panic!("{e}"));
-    let server = TestServer::start(capacity, protected).await;
+    let server = TestServer::start(capacity, protection).await;
     let dir = std::env::temp_dir().join(format!("grpc-peers-{name}-{}", std::process::id()));
     let settings = ProxySettings {
         retry: Some(policy),
@@ -799,7 +826,7 @@ async fn envoy_with_istio_s_default_policy_in_front_of_tonic_stops_retrying() {
         "istio",
         RetryPolicy::istio_default(),
         ENVOY_CONCURRENCY,
-        true,
+        Protection::Protected,
     )
     .await;
     eprintln!("envoy, istio default, protected: {}", run.context());
@@ -815,7 +842,7 @@ async fn envoy_with_a_policy_that_retries_rate_limits_in_front_of_tonic_stops_re
         "ratelimits",
         RetryPolicy::with_rate_limits(),
         ENVOY_RATE,
-        true,
+        Protection::Protected,
     )
     .await;
     eprintln!("envoy, rate-limit policy, protected: {}", run.context());
@@ -839,7 +866,7 @@ async fn envoy_in_front_of_tonic_without_the_overload_layer_amplifies_the_load()
             ENVOY_RATE,
         ),
     ] {
-        let run = through_envoy(name, policy, capacity, false).await;
+        let run = through_envoy(name, policy, capacity, Protection::Bare).await;
         let context = run.context();
         eprintln!("envoy, {name}: {context}");
         assert!(
@@ -860,4 +887,44 @@ async fn envoy_in_front_of_tonic_without_the_overload_layer_amplifies_the_load()
             "{context}"
         );
     }
+}
+
+/// What stops Envoy: the stop signal without `x-envoy-ratelimited` (`UNAVAILABLE`,
+/// `x-overloaded`, `grpc-retry-pushback-ms: -1`) is one more `unavailable` to Envoy, which
+/// retries it as Istio's policy says, whatever the pushback: the server keeps seeing more
+/// than 1.10 attempts per call once the signal engages, and the pushback that would stop a
+/// gRPC client does not stop the proxy in between.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoy_retries_the_stop_signal_without_x_envoy_ratelimited() {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = through_envoy(
+        "istio-no-ratelimited",
+        RetryPolicy::istio_default(),
+        ENVOY_CONCURRENCY,
+        Protection::WithoutEnvoyRatelimited,
+    )
+    .await;
+    let context = run.context();
+    eprintln!("envoy, istio default, stop signal without x-envoy-ratelimited: {context}");
+    assert!(
+        run.offered >= 2.0 * ENVOY_CONCURRENCY.per_second(),
+        "the client did not offer an overload: {context}"
+    );
+    assert_eq!(
+        run.upstream_requests, run.figures.attempts as u64,
+        "{context}"
+    );
+    assert!(run.figures.engaged_after.is_some(), "{context}");
+    // Envoy retried answers that carried the stop signal.
+    let retried_stops = run
+        .figures
+        .by_call
+        .values()
+        .filter(|a| a.len() > 1 && a[..a.len() - 1].iter().any(|s| s.stop))
+        .count();
+    assert!(retried_stops > 0, "{context}");
+    assert!(
+        run.figures.per_call_after() > MAX_ATTEMPTS_PER_CALL,
+        "{context}"
+    );
 }
