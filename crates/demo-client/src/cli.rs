@@ -438,6 +438,11 @@ pub struct EnvoyArgs {
     /// Speak HTTP/2 to the servers (gRPC servers need it); by default HTTP/1.1.
     #[arg(long)]
     pub http2: bool,
+    /// Add X-Request-Deadline (Envoy's start time and the route timeout) to requests that
+    /// carry none, so that a server sees the time a request waited in its listen queue; by
+    /// default only Envoy's relative x-envoy-expected-rq-timeout-ms is sent.
+    #[arg(long)]
+    pub deadline_header: bool,
     /// Envoy's worker threads (--concurrency).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub workers: u32,
@@ -486,6 +491,7 @@ impl EnvoyArgs {
             health_check: self.health_check,
             upstream_http2: self.http2,
             workers: self.workers,
+            deadline_header: self.deadline_header,
         })
     }
 }
@@ -760,6 +766,7 @@ mod tests {
         assert_eq!(settings.health_check, None);
         assert!(!settings.upstream_http2);
         assert_eq!(settings.workers, 1);
+        assert!(!settings.deadline_header);
 
         let Command::Envoy(e) = parse(&[
             "envoy",
@@ -777,6 +784,7 @@ mod tests {
             "--http2",
             "--workers",
             "2",
+            "--deadline-header",
         ])
         .unwrap()
         .command
@@ -791,6 +799,7 @@ mod tests {
         assert_eq!(settings.health_check, Some(Duration::from_millis(500)));
         assert!(settings.upstream_http2);
         assert_eq!(settings.workers, 2);
+        assert!(settings.deadline_header);
         let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", "--retry", "none"])
             .unwrap()
             .command
