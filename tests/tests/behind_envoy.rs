@@ -6,9 +6,9 @@
 //!   capacity, from a plain hyper client that never retries, through Envoy with Istio's
 //!   default policy or a policy that also retries `429`: once the stop signal engages, the
 //!   server receives at most 1.10 attempts per request, by Envoy's counters
-//!   (`upstream_rq_total / downstream_rq_total`) and by the server's own. The control, the
-//!   same limit with the stop signal off (`--stop-retry-share 1`), shows the amplification
-//!   the check exists for. (`--stack none` cannot show it: the bare model never rejects, so
+//!   (`upstream_rq_total / downstream_rq_total`) and by the server's own. The controls, the
+//!   same limits with the stop signal off (`--stop-retry-share 0.99`), show the
+//!   amplification the check exists for. (`--stack none` cannot show it: the bare model never rejects, so
 //!   Envoy has nothing to retry; scripts/behind-envoy.sh measures it beside the others.)
 //! - **The stop signal reaches our client**: a `backoff_layer::RetryLayer` client through
 //!   Envoy to an overloaded server gets the stop signal, neither it nor Envoy retries it, and
@@ -60,8 +60,10 @@ const BURST: &str = "8";
 const LOAD_CLIENTS: u64 = 40;
 const LOAD_INTERVAL: Duration = Duration::from_millis(166);
 
-/// How long the stop signal gets to engage, and the measured period after it.
+/// How long the stop signal gets to engage (it takes under a second), the warm-up of a run
+/// that expects none, and the measured period after either.
 const ENGAGE_WITHIN: Duration = Duration::from_secs(6);
+const WARM_UP: Duration = Duration::from_secs(2);
 const MEASURE: Duration = Duration::from_secs(5);
 
 /// The most attempts per request the server may receive once the stop signal flows.
@@ -120,9 +122,9 @@ async fn get_text(client: &Plain, addr: SocketAddr, path: &str) -> String {
         .unwrap_or_else(|_| panic!("GET {path} on {addr} answers within 5 s"))
 }
 
-/// The server's `/metrics`: each sample's value by its name and labels as written
-/// (`demo_server_requests_total{outcome="served"}`).
-async fn server_metrics(client: &Plain, server: SocketAddr) -> BTreeMap<String, f64> {
+/// The server's `/metrics`: each whole-number sample (the counters) by its name and labels
+/// as written (`demo_server_requests_total{outcome="served"}`).
+async fn server_metrics(client: &Plain, server: SocketAddr) -> BTreeMap<String, u64> {
     get_text(client, server, "/metrics")
         .await
         .lines()
@@ -135,7 +137,7 @@ async fn server_metrics(client: &Plain, server: SocketAddr) -> BTreeMap<String, 
 }
 
 /// The sum of the samples of metric `name` whose labels contain `labels`.
-fn metric(samples: &BTreeMap<String, f64>, name: &str, labels: &str) -> f64 {
+fn metric(samples: &BTreeMap<String, u64>, name: &str, labels: &str) -> u64 {
     samples
         .iter()
         .filter(|(key, _)| {
@@ -144,9 +146,7 @@ fn metric(samples: &BTreeMap<String, f64>, name: &str, labels: &str) -> f64 {
                 && key.contains(labels)
         })
         .map(|(_, v)| v)
-        .sum::<f64>()
-        // NOTE: an empty sum of floats is -0.0; the log reads better with 0.
-        + 0.0
+        .sum()
 }
 
 /// What the server and Envoy counted at one moment.
@@ -159,11 +159,11 @@ struct Reading {
     /// Envoy's retries.
     retries: u64,
     /// Every `/api` answer the server gave: its own count of attempts.
-    server_attempts: f64,
+    server_attempts: u64,
     /// The server's `2xx` answers.
-    served: f64,
+    served: u64,
     /// The server's stop signals.
-    stop_signals: f64,
+    stop_signals: u64,
 }
 
 async fn reading(client: &Plain, proxy: &EnvoyProxy, server: SocketAddr) -> Reading {
@@ -231,8 +231,7 @@ async fn load_client(
     }
 }
 
-/// What one amplification run measured over [`MEASURE`] after the stop signal engaged
-/// (or after [`ENGAGE_WITHIN`], when it never did).
+/// What one amplification run measured over [`MEASURE`] after its warm-up ([`Warm`]).
 #[derive(Debug)]
 struct Figures {
     /// Whether the server had sent a stop signal when the measured period began.
@@ -251,8 +250,17 @@ impl Figures {
 
     /// Attempts at the server per request, by the server's count and Envoy's requests.
     fn server_ratio(&self) -> f64 {
-        self.delta.server_attempts / self.delta.downstream.max(1) as f64
+        self.delta.server_attempts as f64 / self.delta.downstream.max(1) as f64
     }
+}
+
+/// When a run's measured period begins.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Warm {
+    /// Once the server has sent a stop signal, or after [`ENGAGE_WITHIN`].
+    UntilStopped,
+    /// After [`WARM_UP`]: for runs where no stop signal is expected.
+    Fixed,
 }
 
 /// `demo-server` with `server_args` behind an Envoy with `policy`, loaded at three times
@@ -262,6 +270,7 @@ async fn amplification(
     name: &str,
     server_args: &[&str],
     policy: RetryPolicy,
+    warm: Warm,
 ) -> Figures {
     let server = server(program, server_args).await;
     let dir = temp_dir(name);
@@ -284,8 +293,11 @@ async fn amplification(
         })
         .collect();
     let began = tokio::time::Instant::now();
+    if warm == Warm::Fixed {
+        tokio::time::sleep(WARM_UP).await;
+    }
     let mut start = reading(&client, &proxy, server.addr()).await;
-    while start.stop_signals == 0.0 && began.elapsed() < ENGAGE_WITHIN {
+    while warm == Warm::UntilStopped && start.stop_signals == 0 && began.elapsed() < ENGAGE_WITHIN {
         tokio::time::sleep(Duration::from_millis(200)).await;
         start = reading(&client, &proxy, server.addr()).await;
     }
@@ -297,19 +309,19 @@ async fn amplification(
         c.await.unwrap();
     }
     let figures = Figures {
-        engaged: start.stop_signals > 0.0,
+        engaged: start.stop_signals > 0,
         engaged_after,
         delta: Reading {
-            downstream: end.downstream - start.downstream,
-            upstream: end.upstream - start.upstream,
-            retries: end.retries - start.retries,
-            server_attempts: end.server_attempts - start.server_attempts,
-            served: end.served - start.served,
-            stop_signals: end.stop_signals - start.stop_signals,
+            downstream: end.downstream.saturating_sub(start.downstream),
+            upstream: end.upstream.saturating_sub(start.upstream),
+            retries: end.retries.saturating_sub(start.retries),
+            server_attempts: end.server_attempts.saturating_sub(start.server_attempts),
+            served: end.served.saturating_sub(start.served),
+            stop_signals: end.stop_signals.saturating_sub(start.stop_signals),
         },
     };
     eprintln!(
-        "{name}: engaged after {:.1} s: {}; measured {:?}: {} requests, {} attempts at the \
+        "{name}: measured from {:.1} s (stop signal engaged: {}); over {:?}: {} requests, {} attempts at the \
          server by Envoy ({:.2} per request), {} by the server ({:.2}), {} retries, {} stop \
          signals, {:.0} served/s; the clients: sent {}, ok {}, stopped {}, other {}",
         figures.engaged_after.as_secs_f64(),
@@ -322,7 +334,7 @@ async fn amplification(
         figures.server_ratio(),
         figures.delta.retries,
         figures.delta.stop_signals,
-        figures.delta.served / MEASURE.as_secs_f64(),
+        figures.delta.served as f64 / MEASURE.as_secs_f64(),
         answers.sent.load(Ordering::Relaxed),
         answers.ok.load(Ordering::Relaxed),
         answers.stopped.load(Ordering::Relaxed),
@@ -341,7 +353,7 @@ fn assert_counts_agree(name: &str, f: &Figures) {
     let envoy = f.delta.upstream as f64;
     let slack = 2.0 * LOAD_CLIENTS as f64 * 4.0 + 0.05 * envoy;
     assert!(
-        (envoy - f.delta.server_attempts).abs() <= slack,
+        (envoy - f.delta.server_attempts as f64).abs() <= slack,
         "{name}: Envoy sent {envoy} attempts, the server answered {}: {f:?}",
         f.delta.server_attempts
     );
@@ -377,7 +389,7 @@ fn assert_protected(name: &str, f: &Figures) {
     assert_counts_agree(name, f);
     // Goodput: the model stays busy; half its capacity leaves room for a loaded machine.
     assert!(
-        f.delta.served >= 0.5 * CAPACITY * MEASURE.as_secs_f64(),
+        f.delta.served as f64 >= 0.5 * CAPACITY * MEASURE.as_secs_f64(),
         "{name}: {} served in {MEASURE:?}: {f:?}",
         f.delta.served
     );
@@ -424,6 +436,7 @@ async fn full_stack_behind_envoy_with_istios_policy_receives_at_most_1_10_attemp
         name,
         &FULL,
         RetryPolicy::istio_default(),
+        Warm::Fixed,
     ))
     .await;
     assert_protected(name, &f);
@@ -437,6 +450,7 @@ async fn full_stack_behind_envoy_retrying_429_receives_at_most_1_10_attempts_per
         name,
         &FULL,
         RetryPolicy::with_rate_limits(),
+        Warm::UntilStopped,
     ))
     .await;
     assert_stopped(name, &f);
@@ -451,6 +465,7 @@ async fn adaptive_stack_behind_envoy_with_istios_policy_receives_at_most_1_10_at
         name,
         &ADAPTIVE,
         RetryPolicy::istio_default(),
+        Warm::UntilStopped,
     ))
     .await;
     assert_stopped(name, &f);
@@ -464,52 +479,61 @@ async fn adaptive_stack_behind_envoy_retrying_429_receives_at_most_1_10_attempts
         name,
         &ADAPTIVE,
         RetryPolicy::with_rate_limits(),
+        Warm::UntilStopped,
     ))
     .await;
     assert_stopped(name, &f);
 }
 
-/// The control: the same limits without the stop signal are amplified by Envoy's retries,
-/// so the checks above can fail. The rate limit's `429`s under the policy that retries them
-/// (up to 4 attempts a request), the adaptive limit's `503`s under Istio's (up to 3).
+/// The control's checks: no stop signal, and Envoy's retries multiply what the server
+/// receives, by both counts, so the checks of the protected runs can fail.
+fn assert_amplified(name: &str, f: &Figures) {
+    assert!(!f.engaged, "{name}: a stop signal with the rule off: {f:?}");
+    assert!(
+        f.envoy_ratio() > MAX_ATTEMPTS_PER_REQUEST && f.server_ratio() > MAX_ATTEMPTS_PER_REQUEST,
+        "{name}: {:.2} (Envoy) and {:.2} (server) attempts per request without the stop \
+         signal: {f:?}",
+        f.envoy_ratio(),
+        f.server_ratio()
+    );
+    assert_counts_agree(name, f);
+}
+
+/// The control: the rate limit without the stop signal, under the policy that retries its
+/// `429`s (up to 4 attempts a request). It admits 90 % of the capacity and the load is
+/// three times it: about two requests in three are rejected, and most are retried three
+/// times.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn without_the_stop_signal_envoy_multiplies_the_attempts() {
-    let full: Vec<&str> = FULL.iter().chain(&STOP_OFF).copied().collect();
-    let adaptive: Vec<&str> = ADAPTIVE.iter().chain(&STOP_OFF).copied().collect();
-    let program = demo_server();
-    let (full, adaptive) = bounded(async {
-        let full = amplification(
-            &program,
-            "control: full, rate-limits",
-            &full,
-            RetryPolicy::with_rate_limits(),
-        )
-        .await;
-        let adaptive = amplification(
-            &program,
-            "control: adaptive, istio",
-            &adaptive,
-            RetryPolicy::istio_default(),
-        )
-        .await;
-        (full, adaptive)
-    })
+async fn without_the_stop_signal_envoy_multiplies_the_rate_limits_attempts() {
+    let name = "control: full, rate-limits";
+    let args: Vec<&str> = FULL.iter().chain(&STOP_OFF).copied().collect();
+    let f = bounded(amplification(
+        &demo_server(),
+        name,
+        &args,
+        RetryPolicy::with_rate_limits(),
+        Warm::Fixed,
+    ))
     .await;
-    for (name, f) in [("full", &full), ("adaptive", &adaptive)] {
-        assert!(!f.engaged, "{name}: a stop signal with the rule off: {f:?}");
-        assert!(
-            f.envoy_ratio() > MAX_ATTEMPTS_PER_REQUEST
-                && f.server_ratio() > MAX_ATTEMPTS_PER_REQUEST,
-            "{name}: {:.2} (Envoy) and {:.2} (server) attempts per request without the stop \
-             signal: {f:?}",
-            f.envoy_ratio(),
-            f.server_ratio()
-        );
-        assert_counts_agree(name, f);
-    }
-    // The rate limit admits 90 % of the capacity and the load is three times it: about
-    // two requests in three are rejected, and most are retried three times.
-    assert!(full.envoy_ratio() > 2.0, "{full:?}");
+    assert_amplified(name, &f);
+    assert!(f.envoy_ratio() > 2.0, "{name}: {f:?}");
+}
+
+/// The control: the adaptive limit without the stop signal, under Istio's policy, which
+/// retries its `503`s (up to 3 attempts a request).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_the_stop_signal_envoy_multiplies_the_adaptive_limits_attempts() {
+    let name = "control: adaptive, istio";
+    let args: Vec<&str> = ADAPTIVE.iter().chain(&STOP_OFF).copied().collect();
+    let f = bounded(amplification(
+        &demo_server(),
+        name,
+        &args,
+        RetryPolicy::istio_default(),
+        Warm::Fixed,
+    ))
+    .await;
+    assert_amplified(name, &f);
 }
 
 /// A client of ours (`backoff_layer::RetryLayer`, its defaults but the client-side throttle,
@@ -565,7 +589,7 @@ async fn the_stop_signal_reaches_our_client_through_envoy_and_neither_retries_it
         let began = tokio::time::Instant::now();
         loop {
             let samples = server_metrics(&raw_client, server.addr()).await;
-            if metric(&samples, "demo_server_requests_total", "stop_signal") > 0.0 {
+            if metric(&samples, "demo_server_requests_total", "stop_signal") > 0 {
                 break;
             }
             assert!(
@@ -680,14 +704,14 @@ async fn a_request_whose_envoy_route_timeout_passed_at_a_stopped_server_is_dropp
         assert_eq!(response.status(), StatusCode::OK);
         let _ = response.into_body().collect().await;
         let before = server_metrics(&client, server.addr()).await;
-        let expired = |s: &BTreeMap<String, f64>| {
+        let expired = |s: &BTreeMap<String, u64>| {
             metric(
                 s,
                 "overload_signal_deadline_expired_total",
                 "when=\"arrival\"",
             )
         };
-        let served = |s: &BTreeMap<String, f64>| {
+        let served = |s: &BTreeMap<String, u64>| {
             metric(s, "demo_server_requests_total", "outcome=\"served\"")
         };
 
@@ -742,7 +766,7 @@ async fn a_request_whose_envoy_route_timeout_passed_at_a_stopped_server_is_dropp
         );
         assert_eq!(
             expired(&after) - expired(&before),
-            1.0,
+            1,
             "the deadline layer dropped the request on arrival"
         );
         proxy.shutdown().await.unwrap();
@@ -781,14 +805,14 @@ async fn envoys_route_timeout_cancels_the_work_at_the_server() {
         let proxy = envoy(&dir, &settings, server.addr()).await;
         let client = plain();
         let before = server_metrics(&client, server.addr()).await;
-        let expired = |s: &BTreeMap<String, f64>| {
+        let expired = |s: &BTreeMap<String, u64>| {
             metric(
                 s,
                 "overload_signal_deadline_expired_total",
                 "when=\"running\"",
             )
         };
-        let served = |s: &BTreeMap<String, f64>| {
+        let served = |s: &BTreeMap<String, u64>| {
             metric(s, "demo_server_requests_total", "outcome=\"served\"")
         };
         let sent = tokio::time::Instant::now();
@@ -815,7 +839,7 @@ async fn envoys_route_timeout_cancels_the_work_at_the_server() {
             served(&after),
         );
         assert_eq!(served(&after), served(&before), "the work ran to its end");
-        assert_eq!(expired(&after) - expired(&before), 1.0);
+        assert_eq!(expired(&after) - expired(&before), 1);
         proxy.shutdown().await.unwrap();
         server.shutdown().await.unwrap();
         let _ = std::fs::remove_dir_all(&dir);
