@@ -13,9 +13,13 @@
 //! - **The stop signal reaches our client**: a `backoff_layer::RetryLayer` client through
 //!   Envoy to an overloaded server gets the stop signal, neither it nor Envoy retries it, and
 //!   what Envoy passes on carries `X-Overloaded`.
-//! - **Deadlines**: a request whose Envoy route timeout passes while it waits at a stopped
-//!   (SIGSTOP) server is dropped on arrival by the deadline layer when the server resumes:
-//!   `504`, the handler never runs.
+//! - **Deadlines**: Envoy's relative `x-envoy-expected-rq-timeout-ms` cancels work still
+//!   running at the server when the route timeout passes; and a request whose route
+//!   timeout passed while it waited at a stopped (SIGSTOP) server is dropped on arrival by
+//!   the deadline layer when the server resumes (`504`, the handler never runs), when Envoy
+//!   also sends `X-Request-Deadline` with its start time (`ProxySettings::deadline_header`):
+//!   a relative timeout is counted from the moment the server reads the request, so the
+//!   time it sat in the server's socket is unseen without a send time.
 //!
 //! Every test fails, never skips, when Envoy cannot start; the message says how to install
 //! it. Each is bounded in time.
