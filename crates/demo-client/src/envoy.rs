@@ -139,6 +139,11 @@ pub struct ProxySettings {
     /// layer drops such a request on arrival (`504`, the handler not run). It is a time of day
     /// on Envoy's clock, believed only from callers the server's trust setting trusts, within
     /// its skew allowance.
+    ///
+    /// `ADD_IF_ABSENT` keeps a caller's own `X-Request-Deadline` (an earlier deadline of a
+    /// client of ours), which then reaches the server from Envoy's address, trusted: right
+    /// for a sidecar or an internal gateway, whose callers are trusted anyway. An Envoy at
+    /// the edge, whose callers are not, should overwrite it (`OVERWRITE_IF_EXISTS_OR_ADD`).
     pub deadline_header: bool,
 }
 
