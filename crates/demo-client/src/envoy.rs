@@ -110,7 +110,7 @@ impl RetryPolicy {
 
 /// How the proxy is set up. [`ProxySettings::default`]: no retries, the attempt count on,
 /// a 15 s route timeout (Envoy's own default), no health checks, HTTP/1.1 to the servers,
-/// one worker thread.
+/// one worker thread, no `X-Request-Deadline` added.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxySettings {
     /// The route's retry policy; `None`: Envoy does not retry.
@@ -128,6 +128,23 @@ pub struct ProxySettings {
     pub upstream_http2: bool,
     /// Envoy's worker threads (`--concurrency`). Default: 1.
     pub workers: u32,
+    /// Envoy adds `X-Request-Deadline: t=<when it received the request, ms since the Unix
+    /// epoch>, timeout=<the route timeout, ms>` to every request that does not carry one
+    /// (`request_headers_to_add` with `%START_TIME(%s%3f)%`, `ADD_IF_ABSENT`). Default: off.
+    ///
+    /// `x-envoy-expected-rq-timeout-ms`, which Envoy always sends, is relative: a server
+    /// counts it from the moment it reads the request, so the time the request waited in a
+    /// stalled server's listen queue (or socket) is unseen, and a request whose caller (Envoy)
+    /// gave up long ago is served as new. The send time makes that wait count: the deadline
+    /// layer drops such a request on arrival (`504`, the handler not run). It is a time of day
+    /// on Envoy's clock, believed only from callers the server's trust setting trusts, within
+    /// its skew allowance.
+    ///
+    /// `ADD_IF_ABSENT` keeps a caller's own `X-Request-Deadline` (an earlier deadline of a
+    /// client of ours), which then reaches the server from Envoy's address, trusted: right
+    /// for a sidecar or an internal gateway, whose callers are trusted anyway. An Envoy at
+    /// the edge, whose callers are not, should overwrite it (`OVERWRITE_IF_EXISTS_OR_ADD`).
+    pub deadline_header: bool,
 }
 
 impl Default for ProxySettings {
@@ -139,6 +156,7 @@ impl Default for ProxySettings {
             health_check: None,
             upstream_http2: false,
             workers: 1,
+            deadline_header: false,
         }
     }
 }
@@ -173,8 +191,18 @@ pub fn config(
          stat_prefix: ingress\n          codec_type: AUTO\n          route_config:\n            \
          name: routes\n            virtual_hosts:\n            - name: servers\n              \
          domains: [\"*\"]\n              include_request_attempt_count: {attempts}\n              \
-         routes:\n              - match: {{ prefix: \"/\" }}\n                route:\n                  \
+         {deadline}routes:\n              - match: {{ prefix: \"/\" }}\n                route:\n                  \
          cluster: {CLUSTER}\n                  timeout: {timeout}\n",
+        deadline = if settings.deadline_header {
+            format!(
+                "request_headers_to_add:\n              - header: {{ key: x-request-deadline, \
+                 value: \"t=%START_TIME(%s%3f)%, timeout={}\" }}\n                \
+                 append_action: ADD_IF_ABSENT\n              ",
+                settings.route_timeout.as_millis().max(1)
+            )
+        } else {
+            String::new()
+        },
         admin_ip = admin.ip(),
         admin_port = admin.port(),
         listen_ip = listen.ip(),
@@ -497,6 +525,7 @@ mod tests {
             health_check: Some(Duration::from_millis(500)),
             upstream_http2: true,
             route_timeout: Duration::from_millis(1500),
+            deadline_header: true,
             ..ProxySettings::default()
         };
         let servers = [
@@ -524,6 +553,8 @@ mod tests {
             "interval: 0.500s",
             "path: /healthz",
             "max_retries: 4294967295",
+            "key: x-request-deadline, value: \"t=%START_TIME(%s%3f)%, timeout=1500\"",
+            "append_action: ADD_IF_ABSENT",
         ] {
             assert!(c.contains(needle), "{needle} missing from:\n{c}");
         }
@@ -534,6 +565,7 @@ mod tests {
             &servers[..1],
         );
         for absent in [
+            "x-request-deadline",
             "retry_policy",
             "health_checks",
             "http2_protocol_options",

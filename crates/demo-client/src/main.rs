@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 
 use clap::Parser;
 use demo_client::cli::{
-    Cli, Command, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
+    Cli, Command, EnvoyArgs, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
 };
 use demo_client::client::http_transport;
 use demo_client::drive::Progress;
@@ -34,6 +34,7 @@ fn main() -> ExitCode {
         Command::Simulate(args) => simulate(&args),
         Command::Fleet(args) => runtime().and_then(|rt| rt.block_on(fleet(args))),
         Command::PlotDelays(args) => plot_delays(&args),
+        Command::Envoy(args) => runtime().and_then(|rt| rt.block_on(envoy(args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -270,6 +271,42 @@ async fn scenario(args: ScenarioArgs) -> Result<(), BoxError> {
         print_and_write(&out, "scenario", &done)?;
     }
     outcome
+}
+
+/// Envoy's counters `demo-client envoy` prints when it stops: the requests its clients
+/// sent, and what it sent the servers, retried, and answered on its own.
+fn envoy_counter_printed(name: &str) -> bool {
+    name.starts_with("http.ingress.downstream_rq_")
+        || name.starts_with("cluster.upstream.upstream_rq_")
+        || name.starts_with("cluster.upstream.upstream_cx_connect_fail")
+        || name.starts_with("cluster.upstream.retry_or_shadow_abandoned")
+}
+
+async fn envoy(args: EnvoyArgs) -> Result<(), BoxError> {
+    use demo_client::envoy::{EnvoyProxy, find_envoy};
+    // NOTE: every setting is checked, and Envoy found, before anything starts.
+    let settings = args.settings()?;
+    let program = find_envoy(args.envoy.as_deref())?;
+    let proxy = EnvoyProxy::start(&program, &args.dir, &settings, &args.upstreams).await?;
+    println!(
+        "envoy listening on http://{} (admin http://{})",
+        proxy.addr(),
+        proxy.admin_addr()
+    );
+    std::io::stdout().flush()?;
+    eprintln!(
+        "configuration and log in {}; Ctrl-C stops",
+        args.dir.display()
+    );
+    shutdown_signal().await;
+    let stats = proxy.stats().await;
+    proxy.shutdown().await?;
+    for (name, value) in stats?.all() {
+        if envoy_counter_printed(name) {
+            println!("{name}: {value}");
+        }
+    }
+    Ok(())
 }
 
 async fn fleet(args: FleetArgs) -> Result<(), BoxError> {
