@@ -443,15 +443,19 @@ impl FleetArgs {
                     || self.balancer_retry_on != BalancerSettings::DEFAULT_RETRY_ON
                     || self.redispatch
                 {
-                    return Err("--balancer-retries, --balancer-retry-on and --redispatch are \
+                    return Err(
+                        "--balancer-retries, --balancer-retry-on and --redispatch are \
                                 HAProxy's; with --balancer envoy, choose Envoy's retries with \
                                 --envoy-retry"
-                        .into());
+                            .into(),
+                    );
                 }
                 if self.haproxy.is_some() {
-                    return Err("--haproxy is for --balancer haproxy; with --balancer envoy, \
+                    return Err(
+                        "--haproxy is for --balancer haproxy; with --balancer envoy, \
                                 give Envoy's executable with --envoy"
-                        .into());
+                            .into(),
+                    );
                 }
             }
             BalancerArg::Haproxy => {

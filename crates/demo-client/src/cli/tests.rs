@@ -205,7 +205,10 @@ fn fleet_behind_envoy() {
     assert_eq!(e.out_dir(), PathBuf::from("target/fleet-envoy"));
     for (flag, policy) in [
         ("istio", Some(crate::envoy::RetryPolicy::istio_default())),
-        ("rate-limits", Some(crate::envoy::RetryPolicy::with_rate_limits())),
+        (
+            "rate-limits",
+            Some(crate::envoy::RetryPolicy::with_rate_limits()),
+        ),
         ("off", None),
     ] {
         let Command::Fleet(e) = parse(&["fleet", "--balancer", "envoy", "--envoy-retry", flag])
@@ -225,13 +228,22 @@ fn fleet_behind_envoy() {
     assert_eq!(q.out_dir(), PathBuf::from("target/fleet-envoy/quick"));
     // Another balancer's settings are an error, not silently ignored.
     for (args, needle) in [
-        (&["fleet", "--balancer", "envoy", "--redispatch"][..], "HAProxy"),
-        (&["fleet", "--balancer", "envoy", "--balancer-retries", "1"], "HAProxy"),
+        (
+            &["fleet", "--balancer", "envoy", "--redispatch"][..],
+            "HAProxy",
+        ),
+        (
+            &["fleet", "--balancer", "envoy", "--balancer-retries", "1"],
+            "HAProxy",
+        ),
         (
             &["fleet", "--balancer", "envoy", "--balancer-retry-on", "503"],
             "HAProxy",
         ),
-        (&["fleet", "--balancer", "envoy", "--haproxy", "/x"], "--haproxy"),
+        (
+            &["fleet", "--balancer", "envoy", "--haproxy", "/x"],
+            "--haproxy",
+        ),
         (&["fleet", "--envoy-retry", "off"], "--balancer envoy"),
         (&["fleet", "--envoy", "/x"], "--balancer envoy"),
     ] {

@@ -194,7 +194,10 @@ impl BalancerView {
     /// Per server, its name (`s1`, ...) and the requests the balancer sent it.
     pub fn requests_per_server(&self) -> Vec<(String, u64)> {
         match self {
-            Self::HaProxy(servers) => servers.iter().map(|s| (s.name.clone(), s.sessions)).collect(),
+            Self::HaProxy(servers) => servers
+                .iter()
+                .map(|s| (s.name.clone(), s.sessions))
+                .collect(),
             Self::Envoy(view) => view
                 .hosts
                 .iter()
@@ -389,7 +392,10 @@ mod tests {
                 health: "/failed_active_hc".into(),
             }
         );
-        assert_eq!((hosts[0].requests, hosts[0].health.as_str()), (90, "healthy"));
+        assert_eq!(
+            (hosts[0].requests, hosts[0].health.as_str()),
+            (90, "healthy")
+        );
         assert_eq!((hosts[2].name.as_str(), hosts[2].requests), ("s3", 0));
 
         let stats = EnvoyStats::parse(
@@ -405,7 +411,12 @@ mod tests {
             vec![("s1".into(), 90), ("s2".into(), 120), ("s3".into(), 0)]
         );
         let text = format!("{view:#}");
-        assert!(text.contains("200 requests in, 210 sent to the servers, 10 retries, 13 failed health checks"), "{text}");
+        assert!(
+            text.contains(
+                "200 requests in, 210 sent to the servers, 10 retries, 13 failed health checks"
+            ),
+            "{text}"
+        );
         assert!(text.contains("\ns3: 0 requests"), "{text}");
         assert!(text.contains("health unknown"), "{text}");
     }
