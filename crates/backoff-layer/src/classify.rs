@@ -10,8 +10,18 @@
 //!
 //! - **the stop signal**: a *failure* (HTTP `429` or `5xx`, or their gRPC codes: see
 //!   [`Outcome::is_failure`](overload_signal::protocol::Outcome::is_failure)) that carries
-//!   it is never retried and reaches the caller as [`Overloaded`]. Any other response (a
-//!   `200`, or a `404`, that happens to carry `X-Overloaded`, say) is classified as usual;
+//!   it is never retried, spends no retry budget, counts as a failure in the client-side
+//!   throttle, and reaches the caller as [`Overloaded`] (or, honoured only, as itself: see
+//!   [`StopSignals`](crate::StopSignals)). The signal is any of
+//!   ([`is_stop_signal`](overload_signal::protocol::is_stop_signal)): `X-Overloaded`
+//!   (any value); a `grpc-retry-pushback-ms` negative or not a number; Envoy's
+//!   `x-envoy-overloaded` (any value: Envoy shed the request, by a circuit breaker, its
+//!   overload manager or maintenance mode); Envoy's `x-envoy-ratelimited: true` (any case:
+//!   Envoy's rate limiter, which Envoy's own router never retries, and what a server of this
+//!   workspace's stop signal carries through Envoy). A `503` from Envoy without them (an
+//!   upstream reset, no healthy upstream) is classified as usual, and retried. Any other
+//!   response (a `200`, or a `404`, that happens to carry `X-Overloaded`, say) is
+//!   classified as usual;
 //! - **what a retry layer below gave up on** ([`is_final`]): an error with a
 //!   [`GaveUp`] or an [`Overloaded`] in its source chain, or a response whose
 //!   [`RetryInfo`](crate::RetryInfo) says an inner layer gave up, is returned as it is, so

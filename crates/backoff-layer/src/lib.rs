@@ -248,6 +248,18 @@
 //! With `RetryLayer::for_tonic`, the same outcomes reach a generated client as tonic
 //! `Status`es; [`adapter`] (the `Tonic` adapter, with the feature) says how.
 //!
+//! **Behind Envoy.** Envoy's own answers are the stop signal too: a failure carrying
+//! `x-envoy-overloaded` (Envoy shed the request: a circuit breaker overflowed, its overload
+//! manager, maintenance mode) or `x-envoy-ratelimited: true` (Envoy's rate limiter, or a
+//! server of this workspace's stop signal passed on by Envoy) is never retried, spends no
+//! retry budget, counts as a failure in the throttle (as every stop signal does), and is
+//! passed up or honoured only by [`StopSignals`] like ours. A plain `503` from Envoy (an
+//! upstream reset, no healthy host) is still retried. The layer sends the destination
+//! nothing of its caller's proxy counters (`x-envoy-attempt-count`,
+//! `grpc-previous-rpc-attempts`, which a gateway forwarding its request's headers would
+//! carry): its own `X-Request-Attempt` counts its attempts, and a server reads the largest
+//! counter it is sent.
+//!
 //! **Whose stop signals go up.** By default a downstream's stop signal is honoured and
 //! passed up: the server this client runs in tells its own callers to stop too. That is
 //! right inside one organisation, whose services judge overload by the same rule; a third

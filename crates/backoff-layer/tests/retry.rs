@@ -603,3 +603,110 @@ async fn every_retry_waits_for_readiness() {
     assert_eq!(response.status(), StatusCode::OK);
     assert_eq!(info(&response).attempts, 2);
 }
+
+/// The answers Envoy makes itself when it sheds a request (`503` with
+/// `x-envoy-overloaded`) or its rate limiter refuses one (`429` with
+/// `x-envoy-ratelimited: true`, also what our servers' stop signal carries through Envoy).
+fn envoys_stop_answers() -> [Reply; 2] {
+    [
+        Reply::Status(503, vec![("x-envoy-overloaded", "true")]),
+        Reply::Status(429, vec![("x-envoy-ratelimited", "true")]),
+    ]
+}
+
+/// Issue 32: Envoy's shedding and rate-limiting answers are the stop signal for our client:
+/// one attempt, no budget spent, the caller gets `Overloaded` and the scope is marked
+/// (passed up), and the throttle counts them as failures, as it counts our stop signal.
+#[tokio::test(start_paused = true)]
+async fn envoys_shed_and_rate_limited_answers_are_the_stop_signal() {
+    for reply in envoys_stop_answers() {
+        let budget = Arc::new(Counting {
+            allow: u32::MAX,
+            ..Counting::default()
+        });
+        let throttle = backoff_layer::throttle::Throttle::builder()
+            .min_failures(1)
+            .build()
+            .unwrap();
+        let layer = layer()
+            .shared_budget(Arc::clone(&budget) as Arc<dyn Budget>)
+            .throttle(throttle.clone())
+            .build()
+            .unwrap();
+        let mock = Mock::new(vec![reply.clone(), status(200)]);
+        let service = layer.layer(mock.clone());
+        let mut call = pin!(propagation::scope(service.clone().oneshot(get())));
+        let err = call.as_mut().await.unwrap_err();
+        assert!(err.is::<Overloaded>(), "{reply:?}: {err:?}");
+        assert_eq!(mock.seen().len(), 1, "{reply:?}: one attempt");
+        assert_eq!(budget.withdrawals.load(Ordering::Relaxed), 0, "{reply:?}");
+        assert!(propagation::stop_received(call.as_mut()), "{reply:?}");
+        // The throttle counts them as failures: after a few, it refuses some sends.
+        let mock = Mock::new(vec![reply.clone()]);
+        let service = layer.layer(mock.clone());
+        for _ in 0..20 {
+            let _ = service.clone().oneshot(get()).await;
+        }
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        let p = throttle.probability(&"http://example.test/".parse().unwrap());
+        assert!(p > 0.5, "{reply:?}: refusal probability {p}");
+    }
+}
+
+/// Issue 32: honoured only (a third party behind Envoy), Envoy's signals are taken out of
+/// the failure as ours are, so that a gateway passing it back does not tell its callers
+/// to stop.
+#[tokio::test(start_paused = true)]
+async fn honoured_only_envoys_signals_are_taken_out() {
+    for reply in envoys_stop_answers() {
+        let mock = Mock::new(vec![reply.clone(), status(200)]);
+        let layer = layer()
+            .stop_signals(StopSignals::HonourOnly)
+            .build()
+            .unwrap();
+        let mut call = pin!(propagation::scope(layer.layer(mock.clone()).oneshot(get())));
+        let response = call.as_mut().await.expect("the failure, as a response");
+        assert_eq!(mock.seen().len(), 1, "{reply:?}");
+        assert!(!overload_signal::protocol::is_stop_signal(
+            response.headers()
+        ));
+        assert!(response.headers().get("x-envoy-overloaded").is_none());
+        assert!(response.headers().get("x-envoy-ratelimited").is_none());
+        assert!(!propagation::take_marks(call.as_mut()).stop_signal());
+    }
+}
+
+/// A plain `503`, or one whose Envoy headers say nothing (`x-envoy-ratelimited: false`),
+/// is still retried.
+#[tokio::test(start_paused = true)]
+async fn a_plain_503_behind_envoy_is_still_retried() {
+    for reply in [
+        status(503),
+        Reply::Status(503, vec![("x-envoy-ratelimited", "false")]),
+    ] {
+        let mock = Mock::new(vec![reply, status(200)]);
+        let r = send(layer(), &mock, get()).await.unwrap();
+        assert_eq!(r.status(), StatusCode::OK);
+        assert_eq!(mock.seen().len(), 2);
+    }
+}
+
+/// Issue 32: a request whose caller left Envoy's or gRPC's attempt counter on it (a gateway
+/// forwarding its own request's headers) reaches the downstream without them: they count
+/// the caller's attempts at this tier, not ours at the next, and a server reads the largest
+/// counter it is sent.
+#[tokio::test(start_paused = true)]
+async fn a_callers_proxy_counters_are_not_forwarded() {
+    let mock = Mock::new(vec![status(503), status(200)]);
+    let mut req = get();
+    req.headers_mut()
+        .insert("x-envoy-attempt-count", "3".parse().unwrap());
+    req.headers_mut()
+        .insert("grpc-previous-rpc-attempts", "2".parse().unwrap());
+    send(layer(), &mock, req).await.unwrap();
+    assert_eq!(mock.attempts(), [Attempt::Number(0), Attempt::Number(1)]);
+    for seen in mock.seen() {
+        assert!(seen.headers.get("x-envoy-attempt-count").is_none());
+        assert!(seen.headers.get("grpc-previous-rpc-attempts").is_none());
+    }
+}

@@ -5,7 +5,7 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
-use overload_signal::protocol::Attempt;
+use overload_signal::protocol::{Attempt, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ENVOY_ATTEMPT_COUNT};
 use tower_service::Service;
 
 use super::config::RetryConfig;
@@ -101,6 +101,11 @@ where
         // compares its own time left with the caller's, `grpc-timeout` is set after it.
         // NOTE: `self.inner` was made ready by `poll_ready` and serves the first attempt;
         // the clone, not ready, waits in the future and is polled ready before each retry.
+        // NOTE: the attempt counters of proxies and of other gRPC clients count the
+        // caller's attempts at this tier, not ours at the next (a gateway forwarding its
+        // request's headers carries them): a server reads the largest counter it is sent,
+        // so they must not reach it. Removed before the parts are cloned, for every attempt.
+        strip_foreign_counters(&mut parts.headers);
         let retry = may_retry.then(|| (parts.clone(), self.inner.clone()));
         let (body, source) = if may_retry {
             ReplayBody::first_of(body, config.body_limit)
@@ -133,5 +138,16 @@ where
                 .call(Request::from_parts(parts, A::attempt_body(body)))
         };
         ResponseFuture::new(future, span, config, retry, source, timing, ticket)
+    }
+}
+
+/// Removes `x-envoy-attempt-count` and `grpc-previous-rpc-attempts` from a request about to
+/// be sent: this layer's `X-Request-Attempt` is the counter of its attempts.
+#[inline]
+fn strip_foreign_counters(headers: &mut http::HeaderMap) {
+    // NOTE: no look-up at all on a request without headers; two otherwise, no allocation.
+    if !headers.is_empty() {
+        headers.remove(X_ENVOY_ATTEMPT_COUNT);
+        headers.remove(GRPC_PREVIOUS_RPC_ATTEMPTS);
     }
 }

@@ -1,10 +1,13 @@
 //! [`StopSignals`]: whose stop signals a retry layer passes up to the server it runs in.
 
 use http::HeaderMap;
-use overload_signal::protocol::{self, GRPC_RETRY_PUSHBACK_MS, X_OVERLOADED};
+use overload_signal::protocol::{
+    self, GRPC_RETRY_PUSHBACK_MS, X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED,
+};
 
-/// What a retry layer does with a downstream's stop signal (`X-Overloaded`, or a negative
-/// `grpc-retry-pushback-ms`) besides honouring it. Set with
+/// What a retry layer does with a downstream's stop signal (`X-Overloaded`, a negative
+/// `grpc-retry-pushback-ms`, or Envoy's `x-envoy-overloaded` or `x-envoy-ratelimited: true`:
+/// see [`is_stop_signal`](overload_signal::protocol::is_stop_signal)) besides honouring it. Set with
 /// [`RetryBuilder::stop_signals`](crate::RetryBuilder::stop_signals).
 ///
 /// Whatever the setting, a failure carrying the stop signal is **never retried** and is
@@ -23,6 +26,11 @@ use overload_signal::protocol::{self, GRPC_RETRY_PUSHBACK_MS, X_OVERLOADED};
 /// not run) that adds `X-Overloaded` to a `5xx`, by design or by accident, would otherwise
 /// make our server tell its own callers to stop: set [`HonourOnly`](Self::HonourOnly) on
 /// the layer in front of it. Honouring is kept either way: the third party is not retried.
+/// The same holds for Envoy's signals: behind an Envoy of your own (a sidecar, a gateway of
+/// the same organisation), its shedding (`x-envoy-overloaded`) and rate limiting
+/// (`x-envoy-ratelimited`) are your fleet's overload, passed up by default; in front of a
+/// third party that runs Envoy, [`HonourOnly`](Self::HonourOnly) keeps them from reaching
+/// your callers (they are taken out of the failure, as ours are).
 ///
 /// A layer decides for the signals it receives in responses. A retry layer nested below it
 /// decides for its own: an [`Overloaded`](crate::Overloaded) it returns is passed on
@@ -52,7 +60,8 @@ pub enum StopSignals {
     #[default]
     PassUp,
     /// Honoured only: the failure is not retried, and it is returned as it came, with the
-    /// stop signal taken out (`X-Overloaded`, and a negative `grpc-retry-pushback-ms`), its
+    /// stop signal taken out (`X-Overloaded`, `x-envoy-overloaded`, `x-envoy-ratelimited`,
+    /// and a negative `grpc-retry-pushback-ms`), its
     /// [`RetryInfo`](crate::RetryInfo) saying
     /// [`GiveUpReason::StopSignal`](crate::GiveUpReason::StopSignal); the propagation scope
     /// is marked as a call given up on, never with the stop signal. Passed back verbatim by
@@ -61,11 +70,13 @@ pub enum StopSignals {
     HonourOnly,
 }
 
-/// Takes the stop signal out of a failure's headers: `X-Overloaded`, and a
-/// `grpc-retry-pushback-ms` that says stop (negative, or not a number). A pushback that asks
-/// for a wait is kept.
+/// Takes the stop signal out of a failure's headers: `X-Overloaded`, Envoy's
+/// `x-envoy-overloaded` and `x-envoy-ratelimited`, and a `grpc-retry-pushback-ms` that says
+/// stop (negative, or not a number). A pushback that asks for a wait is kept.
 pub(crate) fn remove_stop_signal(headers: &mut HeaderMap) {
     headers.remove(X_OVERLOADED);
+    headers.remove(X_ENVOY_OVERLOADED);
+    headers.remove(X_ENVOY_RATELIMITED);
     if protocol::is_stop_signal(headers) {
         headers.remove(GRPC_RETRY_PUSHBACK_MS);
     }

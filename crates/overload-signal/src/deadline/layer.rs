@@ -70,7 +70,8 @@ impl DeadlineLayer {
     /// passed, on this clock, by less than it): that one runs with the time until its work
     /// would be cancelled, never more than its caller's timeout, rather than with none (see
     /// [the time left a request runs with](crate::deadline#the-time-left-a-request-runs-with)).
-    /// A gRPC `grpc-timeout`, which has no send time, needs no allowance.
+    /// A relative timeout (gRPC's `grpc-timeout`, Envoy's `x-envoy-expected-rq-timeout-ms`),
+    /// which has no send time, needs no allowance.
     pub const DEFAULT_SKEW_ALLOWANCE: Duration = state::DEFAULT_SKEW_ALLOWANCE;
 
     /// The largest skew allowance [`build`](DeadlineLayerBuilder::build) accepts: one
@@ -218,7 +219,8 @@ impl DeadlineLayerBuilder {
     /// Whose send times the layer believes. A send time lets the layer see how long a
     /// request queued, and shows clock skew; it is also the caller's word, so the layer
     /// reads it only from callers `trust` trusts. Anyone else's `X-Request-Deadline` counts
-    /// from arrival (its `timeout` alone, as gRPC's `grpc-timeout` does), which can only
+    /// from arrival (its `timeout` alone, as gRPC's `grpc-timeout` and Envoy's
+    /// `x-envoy-expected-rq-timeout-ms` do, from anyone), which can only
     /// shorten that caller's own request, is never counted as skewed, and puts no sample in
     /// the queued-time histogram. Default: [`Trust::private_networks`] (see
     /// [`trust`](crate::signal::trust)).

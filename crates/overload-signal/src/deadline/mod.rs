@@ -4,8 +4,9 @@
 //! A server that falls behind (paused, overloaded, restarted into a backlog) works on
 //! requests whose clients gave up long ago, while every new request waits behind them: the
 //! work nobody waits for keeps it down. Clients of this workspace say how long they wait
-//! (`backoff-layer`'s retry layer sends it with every attempt), and [`DeadlineLayer`] lets a
-//! server act on it:
+//! (`backoff-layer`'s retry layer sends it with every attempt), so do Envoy (what is left of
+//! its route timeout, on every attempt it forwards) and gRPC clients, and [`DeadlineLayer`]
+//! lets a server act on it:
 //!
 //! - a request whose deadline has **passed when it reaches the layer** is answered at once,
 //!   without running the inner service: HTTP `504 Gateway Timeout`, gRPC
@@ -71,7 +72,9 @@
 //!
 //! # Where a request's deadline comes from
 //!
-//! The earliest of:
+//! The earliest of those below that the layer believes: each is a tier (the caller, a
+//! proxy, an outer layer) that stops waiting at that point, and work past the earliest is
+//! wasted whichever it is. A later one never revives a request an earlier one expired.
 //!
 //! - `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`
 //!   ([`WireDeadline`](crate::protocol::WireDeadline)): sent at `t` by the sender's clock, and
@@ -83,6 +86,13 @@
 //!   requests seldom wait in a listen queue). A tonic server also enforces it itself, outside
 //!   every layer of `Server::layer` (answering `CANCELLED`), so behind tonic the layer's
 //!   value is the time left it gives the handler and its downstream calls;
+//! - `x-envoy-expected-rq-timeout-ms`, on HTTP and gRPC requests alike: what is left of
+//!   Envoy's route timeout for this attempt (or its per-try timeout, if shorter), in
+//!   milliseconds, which Envoy sets on every request it forwards with a timeout
+//!   ([`envoy_expected_rq_timeout`](crate::protocol::envoy_expected_rq_timeout)). Relative,
+//!   as `grpc-timeout`: counted from arrival at the layer, so the time the request spent
+//!   between Envoy and the layer (the connection, the listen queue) is not seen. A `0`,
+//!   which Envoy never sends (it means "no timeout" in Envoy's own headers), is no deadline;
 //! - a [`RequestDeadline`] already in the request's extensions (an outer layer's), and the
 //!   [current](current()) deadline of the task calling the layer (one service calling
 //!   another in-process).
@@ -108,8 +118,9 @@
 //! [`Trust`](crate::Trust) trusts ([`DeadlineLayerBuilder::trust`]; by default those on
 //! private networks, see [`trust`](crate::signal::trust)); anyone else's `X-Request-Deadline`
 //! counts from arrival, its `timeout` alone: it can only shorten that caller's own request,
-//! and it is never counted as skew nor sampled as queue time. `grpc-timeout`, relative,
-//! needs no trust. A trusted send time more than [`DeadlineLayer::MAX_QUEUED`] (one hour) in
+//! and it is never counted as skew nor sampled as queue time. The relative timeouts,
+//! `grpc-timeout` and `x-envoy-expected-rq-timeout-ms`, need no trust and are believed from
+//! anyone: they need no clock, and a caller can only shorten its own request with them. A trusted send time more than [`DeadlineLayer::MAX_QUEUED`] (one hour) in
 //! the past is a wrong clock, not a queue: counted as skew, and read from arrival.
 //!
 //! # The time left a request runs with
@@ -117,6 +128,11 @@
 //! What [`time_left`] and [`current`] say in the handler, and what its downstream calls
 //! carry, for `X-Request-Deadline: t, timeout` read `queued` after `t` (on this server's
 //! clock), with the allowance `A`:
+//!
+//! With a relative timeout (`grpc-timeout`, `x-envoy-expected-rq-timeout-ms`), the time left
+//! on arrival is the timeout, and the work is cancelled when it has passed: there is no send
+//! time to doubt, so no allowance. With several deadlines, the earliest is the time left,
+//! and the earliest cancellation the one that applies.
 //!
 //! | the request | time left on arrival | cancelled after |
 //! |---|---|---|

@@ -15,7 +15,10 @@ use tokio::time::Instant;
 use super::current::current;
 use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
 use super::value::RequestDeadline;
-use crate::protocol::{GRPC_TIMEOUT, Protocol, WireDeadline, X_REQUEST_DEADLINE, grpc_timeout};
+use crate::protocol::{
+    GRPC_TIMEOUT, Protocol, WireDeadline, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_DEADLINE,
+    envoy_expected_rq_timeout, grpc_timeout,
+};
 use crate::signal::trust::Trust;
 use crate::signal::{PeerIp, client_addr};
 
@@ -137,8 +140,10 @@ impl DeadlineState {
 
     /// Reads the deadline of a request (with these headers and extensions, of this protocol)
     /// arriving now: the earliest of `X-Request-Deadline` (its send time believed only when
-    /// `trust` trusts the caller), `grpc-timeout` (gRPC only), a [`RequestDeadline`] already
-    /// in its extensions, and the [current](current) deadline of the task calling the layer.
+    /// `trust` trusts the caller), `grpc-timeout` (gRPC only) and Envoy's
+    /// `x-envoy-expected-rq-timeout-ms` (relative, from anyone), a [`RequestDeadline`]
+    /// already in its extensions, and the [current](current) deadline of the task calling
+    /// the layer.
     #[inline]
     pub(crate) fn arrive(
         &self,
@@ -150,10 +155,11 @@ impl DeadlineState {
         // NOTE: registered on the first request; an episode's end is noticed here too.
         let metrics = self.metrics();
         self.end_quiet_episodes();
-        // NOTE: most requests carry no deadline: finding that out costs a header lookup or
-        // two, an extension lookup and a task-local read, and the reading of a deadline is
-        // out of line, so that a server's hot path carries none of its code.
+        // NOTE: most requests carry no deadline: finding that out costs two or three header
+        // lookups, an extension lookup and a task-local read, and the reading of a deadline
+        // is out of line, so that a server's hot path carries none of its code.
         let any = headers.contains_key(X_REQUEST_DEADLINE)
+            || headers.contains_key(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS)
             || (protocol.is_grpc() && headers.contains_key(GRPC_TIMEOUT))
             || extensions.get::<RequestDeadline>().is_some()
             || current().is_some();
@@ -231,11 +237,27 @@ impl DeadlineState {
                 tracing::debug!(%malformed, "ignoring X-Request-Deadline");
             }
         }
-        // NOTE: gRPC-Web carries gRPC's `grpc-timeout` too.
-        if protocol.is_grpc() {
-            match grpc_timeout(headers) {
+        // NOTE: the relative timeouts (gRPC's, Envoy's) have no send time: counted from
+        // arrival, with no allowance, and believed from anyone, trusted or not: a caller can
+        // only shorten its own request with them, and they show neither skew nor queue time.
+        // gRPC-Web carries gRPC's `grpc-timeout` too; Envoy sets its own on every request it
+        // forwards, HTTP and gRPC alike.
+        let relative = [
+            (
+                protocol.is_grpc().then(|| grpc_timeout(headers)),
+                GRPC_TIMEOUT,
+            ),
+            (
+                Some(envoy_expected_rq_timeout(headers)),
+                X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            ),
+        ];
+        for (read, field) in relative {
+            let Some(read) = read else { continue };
+            match read {
                 Ok(None) => {}
                 Ok(Some(timeout)) => {
+                    // NOTE: only `grpc-timeout` can be zero here (Envoy's `0` is no deadline).
                     if timeout.is_zero() {
                         return Arrival::Expired {
                             queued: Duration::ZERO,
@@ -250,7 +272,7 @@ impl DeadlineState {
                 }
                 Err(malformed) => {
                     metrics.malformed();
-                    tracing::debug!(%malformed, "ignoring grpc-timeout");
+                    tracing::debug!(%malformed, field = field.as_str(), "ignoring the field");
                 }
             }
         }

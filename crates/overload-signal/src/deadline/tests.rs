@@ -830,3 +830,230 @@ async fn the_trust_setting_decides_whose_send_times_count() {
     assert_eq!(queued(crate::Trust::default(), "127.0.0.1:1").await, "1500");
     assert_eq!(queued(crate::Trust::nobody(), "127.0.0.1:1").await, "2000");
 }
+
+/// Envoy's deadline header, spelled out, so that these tests read the wire as Envoy writes it.
+const ENVOY_TIMEOUT: &str = "x-envoy-expected-rq-timeout-ms";
+
+/// A request as Envoy forwards it: `x-envoy-expected-rq-timeout-ms: <ms>`, from a sidecar on
+/// this host.
+fn via_envoy(ms: &'static str) -> Request<String> {
+    let mut req = from_this_host(Request::new(String::new()));
+    req.headers_mut()
+        .insert(ENVOY_TIMEOUT, HeaderValue::from_static(ms));
+    req
+}
+
+/// A server with one worker (a thread pool of one, say), inside the deadline layer: a
+/// request waits in its queue until the worker is free, then the handler runs for `work`.
+/// Counts the handler's runs.
+fn one_worker(
+    work: Duration,
+) -> (
+    impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
+    Arc<AtomicUsize>,
+) {
+    let pool = Arc::new(tokio::sync::Semaphore::new(1));
+    let (handler, calls) = worker(work);
+    let svc = service_fn(move |req: Request<String>| {
+        let (pool, handler) = (Arc::clone(&pool), handler.clone());
+        async move {
+            let _worker = pool.acquire_owned().await.expect("never closed");
+            handler.oneshot(req).await
+        }
+    });
+    (svc, calls)
+}
+
+/// Issue 32, item 3: Envoy's `x-envoy-expected-rq-timeout-ms` alone, on an HTTP request, is
+/// the request's deadline, counted from arrival at the layer (no send time: no skew
+/// allowance either). A request that waits past it in the server's queue is answered `504`
+/// at the deadline and its handler never runs; one within it runs, and sees what is left.
+#[tokio::test(start_paused = true)]
+async fn envoys_expected_timeout_alone_is_the_deadline_from_arrival() {
+    let (svc, calls) = one_worker(3000 * MS);
+    let svc = DeadlineLayer::new().layer(svc);
+    let start = Instant::now();
+    // The worker is busy for 3 s with a request Envoy gives 5 s (polled first: it takes
+    // the worker); the second, given 1 s, waits behind it: answered at its deadline, never
+    // run.
+    let (busy, queued) = tokio::join!(svc.clone().oneshot(via_envoy("5000")), async {
+        let r = svc.clone().oneshot(via_envoy("1000")).await.unwrap();
+        (r, start.elapsed())
+    });
+    let (r, answered_after) = queued;
+    assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
+    assert_eq!(r.body(), "");
+    assert_eq!(
+        answered_after,
+        1000 * MS,
+        "at Envoy's deadline, no allowance"
+    );
+    let r = busy.unwrap();
+    assert_eq!((r.status(), r.body().as_str()), (StatusCode::OK, "5000"));
+    assert_eq!(
+        calls.load(Ordering::SeqCst),
+        1,
+        "the queued request never ran"
+    );
+
+    // Within it: the handler runs, and sees what is left of it.
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = DeadlineLayer::new().layer(svc);
+    let r = svc.oneshot(via_envoy("1500")).await.unwrap();
+    assert_eq!((r.status(), r.body().as_str()), (StatusCode::OK, "1500"));
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// The same on gRPC (Envoy sets the header on every request it forwards): the answer is
+/// `DEADLINE_EXCEEDED`; and a caller on the Internet is believed too, as for `grpc-timeout`:
+/// a relative timeout needs no clock, and can only shorten the caller's own request.
+#[tokio::test(start_paused = true)]
+async fn envoys_expected_timeout_on_grpc_answers_deadline_exceeded_from_anyone() {
+    let (svc, calls) = worker(3000 * MS);
+    let svc = DeadlineLayer::new().layer(svc);
+    let mut req = from("203.0.113.9:5000", Request::new(String::new()));
+    req.headers_mut()
+        .insert("content-type", HeaderValue::from_static("application/grpc"));
+    req.headers_mut()
+        .insert(ENVOY_TIMEOUT, HeaderValue::from_static("800"));
+    let start = Instant::now();
+    let r = svc.oneshot(req).await.unwrap();
+    assert_eq!(r.status(), StatusCode::OK);
+    assert_eq!(r.headers()[GRPC_STATUS], "4");
+    assert_eq!(start.elapsed(), 800 * MS);
+    assert_eq!(calls.load(Ordering::SeqCst), 1);
+}
+
+/// Junk in Envoy's header is no deadline (and counted as malformed), never an error: only
+/// 1 to 15 ASCII digits are read, and several lines only when they agree. A zero, which
+/// Envoy never sends (it means "no timeout" in Envoy's own timeout headers), is no deadline
+/// either, and not junk.
+#[tokio::test(start_paused = true)]
+async fn junk_in_envoys_expected_timeout_is_absent() {
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(&recorder);
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = DeadlineLayer::new().layer(svc);
+    let junk = [
+        "",
+        " ",
+        "-1",
+        "+5",
+        "1.5",
+        "1e3",
+        "0x10",
+        "5ms",
+        "5 ",
+        "5, 6",
+        "1000000000000000",
+        "99999999999999999999",
+    ];
+    for value in junk {
+        let r = svc.clone().oneshot(via_envoy(value)).await.unwrap();
+        assert_eq!(
+            (r.status(), r.body().as_str()),
+            (StatusCode::OK, "none"),
+            "{value:?}"
+        );
+    }
+    let mut bytes = from_this_host(Request::new(String::new()));
+    bytes
+        .headers_mut()
+        .insert(ENVOY_TIMEOUT, HeaderValue::from_bytes(b"1\xff").unwrap());
+    assert_eq!(svc.clone().oneshot(bytes).await.unwrap().body(), "none");
+    // Lines that disagree are junk; lines that agree are one value.
+    let lines = |values: [&'static str; 2]| {
+        let mut req = from_this_host(Request::new(String::new()));
+        for v in values {
+            req.headers_mut()
+                .append(ENVOY_TIMEOUT, HeaderValue::from_static(v));
+        }
+        req
+    };
+    let r = svc.clone().oneshot(lines(["1000", "2000"])).await.unwrap();
+    assert_eq!(r.body(), "none");
+    let r = svc.clone().oneshot(lines(["1000", "01000"])).await.unwrap();
+    assert_eq!(r.body(), "1000");
+    // The largest value read: 15 digits of milliseconds (Envoy's own timeouts are at most
+    // 10 000 years, 15 digits too).
+    let r = svc
+        .clone()
+        .oneshot(via_envoy("999999999999999"))
+        .await
+        .unwrap();
+    assert_eq!(r.body(), "999999999999999");
+    let r = svc.clone().oneshot(via_envoy("0")).await.unwrap();
+    assert_eq!((r.status(), r.body().as_str()), (StatusCode::OK, "none"));
+    assert_eq!(calls.load(Ordering::SeqCst), junk.len() + 5);
+    let malformed = counters(&snapshotter)
+        .get(&(
+            crate::metric_names::DEADLINE_MALFORMED.to_owned(),
+            String::new(),
+        ))
+        .copied();
+    assert_eq!(malformed, Some(junk.len() as u64 + 2));
+}
+
+/// Issue 32, item 3: several deadlines on one request: the earliest of those the layer
+/// believes wins, whichever header it came in (each is a tier that stops waiting then).
+#[tokio::test(start_paused = true)]
+async fn the_earliest_of_several_deadlines_wins() {
+    let wall = wall();
+    let (svc, calls) = worker(Duration::ZERO);
+    let svc = layer(wall, 250 * MS).layer(svc);
+    let call = |mut req: Request<String>, envoy: Option<&'static str>| {
+        let svc = svc.clone();
+        if let Some(ms) = envoy {
+            req.headers_mut()
+                .insert(ENVOY_TIMEOUT, HeaderValue::from_static(ms));
+        }
+        async move {
+            let r = svc.oneshot(req).await.unwrap();
+            (r.status(), r.into_body())
+        }
+    };
+    let served = |left: &str| (StatusCode::OK, left.to_owned());
+    // A trusted caller's X-Request-Deadline: queued 500 ms of 2 s, 1.5 s left.
+    let ours = || sent(&wall, 500 * MS, 2000 * MS);
+    assert_eq!(call(ours(), Some("1000")).await, served("1000"));
+    assert_eq!(call(ours(), Some("3000")).await, served("1500"));
+    // Our header says it has expired: Envoy's later deadline does not revive it.
+    let expired = sent(&wall, 3000 * MS, 2000 * MS);
+    assert_eq!(
+        call(expired, Some("5000")).await.0,
+        StatusCode::GATEWAY_TIMEOUT
+    );
+    // An untrusted caller's X-Request-Deadline counts from arrival: 2 s, against Envoy's.
+    let mut untrusted = sent(&wall, 500 * MS, 2000 * MS);
+    untrusted
+        .extensions_mut()
+        .insert("203.0.113.9:1".parse::<std::net::SocketAddr>().unwrap());
+    assert_eq!(call(untrusted, Some("2500")).await, served("2000"));
+    // gRPC: grpc-timeout against Envoy's, either way round.
+    assert_eq!(call(grpc("800m"), Some("1000")).await.1, "800");
+    assert_eq!(call(grpc("2S"), Some("1000")).await.1, "1000");
+    // A deadline in the extensions (an outer layer's) against Envoy's.
+    let mut outer = Request::new(String::new());
+    outer
+        .extensions_mut()
+        .insert(RequestDeadline::after(300 * MS));
+    assert_eq!(call(outer, Some("1000")).await, served("300"));
+    // Junk in one header leaves the others: our 1.5 s.
+    assert_eq!(call(ours(), Some("1s")).await, served("1500"));
+    assert_eq!(calls.load(Ordering::SeqCst), 7);
+}
+
+/// Issue 32, item 3: a handler behind the layer passes what is left of Envoy's deadline on:
+/// the current deadline (what `backoff-layer`'s retry layer reads for each downstream call)
+/// is Envoy's, counted from arrival, minus the time the handler has spent.
+#[tokio::test(start_paused = true)]
+async fn a_handler_passes_what_is_left_of_envoys_deadline_downstream() {
+    let svc = DeadlineLayer::new().layer(service_fn(|_req: Request<String>| async {
+        tokio::time::sleep(300 * MS).await;
+        let downstream = scope(None, async { time_left() }).await;
+        Ok::<_, Infallible>(Response::new(format!("{downstream:?}")))
+    }));
+    let r = svc.oneshot(via_envoy("1000")).await.unwrap();
+    assert_eq!(r.body(), &format!("{:?}", Some(700 * MS)));
+}

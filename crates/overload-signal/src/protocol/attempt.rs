@@ -1,11 +1,11 @@
-//! The `X-Request-Attempt` counter.
+//! The attempt counter: `X-Request-Attempt`, and the counters of Envoy and gRPC.
 
 use std::fmt;
 
 use http::header::{HeaderMap, HeaderValue};
 
 use super::grpc::is_grpc;
-use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_REQUEST_ATTEMPT};
+use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_ENVOY_ATTEMPT_COUNT, X_REQUEST_ATTEMPT};
 
 /// The attempt counter of a request, as read from its headers.
 ///
@@ -23,8 +23,37 @@ use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_REQUEST_ATTEMPT};
 ///   [`Attempt::CLAMP`] becomes `Number(Attempt::CLAMP)`.
 /// - Several header lines, or a comma-separated list, must all agree; if they disagree the
 ///   counter is `Malformed`.
-/// - On gRPC requests (see [`is_grpc`](super::is_grpc)), `grpc-previous-rpc-attempts` is read
-///   with the same rules when `X-Request-Attempt` is absent.
+///
+/// # Counters from proxies and other clients
+///
+/// Three headers count attempts, each read by the rules above:
+///
+/// | header | sent by | read | its value `n` is |
+/// |---|---|---|---|
+/// | [`X-Request-Attempt`](super::X_REQUEST_ATTEMPT) | this workspace's clients | always | `Number(n)` |
+/// | [`x-envoy-attempt-count`](super::X_ENVOY_ATTEMPT_COUNT) | Envoy (Istio, Envoy Gateway, Contour, ...), when the route or virtual host sets `include_request_attempt_count: true` | always | `Number(n - 1)`: Envoy counts from `1`; `0` is `Malformed` |
+/// | [`grpc-previous-rpc-attempts`](super::GRPC_PREVIOUS_RPC_ATTEMPTS) | gRPC clients in every language, on retries | on gRPC requests (see [`is_grpc`](super::is_grpc)) | `Number(n)` |
+///
+/// When a request carries several, its counter is the **largest well-formed one**; when
+/// none is well-formed and one is malformed, `Malformed`; when it carries none, `Unknown`.
+/// A request retried by any tier is a retry at this server: our client's first try
+/// (`X-Request-Attempt: 0`) retried by an Envoy sidecar carries `x-envoy-attempt-count: 2`,
+/// and counts as the first retry. A malformed counter beside a well-formed one is ignored,
+/// as a malformed counter alone counts as no counter.
+///
+/// Whichever header claims a retry, the overload layer counts it only from a caller its
+/// [`Trust`](crate::Trust) setting trusts. The default,
+/// [`Trust::private_networks`](crate::Trust::private_networks), trusts an Envoy sidecar or
+/// gateway on a loopback or private address without configuration. Envoy sets
+/// `x-envoy-attempt-count` only where the route or virtual host has
+/// `include_request_attempt_count: true`, and then replaces whatever the client sent;
+/// without it, a client's own `x-envoy-attempt-count` passes through Envoy, and that client
+/// is judged by the trust setting as any other claimant. An **edge** Envoy, which forwards
+/// clients from the Internet, should therefore set `include_request_attempt_count: true`,
+/// and, since Envoy passes a client's `X-Request-Attempt` on untouched, either show the
+/// client's address (`use_remote_address: true` appends it to `X-Forwarded-For`, and the
+/// default trust then counts no claim made for a client on the Internet) or remove the
+/// client's counters (`request_headers_to_remove`).
 ///
 /// Parsing never panics and never allocates.
 ///
@@ -40,6 +69,21 @@ use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_REQUEST_ATTEMPT};
 ///
 /// headers.append(X_REQUEST_ATTEMPT, Attempt::header_value(4));
 /// assert_eq!(Attempt::from_headers(&headers), Attempt::Malformed);
+/// ```
+///
+/// Our client's first try, retried once by an Envoy sidecar:
+///
+/// ```
+/// use http::Request;
+/// use overload_signal::protocol::{Attempt, X_ENVOY_ATTEMPT_COUNT, X_REQUEST_ATTEMPT};
+///
+/// let request = Request::builder()
+///     .header(X_REQUEST_ATTEMPT, "0")
+///     .header(X_ENVOY_ATTEMPT_COUNT, "2") // Envoy counts from 1
+///     .body(())
+///     .unwrap();
+/// assert_eq!(Attempt::from_request(&request), Attempt::Number(1));
+/// assert!(Attempt::from_request(&request).is_retry());
 /// ```
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
 pub enum Attempt {
@@ -58,28 +102,32 @@ impl Attempt {
     /// histograms) far from overflow without turning a merely silly value into an error.
     pub const CLAMP: u32 = 1_000_000;
 
-    /// Reads the counter from `X-Request-Attempt`, and from `grpc-previous-rpc-attempts` when
-    /// the headers are a gRPC request's and ours is absent.
+    /// Reads the counter from `X-Request-Attempt`, `x-envoy-attempt-count`, and (when the
+    /// headers are a gRPC request's) `grpc-previous-rpc-attempts`: the largest well-formed
+    /// one (see [the type's docs](Self#counters-from-proxies-and-other-clients)).
     pub fn from_headers(headers: &HeaderMap) -> Self {
         Self::from_headers_of(headers, is_grpc(headers))
     }
 
     /// [`from_headers`](Self::from_headers) for a message whose protocol is known: `grpc`
-    /// when it is gRPC (`grpc-previous-rpc-attempts` is then read when ours is absent). Saves
+    /// when it is gRPC (`grpc-previous-rpc-attempts` is then read too). Saves
     /// a look-up of `content-type` on a path that has read it already.
     #[inline]
     pub(crate) fn from_headers_of(headers: &HeaderMap, grpc: bool) -> Self {
-        let ours = headers.get_all(X_REQUEST_ATTEMPT);
-        if ours.iter().next().is_some() {
-            return parse_values(ours.iter());
-        }
+        // NOTE: one look-up per counter name (`get_all` finds the entry once; its iterator
+        // walks the entry's lines without another look-up), and no allocation: this runs
+        // on every request the overload layer sees.
+        let mut counters = Counters::default();
+        counters.add(parse_values(headers.get_all(X_REQUEST_ATTEMPT).iter()));
+        counters.add(envoy_count(parse_values(
+            headers.get_all(X_ENVOY_ATTEMPT_COUNT).iter(),
+        )));
         if grpc {
-            let grpc = headers.get_all(GRPC_PREVIOUS_RPC_ATTEMPTS);
-            if grpc.iter().next().is_some() {
-                return parse_values(grpc.iter());
-            }
+            counters.add(parse_values(
+                headers.get_all(GRPC_PREVIOUS_RPC_ATTEMPTS).iter(),
+            ));
         }
-        Attempt::Unknown
+        counters.attempt()
     }
 
     /// Reads the counter of a request; see [`Attempt::from_headers`].
@@ -87,9 +135,12 @@ impl Attempt {
         Self::from_headers(request.headers())
     }
 
-    /// Parses one header value (which may be a comma-separated list).
+    /// Parses one value of `X-Request-Attempt` or `grpc-previous-rpc-attempts` (which may be
+    /// a comma-separated list); not Envoy's 1-based count.
     pub fn parse(value: &HeaderValue) -> Self {
-        parse_values(std::iter::once(value))
+        let mut counters = Counters::default();
+        counters.add(parse_values(std::iter::once(value)));
+        counters.attempt()
     }
 
     /// Whether this is a known retry (`Number(n)` with `n >= 1`).
@@ -133,24 +184,69 @@ impl fmt::Display for Attempt {
     }
 }
 
-fn parse_values<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Attempt {
-    let mut seen: Option<u32> = None;
+/// One counter header's lines, read: `None` when the header is absent, `Some(Err(()))`
+/// when it is malformed, `Some(Ok(n))` with the raw (unclamped) value otherwise.
+type Parsed = Option<Result<u64, ()>>;
+
+/// The request's counter from the counters it carries: the largest well-formed one; else
+/// malformed, if one was; else unknown.
+#[derive(Default)]
+struct Counters {
+    largest: Option<u64>,
+    malformed: bool,
+}
+
+impl Counters {
+    #[inline]
+    fn add(&mut self, parsed: Parsed) {
+        match parsed {
+            None => {}
+            Some(Err(())) => self.malformed = true,
+            Some(Ok(n)) => self.largest = Some(self.largest.map_or(n, |m| m.max(n))),
+        }
+    }
+
+    #[inline]
+    fn attempt(self) -> Attempt {
+        match (self.largest, self.malformed) {
+            (Some(n), _) => Attempt::Number(clamp(n)),
+            (None, true) => Attempt::Malformed,
+            (None, false) => Attempt::Unknown,
+        }
+    }
+}
+
+/// Envoy's 1-based count as our 0-based counter: `n` is `n - 1`; `0` is malformed.
+#[inline]
+fn envoy_count(parsed: Parsed) -> Parsed {
+    parsed.map(|n| n.and_then(|n| n.checked_sub(1).ok_or(())))
+}
+
+/// A counter value kept: at most [`Attempt::CLAMP`].
+#[inline]
+fn clamp(n: u64) -> u32 {
+    u32::try_from(n).map_or(Attempt::CLAMP, |n| n.min(Attempt::CLAMP))
+}
+
+fn parse_values<'a>(values: impl Iterator<Item = &'a HeaderValue>) -> Parsed {
+    let mut seen: Option<u64> = None;
     for value in values {
         for item in value.as_bytes().split(|&b| b == b',') {
             let Some(n) = parse_item(item) else {
-                return Attempt::Malformed;
+                return Some(Err(()));
             };
             match seen {
-                Some(prev) if prev != n => return Attempt::Malformed,
+                Some(prev) if prev != n => return Some(Err(())),
                 _ => seen = Some(n),
             }
         }
     }
-    seen.map_or(Attempt::Unknown, Attempt::Number)
+    seen.map(Ok)
 }
 
-/// One list item: optional whitespace, then digits, then optional whitespace.
-fn parse_item(item: &[u8]) -> Option<u32> {
+/// One list item: optional whitespace, then digits, then optional whitespace. `None` when
+/// it is anything else, or does not fit in 64 bits.
+fn parse_item(item: &[u8]) -> Option<u64> {
     let item = item.trim_ascii();
     if item.is_empty() {
         return None;
@@ -162,7 +258,7 @@ fn parse_item(item: &[u8]) -> Option<u32> {
         }
         n = n.checked_mul(10)?.checked_add(u64::from(b - b'0'))?;
     }
-    Some(u32::try_from(n).map_or(Attempt::CLAMP, |n| n.min(Attempt::CLAMP)))
+    Some(n)
 }
 
 #[cfg(test)]
@@ -253,18 +349,116 @@ mod tests {
     }
 
     #[test]
-    fn grpc_previous_attempts_only_for_grpc_and_only_as_fallback() {
+    fn grpc_previous_attempts_only_for_grpc() {
         let mut h = HeaderMap::new();
         h.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from_static("2"));
         // Not a gRPC request: the gRPC header is not ours to read.
         assert_eq!(Attempt::from_headers(&h), Attempt::Unknown);
         h.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
         assert_eq!(Attempt::from_headers(&h), Attempt::Number(2));
+        // Issue 32: beside ours, the larger of the two (it was ours, whatever gRPC's said).
         h.insert(X_REQUEST_ATTEMPT, HeaderValue::from_static("1"));
-        assert_eq!(Attempt::from_headers(&h), Attempt::Number(1));
+        assert_eq!(Attempt::from_headers(&h), Attempt::Number(2));
+        h.insert(X_REQUEST_ATTEMPT, HeaderValue::from_static("3"));
+        assert_eq!(Attempt::from_headers(&h), Attempt::Number(3));
         h.remove(X_REQUEST_ATTEMPT);
         h.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from_static("-2"));
         assert_eq!(Attempt::from_headers(&h), Attempt::Malformed);
+    }
+
+    fn envoy(values: &[&[u8]]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(X_ENVOY_ATTEMPT_COUNT, HeaderValue::from_bytes(v).unwrap());
+        }
+        h
+    }
+
+    /// Issue 32: Envoy's `x-envoy-attempt-count` is 1-based (1 on the first attempt), read
+    /// by the same strict rules as ours, on HTTP and gRPC requests alike.
+    #[test]
+    fn envoy_attempt_count_is_one_based_and_strict() {
+        assert_eq!(Attempt::from_headers(&envoy(&[b"1"])), Attempt::Number(0));
+        assert_eq!(Attempt::from_headers(&envoy(&[b"2"])), Attempt::Number(1));
+        assert_eq!(
+            Attempt::from_headers(&envoy(&[b" 04 "])),
+            Attempt::Number(3)
+        );
+        assert_eq!(
+            Attempt::from_headers(&envoy(&[b"3", b"3"])),
+            Attempt::Number(2)
+        );
+        for junk in [
+            &[&b"0"[..]][..],
+            &[b""],
+            &[b"-1"],
+            &[b"true"],
+            &[b"1.0"],
+            &[b"18446744073709551616"],
+            &[b"2", b"3"],
+            &[b"2,3"],
+        ] {
+            assert_eq!(
+                Attempt::from_headers(&envoy(junk)),
+                Attempt::Malformed,
+                "{junk:?}"
+            );
+        }
+        // The clamp applies to the converted counter.
+        assert_eq!(
+            Attempt::from_headers(&envoy(&[b"1000001"])),
+            Attempt::Number(Attempt::CLAMP)
+        );
+        assert_eq!(
+            Attempt::from_headers(&envoy(&[b"18446744073709551615"])),
+            Attempt::Number(Attempt::CLAMP)
+        );
+        let mut grpc = envoy(&[b"3"]);
+        grpc.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Number(2));
+    }
+
+    /// Issue 32: with several counters, the largest well-formed one is the request's: our
+    /// client's first try retried by an Envoy sidecar is a retry at this server.
+    #[test]
+    fn the_largest_well_formed_counter_wins() {
+        let both = |ours: &[u8], envoys: &[u8]| {
+            let mut h = with(&[ours]);
+            h.append(
+                X_ENVOY_ATTEMPT_COUNT,
+                HeaderValue::from_bytes(envoys).unwrap(),
+            );
+            Attempt::from_headers(&h)
+        };
+        assert_eq!(both(b"0", b"2"), Attempt::Number(1));
+        assert_eq!(both(b"0", b"1"), Attempt::Number(0));
+        assert_eq!(both(b"3", b"1"), Attempt::Number(3));
+        assert_eq!(both(b"2", b"3"), Attempt::Number(2));
+        // A malformed counter beside a well-formed one: the well-formed one.
+        assert_eq!(both(b"-1", b"2"), Attempt::Number(1));
+        assert_eq!(both(b"1", b"0"), Attempt::Number(1));
+        assert_eq!(both(b"0", b"junk"), Attempt::Number(0));
+        // None well-formed: malformed.
+        assert_eq!(both(b"x", b"0"), Attempt::Malformed);
+
+        let mut grpc = HeaderMap::new();
+        grpc.insert(CONTENT_TYPE, HeaderValue::from_static("application/grpc"));
+        grpc.insert(X_REQUEST_ATTEMPT, HeaderValue::from_static("0"));
+        grpc.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from_static("2"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Number(2));
+        grpc.insert(X_ENVOY_ATTEMPT_COUNT, HeaderValue::from_static("4"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Number(3));
+        grpc.insert(X_REQUEST_ATTEMPT, HeaderValue::from_static("9"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Number(9));
+        grpc.insert(X_REQUEST_ATTEMPT, HeaderValue::from_static("nine"));
+        grpc.insert(GRPC_PREVIOUS_RPC_ATTEMPTS, HeaderValue::from_static("-1"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Number(3));
+        grpc.insert(X_ENVOY_ATTEMPT_COUNT, HeaderValue::from_static("0"));
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Malformed);
+        grpc.remove(X_ENVOY_ATTEMPT_COUNT);
+        grpc.remove(X_REQUEST_ATTEMPT);
+        grpc.remove(GRPC_PREVIOUS_RPC_ATTEMPTS);
+        assert_eq!(Attempt::from_headers(&grpc), Attempt::Unknown);
     }
 
     #[test]

@@ -1,5 +1,5 @@
-//! How long the caller waits: `X-Request-Deadline` for HTTP, `grpc-timeout` for gRPC, and the
-//! answer to a request whose deadline has passed.
+//! How long the caller waits: `X-Request-Deadline` (the relative timeouts, `grpc-timeout`
+//! and Envoy's, are in `timeout`), and the answer to a request whose deadline has passed.
 
 use std::fmt;
 use std::time::{Duration, SystemTime};
@@ -8,7 +8,7 @@ use http::header::{HeaderMap, HeaderValue};
 use http::{Response, StatusCode};
 
 use super::grpc::GRPC_DEADLINE_EXCEEDED;
-use super::headers::{GRPC_TIMEOUT, X_REQUEST_DEADLINE};
+use super::headers::X_REQUEST_DEADLINE;
 use super::stop::{Protocol, final_answer};
 
 /// A deadline as it travels in `X-Request-Deadline`: when the sender sent the request, on
@@ -205,7 +205,7 @@ impl WireDeadline {
 }
 
 /// `n` as ASCII digits, right-aligned in 16 bytes, with NUL bytes before.
-fn digits(mut n: u64) -> [u8; 16] {
+pub(super) fn digits(mut n: u64) -> [u8; 16] {
     let mut out = [0u8; 16];
     let mut i = out.len();
     loop {
@@ -219,7 +219,7 @@ fn digits(mut n: u64) -> [u8; 16] {
     out
 }
 
-fn trim_leading_nul(bytes: &[u8]) -> &[u8] {
+pub(super) fn trim_leading_nul(bytes: &[u8]) -> &[u8] {
     let start = bytes.iter().position(|&b| b != 0).unwrap_or(bytes.len());
     &bytes[start..]
 }
@@ -287,10 +287,10 @@ fn parse_number(bytes: &[u8]) -> Result<u64, MalformedDeadline> {
         .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0')))
 }
 
-/// An `X-Request-Deadline` or `grpc-timeout` that breaks the protocol's rules; its message
-/// says which. Receivers ignore such a field (and count it); it is never an error response.
+/// An `X-Request-Deadline`, `grpc-timeout` or `x-envoy-expected-rq-timeout-ms` that breaks
+/// the protocol's rules; its message says which. Receivers ignore such a field (and count it); it is never an error response.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct MalformedDeadline(&'static str);
+pub struct MalformedDeadline(pub(super) &'static str);
 
 impl fmt::Display for MalformedDeadline {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
@@ -299,97 +299,6 @@ impl fmt::Display for MalformedDeadline {
 }
 
 impl std::error::Error for MalformedDeadline {}
-
-/// The largest `TimeoutValue` gRPC allows: eight ASCII digits.
-const GRPC_MAX_VALUE: u128 = 99_999_999;
-
-/// Formats a `grpc-timeout` value: the finest unit whose value fits in gRPC's eight digits,
-/// truncated (the server's deadline must not be later than the client's), at least `1n`.
-///
-/// ```
-/// use std::time::Duration;
-/// use overload_signal::protocol::format_grpc_timeout;
-///
-/// assert_eq!(format_grpc_timeout(Duration::from_millis(1_500)), "1500000u");
-/// assert_eq!(format_grpc_timeout(Duration::from_secs(3_600)), "3600000m");
-/// ```
-pub fn format_grpc_timeout(timeout: Duration) -> HeaderValue {
-    const UNITS: [(u128, u8); 6] = [
-        (1, b'n'),
-        (1_000, b'u'),
-        (1_000_000, b'm'),
-        (1_000_000_000, b'S'),
-        (60_000_000_000, b'M'),
-        (3_600_000_000_000, b'H'),
-    ];
-    let nanos = timeout.as_nanos();
-    let (value, unit) = UNITS
-        .iter()
-        .find(|(per, _)| nanos / per <= GRPC_MAX_VALUE)
-        .map_or((GRPC_MAX_VALUE, b'H'), |&(per, unit)| (nanos / per, unit));
-    // NOTE: at most eight digits, so the cast is lossless.
-    let number = digits(value.max(1) as u64);
-    let number = trim_leading_nul(&number);
-    let mut buf = [0u8; 9];
-    buf[..number.len()].copy_from_slice(number);
-    buf[number.len()] = unit;
-    HeaderValue::from_bytes(&buf[..=number.len()]).expect("digits and a letter")
-}
-
-/// Parses a `grpc-timeout` value: one to eight ASCII digits and a unit (`H`, `M`, `S`, `m`,
-/// `u`, `n`), nothing else (gRPC over HTTP/2's `Timeout` production).
-///
-/// ```
-/// use std::time::Duration;
-/// use http::HeaderValue;
-/// use overload_signal::protocol::parse_grpc_timeout;
-///
-/// assert_eq!(parse_grpc_timeout(&HeaderValue::from_static("1000000u")), Ok(Duration::from_secs(1)));
-/// assert!(parse_grpc_timeout(&HeaderValue::from_static("1.5S")).is_err());
-/// ```
-///
-/// # Errors
-///
-/// [`MalformedDeadline`] for anything else.
-pub fn parse_grpc_timeout(value: &HeaderValue) -> Result<Duration, MalformedDeadline> {
-    let malformed = MalformedDeadline("grpc-timeout is not 1 to 8 digits and a unit");
-    let (&unit, number) = value.as_bytes().split_last().ok_or(malformed)?;
-    if number.is_empty() || number.len() > 8 || !number.iter().all(u8::is_ascii_digit) {
-        return Err(malformed);
-    }
-    let n = number
-        .iter()
-        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
-    Ok(match unit {
-        b'H' => Duration::from_secs(n * 3600),
-        b'M' => Duration::from_secs(n * 60),
-        b'S' => Duration::from_secs(n),
-        b'm' => Duration::from_millis(n),
-        b'u' => Duration::from_micros(n),
-        b'n' => Duration::from_nanos(n),
-        _ => return Err(malformed),
-    })
-}
-
-/// Reads `grpc-timeout` from `headers`: `Ok(None)` when it is absent.
-///
-/// # Errors
-///
-/// [`MalformedDeadline`] when a value breaks [`parse_grpc_timeout`]'s rules, or several
-/// disagree.
-pub fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, MalformedDeadline> {
-    let mut found = None;
-    for value in headers.get_all(GRPC_TIMEOUT) {
-        let timeout = parse_grpc_timeout(value)?;
-        if found.is_some_and(|seen| seen != timeout) {
-            return Err(MalformedDeadline(
-                "grpc-timeout repeated with another value",
-            ));
-        }
-        found = Some(timeout);
-    }
-    Ok(found)
-}
 
 const DEADLINE_EXCEEDED_MESSAGE: &str = "deadline exceeded before the request was served";
 
@@ -601,49 +510,10 @@ mod tests {
         fn parsing_never_panics(bytes in proptest::collection::vec(any::<u8>(), 0..64)) {
             if let Ok(value) = HeaderValue::from_bytes(&bytes) {
                 let _ = WireDeadline::parse(&value);
-                let _ = parse_grpc_timeout(&value);
+                let _ = crate::protocol::parse_grpc_timeout(&value);
+                let _ = crate::protocol::parse_envoy_expected_rq_timeout(&value);
             }
         }
-    }
-
-    fn grpc(timeout: Duration) -> String {
-        format_grpc_timeout(timeout).to_str().unwrap().to_owned()
-    }
-
-    #[test]
-    fn grpc_timeouts_use_the_finest_unit_that_fits_in_eight_digits_truncated() {
-        let s = Duration::from_secs;
-        assert_eq!(grpc(Duration::from_nanos(1)), "1n");
-        assert_eq!(grpc(Duration::from_nanos(99_999_999)), "99999999n");
-        assert_eq!(grpc(Duration::from_millis(100)), "100000u");
-        assert_eq!(grpc(s(10)), "10000000u");
-        assert_eq!(grpc(Duration::from_millis(9_900)), "9900000u");
-        assert_eq!(grpc(s(100) + Duration::from_nanos(999)), "100000m");
-        assert_eq!(grpc(s(30 * 86_400)), "2592000S");
-        assert_eq!(grpc(Duration::MAX), "99999999H");
-        assert_eq!(grpc(Duration::ZERO), "1n");
-    }
-
-    #[test]
-    fn grpc_timeouts_parse_every_unit_and_nothing_else() {
-        let p = |v: &'static str| parse_grpc_timeout(&HeaderValue::from_static(v));
-        assert_eq!(p("2H"), Ok(Duration::from_secs(7200)));
-        assert_eq!(p("3M"), Ok(Duration::from_secs(180)));
-        assert_eq!(p("4S"), Ok(Duration::from_secs(4)));
-        assert_eq!(p("5m"), Ok(Duration::from_millis(5)));
-        assert_eq!(p("6u"), Ok(Duration::from_micros(6)));
-        assert_eq!(p("99999999n"), Ok(Duration::from_nanos(99_999_999)));
-        assert_eq!(p("99999999H"), Ok(Duration::from_secs(99_999_999 * 3600)));
-        for junk in ["", "S", "10", "10x", "-1S", "123456789S", "1.5S", " 1S"] {
-            assert!(p(junk).is_err(), "{junk:?}");
-        }
-        let mut h = HeaderMap::new();
-        assert_eq!(grpc_timeout(&h), Ok(None));
-        h.append(GRPC_TIMEOUT, HeaderValue::from_static("1S"));
-        h.append(GRPC_TIMEOUT, HeaderValue::from_static("1000m"));
-        assert_eq!(grpc_timeout(&h), Ok(Some(Duration::from_secs(1))));
-        h.append(GRPC_TIMEOUT, HeaderValue::from_static("2S"));
-        assert!(grpc_timeout(&h).is_err());
     }
 
     #[test]

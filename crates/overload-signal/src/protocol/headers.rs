@@ -1,4 +1,5 @@
-//! The header names of the protocol, and the value this crate sends in `X-Overloaded`.
+//! The header names of the protocol (ours, gRPC's and Envoy's), and the value this crate
+//! sends in `X-Overloaded`.
 
 use http::HeaderName;
 
@@ -10,12 +11,34 @@ pub const X_REQUEST_ATTEMPT: HeaderName = HeaderName::from_static("x-request-att
 pub const GRPC_PREVIOUS_RPC_ATTEMPTS: HeaderName =
     HeaderName::from_static("grpc-previous-rpc-attempts");
 
+/// `x-envoy-attempt-count`: Envoy's attempt counter, **1-based** (`1` on the first attempt,
+/// `2` on the first retry), which Envoy sets on a request it forwards when the route or
+/// virtual host has `include_request_attempt_count: true`, replacing what the client sent.
+/// Read on every request, HTTP and gRPC: the value `n` counts as
+/// [`Attempt::Number(n - 1)`](super::Attempt::Number); see [`Attempt`](super::Attempt)
+/// for how it combines with the other counters.
+pub const X_ENVOY_ATTEMPT_COUNT: HeaderName = HeaderName::from_static("x-envoy-attempt-count");
+
 /// `X-Overloaded`: its presence on a response, with any value, means "the system is
 /// overloaded, stop retrying".
 pub const X_OVERLOADED: HeaderName = HeaderName::from_static("x-overloaded");
 
 /// The value this crate sends in [`X_OVERLOADED`]. Receivers must not depend on it.
 pub const STOP_RETRYING: &str = "stop-retrying";
+
+/// `x-envoy-ratelimited`: set to `true` by Envoy on a response of its rate limiter; and by
+/// this crate on every stop signal it sends (HTTP and gRPC), because Envoy never retries a
+/// response that carries `x-envoy-ratelimited: true`, unless its retry policy's `retry_on`
+/// names `envoy-ratelimited`. On a failure, a client of this workspace reads it (the value
+/// `true`, in any case) as the stop signal; see [`is_stop_signal`](super::is_stop_signal).
+pub const X_ENVOY_RATELIMITED: HeaderName = HeaderName::from_static("x-envoy-ratelimited");
+
+/// `x-envoy-overloaded`: set (to `true`) by Envoy on a response it made itself when it shed
+/// the request (a circuit breaker overflowed, the overload manager, maintenance mode). On a
+/// failure, a client of this workspace reads its presence, whatever its value, as the stop
+/// signal; see [`is_stop_signal`](super::is_stop_signal). Envoy itself retries an answer
+/// that carries it: this crate's stop signal relies on [`X_ENVOY_RATELIMITED`] instead.
+pub const X_ENVOY_OVERLOADED: HeaderName = HeaderName::from_static("x-envoy-overloaded");
 
 /// `grpc-status`: the gRPC status code, in headers for trailers-only responses.
 pub const GRPC_STATUS: HeaderName = HeaderName::from_static("grpc-status");
@@ -43,3 +66,10 @@ pub const X_REQUEST_DEADLINE: HeaderName = HeaderName::from_static("x-request-de
 
 /// `grpc-timeout`: how long the caller of a gRPC call waits, from when the server reads it.
 pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
+
+/// `x-envoy-expected-rq-timeout-ms`: how long Envoy still waits for this attempt, in
+/// milliseconds, from when it forwarded it (what is left of its route timeout, or its
+/// per-try timeout if that is shorter); set by Envoy on every request it forwards with a
+/// timeout. See [`envoy_expected_rq_timeout`](super::envoy_expected_rq_timeout).
+pub const X_ENVOY_EXPECTED_RQ_TIMEOUT_MS: HeaderName =
+    HeaderName::from_static("x-envoy-expected-rq-timeout-ms");

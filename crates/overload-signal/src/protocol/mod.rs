@@ -1,6 +1,7 @@
 //! The wire protocol every crate of this workspace speaks.
 //!
-//! Header names, the attempt counter, the deadline (`X-Request-Deadline`, `grpc-timeout`),
+//! Header names, the attempt counter, the deadline (`X-Request-Deadline`, `grpc-timeout`,
+//! Envoy's `x-envoy-expected-rq-timeout-ms`),
 //! the "stop retrying" signal, `Retry-After` and `grpc-retry-pushback-ms`, and the IETF
 //! `RateLimit` fields live here, once, so that the
 //! client layer, the rate limiter and the overload layer cannot drift apart. The module
@@ -10,15 +11,35 @@
 //!
 //! | what | HTTP | gRPC (`content-type: application/grpc...`; gRPC-Web alike, in its own `content-type`) |
 //! |---|---|---|
-//! | attempt counter, request | `X-Request-Attempt: N`, decimal, `0` on the first try, `1` on the first retry, sent on every attempt | same header; `grpc-previous-rpc-attempts` (same meaning) is read when ours is absent |
+//! | attempt counter, request | `X-Request-Attempt: N`, decimal, `0` on the first try, `1` on the first retry, sent on every attempt | same header; `grpc-previous-rpc-attempts` (same meaning, sent by gRPC clients in every language) is read too |
+//! | attempt counter from a proxy, request | `x-envoy-attempt-count: N`, **1-based** (`1` on the first attempt), which Envoy sets when the route or virtual host has `include_request_attempt_count: true`; `N` counts as attempt `N - 1`, `0` is malformed | same |
+//! | several counters on one request | the **largest well-formed** one is the request's counter (a request retried by any tier is a retry here: our client's first try retried by an Envoy sidecar carries `X-Request-Attempt: 0`, `x-envoy-attempt-count: 2`, and is the first retry); none well-formed and one malformed: malformed. Counted only from callers the [`Trust`](crate::Trust) setting trusts, whichever header claims the retry; the default trusts an Envoy on a loopback or private address | same |
 //! | counter missing | [`Attempt::Unknown`]: not counted as a retry | same |
 //! | counter malformed (empty, not decimal, signed, whitespace inside, over 64 bits, repeated with different values) | [`Attempt::Malformed`]: treated as unknown; never an error response, never a panic. Values above [`Attempt::CLAMP`] clamp to it | same |
 //! | node-local rejection: retry later, elsewhere | `429 Too Many Requests`, `Retry-After: <whole seconds, rounded up, at least 1>`, `RateLimit-Policy: "default";q=100;w=1`, `RateLimit: "default";r=0;t=1` | HTTP `200`, `grpc-status: 8` (RESOURCE_EXHAUSTED), `grpc-retry-pushback-ms: <ms>` |
 //! | a request whose cost exceeds a rate limit's capacity: never admissible, do not retry ([`exceeds_capacity_response`]) | `413 Content Too Large`, `RateLimit-Policy` (the quota it exceeds); no `Retry-After`, no `RateLimit` | HTTP `200`, `grpc-status: 3` (INVALID_ARGUMENT), `grpc-message`; no pushback |
 //! | how long the caller still waits | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`: when the attempt was sent, on the sender's clock, and how long from then the sender waits for the response's head ([`WireDeadline`]). A receiver measures the time the request queued from `t`, trusts `t` to within a skew allowance, and falls back on `timeout` from arrival when `t` lies further in its future. Malformed: ignored and counted, never an error response | `grpc-timeout` (gRPC's own): what is left of the caller's deadline when the attempt is sent, never more than the caller gave; read from arrival |
+//! | how long a proxy still waits (request) | `x-envoy-expected-rq-timeout-ms: <ms>` (Envoy's, [`envoy_expected_rq_timeout`]): what is left of Envoy's route timeout for this attempt, or its per-try timeout if shorter; 1 to 15 digits, `0` is no deadline; read from arrival, from anyone (relative: no clock to trust). Malformed: ignored and counted | the same header (Envoy sets it on gRPC requests too) |
+//! | several deadlines on one request | the **earliest** of those the receiver believes: `X-Request-Deadline` (its send time only from trusted callers; from anyone else, its `timeout` from arrival), `x-envoy-expected-rq-timeout-ms`; each is a tier that stops waiting then | the earliest of `X-Request-Deadline`, `grpc-timeout` and `x-envoy-expected-rq-timeout-ms`, as for HTTP |
 //! | the deadline passed before the request was served | `504 Gateway Timeout` | HTTP `200`, `grpc-status: 4` (DEADLINE_EXCEEDED) |
 //! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
-//! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`; the header's presence, whatever its value, is the signal | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying` |
+//! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`, `x-envoy-ratelimited: true` (what stops Envoy from retrying it). Read as the signal on a failure: `X-Overloaded` with any value, Envoy's `x-envoy-overloaded` with any value, or `x-envoy-ratelimited: true` (any case) ([`is_stop_signal`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying`, `x-envoy-ratelimited: true`; read as the signal: the same headers as HTTP, or a pushback negative or not a number |
+//!
+//! # Behind Envoy
+//!
+//! Envoy (and the meshes and gateways built on it: Istio, Envoy Gateway, Contour) retries by
+//! its route's retry policy. Measured with Envoy 1.40, it retries a `503` that carries
+//! `X-Overloaded` or its own `x-envoy-overloaded`, and never an answer that carries
+//! `x-envoy-ratelimited: true` unless the policy's `retry_on` names `envoy-ratelimited`;
+//! so every stop signal this crate sends carries `x-envoy-ratelimited: true`, and Envoy
+//! passes it on, headers and all, to its own client. An operator keeps it working by
+//! **not naming `envoy-ratelimited` in `retry_on`** (an Envoy that names it retries every
+//! stop signal, up to `num_retries`), and lets Envoy count its attempts with
+//! `include_request_attempt_count: true` on the route or virtual host. A node-local
+//! rejection (`429` or `503` with `Retry-After`) does not carry the header: Envoy may retry
+//! it, elsewhere, as it invites. A client of this workspace behind Envoy reads Envoy's own
+//! shedding (`x-envoy-overloaded`) and rate limiting (`x-envoy-ratelimited: true`) as the
+//! stop signal, as Envoy's own router reads a rate-limited answer.
 //!
 //! # Outcomes
 //!
@@ -40,7 +61,7 @@
 //! | `500`, `501`, `505`–`599`; gRPC `UNKNOWN` (2), `UNIMPLEMENTED` (12), `INTERNAL` (13), `DATA_LOSS` (15) | server failure | final | accepted: a bug is not overload | latency sample | the stop signal if a downstream call of the request received it, else untouched |
 //! | `502` | server failure | retried | accepted | latency sample | as above |
 //! | `429`, `503`, `504`; gRPC `DEADLINE_EXCEEDED` (4), `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | capacity signal | retried (gRPC: 8 and 14; the codes are configurable) | failed | latency sample | a rejection marked by a limit of this workspace: judged by the stop rule; a downstream stop signal: rewritten as it; else untouched (judged too with [`judge_every_rejection`](crate::OverloadSignalLayerBuilder::judge_every_rejection)) |
-//! | any failure above carrying the stop signal (`X-Overloaded`; a `grpc-retry-pushback-ms` negative or not a number) | stop signal | never retried: an [`Overloaded`](crate::Overloaded) error | failed | left out | passed on |
+//! | any failure above carrying the stop signal (`X-Overloaded`; a `grpc-retry-pushback-ms` negative or not a number; Envoy's `x-envoy-overloaded`, or `x-envoy-ratelimited: true`) | stop signal | never retried: an [`Overloaded`](crate::Overloaded) error | failed | left out | passed on, completed into this crate's whole signal (`X-Overloaded`, `x-envoy-ratelimited: true`; for gRPC a pushback of `-1`) |
 //! | a limit's own rejection (it carries a [`Rejection`](crate::signal::Rejection)) | (its status's) | (its status's) | (its status's) | left out: the service never ran | `RateLimited`, `AtCapacity`: judged by the stop rule; `MissingKey`, `ExceedsCapacity`: untouched |
 //! | an error: a timeout, a refused connection | capacity signal | retried | failed | an overload failure (see its docs), unless marked | passed on as the error, or answered (below) |
 //! | an error: any other (a reset connection, a TLS failure, ...) | capacity signal | final (the request may have been processed) | failed | as above | as above |
@@ -118,20 +139,19 @@ mod outcome;
 mod ratelimit_fields;
 mod retry_after;
 mod stop;
+mod timeout;
 
 pub use attempt::Attempt;
-pub use deadline::{
-    MalformedDeadline, WireDeadline, deadline_exceeded_response, format_grpc_timeout, grpc_timeout,
-    parse_grpc_timeout,
-};
+pub use deadline::{MalformedDeadline, WireDeadline, deadline_exceeded_response};
 pub use grpc::{
     GRPC_DEADLINE_EXCEEDED, GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
     grpc_status, is_grpc, is_grpc_web,
 };
 pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
-    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_OVERLOADED, X_REQUEST_ATTEMPT,
-    X_REQUEST_DEADLINE,
+    IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_ENVOY_ATTEMPT_COUNT,
+    X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED,
+    X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
 };
 pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};
@@ -139,8 +159,13 @@ pub use retry_after::{
     GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback, parse_grpc_pushback,
     parse_retry_after, retry_after,
 };
+pub(crate) use stop::complete_stop_signal;
 pub use stop::{
     Protocol, bad_gateway_response, exceeds_capacity_response, is_stop_signal,
     service_unavailable_response, set_stop_signal, stop_signal_response,
     too_many_requests_response,
+};
+pub use timeout::{
+    envoy_expected_rq_timeout, format_grpc_timeout, grpc_timeout, parse_envoy_expected_rq_timeout,
+    parse_grpc_timeout,
 };

@@ -7,7 +7,8 @@ use http::{Response, StatusCode};
 
 use super::grpc::{GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE, media_is};
 use super::headers::{
-    GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING, X_OVERLOADED,
+    GRPC_MESSAGE, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, RATELIMIT, STOP_RETRYING,
+    X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED,
 };
 use super::retry_after::{GrpcPushback, format_grpc_pushback, format_retry_after, grpc_pushback};
 
@@ -83,14 +84,57 @@ impl Protocol {
     }
 }
 
-/// Whether a response's headers carry the stop signal: an `X-Overloaded` header (any value,
-/// even empty), or a `grpc-retry-pushback-ms` that is negative or not a number (gRPC's
-/// retry design, A6, reads both as "do not retry").
+/// Whether a response's headers carry the stop signal. Any of:
 ///
-/// A client that sees it must not retry, and should surface it to its caller.
+/// - an `X-Overloaded` header, with any value, even empty (this workspace's signal);
+/// - a `grpc-retry-pushback-ms` that is negative or not a number (gRPC's retry design, A6,
+///   reads both as "do not retry");
+/// - `x-envoy-overloaded`, with any value (Envoy shed the request: a circuit breaker
+///   overflowed, the overload manager, maintenance mode; Envoy's docs say its presence is
+///   what matters, and Envoy writes `true`);
+/// - `x-envoy-ratelimited: true`, the value compared without regard to case (Envoy's rate
+///   limiter; also what every stop signal of this crate carries, so it is what reaches a
+///   client through an Envoy that passed our servers' signal on). Another value is not
+///   the signal: Envoy writes only `true`, and itself ignores anything else.
+///
+/// Envoy's two count as the stop signal as Envoy's own router treats a rate-limited
+/// answer: never retried (Envoy retries an `x-envoy-overloaded` answer, but a tier that
+/// sheds load at Envoy is overloaded as surely as one that says so itself).
+///
+/// A client that sees it on a failure must not retry, and should surface it to its caller;
+/// [`Outcome`](super::Outcome) counts it on failures only.
 pub fn is_stop_signal(headers: &HeaderMap) -> bool {
-    headers.contains_key(X_OVERLOADED) || matches!(grpc_pushback(headers), Some(GrpcPushback::Stop))
+    headers.contains_key(X_OVERLOADED)
+        || headers.contains_key(X_ENVOY_OVERLOADED)
+        || envoy_ratelimited(headers)
+        || matches!(grpc_pushback(headers), Some(GrpcPushback::Stop))
 }
+
+/// Whether a line of `x-envoy-ratelimited` says `true`, in any case.
+fn envoy_ratelimited(headers: &HeaderMap) -> bool {
+    headers
+        .get_all(X_ENVOY_RATELIMITED)
+        .iter()
+        .any(|v| v.as_bytes().trim_ascii().eq_ignore_ascii_case(b"true"))
+}
+
+/// Completes a failure that carries the stop signal in some form (a handler's
+/// `X-Overloaded` alone, Envoy's `x-envoy-overloaded` relayed, a gRPC pushback) into the
+/// whole signal this crate sends: `X-Overloaded` (kept if present), `x-envoy-ratelimited:
+/// true`, and for gRPC a pushback of `-1`. The status, the other headers and the body are
+/// kept.
+pub(crate) fn complete_stop_signal(headers: &mut HeaderMap, protocol: Protocol) {
+    if !headers.contains_key(X_OVERLOADED) {
+        headers.insert(X_OVERLOADED, HeaderValue::from_static(STOP_RETRYING));
+    }
+    headers.insert(X_ENVOY_RATELIMITED, HeaderValue::from_static(ENVOY_TRUE));
+    if protocol.is_grpc() && !matches!(grpc_pushback(headers), Some(GrpcPushback::Stop)) {
+        headers.insert(GRPC_RETRY_PUSHBACK_MS, HeaderValue::from_static("-1"));
+    }
+}
+
+/// The value Envoy writes in its `x-envoy-*` flags, and the only one it reads as set.
+const ENVOY_TRUE: &str = "true";
 
 const STOP_MESSAGE: &str = "system overloaded, stop retrying";
 const RESOURCE_EXHAUSTED_MESSAGE: &str = "rate limit exceeded, retry later";
@@ -101,10 +145,34 @@ const EXCEEDS_CAPACITY_MESSAGE: &str =
 
 /// A new response carrying the stop signal, with an empty (default) body.
 ///
-/// - HTTP: `503 Service Unavailable`, `X-Overloaded: stop-retrying`.
+/// - HTTP: `503 Service Unavailable`, `X-Overloaded: stop-retrying`,
+///   `x-envoy-ratelimited: true`.
 /// - gRPC (and gRPC-Web, with its own `content-type`): `200 OK`, `content-type:
 ///   application/grpc`, `grpc-status: 14`, `grpc-message`, `grpc-retry-pushback-ms: -1`,
-///   `x-overloaded: stop-retrying`.
+///   `x-overloaded: stop-retrying`, `x-envoy-ratelimited: true`.
+///
+/// # Behind Envoy
+///
+/// `x-envoy-ratelimited: true` is what stops Envoy from retrying: measured with Envoy
+/// 1.40, it retries a `503` that carries `X-Overloaded` or `x-envoy-overloaded` as any
+/// other, and never one that carries `x-envoy-ratelimited: true` (HTTP or gRPC), unless
+/// the retry policy's `retry_on` names `envoy-ratelimited`. **Do not name
+/// `envoy-ratelimited`** in a route's or virtual host's `retry_on` in front of a server of
+/// this workspace: Envoy would then retry every stop signal, up to its `num_retries`, and
+/// multiply the load the signal exists to shed. Envoy passes the answer on to its own
+/// client with its headers, so a client of this workspace behind it still sees the stop
+/// signal ([`is_stop_signal`]).
+///
+/// A node-local rejection ([`too_many_requests_response`], [`service_unavailable_response`]:
+/// `429` or `503` with `Retry-After`, "retry later, elsewhere") does **not** carry it:
+/// Envoy may retry those, on another host, as they invite.
+///
+/// ```
+/// use overload_signal::protocol::{Protocol, X_ENVOY_RATELIMITED, stop_signal_response};
+///
+/// let stop = stop_signal_response::<()>(Protocol::Http);
+/// assert_eq!(stop.headers()[X_ENVOY_RATELIMITED], "true");
+/// ```
 pub fn stop_signal_response<B: Default>(protocol: Protocol) -> Response<B> {
     let mut response = Response::new(B::default());
     set_stop_signal(&mut response, protocol);
@@ -112,8 +180,10 @@ pub fn stop_signal_response<B: Default>(protocol: Protocol) -> Response<B> {
 }
 
 /// Turns an existing response into the stop signal, in place: status and signal headers are
-/// set as in [`stop_signal_response`]; `Retry-After` and `RateLimit` fields, which invite a
-/// retry, are removed; other headers and the body are kept.
+/// set as in [`stop_signal_response`] (`x-envoy-ratelimited: true` included, so that an
+/// Envoy in front does not retry it: see [Behind Envoy](stop_signal_response#behind-envoy));
+/// `Retry-After` and `RateLimit` fields, which invite a retry, are removed; other headers
+/// and the body are kept.
 ///
 /// For gRPC, only a trailers-only response (empty body, status in headers) is well-formed
 /// afterwards; callers rewriting a gRPC response should give it an empty body.
@@ -122,6 +192,7 @@ pub fn set_stop_signal<B>(response: &mut Response<B>, protocol: Protocol) {
     headers.remove(RETRY_AFTER);
     headers.remove(RATELIMIT);
     headers.insert(X_OVERLOADED, HeaderValue::from_static(STOP_RETRYING));
+    headers.insert(X_ENVOY_RATELIMITED, HeaderValue::from_static(ENVOY_TRUE));
     match protocol.content_type() {
         None => {
             *response.status_mut() = StatusCode::SERVICE_UNAVAILABLE;
@@ -292,7 +363,8 @@ fn grpc_retry_later(
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::protocol::{grpc_status, retry_after};
+    use crate::protocol::{Outcome, grpc_status, retry_after};
+    use http::HeaderName;
 
     #[test]
     fn http_stop_signal_row() {
@@ -354,6 +426,84 @@ mod tests {
         assert!(r.headers().get(RATELIMIT).is_none());
         assert!(is_stop_signal(r.headers()));
         assert_eq!(r.body(), "slow down");
+    }
+
+    /// Issue 32: every stop signal this crate sends, new or rewritten, HTTP or gRPC, carries
+    /// `x-envoy-ratelimited: true` (Envoy 1.40 retries a 503 with `X-Overloaded` or
+    /// `x-envoy-overloaded`, never one with it); a node-local "retry later" never does.
+    #[test]
+    fn every_stop_signal_carries_what_envoy_obeys_and_no_retry_later_does() {
+        for protocol in [
+            Protocol::Http,
+            Protocol::Grpc,
+            Protocol::GrpcWeb,
+            Protocol::GrpcWebText,
+        ] {
+            let new = stop_signal_response::<()>(protocol);
+            assert_eq!(new.headers()[X_ENVOY_RATELIMITED], "true", "{protocol:?}");
+            let mut rewritten = too_many_requests_response::<()>(protocol, Duration::from_secs(1));
+            set_stop_signal(&mut rewritten, protocol);
+            assert_eq!(rewritten.headers()[X_ENVOY_RATELIMITED], "true");
+            assert_eq!(
+                rewritten
+                    .headers()
+                    .get_all(X_ENVOY_RATELIMITED)
+                    .iter()
+                    .count(),
+                1
+            );
+            for later in [
+                too_many_requests_response::<()>(protocol, Duration::from_secs(1)),
+                service_unavailable_response::<()>(protocol, Duration::from_secs(1)),
+                exceeds_capacity_response::<()>(protocol),
+                bad_gateway_response::<()>(protocol),
+            ] {
+                assert!(
+                    later.headers().get(X_ENVOY_RATELIMITED).is_none(),
+                    "{protocol:?}"
+                );
+                assert!(!is_stop_signal(later.headers()));
+            }
+        }
+    }
+
+    /// Issue 32: Envoy's own answers are the stop signal for our clients:
+    /// `x-envoy-overloaded` (Envoy shed the request) whatever its value, and
+    /// `x-envoy-ratelimited` when it says `true` (Envoy writes `true`; any case is read).
+    #[test]
+    fn envoys_overloaded_and_ratelimited_answers_are_the_stop_signal() {
+        for value in ["true", "", "1"] {
+            let mut h = HeaderMap::new();
+            h.insert(X_ENVOY_OVERLOADED, HeaderValue::from_static(value));
+            assert!(is_stop_signal(&h), "x-envoy-overloaded: {value:?}");
+        }
+        for (value, stop) in [
+            ("true", true),
+            ("TRUE", true),
+            (" True ", true),
+            ("false", false),
+            ("", false),
+            ("1", false),
+            ("yes", false),
+        ] {
+            let mut h = HeaderMap::new();
+            h.insert(X_ENVOY_RATELIMITED, HeaderValue::from_static(value));
+            assert_eq!(is_stop_signal(&h), stop, "x-envoy-ratelimited: {value:?}");
+        }
+        let mut h = HeaderMap::new();
+        h.append(X_ENVOY_RATELIMITED, HeaderValue::from_static("false"));
+        h.append(X_ENVOY_RATELIMITED, HeaderValue::from_static("true"));
+        assert!(is_stop_signal(&h), "any line saying true");
+        // On a failure only, as ours.
+        let on = |code: u16, name: HeaderName| {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("true"));
+            Outcome::of_response(Protocol::Http, StatusCode::from_u16(code).unwrap(), &h)
+        };
+        assert!(on(503, X_ENVOY_OVERLOADED).is_stop_signal());
+        assert!(on(429, X_ENVOY_RATELIMITED).is_stop_signal());
+        assert!(!on(200, X_ENVOY_RATELIMITED).is_stop_signal());
+        assert!(!on(404, X_ENVOY_OVERLOADED).is_stop_signal());
     }
 
     #[test]

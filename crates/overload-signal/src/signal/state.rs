@@ -233,7 +233,11 @@ impl<C: Clock> SignalState<C> {
     ) {
         if outcome.is_stop_signal() {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
-            // (or an inner layer sent it). Pass it on.
+            // (or an inner layer sent it, or the handler relayed Envoy's). Pass it on,
+            // completed: a form of it that lacks `x-envoy-ratelimited` (a handler's own
+            // `X-Overloaded`, Envoy's `x-envoy-overloaded`) would be retried by an Envoy in
+            // front of this server.
+            protocol::complete_stop_signal(response.headers_mut(), protocol);
             self.metrics.get().propagated(false);
             return;
         }

@@ -1437,3 +1437,100 @@ async fn one_caller_among_few_fires_the_rule_alone_and_among_many_cannot() {
     assert_eq!(stops_with(15).await, 10 * 15);
     assert_eq!(stops_with(40).await, 0);
 }
+
+/// A request from `peer` whose counters say: our client's attempt `ours`, Envoy's
+/// (1-based) attempt count `envoy`.
+fn through_envoy(ours: Option<u32>, envoy: &'static str, peer: &str) -> Request<Body> {
+    let mut req = from_peer(ours, peer.parse().unwrap());
+    req.headers_mut().insert(
+        protocol::X_ENVOY_ATTEMPT_COUNT,
+        HeaderValue::from_static(envoy),
+    );
+    req
+}
+
+/// Issue 32: a retry by an Envoy sidecar or gateway (`x-envoy-attempt-count`, 1-based)
+/// counts as a retry, even of our client's first try (`X-Request-Attempt: 0`), under the
+/// same trust rules as ours: with the default trust, from Envoy on loopback or a private
+/// address without configuration; from an address on the Internet, not at all.
+#[tokio::test(start_paused = true)]
+async fn envoy_attempt_counts_count_under_the_same_trust_rules() {
+    let layer = OverloadSignalLayer::new();
+    let mut svc = tower::Layer::layer(&layer, answering(|| status(StatusCode::OK)));
+    one(&mut svc, through_envoy(Some(0), "2", "127.0.0.1:40000")).await;
+    one(&mut svc, through_envoy(None, "3", "10.1.2.3:40000")).await;
+    one(&mut svc, through_envoy(None, "1", "10.1.2.3:40000")).await;
+    let s = layer.histogram().snapshot();
+    assert_eq!(s.count(AttemptClass::Retry1), 1);
+    assert_eq!(s.count(AttemptClass::Retry2), 1);
+    assert_eq!(s.count(AttemptClass::First), 1);
+    // Claimed by a client on the Internet, whichever header claims it: not a retry.
+    one(&mut svc, through_envoy(Some(0), "2", "203.0.113.9:40000")).await;
+    one(&mut svc, through_envoy(None, "0", "203.0.113.9:40000")).await;
+    let s = layer.histogram().snapshot();
+    assert_eq!(s.retries(), 2);
+    assert_eq!(s.count(AttemptClass::Unknown), 1);
+    assert_eq!(s.count(AttemptClass::Malformed), 1);
+}
+
+/// Issue 32: a storm of retries that only Envoy counts (our client's counter says first
+/// try every time) makes the server say stop, in a form Envoy obeys.
+#[tokio::test(start_paused = true)]
+async fn a_storm_of_envoy_retries_gets_a_stop_signal_envoy_obeys() {
+    let layer = OverloadSignalLayer::builder()
+        .rule(rule(0.1, 10))
+        .build()
+        .unwrap();
+    let mut svc = tower::Layer::layer(&layer, answering(http_429));
+    for envoy in ["1", "2", "3"].into_iter().cycle().take(30) {
+        one(&mut svc, through_envoy(Some(0), envoy, "127.0.0.1:40000")).await;
+    }
+    let r = one(&mut svc, through_envoy(Some(0), "1", "127.0.0.1:40000")).await;
+    assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+    assert!(protocol::is_stop_signal(r.headers()));
+    assert_eq!(r.headers()[protocol::X_ENVOY_RATELIMITED], "true");
+}
+
+/// Issue 32: a stop signal the handler made itself, or relayed (an `X-Overloaded` of ours
+/// without Envoy's header, or Envoy's own `x-envoy-overloaded`), leaves the server as the
+/// whole stop signal: with `X-Overloaded` and `x-envoy-ratelimited: true`, so that an
+/// Envoy above does not retry it; its status and body are kept.
+#[tokio::test(start_paused = true)]
+async fn a_handlers_partial_stop_signal_leaves_complete() {
+    let layer = trusting_layer();
+    for header in [protocol::X_OVERLOADED, protocol::X_ENVOY_OVERLOADED] {
+        let mut svc = tower::Layer::layer(
+            &layer,
+            service_fn(move |_req: Request<Body>| {
+                let header = header.clone();
+                async move {
+                    let mut r = status(StatusCode::SERVICE_UNAVAILABLE);
+                    r.headers_mut()
+                        .insert(header, HeaderValue::from_static("true"));
+                    Ok::<_, Infallible>(r)
+                }
+            }),
+        );
+        let r = one(&mut svc, request(Some(0))).await;
+        assert_eq!(r.status(), StatusCode::SERVICE_UNAVAILABLE);
+        assert!(r.headers().contains_key(protocol::X_OVERLOADED));
+        assert_eq!(r.headers()[protocol::X_ENVOY_RATELIMITED], "true");
+        assert_eq!(http_body::Body::size_hint(r.body()).exact(), Some(10));
+    }
+    // gRPC: a trailers-only UNAVAILABLE with our header gains Envoy's and the pushback.
+    let mut svc = tower::Layer::layer(
+        &layer,
+        answering(|| {
+            let mut r = grpc_status_response(14);
+            r.headers_mut().insert(
+                protocol::X_OVERLOADED,
+                HeaderValue::from_static("stop-retrying"),
+            );
+            r
+        }),
+    );
+    let r = one(&mut svc, grpc_request(Some(0))).await;
+    assert_eq!(protocol::grpc_status(r.headers()), Some(14));
+    assert_eq!(r.headers()[protocol::X_ENVOY_RATELIMITED], "true");
+    assert_eq!(r.headers()[protocol::GRPC_RETRY_PUSHBACK_MS], "-1");
+}
