@@ -253,9 +253,9 @@ pub struct EnvoyHost {
     pub name: String,
     /// Requests Envoy sent it: `rq_total`.
     pub requests: u64,
-    /// Requests it answered with a success: `rq_success`.
+    /// Requests it answered without a 5xx (`rq_success`: Envoy counts a `429` here).
     pub successes: u64,
-    /// Requests that failed (a 5xx, a reset): `rq_error`.
+    /// Requests answered with a 5xx (a stop signal among them) or reset: `rq_error`.
     pub errors: u64,
     /// Requests that timed out in Envoy: `rq_timeout`.
     pub timeouts: u64,
