@@ -10,7 +10,9 @@ use std::time::Duration;
 use demo_client::cli::FLEET_QUICK;
 use demo_client::drive::Progress;
 use demo_client::experiment::{RunSpec, ServerStack};
-use demo_client::fleet::{BalancerSettings, FleetRecord, FleetRun, find_haproxy, fleet_run};
+use demo_client::fleet::{
+    BalancerSettings, FleetBalancer, FleetRecord, FleetRun, find_haproxy, fleet_run,
+};
 use demo_client::strategy::Strategy;
 
 /// One server's capacity in the default model (M/M/10, 50 ms mean service): 200 req/s.
@@ -32,8 +34,10 @@ async fn quick(spec: RunSpec, dir: &std::path::Path) -> FleetRecord {
         seed: 1,
         server: &server,
         server_args: &args,
-        haproxy: &haproxy,
-        balancer: &balancer,
+        balancer: FleetBalancer::HaProxy {
+            program: &haproxy,
+            settings: &balancer,
+        },
         capacity: CAPACITY,
         dir,
     };
@@ -91,10 +95,11 @@ async fn losing_one_server_of_three_brings_the_bare_fleet_down_and_not_the_prote
             r.baseline
         );
         assert_eq!(record.survivors.len(), 2, "{table}");
-        assert_eq!(record.balancer.len(), 3, "{table}");
+        let servers = record.balancer.requests_per_server();
+        assert_eq!(servers.len(), 3, "{table}");
         // The balancer's view: every server took requests.
-        for s in &record.balancer {
-            assert!(s.sessions > 0, "{}: {s}", r.label);
+        for (name, requests) in &servers {
+            assert!(*requests > 0, "{}: {name} took none\n{table}", r.label);
         }
     }
 

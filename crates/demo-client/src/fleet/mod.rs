@@ -1,12 +1,14 @@
 //! The outage experiment in the paper's topology (`demo-client fleet`): three `demo-server`
-//! processes behind an HAProxy of our own, one of them stopped (SIGSTOP) while the other two
-//! carry on, then resumed.
+//! processes behind a balancer of our own, HAProxy or Envoy ([`FleetBalancer`]), one of them
+//! stopped (SIGSTOP) while the other two carry on, then resumed.
 //!
 //! It reuses the scenario's machinery (the processes, the recorder, the phases, the table,
 //! the CSV and the plot) and adds what only a fleet has: what each survivor served, rejected
 //! and told to stop during the outage, the retry share its overload layer saw, and the
-//! balancer's own view of every server ([`ServerStats`]).
+//! balancer's own view of every server ([`BalancerView`]: HAProxy's [`ServerStats`], or
+//! Envoy's counters, [`EnvoyView`]).
 
+mod balancer;
 mod haproxy;
 mod survivors;
 
@@ -21,6 +23,7 @@ use http::Uri;
 use overload_core::clock::{SystemWallClock, WallClock};
 use tower::BoxError;
 
+pub use balancer::{BalancerView, EnvoyHost, EnvoyView, FleetBalancer};
 pub use haproxy::{
     Balancer, BalancerSettings, INSTALL_HINT, ServerStats, config as haproxy_config, find_haproxy,
 };
@@ -59,10 +62,8 @@ pub struct FleetRun<'a> {
     pub server: &'a Path,
     /// Arguments for every server, after `--stack` (which the run sets).
     pub server_args: &'a [OsString],
-    /// The `haproxy` executable.
-    pub haproxy: &'a Path,
-    /// The balancer's settings.
-    pub balancer: &'a BalancerSettings,
+    /// The balancer in front of the servers, with its executable and settings.
+    pub balancer: FleetBalancer<'a>,
     /// One server's capacity in requests per second, to judge what the survivors served.
     pub capacity: f64,
     /// Where the servers' and the balancer's logs and configuration go.
@@ -97,7 +98,7 @@ pub async fn fleet_run(
         }
     }
     let addrs: Vec<_> = servers.iter().map(ServerProcess::addr).collect();
-    let balancer = Balancer::start(run.haproxy, &dir, run.balancer, &addrs).await?;
+    let balancer = run.balancer.start(&dir, &addrs).await?;
     let url: Uri = format!("http://{}/api", balancer.addr()).parse()?;
     let load = LoadConfig::new(run.clients, run.think_time, url, run.seed)?;
     let server_metrics = addrs
@@ -127,7 +128,7 @@ pub async fn fleet_run(
     let unfinished = clients.stop(end).await;
     sampler.abort();
     drop(target);
-    let stats = balancer.stats().await;
+    let stats = balancer.view(&addrs).await;
     balancer.shutdown().await?;
     let scrapes = scraper.finish().await;
     for server in servers {

@@ -15,7 +15,7 @@ use hyper_util::rt::TokioExecutor;
 use tokio::task::JoinHandle;
 use tokio::time::Instant;
 
-use super::haproxy::ServerStats;
+use super::balancer::BalancerView;
 use crate::output::RunRecord;
 use crate::report::Phases;
 
@@ -218,8 +218,25 @@ pub struct FleetRecord {
     pub run: RunRecord,
     /// The two servers that stayed up, during the outage.
     pub survivors: Vec<Survivor>,
-    /// The balancer's view at the end of the run, per server.
-    pub balancer: Vec<ServerStats>,
+    /// The balancer's view at the end of the run.
+    pub balancer: BalancerView,
+}
+
+impl FleetRecord {
+    /// Requests the balancer sent to the servers per request the clients started, over the
+    /// whole run: what the clients' retries and the balancer's together cost the servers
+    /// (`None` when the clients started nothing).
+    pub fn server_attempts_per_request(&self) -> Option<f64> {
+        let requests = self.run.report.requests;
+        (requests > 0).then(|| self.balancer.server_requests() as f64 / requests as f64)
+    }
+
+    /// Attempts the clients sent per request they started, over the whole run.
+    pub fn client_attempts_per_request(&self) -> Option<f64> {
+        let requests = self.run.report.requests;
+        let attempts: u64 = self.run.seconds.iter().map(|s| s.attempts).sum();
+        (requests > 0).then(|| attempts as f64 / requests as f64)
+    }
 }
 
 /// The survivors of every run and the balancer's view, as a text table.
@@ -266,11 +283,34 @@ impl fmt::Display for SurvivorTable<'_> {
             }
         }
         writeln!(f)?;
-        writeln!(f, "the balancer's view (HAProxy statistics, whole run)")?;
+        let name = self.0.first().map_or("HAProxy", |r| r.balancer.name());
+        writeln!(f, "the balancer's view ({name} statistics, whole run)")?;
         for record in self.0 {
-            for server in &record.balancer {
-                writeln!(f, "{:<28} {server}", record.run.report.label)?;
+            for line in format!("{:#}", record.balancer).lines() {
+                writeln!(f, "{:<28} {line}", record.run.report.label)?;
             }
+        }
+        writeln!(f)?;
+        writeln!(
+            f,
+            "attempts per request (whole run: attempts the clients sent, requests the balancer sent the servers)"
+        )?;
+        writeln!(
+            f,
+            "{:<28} {:>10} {:>14} {:>14} {:>12} {:>12}",
+            "run", "requests", "client att/rq", "server att/rq", "servers got", "LB retries"
+        )?;
+        for record in self.0 {
+            writeln!(
+                f,
+                "{:<28} {:>10} {:>14} {:>14} {:>12} {:>12}",
+                record.run.report.label,
+                record.run.report.requests,
+                opt(record.client_attempts_per_request(), 2),
+                opt(record.server_attempts_per_request(), 2),
+                record.balancer.server_requests(),
+                record.balancer.retries(),
+            )?;
         }
         Ok(())
     }
