@@ -45,7 +45,8 @@ X-Overloaded: stop-retrying.
 instead: no rate configured, it finds the model's capacity from its latency and rejects above
 it with 503 Service Unavailable and Retry-After. Both stacks have the deadline layer between
 the overload-signal layer and the limit. --stack deadline is the deadline layer alone: a
-request whose caller's deadline has passed (X-Request-Deadline, grpc-timeout) is answered
+request whose caller's deadline has passed (X-Request-Deadline, grpc-timeout, Envoy's
+x-envoy-expected-rq-timeout-ms) is answered
 504 Gateway Timeout at once, without the model, and one still running at its deadline is
 cancelled; no rate, no limit. --stack none serves the bare model.
 
