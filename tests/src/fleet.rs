@@ -88,18 +88,21 @@ pub async fn quick_pair(balancer: FleetBalancer<'_>, dir: &Path) -> QuickPair {
 }
 
 impl QuickPair {
-    /// Each run's shared assertions: a baseline of about 455 requests per second (more than
-    /// 300), two survivors.
-    pub fn assert_each_run(&self, record: &FleetRecord) {
+    /// Each run's shared assertions (a baseline of about 455 requests per second, more than
+    /// 300; two survivors), then `balancer_view`'s own on the run: what the balancer saw.
+    pub fn assert_each_run(&self, balancer_view: impl Fn(&FleetRecord)) {
         let table = &self.table;
-        let r = &record.run.report;
-        assert!(
-            r.baseline > 300.0,
-            "{}: baseline {}\n{table}",
-            r.label,
-            r.baseline
-        );
-        assert_eq!(record.survivors.len(), 2, "{table}");
+        for record in [&self.fixed, &self.full] {
+            let r = &record.run.report;
+            assert!(
+                r.baseline > 300.0,
+                "{}: baseline {}\n{table}",
+                r.label,
+                r.baseline
+            );
+            assert_eq!(record.survivors.len(), 2, "{table}");
+            balancer_view(record);
+        }
     }
 
     /// The bare fleet collapses during the outage and stays down after it: no recovery,

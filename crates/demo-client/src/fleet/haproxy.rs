@@ -4,14 +4,13 @@
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
 use http::Uri;
 use tokio::process::{Child, Command};
 use tower::BoxError;
 
-use crate::process::{NotReady, accepts, free_port, http_get_text, wait_until_ready};
+use crate::process::{NotReady, accepts, free_port, http_get_text, spawn_logged, wait_until_ready};
 
 /// What to say when HAProxy is missing.
 pub const INSTALL_HINT: &str = "the fleet needs HAProxy (Debian and Ubuntu: `sudo apt-get install haproxy`; \
@@ -159,17 +158,10 @@ impl Balancer {
         std::fs::write(&cfg, config(settings, listen, stats, servers))?;
         let log_path = dir.join("haproxy.log");
         let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(program)
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+        let mut command = Command::new(program);
+        command.arg("-db").arg("-f").arg(&cfg);
+        let mut child = spawn_logged(&mut command, log)
             .map_err(|e| format!("cannot start {}: {e}; {INSTALL_HINT}", program.display()))?;
-        let mut child = child;
         wait_until_ready(&mut child, STARTUP_TIMEOUT, Some(&log_path), || {
             accepts(listen)
         })
