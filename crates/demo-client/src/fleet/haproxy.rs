@@ -4,19 +4,13 @@
 use std::fmt::{self, Write as _};
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::Stdio;
 use std::time::Duration;
 
-use bytes::Bytes;
-use http::{Request, Uri};
-use http_body_util::{BodyExt, Empty};
-use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
-use hyper_util::rt::TokioExecutor;
+use http::Uri;
 use tokio::process::{Child, Command};
 use tower::BoxError;
 
-use crate::process::free_port;
+use crate::process::{NotReady, accepts, free_port, http_get_text, spawn_logged, wait_until_ready};
 
 /// What to say when HAProxy is missing.
 pub const INSTALL_HINT: &str = "the fleet needs HAProxy (Debian and Ubuntu: `sudo apt-get install haproxy`; \
@@ -164,42 +158,27 @@ impl Balancer {
         std::fs::write(&cfg, config(settings, listen, stats, servers))?;
         let log_path = dir.join("haproxy.log");
         let log = std::fs::File::create(&log_path)?;
-        let child = Command::new(program)
-            .arg("-db")
-            .arg("-f")
-            .arg(&cfg)
-            .stdin(Stdio::null())
-            .stdout(log.try_clone()?)
-            .stderr(log)
-            .kill_on_drop(true)
-            .spawn()
+        let mut command = Command::new(program);
+        command.arg("-db").arg("-f").arg(&cfg);
+        let mut child = spawn_logged(&mut command, log)
             .map_err(|e| format!("cannot start {}: {e}; {INSTALL_HINT}", program.display()))?;
-        let mut balancer = Self {
+        wait_until_ready(&mut child, STARTUP_TIMEOUT, Some(&log_path), || {
+            accepts(listen)
+        })
+        .await
+        .map_err(|e| match e {
+            NotReady::Exited { status, log } => {
+                format!("haproxy exited before accepting connections ({status}):\n{log}")
+            }
+            NotReady::TimedOut { log } => format!(
+                "haproxy did not accept connections on {listen} within {STARTUP_TIMEOUT:?}:\n{log}"
+            ),
+        })?;
+        Ok(Self {
             child,
             listen,
             stats,
-        };
-        let deadline = tokio::time::Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = balancer.child.try_wait() {
-                let said = std::fs::read_to_string(&log_path).unwrap_or_default();
-                return Err(format!(
-                    "haproxy exited before accepting connections ({status}):\n{}",
-                    said.trim()
-                )
-                .into());
-            }
-            if tokio::net::TcpStream::connect(listen).await.is_ok() {
-                return Ok(balancer);
-            }
-            if tokio::time::Instant::now() >= deadline {
-                return Err(format!(
-                    "haproxy did not accept connections on {listen} within {STARTUP_TIMEOUT:?}"
-                )
-                .into());
-            }
-            tokio::time::sleep(Duration::from_millis(25)).await;
-        }
+        })
     }
 
     /// The address the clients send their requests to.
@@ -209,17 +188,8 @@ impl Balancer {
 
     /// The balancer's statistics, per server of the backend.
     pub async fn stats(&self) -> Result<Vec<ServerStats>, BoxError> {
-        let client: Client<HttpConnector, Empty<Bytes>> =
-            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
         let url: Uri = format!("http://{}/stats;csv", self.stats).parse()?;
-        let fetch = async {
-            let response = client
-                .request(Request::get(url).body(Empty::new())?)
-                .await?;
-            let body = response.into_body().collect().await?.to_bytes();
-            Ok::<_, BoxError>(String::from_utf8_lossy(&body).into_owned())
-        };
-        let text = tokio::time::timeout(Duration::from_secs(5), fetch).await??;
+        let text = http_get_text(url, Duration::from_secs(5)).await?;
         ServerStats::parse(&text)
     }
 
