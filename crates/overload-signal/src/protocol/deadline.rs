@@ -278,7 +278,7 @@ fn trim_ows(mut bytes: &[u8]) -> &[u8] {
     bytes
 }
 
-fn parse_number(bytes: &[u8]) -> Result<u64, MalformedDeadline> {
+pub(super) fn parse_number(bytes: &[u8]) -> Result<u64, MalformedDeadline> {
     if bytes.is_empty() || bytes.len() > 15 || !bytes.iter().all(u8::is_ascii_digit) {
         return Err(MalformedDeadline("a value is not 1 to 15 ASCII digits"));
     }

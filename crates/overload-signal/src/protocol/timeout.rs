@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use http::header::{HeaderMap, HeaderValue};
 
-use super::deadline::{MalformedDeadline, digits, trim_leading_nul};
+use super::deadline::{MalformedDeadline, digits, parse_number, trim_leading_nul};
 use super::headers::{GRPC_TIMEOUT, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS};
 
 /// The largest `TimeoutValue` gRPC allows: eight ASCII digits.
@@ -87,17 +87,12 @@ pub fn parse_grpc_timeout(value: &HeaderValue) -> Result<Duration, MalformedDead
 /// [`MalformedDeadline`] when a value breaks [`parse_grpc_timeout`]'s rules, or several
 /// disagree.
 pub fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, MalformedDeadline> {
-    let mut found = None;
-    for value in headers.get_all(GRPC_TIMEOUT) {
-        let timeout = parse_grpc_timeout(value)?;
-        if found.is_some_and(|seen| seen != timeout) {
-            return Err(MalformedDeadline(
-                "grpc-timeout repeated with another value",
-            ));
-        }
-        found = Some(timeout);
-    }
-    Ok(found)
+    agreeing(
+        headers,
+        GRPC_TIMEOUT,
+        parse_grpc_timeout,
+        "grpc-timeout repeated with another value",
+    )
 }
 
 /// Parses an `x-envoy-expected-rq-timeout-ms` value: how long Envoy still waits for this
@@ -133,15 +128,9 @@ pub fn grpc_timeout(headers: &HeaderMap) -> Result<Option<Duration>, MalformedDe
 pub fn parse_envoy_expected_rq_timeout(
     value: &HeaderValue,
 ) -> Result<Option<Duration>, MalformedDeadline> {
-    let bytes = value.as_bytes();
-    if bytes.is_empty() || bytes.len() > 15 || !bytes.iter().all(u8::is_ascii_digit) {
-        return Err(MalformedDeadline(
-            "x-envoy-expected-rq-timeout-ms is not 1 to 15 ASCII digits",
-        ));
-    }
-    let ms = bytes
-        .iter()
-        .fold(0u64, |n, &d| n * 10 + u64::from(d - b'0'));
+    let ms = parse_number(value.as_bytes()).map_err(|_| {
+        MalformedDeadline("x-envoy-expected-rq-timeout-ms is not 1 to 15 ASCII digits")
+    })?;
     Ok((ms > 0).then(|| Duration::from_millis(ms)))
 }
 
@@ -171,17 +160,32 @@ pub fn parse_envoy_expected_rq_timeout(
 pub fn envoy_expected_rq_timeout(
     headers: &HeaderMap,
 ) -> Result<Option<Duration>, MalformedDeadline> {
+    agreeing(
+        headers,
+        X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+        parse_envoy_expected_rq_timeout,
+        "x-envoy-expected-rq-timeout-ms repeated with another value",
+    )
+    .map(Option::flatten)
+}
+
+/// The value of every line of header `name`, parsed by `parse`, when they all agree;
+/// `None` without the header; `repeated` when two lines disagree.
+fn agreeing<T: Copy + PartialEq>(
+    headers: &HeaderMap,
+    name: http::HeaderName,
+    parse: fn(&HeaderValue) -> Result<T, MalformedDeadline>,
+    repeated: &'static str,
+) -> Result<Option<T>, MalformedDeadline> {
     let mut found = None;
-    for value in headers.get_all(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS) {
-        let timeout = parse_envoy_expected_rq_timeout(value)?;
-        if found.is_some_and(|seen| seen != timeout) {
-            return Err(MalformedDeadline(
-                "x-envoy-expected-rq-timeout-ms repeated with another value",
-            ));
+    for value in headers.get_all(name) {
+        let parsed = parse(value)?;
+        if found.is_some_and(|seen| seen != parsed) {
+            return Err(MalformedDeadline(repeated));
         }
-        found = Some(timeout);
+        found = Some(parsed);
     }
-    Ok(found.flatten())
+    Ok(found)
 }
 
 #[cfg(test)]
