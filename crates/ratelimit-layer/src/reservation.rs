@@ -139,13 +139,16 @@ impl LocalReservation {
         }
     }
 
-    /// Whether the batch runs low (half of the batch size or less left) with none asked
-    /// for yet: the request that sees it asks for the next one ahead, so that requests do
-    /// not wait for it. Two relaxed reads.
+    /// Whether the batch runs low (half of the batch size or less left) at `now`, with none
+    /// asked for yet and no rejection of the remote's still running: the request that sees
+    /// it asks for the next one ahead, so that requests do not wait for it. While the remote
+    /// said to wait, a batch asked for ahead would only be rejected again: the request that
+    /// needs units once the wait is over asks for them. Three relaxed reads.
     #[inline]
-    pub(crate) fn running_low(&self) -> bool {
+    pub(crate) fn running_low(&self, now: u64) -> bool {
         !self.refilling.load(Ordering::Relaxed)
             && self.units.load(Ordering::Relaxed) <= self.next_batch.load(Ordering::Relaxed) / 2
+            && now >= self.blocked_until.load(Ordering::Relaxed)
     }
 
     /// The lease that ended at `expires` is over: its units are dropped, and the next batch
@@ -412,13 +415,13 @@ mod tests {
         assert!(r.claim_refill());
         assert_eq!(r.batch(0), 100);
         r.refilled(0, 100, 1_000, 0);
-        assert!(!r.running_low(), "100 held");
+        assert!(!r.running_low(MS), "100 held");
         assert!(r.decide(MS, 49).is_some());
-        assert!(!r.running_low(), "51 held");
+        assert!(!r.running_low(MS), "51 held");
         assert!(r.decide(MS, 1).is_some());
-        assert!(r.running_low(), "half left: the next is asked for now");
+        assert!(r.running_low(MS), "half left: the next is asked for now");
         assert!(r.claim_refill());
-        assert!(!r.running_low(), "asked for already");
+        assert!(!r.running_low(MS), "asked for already");
         assert_eq!(r.batch(MS), 50, "what brings the units held to the most");
         // The remote rejects the batch's own unit: its wait is repeated here, but only once
         // the units held are spent.
@@ -434,6 +437,27 @@ mod tests {
                 retry_after: 9 * MS
             })
         );
+    }
+
+    /// While the remote's rejection runs, nothing is asked for ahead (it would be rejected
+    /// again: a round trip for each request rejected here); once it is over, the next
+    /// request that leaves the batch low asks.
+    #[test]
+    fn nothing_is_asked_for_ahead_while_the_remote_says_wait() {
+        let r = LocalReservation::new(10, 100 * MS);
+        assert!(r.claim_refill());
+        r.batch(0);
+        r.rejected(0, 5 * MS, 1);
+        r.refilled(0, 0, 0, 5 * MS);
+        assert_eq!(
+            r.decide(MS, 1),
+            Some(ReservedDecision::Reject {
+                retry_after: 4 * MS
+            })
+        );
+        assert!(!r.running_low(MS), "the remote said to wait 4 ms more");
+        assert!(!r.running_low(5 * MS - 1), "still waiting");
+        assert!(r.running_low(5 * MS), "the wait is over");
     }
 }
 

@@ -129,7 +129,7 @@ pub(super) async fn reserve<C: Clock>(
 #[inline]
 pub(super) fn refill_ahead<C: Clock>(state: &Arc<RedisDeciderState<C>>) {
     if let Some(reservation) = &state.reservation {
-        if reservation.running_low() && reservation.claim_refill() {
+        if reservation.running_low(state.clock.now()) && reservation.claim_refill() {
             spawn_refill(state, Refill::Ahead, state.health.observe());
         }
     }
