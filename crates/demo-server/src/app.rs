@@ -18,6 +18,7 @@ use tower::util::MapResponseLayer;
 
 use crate::downstream::Downstream;
 use crate::model::{LatencyModel, Model};
+use crate::peers::{Peer, Shed};
 
 /// Names of the metrics `demo-server` records, through the `metrics` facade.
 ///
@@ -26,7 +27,8 @@ use crate::model::{LatencyModel, Model};
 /// recording costs next to nothing.
 pub mod metric_names {
     /// Counter of `/api` responses, labelled `outcome`: `served` (2xx), `rejected` (429
-    /// from the rate limiter, or 503 with `Retry-After` from the adaptive limit),
+    /// from the rate limiter, 503 with `Retry-After` from the adaptive limit, or 503 from a
+    /// peer that shed the request),
     /// `stop_signal` (a response carrying the stop-retrying signal), `expired` (504 from the
     /// deadline layer: the caller's deadline had passed), `failed` (anything else).
     pub const REQUESTS: &str = "demo_server_requests_total";
@@ -141,6 +143,14 @@ pub enum Stack {
         /// The adaptive limit; keep a clone to read its [status](AdaptiveLimitLayer::status).
         adaptive: AdaptiveLimitLayer,
     },
+    /// Another project's overload protection in front of the model, with no layer of this
+    /// workspace (no overload signal, no deadline layer), for benchmarks; see
+    /// [`peers`](crate::peers).
+    ///
+    /// ```text
+    /// network ──► peer ──► model
+    /// ```
+    Peer(Peer),
 }
 
 impl Stack {
@@ -151,13 +161,14 @@ impl Stack {
             Stack::Deadline => "deadline",
             Stack::Full { .. } => "full",
             Stack::Adaptive { .. } => "adaptive",
+            Stack::Peer(peer) => peer.name(),
         }
     }
 
     /// The overload layer of the stack, if it has one.
     pub fn overload(&self) -> Option<&OverloadSignalLayer> {
         match self {
-            Stack::None | Stack::Deadline => None,
+            Stack::None | Stack::Deadline | Stack::Peer(_) => None,
             Stack::Full { overload, .. } | Stack::Adaptive { overload, .. } => Some(overload),
         }
     }
@@ -249,7 +260,8 @@ pub struct StatsSnapshot {
     /// 2xx responses.
     pub served: u64,
     /// Rejections without the stop signal: 429 (the rate limiter), or 503 with
-    /// `Retry-After` (the adaptive limit).
+    /// `Retry-After` (the adaptive limit), or a `503` from a [`Stack::Peer`] that shed the
+    /// request.
     pub rejected: u64,
     /// Responses carrying the stop-retrying signal.
     pub stop_signals: u64,
@@ -294,7 +306,8 @@ impl ServerStats {
             (&c.served, SERVED)
         } else if response.status() == StatusCode::TOO_MANY_REQUESTS
             || (response.status() == StatusCode::SERVICE_UNAVAILABLE
-                && response.headers().contains_key(header::RETRY_AFTER))
+                && (response.headers().contains_key(header::RETRY_AFTER)
+                    || response.extensions().get::<Shed>().is_some()))
         {
             (&c.rejected, REJECTED)
         } else if response.status() == StatusCode::GATEWAY_TIMEOUT {
@@ -386,6 +399,13 @@ pub fn app(config: AppConfig) -> Router {
                 .deadline(deadline)
                 .build()
                 .expect("the demo sets no proxies twice"),
+        )),
+        // NOTE: the peer inside the counts, as the other stacks; `layer_fn` hands it the
+        // route as axum built it.
+        Stack::Peer(peer) => get(api).layer::<_, Infallible>((
+            record,
+            axum::error_handling::HandleErrorLayer::new(crate::peers::handle_shed),
+            tower::layer::layer_fn(move |route| peer.wrap(route)),
         )),
     };
     let router = Router::new()

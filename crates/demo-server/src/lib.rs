@@ -8,6 +8,9 @@
 //!   `/metrics`), with the overload layers in front of the model ([`app::Stack`]: the
 //!   overload signal, the deadline layer, a rate or adaptive limit) and an optional
 //!   [`downstream`] tier.
+//! - [`peers`]: other projects' overload protection (tower's `ConcurrencyLimit` +
+//!   `LoadShed`, tower-resilience's adaptive limiter, little-loadshedder) as a
+//!   [`app::Stack::Peer`], for benchmarks.
 //! - [`server`]: the binary's connection handling around the router: what happens to the
 //!   work of a client that went away ([`server::Abandoned`]), a header read timeout, a cap on
 //!   open connections, graceful shutdown.
@@ -53,6 +56,7 @@ pub mod app;
 pub mod downstream;
 pub mod duration;
 pub mod model;
+pub mod peers;
 pub mod server;
 pub mod size;
 

@@ -10,6 +10,7 @@ use demo_server::app::{ARTICLE_BURST, ARTICLE_RATE_LIMIT, MMC_BURST, MMC_RATE_LI
 use demo_server::downstream::Downstream;
 use demo_server::duration::parse_duration;
 use demo_server::model::{ArticleModel, LatencyModel, MmcModel};
+use demo_server::peers::Peer;
 use demo_server::server::{Abandoned, ServerConfig};
 use demo_server::size::parse_size;
 use overload_signal::signal::StopRule;
@@ -49,6 +50,10 @@ request whose caller's deadline has passed (X-Request-Deadline, grpc-timeout, En
 x-envoy-expected-rq-timeout-ms) is answered
 504 Gateway Timeout at once, without the model, and one still running at its deadline is
 cancelled; no rate, no limit. --stack none serves the bare model.
+To compare, --stack tower-shed, tower-resilience and little put another project's protection
+alone in front of the model (no overload signal, no deadline layer), each answering 503
+Service Unavailable to what it sheds: tower's ConcurrencyLimit + LoadShed at the model's
+capacity, tower-resilience's adaptive limiter (Vegas), little-loadshedder (Little's law).
 
 Other routes: GET /healthz (never limited), GET /metrics (Prometheus text), and with --admin
 GET and PUT /admin/capacity, the model's capacity (article: the knee; mmc: the workers),
@@ -62,6 +67,7 @@ Examples:
   demo-server --stack none                     the article's server, bare
   demo-server --model mmc --rate-limit 183     the paper's M/M/10 server, limited at 183 req/s
   demo-server --stack deadline                 no rate, no limit: expired requests dropped
+  demo-server --model mmc --stack tower-shed   tower's ConcurrencyLimit + LoadShed at 10
   demo-server --stack adaptive --admin         no rate: the limit adapts; then halve the capacity:
       curl -X PUT --data 15 http://127.0.0.1:8070/admin/capacity
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
@@ -89,7 +95,8 @@ pub(crate) struct Cli {
 
     /// What stands in front of the model: `full` (overload signal + deadline + rate
     /// limiter), `adaptive` (overload signal + deadline + adaptive limit, no rate),
-    /// `deadline` (the deadline layer alone) or `none`.
+    /// `deadline` (the deadline layer alone) or `none`; or, to compare, another project's
+    /// protection alone: `tower-shed`, `tower-resilience` or `little`.
     #[arg(long, value_enum, default_value_t = StackArg::Full)]
     stack: StackArg,
 
@@ -306,6 +313,18 @@ pub(crate) struct Cli {
     #[arg(long)]
     admin: bool,
 
+    /// --stack tower-shed: the concurrency of tower's ConcurrencyLimit [default: the model's
+    /// capacity: mmc's workers, the article's knee; required with the instant model].
+    #[arg(long, value_name = "N", help_heading = "Peers")]
+    peer_concurrency: Option<NonZeroUsize>,
+
+    /// --stack little: the average latency little-loadshedder keeps [default: twice the
+    /// model's unloaded latency: 2 x --mean-service for mmc (the M/M/10 server's own mean
+    /// is 92 ms at the paper's 183 req/s), 2 x --base-delay for the article; required with
+    /// the instant model].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, help_heading = "Peers")]
+    little_target: Option<Duration>,
+
     /// Do not print the status line.
     #[arg(long)]
     quiet: bool,
@@ -338,6 +357,14 @@ enum StackArg {
     Deadline,
     /// The bare model.
     None,
+    /// tower's ConcurrencyLimit (at --peer-concurrency) inside LoadShed, answering 503.
+    TowerShed,
+    /// tower-resilience's adaptive limiter (Vegas, its defaults) inside tower's LoadShed,
+    /// answering 503.
+    TowerResilience,
+    /// little-loadshedder: Little's law keeps the average latency at --little-target;
+    /// answers 503.
+    Little,
 }
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq, ValueEnum)]
@@ -438,7 +465,16 @@ impl Cli {
                 overload,
                 adaptive: AdaptiveLimitLayer::new(),
             },
+            StackArg::TowerShed => Stack::Peer(Peer::tower_shed(self.peer_concurrency(&latency)?)),
+            StackArg::TowerResilience => Stack::Peer(Peer::tower_resilience()),
+            StackArg::Little => Stack::Peer(self.little(&latency)?),
         };
+        if self.peer_concurrency.is_some() && self.stack != StackArg::TowerShed {
+            return Err("--peer-concurrency is for --stack tower-shed".to_owned());
+        }
+        if self.little_target.is_some() && self.stack != StackArg::Little {
+            return Err("--little-target is for --stack little".to_owned());
+        }
         let deadline = DeadlineLayer::builder()
             .skew_allowance(self.skew_allowance)
             .build()
@@ -470,6 +506,38 @@ impl Cli {
             redis: redis.map(|r| r.store),
             quiet: self.quiet,
         })
+    }
+
+    /// The concurrency of `--stack tower-shed`: `--peer-concurrency`, or the model's
+    /// capacity (mmc's workers, the article's knee).
+    fn peer_concurrency(&self, latency: &LatencyModel) -> Result<NonZeroUsize, String> {
+        match (self.peer_concurrency, latency) {
+            (Some(n), _) => Ok(n),
+            (None, LatencyModel::Mmc(mmc)) => Ok(mmc.workers()),
+            (None, LatencyModel::Article(article)) => NonZeroUsize::new(article.knee())
+                .ok_or_else(|| "--knee must be above zero for --stack tower-shed".to_owned()),
+            (None, LatencyModel::Instant) => Err("--stack tower-shed on the instant model needs \
+                                                 --peer-concurrency: the model has no capacity"
+                .to_owned()),
+        }
+    }
+
+    /// The peer of `--stack little`: little-loadshedder keeping `--little-target`, or twice
+    /// the model's unloaded latency.
+    fn little(&self, latency: &LatencyModel) -> Result<Peer, String> {
+        let target = match (self.little_target, latency) {
+            (Some(target), _) => target,
+            (None, LatencyModel::Mmc(mmc)) => mmc.mean_service() * 2,
+            (None, LatencyModel::Article(article)) => article.base() * 2,
+            (None, LatencyModel::Instant) => {
+                return Err(
+                    "--stack little on the instant model needs --little-target: \
+                            the model has no latency"
+                        .to_owned(),
+                );
+            }
+        };
+        Peer::little(target).map_err(|e| format!("--little-target: {e}"))
     }
 
     /// The overload layer, trusting `--trusted-proxy` if given, with the stop rule of

@@ -87,7 +87,7 @@ async fn serve(plan: Plan) -> Result<(), String> {
     let histogram = plan.stack.overload().map(|o| o.histogram().clone());
     let adaptive = match &plan.stack {
         Stack::Adaptive { adaptive, .. } => Some(adaptive.clone()),
-        Stack::None | Stack::Deadline | Stack::Full { .. } => None,
+        Stack::None | Stack::Deadline | Stack::Full { .. } | Stack::Peer(_) => None,
     };
     let stack_name = plan.stack.name();
     let mut config = AppConfig::new(model.clone())

@@ -434,3 +434,94 @@ fn the_stop_rule_threshold_reaches_the_overload_layer() {
         assert!(err.contains("--stop-retry-share"), "{bad}: {err}");
     }
 }
+
+/// Issue 34: the benchmark's peers behind the same model, at the model's capacity.
+#[test]
+fn peer_stacks_take_the_models_capacity_and_latency() {
+    let stack = |args: &[&str]| parse(args).unwrap().plan().unwrap().stack;
+    let ten = NonZeroUsize::new(10).unwrap();
+    let Stack::Peer(peer) = stack(&["--stack", "tower-shed", "--model", "mmc"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(peer, Peer::tower_shed(ten), "the M/M/10 model's workers");
+    let Stack::Peer(peer) = stack(&["--stack", "tower-shed"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(
+        peer,
+        Peer::tower_shed(NonZeroUsize::new(30).unwrap()),
+        "the article's knee"
+    );
+    let Stack::Peer(peer) = stack(&[
+        "--stack",
+        "tower-shed",
+        "--model",
+        "mmc",
+        "--workers",
+        "4",
+        "--peer-concurrency",
+        "7",
+    ]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(peer, Peer::tower_shed(NonZeroUsize::new(7).unwrap()));
+    let Stack::Peer(peer) = stack(&["--stack", "tower-resilience"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(peer, Peer::tower_resilience());
+    let Stack::Peer(peer) = stack(&["--stack", "little", "--model", "mmc"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(
+        peer,
+        Peer::little(Duration::from_millis(100)).unwrap(),
+        "twice the mean service time"
+    );
+    let Stack::Peer(peer) = stack(&["--stack", "little"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(
+        peer,
+        Peer::little(Duration::from_millis(200)).unwrap(),
+        "twice the article's base delay"
+    );
+    let Stack::Peer(peer) = stack(&["--stack", "little", "--little-target", "80ms"]) else {
+        panic!("not a peer")
+    };
+    assert_eq!(peer, Peer::little(Duration::from_millis(80)).unwrap());
+}
+
+#[test]
+fn peer_stacks_refuse_what_they_cannot_use() {
+    for (args, needle) in [
+        (
+            &["--stack", "tower-shed", "--model", "instant"][..],
+            "--stack tower-shed on the instant model needs --peer-concurrency",
+        ),
+        (
+            &["--stack", "little", "--model", "instant"],
+            "--stack little on the instant model needs --little-target",
+        ),
+        (
+            &["--stack", "little", "--little-target", "0s"],
+            "--little-target: little's target latency must be above zero, got 0ns",
+        ),
+        (
+            &["--stack", "full", "--peer-concurrency", "3"],
+            "--peer-concurrency is for --stack tower-shed",
+        ),
+        (
+            &["--stack", "adaptive", "--little-target", "3ms"],
+            "--little-target is for --stack little",
+        ),
+        (
+            &["--stack", "little", "--redis-url", "redis://127.0.0.1:6379"],
+            "--stack little has none",
+        ),
+    ] {
+        let Err(err) = parse(args).unwrap().plan() else {
+            panic!("{args:?} was accepted")
+        };
+        assert!(err.contains(needle), "{args:?}: {err}");
+    }
+}
