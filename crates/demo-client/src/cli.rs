@@ -506,6 +506,11 @@ pub struct EnvoyArgs {
     /// default only Envoy's relative x-envoy-expected-rq-timeout-ms is sent.
     #[arg(long)]
     pub deadline_header: bool,
+    /// Put Envoy's adaptive concurrency filter (gradient controller, p50, Envoy's defaults
+    /// otherwise) in front of the router: it limits the requests outstanding to the servers
+    /// from their latency and answers the rest 503 at once; by default there is none.
+    #[arg(long)]
+    pub adaptive_concurrency: bool,
     /// Envoy's worker threads (--concurrency).
     #[arg(long, value_name = "N", default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..))]
     pub workers: u32,
@@ -564,6 +569,7 @@ impl EnvoyArgs {
             upstream_http2: self.http2,
             workers: self.workers,
             deadline_header: self.deadline_header,
+            adaptive_concurrency: self.adaptive_concurrency,
         })
     }
 }

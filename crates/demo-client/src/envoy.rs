@@ -104,7 +104,7 @@ impl RetryPolicy {
 
 /// How the proxy is set up. [`ProxySettings::default`]: no retries, the attempt count on,
 /// a 15 s route timeout (Envoy's own default), no health checks, HTTP/1.1 to the servers,
-/// one worker thread, no `X-Request-Deadline` added.
+/// one worker thread, no `X-Request-Deadline` added, no adaptive concurrency filter.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct ProxySettings {
     /// The route's retry policy; `None`: Envoy does not retry.
@@ -139,6 +139,19 @@ pub struct ProxySettings {
     /// for a sidecar or an internal gateway, whose callers are trusted anyway. An Envoy at
     /// the edge, whose callers are not, should overwrite it (`OVERWRITE_IF_EXISTS_OR_ADD`).
     pub deadline_header: bool,
+    /// Envoy's adaptive concurrency filter in front of the router: its gradient controller
+    /// limits the requests outstanding to the servers from their latency, and answers the
+    /// rest `503` at once (body `reached concurrency limit`). Default: off.
+    ///
+    /// The controller summarises latency at p50 (the filter's default, said explicitly) and
+    /// keeps Envoy's defaults elsewhere (a limit of at most 1 000, the minimum RTT measured
+    /// on 50 requests at a concurrency of 3, 10 % jitter, a 25 % buffer), with the two
+    /// settings that have none set as the filter's documented example sets them: the limit
+    /// recomputed every 100 ms, the minimum RTT every 60 s.
+    ///
+    /// This is the peer issue 34's benchmark compares the adaptive limit with, in front of
+    /// the bare server; note that it limits the whole cluster, not each server.
+    pub adaptive_concurrency: bool,
 }
 
 impl Default for ProxySettings {
@@ -151,6 +164,7 @@ impl Default for ProxySettings {
             upstream_http2: false,
             workers: 1,
             deadline_header: false,
+            adaptive_concurrency: false,
         }
     }
 }
@@ -241,8 +255,20 @@ pub fn config(
             );
         }
     }
+    c.push_str("          http_filters:\n");
+    if settings.adaptive_concurrency {
+        c.push_str(
+            "          - name: envoy.filters.http.adaptive_concurrency\n            \
+             typed_config:\n              \"@type\": type.googleapis.com/\
+             envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency\n              \
+             gradient_controller_config:\n                \
+             sample_aggregate_percentile: { value: 50 }\n                \
+             concurrency_limit_params: { concurrency_update_interval: 0.1s }\n                \
+             min_rtt_calc_params: { interval: 60s }\n",
+        );
+    }
     c.push_str(
-        "          http_filters:\n          - name: envoy.filters.http.router\n            \
+        "          - name: envoy.filters.http.router\n            \
          typed_config:\n              \"@type\": type.googleapis.com/envoy.extensions.filters.http.router.v3.Router\n",
     );
     let _ = write!(
@@ -489,6 +515,32 @@ mod tests {
         assert_eq!(stats.all().len(), 3);
     }
 
+    /// Issue 34: Envoy's adaptive concurrency filter, gradient controller at p50, before
+    /// the router (a filter after the router never sees a request).
+    #[test]
+    fn adaptive_concurrency_is_the_gradient_controller_at_p50_before_the_router() {
+        let settings = ProxySettings {
+            adaptive_concurrency: true,
+            ..ProxySettings::default()
+        };
+        let c = config(
+            &settings,
+            "127.0.0.1:7000".parse().unwrap(),
+            "127.0.0.1:7009".parse().unwrap(),
+            &["127.0.0.1:7001".parse().unwrap()],
+        );
+        let expected = "          http_filters:\n\
+            \x20         - name: envoy.filters.http.adaptive_concurrency\n\
+            \x20           typed_config:\n\
+            \x20             \"@type\": type.googleapis.com/envoy.extensions.filters.http.adaptive_concurrency.v3.AdaptiveConcurrency\n\
+            \x20             gradient_controller_config:\n\
+            \x20               sample_aggregate_percentile: { value: 50 }\n\
+            \x20               concurrency_limit_params: { concurrency_update_interval: 0.1s }\n\
+            \x20               min_rtt_calc_params: { interval: 60s }\n\
+            \x20         - name: envoy.filters.http.router\n";
+        assert!(c.contains(expected), "not in:\n{c}");
+    }
+
     #[test]
     fn the_configuration_carries_every_setting() {
         let settings = ProxySettings {
@@ -536,6 +588,7 @@ mod tests {
             &servers[..1],
         );
         for absent in [
+            "adaptive_concurrency",
             "x-request-deadline",
             "retry_policy",
             "health_checks",
@@ -558,6 +611,53 @@ mod real {
     use hyper_util::client::legacy::Client;
     use hyper_util::client::legacy::connect::HttpConnector;
     use hyper_util::rt::TokioExecutor;
+
+    /// Issue 34: with the adaptive concurrency filter, Envoy starts (the configuration is
+    /// valid for Envoy 1.40), serves through it, and the gradient controller's statistics
+    /// are there.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn envoy_serves_through_its_adaptive_concurrency_filter() {
+        use demo_server::app::{AppConfig, app};
+        use demo_server::model::{LatencyModel, Model};
+
+        let envoy = find_envoy(None).expect("envoy");
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let server_addr = listener.local_addr().unwrap();
+        let router = app(AppConfig::new(Model::new(LatencyModel::Instant)));
+        let server = tokio::spawn(async move { axum::serve(listener, router).await });
+        let dir =
+            std::env::temp_dir().join(format!("demo-client-envoy-adaptive-{}", std::process::id()));
+        let settings = ProxySettings {
+            adaptive_concurrency: true,
+            ..ProxySettings::default()
+        };
+        let proxy = EnvoyProxy::start(&envoy, &dir, &settings, &[server_addr])
+            .await
+            .unwrap_or_else(|e| panic!("{e}"));
+        let client: Client<HttpConnector, Empty<Bytes>> =
+            Client::builder(TokioExecutor::new()).build(HttpConnector::new());
+        for _ in 0..20 {
+            let url: Uri = format!("http://{}/api", proxy.addr()).parse().unwrap();
+            let response = client
+                .request(Request::get(url).body(Empty::new()).unwrap())
+                .await
+                .unwrap();
+            // One request at a time never reaches the limit (at least 3).
+            assert_eq!(response.status(), http::StatusCode::OK);
+        }
+        let stats = proxy.stats().await.unwrap();
+        assert_eq!(stats.downstream_requests(), 20);
+        let limit = "http.ingress.adaptive_concurrency.gradient_controller.concurrency_limit";
+        assert!(
+            stats.all().contains_key(limit),
+            "no {limit} in Envoy's statistics: {:?}",
+            stats.all().keys().collect::<Vec<_>>()
+        );
+        assert!(stats.get(limit) >= 1);
+        proxy.shutdown().await.unwrap();
+        server.abort();
+        let _ = std::fs::remove_dir_all(&dir);
+    }
 
     /// A server that refuses every connection: Envoy's `connect-failure` retries show on
     /// its counters, one request at a time.

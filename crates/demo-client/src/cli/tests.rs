@@ -284,6 +284,7 @@ fn envoy_defaults_and_settings() {
     assert!(!settings.upstream_http2);
     assert_eq!(settings.workers, 1);
     assert!(!settings.deadline_header);
+    assert!(!settings.adaptive_concurrency);
 
     let Command::Envoy(e) = parse(&[
         "envoy",
@@ -302,6 +303,7 @@ fn envoy_defaults_and_settings() {
         "--workers",
         "2",
         "--deadline-header",
+        "--adaptive-concurrency",
     ])
     .unwrap()
     .command
@@ -317,6 +319,7 @@ fn envoy_defaults_and_settings() {
     assert!(settings.upstream_http2);
     assert_eq!(settings.workers, 2);
     assert!(settings.deadline_header);
+    assert!(settings.adaptive_concurrency);
     let Command::Envoy(e) = parse(&["envoy", "--upstream", "127.0.0.1:1", "--retry", "none"])
         .unwrap()
         .command
