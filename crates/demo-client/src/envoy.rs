@@ -149,7 +149,7 @@ pub struct ProxySettings {
     /// settings that have none set as the filter's documented example sets them: the limit
     /// recomputed every 100 ms, the minimum RTT every 60 s.
     ///
-    /// This is the peer issue 34's benchmark compares the adaptive limit with, in front of
+    /// This is the peer the goodput benchmark compares the adaptive limit with, in front of
     /// the bare server; note that it limits the whole cluster, not each server.
     pub adaptive_concurrency: bool,
 }
