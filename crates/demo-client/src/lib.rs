@@ -21,12 +21,14 @@
 //! - [`record`]: the per-second recorder;
 //! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
 //! - [`output`]: the CSV and the SVG plots;
-//! - [`plot`]: the dependency-free SVG plotter.
+//! - [`plot`]: the dependency-free SVG plotter;
+//! - [`bench`](mod@bench): the goodput benchmark's open-loop load and outcome classification.
 //!
 //! # Feature flags
 //!
 //! This crate has no optional features.
 
+pub mod bench;
 pub mod cli;
 pub mod client;
 pub mod drive;
