@@ -1,5 +1,7 @@
-//! The goodput benchmark's pieces: an open-loop load ([`open_loop`]) and what each request
-//! ended as ([`outcome`]).
+//! The goodput benchmark (`demo-client bench`): an open-loop load ([`open_loop`]) of HTTP
+//! requests ([`send`]), what each request ended as ([`outcome`]), the systems under test
+//! started fresh for each point ([`system`]), a point's figures and the order of the points
+//! ([`runner`]), and the table and CSV ([`table`]).
 //!
 //! An open loop sends requests at instants fixed in advance, whatever the answers: a system
 //! that answers slowly cannot slow the offered load down, as it does a closed loop of
@@ -31,3 +33,7 @@
 
 pub mod open_loop;
 pub mod outcome;
+pub mod runner;
+pub mod send;
+pub mod system;
+pub mod table;

@@ -100,9 +100,28 @@ impl Schedule {
 /// arrival over the cap is counted as dropped, not sent. Returns when every sent request has
 /// ended (bound the time each may take inside `send`).
 ///
-/// A served request's latency runs from its scheduled instant to the end of `send`.
+/// A served request's latency runs from its scheduled instant to the end of `send`. The
+/// same as [`run_after_warmup`] with no warm-up.
 pub async fn run<F, Fut>(
     schedule: &Schedule,
+    duration: Duration,
+    max_in_flight: usize,
+    send: F,
+) -> Point
+where
+    F: FnMut() -> Fut,
+    Fut: Future<Output = Outcome> + Send + 'static,
+{
+    run_after_warmup(schedule, Duration::ZERO, duration, max_in_flight, send).await
+}
+
+/// As [`run`], for `warmup + duration`, recording only the arrivals scheduled after the
+/// first `warmup`: the load runs without a pause from the warm-up into the recorded part
+/// (a limit that converged keeps its queue and state), and what was sent during the
+/// warm-up is neither counted nor timed, though it holds its place under the cap.
+pub async fn run_after_warmup<F, Fut>(
+    schedule: &Schedule,
+    warmup: Duration,
     duration: Duration,
     max_in_flight: usize,
     mut send: F,
@@ -115,14 +134,17 @@ where
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let mut tasks = JoinSet::new();
     let start = Instant::now();
-    for offset in schedule.offsets(duration) {
+    for offset in schedule.offsets(warmup + duration) {
+        let recorded = offset >= warmup;
         let scheduled = start + offset;
         tokio::time::sleep_until(scheduled).await;
         let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
-            point.lock().expect("not poisoned").dropped += 1;
+            if recorded {
+                point.lock().expect("not poisoned").dropped += 1;
+            }
             continue;
         };
-        if Instant::now().duration_since(scheduled) > Duration::from_millis(1) {
+        if recorded && Instant::now().duration_since(scheduled) > Duration::from_millis(1) {
             point.lock().expect("not poisoned").late += 1;
         }
         let request = send();
@@ -131,6 +153,9 @@ where
             let outcome = request.await;
             let took = scheduled.elapsed();
             drop(permit);
+            if !recorded {
+                return;
+            }
             let mut point = point.lock().expect("not poisoned");
             match outcome {
                 Outcome::Served => point.served.push(took),
@@ -238,5 +263,39 @@ mod tests {
         assert!((40..=60).contains(&point.dropped()), "{point:?}");
         assert!(point.served() > 0 && point.rejected() > 0 && point.failed() > 0);
         assert_eq!(inside.load(Ordering::SeqCst), 0, "every request ended");
+    }
+
+    /// The warm-up's arrivals are sent (the load does not pause) but neither counted nor
+    /// timed: 100/s for 0.5 s of warm-up and 1 s recorded sends 150 and records 100.
+    #[tokio::test(start_paused = true)]
+    async fn the_warmup_is_sent_but_not_recorded() {
+        let schedule = Schedule::new(100.0, Arrivals::Fixed).unwrap();
+        let mut sent = 0u32;
+        let point = run_after_warmup(
+            &schedule,
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+            1000,
+            || {
+                sent += 1;
+                // The warm-up's answers are rejections; the recorded part's are served.
+                let outcome = if sent <= 50 {
+                    Outcome::Rejected
+                } else {
+                    Outcome::Served
+                };
+                async move {
+                    tokio::time::sleep(Duration::from_millis(30)).await;
+                    outcome
+                }
+            },
+        )
+        .await;
+        assert_eq!(sent, 150);
+        assert_eq!(
+            (point.served(), point.rejected(), point.offered()),
+            (100, 0, 100)
+        );
+        assert_eq!(point.served_quantile(1.0), Some(Duration::from_millis(30)));
     }
 }

@@ -1,0 +1,230 @@
+//! The run's results as a Markdown table and a CSV.
+
+use std::fmt::Write as _;
+use std::time::Duration;
+
+use super::runner::{Figures, PointSpec};
+use super::system::{Model, System};
+
+/// Every measured point, and the table and CSV made of them.
+#[derive(Clone, Debug, Default)]
+pub struct Results {
+    points: Vec<(PointSpec, Figures)>,
+}
+
+impl Results {
+    /// No points yet.
+    pub fn new() -> Self {
+        Self::default()
+    }
+
+    /// Adds a measured point.
+    pub fn push(&mut self, spec: PointSpec, figures: Figures) {
+        self.points.push((spec, figures));
+    }
+
+    /// The points, in the order they were measured.
+    pub fn points(&self) -> &[(PointSpec, Figures)] {
+        &self.points
+    }
+
+    /// The points sorted for the table: by model (mmc first), load, then system in the
+    /// order of [`System::ALL`].
+    fn sorted(&self) -> Vec<&(PointSpec, Figures)> {
+        let rank_model = |m: Model| Model::ALL.iter().position(|&x| x == m);
+        let rank_system = |s: System| System::ALL.iter().position(|&x| x == s);
+        let mut sorted: Vec<_> = self.points.iter().collect();
+        sorted.sort_by(|(a, _), (b, _)| {
+            rank_model(a.model)
+                .cmp(&rank_model(b.model))
+                .then(a.load.total_cmp(&b.load))
+                .then(rank_system(a.system).cmp(&rank_system(b.system)))
+        });
+        sorted
+    }
+
+    /// One Markdown table per model, one row per load and system: offered rate, goodput
+    /// (and its share of the model's capacity), the served requests' p50 / p99 / p99.9 in
+    /// milliseconds, the rejected and failed shares; `*` after the goodput of a point the
+    /// generator limited. Empty when there are no points.
+    pub fn markdown(&self) -> String {
+        let mut out = String::new();
+        let mut current: Option<Model> = None;
+        for (spec, f) in self.sorted() {
+            if current != Some(spec.model) {
+                if current.is_some() {
+                    out.push('\n');
+                }
+                current = Some(spec.model);
+                let _ = writeln!(
+                    out,
+                    "### {} (capacity {:.0} req/s)\n",
+                    spec.model,
+                    spec.model.capacity()
+                );
+                out.push_str("| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |\n");
+                out.push_str("|---|---|---|---|---|---|---|\n");
+            }
+            let _ = writeln!(
+                out,
+                "| {}x | {} | {:.0} | {:.0} ({:.0} %){} | {} / {} / {} | {:.1} % | {:.1} % |",
+                spec.load,
+                spec.system,
+                f.offered_rate,
+                f.goodput,
+                100.0 * f.goodput_share(spec.model.capacity()),
+                if f.generator_limited() { " *" } else { "" },
+                ms(f.served_p50),
+                ms(f.served_p99),
+                ms(f.served_p999),
+                100.0 * f.rejected_share(),
+                100.0 * f.failed_share(),
+            );
+        }
+        if self.points.iter().any(|(_, f)| f.generator_limited()) {
+            out.push_str(
+                "\n`*`: the generator limited the point (arrivals dropped at its in-flight cap, or sent late).\n",
+            );
+        }
+        out
+    }
+
+    /// One line per point (a header first), every figure: latencies in milliseconds,
+    /// shares from 0 to 1, an empty field for a latency with nothing served.
+    pub fn csv(&self) -> String {
+        let mut out = String::from(
+            "model,load,system,offered_rate,goodput,goodput_share,served,rejected,failed,dropped,late,served_p50_ms,served_p99_ms,served_p999_ms,rejected_share,failed_share,generator_limited\n",
+        );
+        for (spec, f) in self.sorted() {
+            let _ = writeln!(
+                out,
+                "{},{},{},{:.1},{:.1},{:.4},{},{},{},{},{},{},{},{},{:.4},{:.4},{}",
+                spec.model,
+                spec.load,
+                spec.system,
+                f.offered_rate,
+                f.goodput,
+                f.goodput_share(spec.model.capacity()),
+                f.served,
+                f.rejected,
+                f.failed,
+                f.dropped,
+                f.late,
+                ms_field(f.served_p50),
+                ms_field(f.served_p99),
+                ms_field(f.served_p999),
+                f.rejected_share(),
+                f.failed_share(),
+                f.generator_limited(),
+            );
+        }
+        out
+    }
+}
+
+/// A progress line for one measured point.
+pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
+    format!(
+        "{} {}x {}: offered {:.0}/s, served {:.0}/s, served p99 {} ms, rejected {:.1} %, failed {:.1} %{}",
+        spec.model,
+        spec.load,
+        spec.system,
+        f.offered_rate,
+        f.goodput,
+        ms(f.served_p99),
+        100.0 * f.rejected_share(),
+        100.0 * f.failed_share(),
+        if f.generator_limited() {
+            " (generator-limited)"
+        } else {
+            ""
+        },
+    )
+}
+
+fn ms(d: Option<Duration>) -> String {
+    d.map_or_else(
+        || "-".to_owned(),
+        |d| format!("{:.1}", d.as_secs_f64() * 1e3),
+    )
+}
+
+fn ms_field(d: Option<Duration>) -> String {
+    d.map_or_else(String::new, |d| format!("{:.3}", d.as_secs_f64() * 1e3))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn figures(goodput: f64, p99_ms: Option<u64>, rejected: u64, dropped: u64) -> Figures {
+        let p = p99_ms.map(Duration::from_millis);
+        Figures {
+            offered_rate: 600.0,
+            goodput,
+            served_p50: p.map(|d| d / 2),
+            served_p99: p,
+            served_p999: p,
+            served: 200,
+            rejected,
+            failed: 0,
+            dropped,
+            late: 0,
+        }
+    }
+
+    #[test]
+    fn the_table_groups_by_model_and_sorts_by_load_then_system() {
+        let mut results = Results::new();
+        let spec = |system, model, load| PointSpec {
+            system,
+            model,
+            load,
+        };
+        results.push(
+            spec(System::Adaptive, Model::Mmc, 3.0),
+            figures(200.0, Some(80), 400, 0),
+        );
+        results.push(
+            spec(System::Bare, Model::Mmc, 3.0),
+            figures(50.0, None, 0, 7),
+        );
+        results.push(
+            spec(System::Bare, Model::Article, 1.0),
+            figures(300.0, Some(100), 0, 0),
+        );
+        results.push(
+            spec(System::Bare, Model::Mmc, 1.0),
+            figures(199.0, Some(120), 0, 0),
+        );
+        assert_eq!(
+            results.markdown(),
+            "\
+### mmc (capacity 200 req/s)
+
+| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |
+|---|---|---|---|---|---|---|
+| 1x | bare | 600 | 199 (100 %) | 60.0 / 120.0 / 120.0 | 0.0 % | 0.0 % |
+| 3x | bare | 600 | 50 (25 %) * | - / - / - | 0.0 % | 0.0 % |
+| 3x | adaptive | 600 | 200 (100 %) | 40.0 / 80.0 / 80.0 | 66.7 % | 0.0 % |
+
+### article (capacity 300 req/s)
+
+| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |
+|---|---|---|---|---|---|---|
+| 1x | bare | 600 | 300 (100 %) | 50.0 / 100.0 / 100.0 | 0.0 % | 0.0 % |
+
+`*`: the generator limited the point (arrivals dropped at its in-flight cap, or sent late).
+"
+        );
+        let csv = results.csv();
+        let lines: Vec<_> = csv.lines().collect();
+        assert_eq!(lines.len(), 5);
+        assert!(lines[0].starts_with("model,load,system,offered_rate,goodput"));
+        assert_eq!(
+            lines[2],
+            "mmc,3,bare,600.0,50.0,0.2500,200,0,0,7,0,,,,0.0000,0.0000,true"
+        );
+        assert_eq!(results.points().len(), 4);
+    }
+}
