@@ -11,6 +11,8 @@ use std::time::Duration;
 use clap::{Args, Parser, Subcommand};
 use http::Uri;
 
+use crate::bench::open_loop::Arrivals;
+use crate::bench::system::{Model, System};
 use crate::client::Abandoned;
 use crate::duration::parse_duration;
 use crate::envoy::{ProxySettings, RetryPolicy};
@@ -48,6 +50,27 @@ Example (scripts/behind-envoy.sh does this for each stack and policy):
   demo-server --model mmc --listen 127.0.0.1:8070 &
   demo-client envoy --upstream 127.0.0.1:8070 --retry istio";
 
+const BENCH_ABOUT: &str = "\
+The goodput benchmark. For each model (mmc: capacity 200 req/s; article: 300 req/s nominal)
+and each load (a multiple of the capacity), every system gets one point, in an order rotated
+from one load to the next: the system is started fresh (a demo-server on a free port of
+127.0.0.1, and for `envoy` an Envoy with its adaptive concurrency filter in front of the
+bare server), sent an open-loop load (arrivals at a fixed rate, never waiting for answers)
+for the warm-up and then the recorded part without a pause, and stopped. A calibration
+point (bare at 0.5x) comes first for each model: its served p99 is the unloaded one.
+
+Per point: goodput (served requests a second), the p50 / p99 / p99.9 of the served requests
+alone (from each request's scheduled instant), the shares rejected (429, 503, the stop
+signal) and failed (timeouts, connection errors, other statuses). One progress line per
+point on stderr, the Markdown table on stdout, bench.csv in --out.
+
+Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
+
+Examples:
+  demo-client bench                      # the whole curve (about 9 minutes)
+  demo-client bench --quick              # 1x, 3x and 10x, 2 s a point
+  demo-client bench --systems adaptive,envoy --models mmc --loads 3,10";
+
 /// The demo load generator and the pause-and-resume outage experiment.
 #[derive(Debug, Parser)]
 #[command(name = "demo-client", version, about, long_about = None)]
@@ -81,6 +104,12 @@ pub enum Command {
     /// and at the end its request and retry counters.
     #[command(long_about = ENVOY_ABOUT)]
     Envoy(EnvoyArgs),
+    /// The goodput benchmark: an open-loop load at multiples of each model's capacity
+    /// against every system (ours, Envoy's adaptive concurrency, the tower peers), each
+    /// started fresh for each point; goodput, the served requests' latency, the rejected
+    /// and failed shares, as a table and a CSV.
+    #[command(long_about = BENCH_ABOUT)]
+    Bench(BenchArgs),
 }
 
 /// The clients: how many, how often, how patient.
@@ -571,6 +600,132 @@ impl EnvoyArgs {
             deadline_header: self.deadline_header,
             adaptive_concurrency: self.adaptive_concurrency,
         })
+    }
+}
+
+/// `demo-client bench`.
+#[derive(Debug, Clone, Args)]
+pub struct BenchArgs {
+    /// The systems, comma-separated [default: all seven].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub systems: Vec<System>,
+    /// The latency models, comma-separated [default: mmc,article].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub models: Vec<Model>,
+    /// The loads, multiples of the model's capacity, comma-separated [default:
+    /// 1,1.5,3,10,100; with --quick 1,3,10].
+    #[arg(long, value_name = "LIST", value_delimiter = ',')]
+    pub loads: Vec<f64>,
+    /// The recorded part of each point [default: 6s; with --quick 2s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub duration: Option<Duration>,
+    /// The load sent before recording, not recorded [default: 1s; with --quick 500ms].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
+    pub warmup: Option<Duration>,
+    /// A short run: 1x, 3x and 10x, 500 ms of warm-up and 2 s recorded a point, unless
+    /// --loads, --warmup or --duration say otherwise.
+    #[arg(long)]
+    pub quick: bool,
+    /// Each request's timeout: a request unanswered by then failed.
+    #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
+    pub timeout: Duration,
+    /// The generator's cap on requests in flight: an arrival over it is not sent, counted
+    /// as dropped, and its point marked as limited by the generator.
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(4096).expect("not zero"))]
+    pub max_in_flight: NonZeroUsize,
+    /// Space arrivals as a Poisson process (seeded by --seed) instead of evenly.
+    #[arg(long)]
+    pub poisson: bool,
+    /// The seed of --poisson's arrivals.
+    #[arg(long, default_value = "1")]
+    pub seed: u64,
+    /// Leave out the calibration points (bare at 0.5x, one per model).
+    #[arg(long)]
+    pub no_calibration: bool,
+    /// The demo-server executable [default: next to demo-client].
+    #[arg(long = "server-bin", value_name = "PATH")]
+    pub server_bin: Option<PathBuf>,
+    /// The `envoy` executable [default: ENVOY, else .venv/bin/envoy in this directory or a
+    /// parent, else envoy on the PATH]; needed only for the `envoy` system.
+    #[arg(long, value_name = "PATH")]
+    pub envoy: Option<PathBuf>,
+    /// Directory for bench.csv (and Envoy's configuration and log, in envoy/).
+    #[arg(long, default_value = "target/bench")]
+    pub out: PathBuf,
+}
+
+/// The selection and timing of a `demo-client bench` run, defaults and --quick applied.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BenchPlan {
+    /// The systems, in the order of the first round.
+    pub systems: Vec<System>,
+    /// The models.
+    pub models: Vec<Model>,
+    /// The loads.
+    pub loads: Vec<f64>,
+    /// The warm-up of each point.
+    pub warmup: Duration,
+    /// The recorded part of each point.
+    pub duration: Duration,
+}
+
+impl BenchArgs {
+    /// The run's selection and timing: what was given, else the defaults (or --quick's).
+    ///
+    /// # Errors
+    ///
+    /// A load that is not a finite number above zero, or a zero duration.
+    pub fn plan(&self) -> Result<BenchPlan, String> {
+        let or = |given: &[f64], full: &[f64], quick: &[f64]| {
+            if !given.is_empty() {
+                given.to_vec()
+            } else if self.quick {
+                quick.to_vec()
+            } else {
+                full.to_vec()
+            }
+        };
+        let loads = or(
+            &self.loads,
+            &[1.0, 1.5, 3.0, 10.0, 100.0],
+            &[1.0, 3.0, 10.0],
+        );
+        if let Some(bad) = loads.iter().find(|l| !(l.is_finite() && **l > 0.0)) {
+            return Err(format!(
+                "--loads: a load must be a finite number above zero, got {bad}"
+            ));
+        }
+        let pick = |given: Option<Duration>, full: u64, quick: u64| {
+            given.unwrap_or(Duration::from_millis(if self.quick { quick } else { full }))
+        };
+        let duration = pick(self.duration, 6_000, 2_000);
+        if duration.is_zero() {
+            return Err("--duration must be above zero".to_owned());
+        }
+        Ok(BenchPlan {
+            systems: if self.systems.is_empty() {
+                System::ALL.to_vec()
+            } else {
+                self.systems.clone()
+            },
+            models: if self.models.is_empty() {
+                Model::ALL.to_vec()
+            } else {
+                self.models.clone()
+            },
+            loads,
+            warmup: pick(self.warmup, 1_000, 500),
+            duration,
+        })
+    }
+
+    /// How arrivals are spaced: evenly, or `--poisson` with `--seed`.
+    pub fn arrivals(&self) -> Arrivals {
+        if self.poisson {
+            Arrivals::Poisson { seed: self.seed }
+        } else {
+            Arrivals::Fixed
+        }
     }
 }
 

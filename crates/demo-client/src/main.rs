@@ -11,7 +11,8 @@ use std::time::{Duration, SystemTime};
 
 use clap::Parser;
 use demo_client::cli::{
-    Cli, Command, EnvoyArgs, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs, SimulateArgs,
+    BenchArgs, Cli, Command, EnvoyArgs, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs,
+    SimulateArgs,
 };
 use demo_client::client::http_transport;
 use demo_client::drive::Progress;
@@ -35,6 +36,7 @@ fn main() -> ExitCode {
         Command::Fleet(args) => runtime().and_then(|rt| rt.block_on(fleet(args))),
         Command::PlotDelays(args) => plot_delays(&args),
         Command::Envoy(args) => runtime().and_then(|rt| rt.block_on(envoy(args))),
+        Command::Bench(args) => runtime().and_then(|rt| rt.block_on(bench(args))),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
@@ -307,6 +309,77 @@ async fn envoy(args: EnvoyArgs) -> Result<(), BoxError> {
         }
     }
     Ok(())
+}
+
+async fn bench(args: BenchArgs) -> Result<(), BoxError> {
+    use demo_client::bench::runner::{BenchConfig, run_curve};
+    use demo_client::bench::system::{Programs, System};
+    use demo_client::bench::table::progress_line;
+    use demo_client::envoy::find_envoy;
+    // NOTE: every setting is checked, and every executable found, before anything starts.
+    let plan = args.plan()?;
+    let server = find_server(args.server_bin.as_deref()).ok_or(
+        "no demo-server next to demo-client; build it (cargo build --release -p demo-server) \
+         or give --server-bin",
+    )?;
+    let envoy = if plan.systems.contains(&System::Envoy) {
+        Some(find_envoy(args.envoy.as_deref())?)
+    } else {
+        None
+    };
+    std::fs::create_dir_all(&args.out)?;
+    let config = BenchConfig {
+        programs: Programs { server, envoy },
+        dir: args.out.join("envoy"),
+        warmup: plan.warmup,
+        duration: plan.duration,
+        timeout: args.timeout,
+        max_in_flight: args.max_in_flight.get(),
+        arrivals: args.arrivals(),
+    };
+    let names = |v: Vec<String>| v.join(",");
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    println!(
+        "# demo-client bench\n\nsystems {}; models {}; loads {}; warm-up {:?}, recorded {:?} a point; \
+         timeout {:?}; in-flight cap {}; arrivals {:?}; {cores} cores, load average {}\n",
+        names(plan.systems.iter().map(ToString::to_string).collect()),
+        names(plan.models.iter().map(ToString::to_string).collect()),
+        names(plan.loads.iter().map(ToString::to_string).collect()),
+        plan.warmup,
+        plan.duration,
+        args.timeout,
+        config.max_in_flight,
+        config.arrivals,
+        load_average(),
+    );
+    let results = run_curve(
+        &config,
+        &plan.models,
+        &plan.loads,
+        &plan.systems,
+        !args.no_calibration,
+        |spec, figures| eprintln!("{}", progress_line(spec, figures)),
+    )
+    .await?;
+    println!("{}", results.markdown());
+    println!("load average at the end {}", load_average());
+    let csv = args.out.join("bench.csv");
+    std::fs::write(&csv, results.csv())?;
+    eprintln!("wrote {}", csv.display());
+    Ok(())
+}
+
+/// The first three fields of /proc/loadavg, or `unknown`.
+fn load_average() -> String {
+    std::fs::read_to_string("/proc/loadavg").map_or_else(
+        |_| "unknown".to_owned(),
+        |text| {
+            text.split_whitespace()
+                .take(3)
+                .collect::<Vec<_>>()
+                .join(" ")
+        },
+    )
 }
 
 async fn fleet(args: FleetArgs) -> Result<(), BoxError> {

@@ -10,6 +10,7 @@ use super::open_loop::{Arrivals, Schedule, run_after_warmup};
 use super::outcome::Point;
 use super::send::HttpSender;
 use super::system::{Model, Programs, Running, System};
+use super::table::Results;
 
 /// The figures of one point, as the table prints them.
 #[derive(Clone, Debug, PartialEq)]
@@ -178,6 +179,40 @@ pub fn plan(models: &[Model], loads: &[f64], systems: &[System]) -> Vec<PointSpe
         }
     }
     points
+}
+
+/// The load of the calibration point: half the capacity, on the bare server, whose served
+/// p99 is the unloaded served p99 the other points are judged against.
+pub const CALIBRATION_LOAD: f64 = 0.5;
+
+/// Measures a curve: with `calibrate`, first one point per model at [`CALIBRATION_LOAD`] on
+/// [`System::Bare`], then the points of [`plan`]; `progress` is called after each point.
+///
+/// # Errors
+///
+/// At the first point whose system cannot start (the points measured before are lost: a
+/// harness that fails is not a result).
+pub async fn run_curve(
+    config: &BenchConfig,
+    models: &[Model],
+    loads: &[f64],
+    systems: &[System],
+    calibrate: bool,
+    mut progress: impl FnMut(&PointSpec, &Figures),
+) -> Result<Results, BoxError> {
+    let calibration = models.iter().filter(|_| calibrate).map(|&model| PointSpec {
+        system: System::Bare,
+        model,
+        load: CALIBRATION_LOAD,
+    });
+    let points: Vec<PointSpec> = calibration.chain(plan(models, loads, systems)).collect();
+    let mut results = Results::new();
+    for spec in points {
+        let figures = run_point(config, spec).await?;
+        progress(&spec, &figures);
+        results.push(spec, figures);
+    }
+    Ok(results)
 }
 
 #[cfg(test)]

@@ -356,3 +356,82 @@ fn envoy_refuses_bad_settings() {
         assert_eq!(e.settings().unwrap_err(), message);
     }
 }
+
+#[test]
+fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
+    let Command::Bench(b) = parse(&["bench"]).unwrap().command else {
+        panic!("not bench");
+    };
+    let plan = b.plan().unwrap();
+    assert_eq!(plan.systems, System::ALL.to_vec());
+    assert_eq!(plan.models, vec![Model::Mmc, Model::Article]);
+    assert_eq!(plan.loads, vec![1.0, 1.5, 3.0, 10.0, 100.0]);
+    assert_eq!(
+        (plan.warmup, plan.duration),
+        (Duration::from_secs(1), Duration::from_secs(6))
+    );
+    assert_eq!(b.timeout, Duration::from_secs(2));
+    assert_eq!(b.max_in_flight.get(), 4096);
+    assert_eq!(b.arrivals(), Arrivals::Fixed);
+    assert!(!b.no_calibration);
+    assert_eq!(b.out, PathBuf::from("target/bench"));
+
+    let Command::Bench(q) = parse(&["bench", "--quick"]).unwrap().command else {
+        panic!("not bench");
+    };
+    let quick = q.plan().unwrap();
+    assert_eq!(quick.loads, vec![1.0, 3.0, 10.0]);
+    assert_eq!(
+        (quick.warmup, quick.duration),
+        (Duration::from_millis(500), Duration::from_secs(2))
+    );
+}
+
+#[test]
+fn bench_selections_win_over_quick_and_bad_ones_are_refused() {
+    let Command::Bench(b) = parse(&[
+        "bench",
+        "--quick",
+        "--systems",
+        "adaptive,envoy",
+        "--models",
+        "mmc",
+        "--loads",
+        "3,10",
+        "--duration",
+        "4s",
+        "--poisson",
+        "--seed",
+        "9",
+    ])
+    .unwrap()
+    .command
+    else {
+        panic!("not bench");
+    };
+    let plan = b.plan().unwrap();
+    assert_eq!(plan.systems, vec![System::Adaptive, System::Envoy]);
+    assert_eq!(plan.models, vec![Model::Mmc]);
+    assert_eq!(plan.loads, vec![3.0, 10.0]);
+    assert_eq!(
+        (plan.warmup, plan.duration),
+        (Duration::from_millis(500), Duration::from_secs(4))
+    );
+    assert_eq!(b.arrivals(), Arrivals::Poisson { seed: 9 });
+
+    let e = parse(&["bench", "--systems", "istio"])
+        .unwrap_err()
+        .to_string();
+    assert!(e.contains("unknown system `istio`"), "{e}");
+    let Command::Bench(b) = parse(&["bench", "--loads", "3,0"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert_eq!(
+        b.plan().unwrap_err(),
+        "--loads: a load must be a finite number above zero, got 0"
+    );
+    let Command::Bench(b) = parse(&["bench", "--duration", "0s"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert_eq!(b.plan().unwrap_err(), "--duration must be above zero");
+}
