@@ -1,0 +1,81 @@
+//! `demo-client bench`'s runner against a real `demo-server` child process: one system, one
+//! load, 2 s recorded, through the same code as the command (`run_curve`).
+//!
+//! The server binary is built by `cargo build --workspace --bin demo-server` from this test
+//! (a test cannot depend on another package's binary).
+
+use std::time::Duration;
+
+use demo_client::bench::open_loop::Arrivals;
+use demo_client::bench::runner::{BenchConfig, run_curve};
+use demo_client::bench::system::{Model, Programs, System};
+
+/// Issue 34: the adaptive stack at 3x the M/M/10 model's capacity (600 req/s offered,
+/// 200 req/s capacity) for 2 s after 500 ms of warm-up. The table has its row, every figure
+/// filled in; the counts add up to the 1 200 arrivals; goodput is within the model's
+/// capacity (the served requests of the recorded arrivals, some answered after its end, so
+/// up to a quarter over) and well above nothing; served latencies are positive, ordered and
+/// within the timeout; the rest is rejected, not failed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
+    let server = integration_tests::workspace_binary("demo-server");
+    let dir = std::env::temp_dir().join(format!("bench-test-{}", std::process::id()));
+    let config = BenchConfig {
+        programs: Programs {
+            server,
+            envoy: None,
+        },
+        dir: dir.clone(),
+        warmup: Duration::from_millis(500),
+        duration: Duration::from_secs(2),
+        timeout: Duration::from_secs(2),
+        max_in_flight: 4096,
+        arrivals: Arrivals::Fixed,
+    };
+    let mut lines = Vec::new();
+    let results = run_curve(
+        &config,
+        &[Model::Mmc],
+        &[3.0],
+        &[System::Adaptive],
+        false,
+        |spec, figures| lines.push(demo_client::bench::table::progress_line(spec, figures)),
+    )
+    .await
+    .expect("the adaptive server starts");
+    std::fs::remove_dir_all(&dir).ok();
+
+    assert_eq!(results.points().len(), 1);
+    assert_eq!(lines.len(), 1, "one progress line a point");
+    let (spec, f) = &results.points()[0];
+    assert_eq!((spec.system, spec.model), (System::Adaptive, Model::Mmc));
+    let table = results.markdown();
+    let row = table
+        .lines()
+        .find(|l| l.starts_with("| 3x | adaptive | 600 |"))
+        .unwrap_or_else(|| panic!("no row for the point:\n{table}"));
+    assert!(!row.contains(" - "), "a figure is missing: {row}");
+
+    assert_eq!(f.offered(), 1200, "{f:?}");
+    assert_eq!(f.served + f.rejected + f.failed + f.dropped, 1200);
+    let capacity = Model::Mmc.capacity();
+    assert!(
+        f.goodput > 0.5 * capacity && f.goodput <= 1.25 * capacity,
+        "goodput {} req/s against a capacity of {capacity}: {f:?}",
+        f.goodput
+    );
+    let (p50, p99, p999) = (
+        f.served_p50.unwrap(),
+        f.served_p99.unwrap(),
+        f.served_p999.unwrap(),
+    );
+    assert!(
+        Duration::ZERO < p50 && p50 <= p99 && p99 <= p999 && p999 <= config.timeout,
+        "{f:?}"
+    );
+    assert!(f.rejected > 0, "3x over capacity, some are rejected: {f:?}");
+    assert!(
+        f.failed_share() < 0.05,
+        "the rest is rejected, not failed: {f:?}\n{table}"
+    );
+}
