@@ -68,8 +68,9 @@ impl Point {
         self.dropped
     }
 
-    /// Requests sent more than 1 ms after their scheduled instant: the generator fell
-    /// behind (their latency still counts from the schedule).
+    /// Requests sent more than [`LATE_AFTER`](super::open_loop::LATE_AFTER) (5 ms) after
+    /// their scheduled instant: the generator fell behind (their latency still counts from
+    /// the schedule).
     pub fn late(&self) -> u64 {
         self.late
     }

@@ -35,7 +35,7 @@ pub struct Figures {
     pub failed: u64,
     /// Arrivals the generator could not send (its in-flight cap was full).
     pub dropped: u64,
-    /// Requests the generator sent more than 1 ms late.
+    /// Requests the generator sent more than 5 ms late ([`super::open_loop::LATE_AFTER`]).
     pub late: u64,
 }
 
