@@ -320,7 +320,9 @@ mod tests {
         let mut first = true;
         let held_up = run(&schedule, Duration::from_millis(300), 100, || {
             if std::mem::take(&mut first) {
-                // Blocks the generator: the arrivals at 10 and 20 ms go out at about 30 ms.
+                // Blocks the generator on purpose: the arrivals at 10 and 20 ms go out at
+                // about 30 ms.
+                #[allow(clippy::disallowed_methods)]
                 std::thread::sleep(Duration::from_millis(30));
             }
             async { Outcome::Served }
