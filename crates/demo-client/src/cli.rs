@@ -62,7 +62,8 @@ point (bare at 0.5x) comes first for each model: its served p99 is the unloaded 
 Per point: goodput (served requests a second), the p50 / p99 / p99.9 of the served requests
 alone (from each request's scheduled instant), the shares rejected (429, 503, the stop
 signal) and failed (timeouts, connection errors, other statuses). One progress line per
-point on stderr, the Markdown table on stdout, bench.csv in --out.
+point on stderr, the Markdown table on stdout; in --out, bench.csv and per model
+bench-MODEL.svg (goodput and served p99 against the offered load, a line per system).
 
 Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
 
@@ -649,7 +650,8 @@ pub struct BenchArgs {
     /// parent, else envoy on the PATH]; needed only for the `envoy` system.
     #[arg(long, value_name = "PATH")]
     pub envoy: Option<PathBuf>,
-    /// Directory for bench.csv (and Envoy's configuration and log, in envoy/).
+    /// Directory for bench.csv, the plots bench-MODEL.svg, and Envoy's configuration and
+    /// log (in envoy/).
     #[arg(long, default_value = "target/bench")]
     pub out: PathBuf,
 }

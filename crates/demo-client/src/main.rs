@@ -366,6 +366,13 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     let csv = args.out.join("bench.csv");
     std::fs::write(&csv, results.csv())?;
     eprintln!("wrote {}", csv.display());
+    for &model in &plan.models {
+        if let Some(svg) = results.svg(model) {
+            let path = args.out.join(format!("bench-{model}.svg"));
+            std::fs::write(&path, svg)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
     Ok(())
 }
 

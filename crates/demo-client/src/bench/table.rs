@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use super::runner::{Figures, PointSpec};
 use super::system::{Model, System};
+use crate::plot::{self, Line, Panel, Scale};
 
 /// Every measured point, and the table and CSV made of them.
 #[derive(Clone, Debug, Default)]
@@ -122,6 +123,64 @@ impl Results {
     }
 }
 
+/// The colours of the systems' lines, in the order of [`System::ALL`].
+const COLORS: [&str; 7] = [
+    "#7f7f7f", "#1f77b4", "#2ca02c", "#d62728", "#ff7f0e", "#9467bd", "#8c564b",
+];
+
+impl Results {
+    /// The plot of `model`'s points, `None` when none was measured: two panels against the
+    /// offered load (log10 of its multiple of the capacity: 0 is 1x, 1 is 10x, 2 is 100x),
+    /// goodput in requests a second and the served requests' p99 in milliseconds (log
+    /// scale), one line per system measured.
+    pub fn svg(&self, model: Model) -> Option<String> {
+        let sorted = self.sorted();
+        let of_model: Vec<_> = sorted.iter().filter(|(s, _)| s.model == model).collect();
+        if of_model.is_empty() {
+            return None;
+        }
+        let line = |system: System, y: &dyn Fn(&Figures) -> Option<f64>| {
+            let points: Vec<(f64, f64)> = of_model
+                .iter()
+                .filter(|(s, _)| s.system == system)
+                .filter_map(|(s, f)| Some((s.load.log10(), y(f)?)))
+                .collect();
+            let color = System::ALL
+                .iter()
+                .position(|&x| x == system)
+                .map_or("black", |i| COLORS[i]);
+            (!points.is_empty()).then(|| Line {
+                label: system.name().to_owned(),
+                color: color.to_owned(),
+                points,
+            })
+        };
+        let lines = |y: &dyn Fn(&Figures) -> Option<f64>| -> Vec<Line> {
+            System::ALL.iter().filter_map(|&s| line(s, y)).collect()
+        };
+        let x_label =
+            "offered load: log10 of its multiple of the capacity (0 = 1x, 1 = 10x, 2 = 100x)";
+        let panels = [
+            Panel {
+                title: format!("{model}: goodput (capacity {:.0} req/s)", model.capacity()),
+                x_label: x_label.to_owned(),
+                y_label: "served req/s".to_owned(),
+                lines: lines(&|f| Some(f.goodput)),
+                ..Panel::default()
+            },
+            Panel {
+                title: format!("{model}: served p99"),
+                x_label: x_label.to_owned(),
+                y_label: "ms".to_owned(),
+                lines: lines(&|f| f.served_p99.map(|d| d.as_secs_f64() * 1e3)),
+                scale: Scale::Log,
+                ..Panel::default()
+            },
+        ];
+        Some(plot::render(&panels))
+    }
+}
+
 /// A progress line for one measured point.
 pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
     format!(
@@ -226,5 +285,46 @@ mod tests {
             "mmc,3,bare,600.0,50.0,0.2500,200,0,0,7,0,,,,0.0000,0.0000,true"
         );
         assert_eq!(results.points().len(), 4);
+    }
+
+    #[test]
+    fn the_plot_has_a_line_per_system_with_a_point_per_load() {
+        let mut results = Results::new();
+        for (load, goodput) in [(1.0, 200.0), (10.0, 190.0)] {
+            for system in [System::Bare, System::Adaptive] {
+                let spec = PointSpec {
+                    system,
+                    model: Model::Mmc,
+                    load,
+                };
+                results.push(spec, figures(goodput, Some(80), 0, 0));
+            }
+        }
+        results.push(
+            PointSpec {
+                system: System::Bare,
+                model: Model::Article,
+                load: 1.0,
+            },
+            figures(300.0, Some(100), 0, 0),
+        );
+        let svg = results.svg(Model::Mmc).expect("mmc was measured");
+        assert!(svg.starts_with("<svg") && svg.trim_end().ends_with("</svg>"));
+        assert!(
+            svg.contains("goodput") && svg.contains("served p99"),
+            "{svg}"
+        );
+        assert!(
+            svg.contains(">bare<") && svg.contains(">adaptive<"),
+            "{svg}"
+        );
+        assert!(!svg.contains(">envoy<"), "only the systems measured");
+        assert_eq!(
+            svg.matches(r#"stroke-width="1.6""#).count(),
+            4,
+            "a line per system in each of the two panels"
+        );
+        assert!(results.svg(Model::Article).is_some());
+        assert!(Results::new().svg(Model::Mmc).is_none());
     }
 }
