@@ -125,7 +125,8 @@ where
 /// As [`run`], for `warmup + duration`, recording only the arrivals scheduled after the
 /// first `warmup`: the load runs without a pause from the warm-up into the recorded part
 /// (a limit that converged keeps its queue and state), and what was sent during the
-/// warm-up is neither counted nor timed, though it holds its place under the cap.
+/// warm-up is neither counted nor timed, though it holds its place under the cap; its
+/// answers served inside the recorded window count in [`Point::served_in_window`].
 pub async fn run_after_warmup<F, Fut>(
     schedule: &Schedule,
     warmup: Duration,
@@ -141,6 +142,7 @@ where
     let in_flight = Arc::new(Semaphore::new(max_in_flight));
     let mut tasks = JoinSet::new();
     let start = Instant::now();
+    let window = (start + warmup, start + warmup + duration);
     for offset in schedule.offsets(warmup + duration) {
         let recorded = offset >= warmup;
         let scheduled = start + offset;
@@ -158,12 +160,17 @@ where
         let point = Arc::clone(&point);
         tasks.spawn(async move {
             let outcome = request.await;
-            let took = scheduled.elapsed();
+            let now = Instant::now();
+            let took = now.duration_since(scheduled);
             drop(permit);
+            let in_window = window.0 <= now && now < window.1;
+            let mut point = point.lock().expect("not poisoned");
+            if outcome == Outcome::Served && in_window {
+                point.served_in_window += 1;
+            }
             if !recorded {
                 return;
             }
-            let mut point = point.lock().expect("not poisoned");
             match outcome {
                 Outcome::Served => point.served.push(took),
                 Outcome::Rejected => point.rejected += 1,
@@ -329,5 +336,32 @@ mod tests {
         })
         .await;
         assert!(held_up.late() >= 2, "{held_up:?}");
+    }
+
+    /// Goodput counts the answers served within the recorded window, whenever their
+    /// request arrived: with 500 ms answers at 100/s over 2 s, 200 are served (and timed)
+    /// but only the 150 answered before the end fall in the window; the warm-up's answers
+    /// that come inside it count too.
+    #[tokio::test(start_paused = true)]
+    async fn the_window_counts_the_answers_served_inside_it() {
+        let schedule = Schedule::new(100.0, Arrivals::Fixed).unwrap();
+        let slow = |ms| {
+            move || async move {
+                tokio::time::sleep(Duration::from_millis(ms)).await;
+                Outcome::Served
+            }
+        };
+        let point = run(&schedule, Duration::from_secs(2), 1000, slow(500)).await;
+        assert_eq!((point.served(), point.served_in_window()), (200, 150));
+        let warmed = run_after_warmup(
+            &schedule,
+            Duration::from_millis(500),
+            Duration::from_secs(1),
+            1000,
+            slow(200),
+        )
+        .await;
+        // 80 recorded arrivals answered before the end, and 20 of the warm-up's.
+        assert_eq!((warmed.served(), warmed.served_in_window()), (100, 100));
     }
 }

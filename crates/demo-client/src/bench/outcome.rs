@@ -44,12 +44,20 @@ pub struct Point {
     pub(crate) failed: u64,
     pub(crate) dropped: u64,
     pub(crate) late: u64,
+    pub(crate) served_in_window: u64,
 }
 
 impl Point {
     /// Requests served.
     pub fn served(&self) -> u64 {
         self.served.len() as u64
+    }
+
+    /// Answers served within the recorded window, whenever their request arrived (the
+    /// warm-up's included, those of the recorded arrivals answered after its end left
+    /// out): the served rate of the window is this over its duration.
+    pub fn served_in_window(&self) -> u64 {
+        self.served_in_window
     }
 
     /// Requests the system rejected.

@@ -17,7 +17,7 @@ use super::table::Results;
 pub struct Figures {
     /// The arrivals' rate, requests per second.
     pub offered_rate: f64,
-    /// Requests served per second of the recorded part.
+    /// Answers served per second within the recorded window.
     pub goodput: f64,
     /// Served requests' latency: median, 99th and 99.9th percentiles (`None` when nothing
     /// was served).
@@ -42,14 +42,16 @@ pub struct Figures {
 impl Figures {
     /// The figures of `point`, recorded for `duration` at `offered_rate` requests a second.
     ///
-    /// Goodput counts the served requests among the arrivals of the recorded part (their
-    /// answers may come after its end, within the timeout) over its duration.
+    /// Goodput counts the answers served within the recorded window (whenever their
+    /// request arrived: [`Point::served_in_window`]) over its duration, so that it cannot
+    /// exceed what the system served in that time; the latencies and shares are those of
+    /// the arrivals of the recorded window, answered whenever.
     pub fn of(point: &Point, duration: Duration, offered_rate: f64) -> Self {
         let seconds = duration.as_secs_f64();
         Self {
             offered_rate,
             goodput: if seconds > 0.0 {
-                point.served() as f64 / seconds
+                point.served_in_window() as f64 / seconds
             } else {
                 0.0
             },
@@ -230,6 +232,7 @@ mod tests {
             failed,
             dropped,
             late,
+            served_in_window: served_ms.len() as u64,
         }
     }
 
@@ -252,6 +255,16 @@ mod tests {
         assert!((figures.rejected_share() - 0.5).abs() < 1e-9);
         assert!((figures.failed_share() - 0.1).abs() < 1e-9);
         assert!(!figures.generator_limited());
+    }
+
+    #[test]
+    fn goodput_is_what_was_served_within_the_window() {
+        // 300 recorded arrivals served, 100 of them after the window's end: 200 in 1 s.
+        let mut late_answers = point(&[50; 300], 0, 0, 0, 0);
+        late_answers.served_in_window = 200;
+        let figures = Figures::of(&late_answers, Duration::from_secs(1), 300.0);
+        assert!((figures.goodput - 200.0).abs() < 1e-9, "{figures:?}");
+        assert_eq!(figures.served, 300);
     }
 
     #[test]
