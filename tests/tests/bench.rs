@@ -12,10 +12,10 @@ use demo_client::bench::system::{Model, Programs, System};
 
 /// Issue 34: the adaptive stack at 3x the M/M/10 model's capacity (600 req/s offered,
 /// 200 req/s capacity) for 2 s after 500 ms of warm-up. The table has its row, every figure
-/// filled in; the counts add up to the 1 200 arrivals; goodput is within the model's
-/// capacity (the served requests of the recorded arrivals, some answered after its end, so
-/// up to a quarter over) and well above nothing; served latencies are positive, ordered and
-/// within the timeout; the rest is rejected, not failed.
+/// filled in; the counts add up to the 1 200 arrivals; goodput (the answers served within
+/// the window) is within the model's capacity (a quarter over allowed: the exponential
+/// service times of 400 requests vary) and well above nothing; served latencies are
+/// positive, ordered and within the timeout; the rest is rejected, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
     let server = integration_tests::workspace_binary("demo-server");
@@ -69,8 +69,13 @@ async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
         f.served_p99.unwrap(),
         f.served_p999.unwrap(),
     );
+    // NOTE: a latency runs from the scheduled instant and the timeout from the send, which
+    // tokio's timer makes up to a couple of milliseconds later: hence the margin.
     assert!(
-        Duration::ZERO < p50 && p50 <= p99 && p99 <= p999 && p999 <= config.timeout,
+        Duration::ZERO < p50
+            && p50 <= p99
+            && p99 <= p999
+            && p999 <= config.timeout + Duration::from_millis(100),
         "{f:?}"
     );
     assert!(f.rejected > 0, "3x over capacity, some are rejected: {f:?}");
