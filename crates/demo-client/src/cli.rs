@@ -64,6 +64,9 @@ alone (from each request's scheduled instant), the shares rejected (429, 503, th
 signal) and failed (timeouts, connection errors, other statuses). One progress line per
 point on stderr, the Markdown table on stdout; in --out, bench.csv and per model
 bench-MODEL.svg (goodput and served p99 against the offered load, a line per system).
+Under the table, per model and load of 3x or more: whether adaptive keeps 97 % of the
+capacity, its served p99 within 1.5x the unloaded one, and any system with more goodput at an
+equal or lower served p99.
 
 Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
 

@@ -362,6 +362,11 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     )
     .await?;
     println!("{}", results.markdown());
+    for &model in &plan.models {
+        for line in results.criteria(model) {
+            println!("- {line}");
+        }
+    }
     println!("load average at the end {}", load_average());
     let csv = args.out.join("bench.csv");
     std::fs::write(&csv, results.csv())?;

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::runner::{Figures, PointSpec};
+use super::runner::{CALIBRATION_LOAD, Figures, PointSpec};
 use super::system::{Model, System};
 use crate::plot::{self, Line, Panel, Scale};
 
@@ -181,6 +181,75 @@ impl Results {
     }
 }
 
+impl Results {
+    /// The criteria for `model`, one line per load of 3x or more where `adaptive`
+    /// was measured: its goodput at least 97 % of the capacity; its served p99 at most 1.5x
+    /// the unloaded served p99 (the calibration point's, bare at 0.5x; said when there is
+    /// none); and the other systems of the same load with more goodput at an equal or lower
+    /// served p99 ("a peer wins"), or `none`.
+    pub fn criteria(&self, model: Model) -> Vec<String> {
+        let of_model = || self.points.iter().filter(move |(s, _)| s.model == model);
+        let unloaded = of_model()
+            .find(|(s, _)| s.system == System::Bare && s.load.total_cmp(&CALIBRATION_LOAD).is_eq())
+            .and_then(|(_, f)| f.served_p99);
+        let yes = |b: bool| if b { "yes" } else { "no" };
+        let mut lines = Vec::new();
+        for (spec, ours) in self.sorted() {
+            if spec.model != model || spec.system != System::Adaptive || spec.load < 3.0 {
+                continue;
+            }
+            let share = ours.goodput_share(model.capacity());
+            let latency = match (ours.served_p99, unloaded) {
+                (Some(p99), Some(base)) => format!(
+                    "served p99 {} ms, at most 1.5x the unloaded {} ms: {}",
+                    ms(Some(p99)),
+                    ms(Some(base)),
+                    yes(p99.as_secs_f64() <= 1.5 * base.as_secs_f64())
+                ),
+                (None, _) => "nothing served".to_owned(),
+                (Some(p99), None) => format!(
+                    "served p99 {} ms (no calibration point to judge it against)",
+                    ms(Some(p99))
+                ),
+            };
+            let winners: Vec<String> = of_model()
+                .filter(|(s, _)| {
+                    // NOTE: the same load is the same value from the same list: exact.
+                    s.load.total_cmp(&spec.load).is_eq() && s.system != System::Adaptive
+                })
+                .filter(|(_, f)| {
+                    f.goodput > ours.goodput
+                        && match (f.served_p99, ours.served_p99) {
+                            (Some(theirs), Some(mine)) => theirs <= mine,
+                            (Some(_), None) => true,
+                            (None, _) => false,
+                        }
+                })
+                .map(|(s, f)| {
+                    format!(
+                        "{} ({:.0} req/s at {} ms)",
+                        s.system,
+                        f.goodput,
+                        ms(f.served_p99)
+                    )
+                })
+                .collect();
+            lines.push(format!(
+                "{model} {}x: adaptive goodput {:.0} % of capacity (at least 97 %): {}; {latency}; a peer with more goodput at an equal or lower served p99: {}",
+                spec.load,
+                100.0 * share,
+                yes(share >= 0.97),
+                if winners.is_empty() {
+                    "none".to_owned()
+                } else {
+                    winners.join(", ")
+                }
+            ));
+        }
+        lines
+    }
+}
+
 /// A progress line for one measured point.
 pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
     format!(
@@ -326,5 +395,33 @@ mod tests {
         );
         assert!(results.svg(Model::Article).is_some());
         assert!(Results::new().svg(Model::Mmc).is_none());
+    }
+
+    #[test]
+    fn the_criteria_judge_adaptive_at_3x_and_over_and_name_a_peer_that_wins() {
+        let mut results = Results::new();
+        let mut at = |system, load, goodput, p99| {
+            let spec = PointSpec {
+                system,
+                model: Model::Mmc,
+                load,
+            };
+            results.push(spec, figures(goodput, Some(p99), 0, 0));
+        };
+        at(System::Bare, 0.5, 100.0, 200);
+        at(System::Adaptive, 1.0, 200.0, 250);
+        at(System::Adaptive, 3.0, 196.0, 280);
+        at(System::TowerShed, 3.0, 199.0, 250);
+        at(System::Bare, 3.0, 50.0, 2000);
+        at(System::Adaptive, 10.0, 190.0, 320);
+        at(System::Envoy, 10.0, 185.0, 200);
+        assert_eq!(
+            results.criteria(Model::Mmc),
+            vec![
+                "mmc 3x: adaptive goodput 98 % of capacity (at least 97 %): yes; served p99 280.0 ms, at most 1.5x the unloaded 200.0 ms: yes; a peer with more goodput at an equal or lower served p99: tower-shed (199 req/s at 250.0 ms)".to_owned(),
+                "mmc 10x: adaptive goodput 95 % of capacity (at least 97 %): no; served p99 320.0 ms, at most 1.5x the unloaded 200.0 ms: no; a peer with more goodput at an equal or lower served p99: none".to_owned(),
+            ]
+        );
+        assert!(results.criteria(Model::Article).is_empty());
     }
 }
