@@ -71,8 +71,8 @@ equal or lower served p99.
 Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
 
 Examples:
-  demo-client bench                      # the whole curve (about 9 minutes)
-  demo-client bench --quick              # 1x, 3x and 10x, 2 s a point
+  demo-client bench                      # the whole curve (tens of minutes, estimated)
+  demo-client bench --quick              # 1x, 3x and 10x, 2 s a point, not steady state
   demo-client bench --systems adaptive,envoy --models mmc --loads 3,10";
 
 /// The demo load generator and the pause-and-resume outage experiment.
@@ -623,14 +623,17 @@ pub struct BenchArgs {
     /// The recorded part of each point [default: 6s; with --quick 2s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub duration: Option<Duration>,
-    /// The load sent before recording, not recorded [default: 1s; with --quick 500ms].
+    /// The longest warm-up: each point sends its load, not recorded, until its served rate
+    /// settles (three 2 s windows within 10 %), at most this long [default: 60s; with
+    /// --quick 5s, too short to settle: its figures are not steady state].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration)]
     pub warmup: Option<Duration>,
-    /// A short run: 1x, 3x and 10x, 500 ms of warm-up and 2 s recorded a point, unless
+    /// A short run: 1x, 3x and 10x, at most 5 s of warm-up and 2 s recorded a point, unless
     /// --loads, --warmup or --duration say otherwise.
     #[arg(long)]
     pub quick: bool,
-    /// Each request's timeout: a request unanswered by then failed.
+    /// Each request's timeout, from its scheduled instant: a request unanswered by then
+    /// failed. Above zero.
     #[arg(long, value_name = "DURATION", default_value = "2s", value_parser = parse_duration)]
     pub timeout: Duration,
     /// The generator's cap on requests in flight: an arrival over it is not sent, counted
@@ -659,6 +662,11 @@ pub struct BenchArgs {
     pub out: PathBuf,
 }
 
+/// The highest load `demo-client bench` accepts: 1 000 times the capacity (300 000 req/s on
+/// article), ten times the curve's highest; more would keep the generator counting drops
+/// for hours.
+pub const MAX_LOAD: f64 = 1_000.0;
+
 /// The selection and timing of a `demo-client bench` run, defaults and --quick applied.
 #[derive(Debug, Clone, PartialEq)]
 pub struct BenchPlan {
@@ -668,7 +676,7 @@ pub struct BenchPlan {
     pub models: Vec<Model>,
     /// The loads.
     pub loads: Vec<f64>,
-    /// The warm-up of each point.
+    /// The longest warm-up of each point.
     pub warmup: Duration,
     /// The recorded part of each point.
     pub duration: Duration,
@@ -679,7 +687,8 @@ impl BenchArgs {
     ///
     /// # Errors
     ///
-    /// A load that is not a finite number above zero, or a zero duration.
+    /// A load that is not a finite number above zero and at most [`MAX_LOAD`], or a zero
+    /// duration or timeout.
     pub fn plan(&self) -> Result<BenchPlan, String> {
         let or = |given: &[f64], full: &[f64], quick: &[f64]| {
             if !given.is_empty() {
@@ -700,6 +709,14 @@ impl BenchArgs {
                 "--loads: a load must be a finite number above zero, got {bad}"
             ));
         }
+        if let Some(bad) = loads.iter().find(|l| **l > MAX_LOAD) {
+            return Err(format!(
+                "--loads: a load must be at most {MAX_LOAD} (x the capacity), got {bad}"
+            ));
+        }
+        if self.timeout.is_zero() {
+            return Err("--timeout must be above zero".to_owned());
+        }
         let pick = |given: Option<Duration>, full: u64, quick: u64| {
             given.unwrap_or(Duration::from_millis(if self.quick { quick } else { full }))
         };
@@ -719,7 +736,7 @@ impl BenchArgs {
                 self.models.clone()
             },
             loads,
-            warmup: pick(self.warmup, 1_000, 500),
+            warmup: pick(self.warmup, 60_000, 5_000),
             duration,
         })
     }

@@ -440,6 +440,11 @@ impl EnvoyProxy {
         http_get_text(url, Duration::from_secs(5)).await
     }
 
+    /// Envoy's exit status if it has exited (it is reaped then), `None` while it runs.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
+    }
+
     /// Stops Envoy (SIGKILL to its process id) and waits for it to exit.
     pub async fn shutdown(mut self) -> std::io::Result<()> {
         self.child.kill().await

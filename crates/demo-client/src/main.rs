@@ -314,7 +314,7 @@ async fn envoy(args: EnvoyArgs) -> Result<(), BoxError> {
 async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     use demo_client::bench::runner::{BenchConfig, run_curve};
     use demo_client::bench::system::{Programs, System};
-    use demo_client::bench::table::progress_line;
+    use demo_client::bench::table::{CSV_HEADER, csv_line, progress_line};
     use demo_client::envoy::find_envoy;
     // NOTE: every setting is checked, and every executable found, before anything starts.
     let plan = args.plan()?;
@@ -328,19 +328,27 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         None
     };
     std::fs::create_dir_all(&args.out)?;
+    let (max_in_flight, lowered) =
+        demo_client::bench::limits::fit_in_flight(args.max_in_flight.get());
+    if let Some(message) = lowered {
+        eprintln!("{message}");
+    }
+    if args.quick {
+        eprintln!("--quick: warm-ups too short to settle; the figures are not steady state");
+    }
     let config = BenchConfig {
         programs: Programs { server, envoy },
         dir: args.out.join("envoy"),
         warmup: plan.warmup,
         duration: plan.duration,
         timeout: args.timeout,
-        max_in_flight: args.max_in_flight.get(),
+        max_in_flight,
         arrivals: args.arrivals(),
     };
     let names = |v: Vec<String>| v.join(",");
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
     println!(
-        "# demo-client bench\n\nsystems {}; models {}; loads {}; warm-up {:?}, recorded {:?} a point; \
+        "# demo-client bench\n\nsystems {}; models {}; loads {}; warm-up until settled, at most {:?}, recorded {:?} a point; \
          timeout {:?}; in-flight cap {}; arrivals {:?}; {cores} cores, load average {}\n",
         names(plan.systems.iter().map(ToString::to_string).collect()),
         names(plan.models.iter().map(ToString::to_string).collect()),
@@ -352,13 +360,23 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         config.arrivals,
         load_average(),
     );
+    // NOTE: each point is appended as it is measured, so a run that fails keeps them; the
+    // file is rewritten sorted at the end.
+    let csv = args.out.join("bench.csv");
+    std::fs::write(&csv, CSV_HEADER)?;
+    let mut partial = std::fs::OpenOptions::new().append(true).open(&csv)?;
     let results = run_curve(
         &config,
         &plan.models,
         &plan.loads,
         &plan.systems,
         !args.no_calibration,
-        |spec, figures| eprintln!("{}", progress_line(spec, figures)),
+        |spec, figures| {
+            eprintln!("{}", progress_line(spec, figures));
+            if let Err(e) = partial.write_all(csv_line(spec, figures).as_bytes()) {
+                eprintln!("cannot append to {}: {e}", csv.display());
+            }
+        },
     )
     .await?;
     println!("{}", results.markdown());
@@ -368,7 +386,6 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         }
     }
     println!("load average at the end {}", load_average());
-    let csv = args.out.join("bench.csv");
     std::fs::write(&csv, results.csv())?;
     eprintln!("wrote {}", csv.display());
     for &model in &plan.models {

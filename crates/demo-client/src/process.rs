@@ -177,6 +177,11 @@ impl ServerProcess {
         self.pausable
     }
 
+    /// The server's exit status if it has exited (it is reaped then), `None` while it runs.
+    pub fn try_wait(&mut self) -> std::io::Result<Option<std::process::ExitStatus>> {
+        self.child.try_wait()
+    }
+
     /// Resumes the server if it was paused, kills it and waits for it to exit.
     pub async fn shutdown(mut self) -> std::io::Result<()> {
         let _ = self.pausable.resume();

@@ -31,9 +31,13 @@
 //! # }
 //! ```
 
+pub mod cpu;
+pub mod figures;
+pub mod limits;
 pub mod open_loop;
 pub mod outcome;
 pub mod runner;
 pub mod send;
+pub mod settle;
 pub mod system;
 pub mod table;

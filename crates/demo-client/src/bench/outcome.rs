@@ -33,11 +33,55 @@ impl Outcome {
             Outcome::Failed
         }
     }
+
+    /// As [`of_response`](Self::of_response), for a system whose deliberate rejections are
+    /// told apart by their body: with `rejection_body` given, a `503` without the stop
+    /// signal is a rejection only when its body is exactly that text (Envoy's adaptive
+    /// concurrency filter answers `reached concurrency limit`; its other `503`s, such as
+    /// `upstream connect error or disconnect/reset before headers` or `no healthy
+    /// upstream`, are failures of the path to the server, not shed load).
+    pub fn of_answer(
+        status: StatusCode,
+        headers: &HeaderMap,
+        body: &[u8],
+        rejection_body: Option<&[u8]>,
+    ) -> Self {
+        let outcome = Self::of_response(status, headers);
+        match rejection_body {
+            Some(expected)
+                if outcome == Outcome::Rejected
+                    && status == StatusCode::SERVICE_UNAVAILABLE
+                    && !is_stop_signal(headers)
+                    && body.trim_ascii() != expected =>
+            {
+                Outcome::Failed
+            }
+            _ => outcome,
+        }
+    }
+}
+
+/// What became of one scheduled arrival: an [`Outcome`] from the system, or not sent at all
+/// because the generator itself could not (no file descriptor or local port left for its
+/// connection: `EMFILE`, `ENFILE`, `EADDRNOTAVAIL`), which counts as a drop by the generator,
+/// not as the system's failure.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub enum Attempt {
+    /// The request went out and ended so.
+    Ended(Outcome),
+    /// The generator could not send it.
+    NotSent,
+}
+
+impl From<Outcome> for Attempt {
+    fn from(outcome: Outcome) -> Self {
+        Attempt::Ended(outcome)
+    }
 }
 
 /// The figures of one point of the curve: counts by outcome, the latency of every served
 /// request (from its scheduled instant), and the arrivals the generator could not send.
-#[derive(Clone, Debug, Default, PartialEq, Eq)]
+#[derive(Clone, Debug, Default, PartialEq)]
 pub struct Point {
     pub(crate) served: Vec<Duration>,
     pub(crate) rejected: u64,
@@ -45,6 +89,14 @@ pub struct Point {
     pub(crate) dropped: u64,
     pub(crate) late: u64,
     pub(crate) served_in_window: u64,
+    /// The delay from each recorded arrival's scheduled instant to its task's first poll.
+    pub(crate) lags: Vec<Duration>,
+    /// The load sent before the recorded window.
+    pub(crate) warmup: Duration,
+    /// Whether the warm-up ended because the served rate was stable (else at its cap).
+    pub(crate) settled: bool,
+    /// The generator's CPU share over the recorded window, when it could be read.
+    pub(crate) generator_cpu: Option<f64>,
 }
 
 impl Point {
@@ -83,6 +135,31 @@ impl Point {
         self.late
     }
 
+    /// The `q` quantile (within `0..=1`) of the generator's lag: from each recorded
+    /// arrival's scheduled instant to the first poll of its task, when the request really
+    /// starts; `None` when nothing was sent or `q` is outside `0..=1`.
+    pub fn lag_quantile(&self, q: f64) -> Option<Duration> {
+        nearest_rank(&self.lags, q)
+    }
+
+    /// The load sent before the recorded window (not recorded).
+    pub fn warmup(&self) -> Duration {
+        self.warmup
+    }
+
+    /// Whether the warm-up ended because the served rate had settled; `false` when it
+    /// ended at its cap (or was fixed), so the window may hold part of a ramp.
+    pub fn settled(&self) -> bool {
+        self.settled
+    }
+
+    /// The generator process's CPU time over the recorded window as a share (0 to 1) of
+    /// the machine's (wall time x cores); `None` where it cannot be read (Linux only:
+    /// `/proc/self/stat`).
+    pub fn generator_cpu(&self) -> Option<f64> {
+        self.generator_cpu
+    }
+
     /// Arrivals scheduled: every outcome, and those dropped.
     pub fn offered(&self) -> u64 {
         self.served() + self.rejected + self.failed + self.dropped
@@ -91,15 +168,19 @@ impl Point {
     /// The `q` quantile (within `0..=1`) of the served requests' latency, by the nearest
     /// rank; `None` when nothing was served or `q` is outside `0..=1`.
     pub fn served_quantile(&self, q: f64) -> Option<Duration> {
-        if self.served.is_empty() || !(0.0..=1.0).contains(&q) {
-            return None;
-        }
-        let mut sorted = self.served.clone();
-        sorted.sort_unstable();
-        // Nearest rank: the smallest value with at least q of the samples at or below it.
-        let rank = (q * sorted.len() as f64).ceil() as usize;
-        Some(sorted[rank.clamp(1, sorted.len()) - 1])
+        nearest_rank(&self.served, q)
     }
+}
+
+fn nearest_rank(samples: &[Duration], q: f64) -> Option<Duration> {
+    if samples.is_empty() || !(0.0..=1.0).contains(&q) {
+        return None;
+    }
+    let mut sorted = samples.to_vec();
+    sorted.sort_unstable();
+    // Nearest rank: the smallest value with at least q of the samples at or below it.
+    let rank = (q * sorted.len() as f64).ceil() as usize;
+    Some(sorted[rank.clamp(1, sorted.len()) - 1])
 }
 
 #[cfg(test)]
@@ -133,6 +214,38 @@ mod tests {
         ] {
             assert_eq!(Outcome::of_response(failed, &none), Outcome::Failed);
         }
+    }
+
+    /// Review S2: Envoy answers `503` for its filter's shedding and for upstream failures
+    /// alike; only the filter's (body `reached concurrency limit`) is a rejection.
+    #[test]
+    fn envoys_upstream_503s_are_failures_and_its_filters_are_rejections() {
+        let none = HeaderMap::new();
+        let filter = Some(&b"reached concurrency limit"[..]);
+        let unavailable = StatusCode::SERVICE_UNAVAILABLE;
+        assert_eq!(
+            Outcome::of_answer(unavailable, &none, b"reached concurrency limit", filter),
+            Outcome::Rejected
+        );
+        for body in [
+            &b"upstream connect error or disconnect/reset before headers. reset reason: overflow"[..],
+            b"no healthy upstream",
+            b"",
+        ] {
+            assert_eq!(
+                Outcome::of_answer(unavailable, &none, body, filter),
+                Outcome::Failed
+            );
+        }
+        // Without a body to require, every 503 stays a rejection (the peers' have none).
+        assert_eq!(
+            Outcome::of_answer(unavailable, &none, b"no healthy upstream", None),
+            Outcome::Rejected
+        );
+        assert_eq!(
+            Outcome::of_answer(StatusCode::OK, &none, b"ok", filter),
+            Outcome::Served
+        );
     }
 
     #[test]

@@ -10,7 +10,9 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::TokioExecutor;
 
-use super::outcome::Outcome;
+use tokio::time::Instant;
+
+use super::outcome::{Attempt, Outcome};
 
 /// Sends `GET url` over HTTP/1.1 and keep-alive connections (a hyper-util pool shared by
 /// every request of the sender), each request given `timeout` for its whole answer, body
@@ -31,6 +33,7 @@ pub struct HttpSender {
     client: Client<HttpConnector, Empty<Bytes>>,
     url: Uri,
     timeout: Duration,
+    rejection_body: Option<Bytes>,
 }
 
 impl HttpSender {
@@ -44,7 +47,17 @@ impl HttpSender {
             client,
             url,
             timeout,
+            rejection_body: None,
         }
+    }
+
+    /// Counts a `503` as rejected only when its body is `body` (trimmed), as
+    /// [`Outcome::of_answer`] says; other `503`s failed. For Envoy: `reached concurrency
+    /// limit`, its adaptive concurrency filter's. Default: every `503` is a rejection.
+    #[must_use]
+    pub fn rejection_body(mut self, body: &'static str) -> Self {
+        self.rejection_body = Some(Bytes::from_static(body.as_bytes()));
+        self
     }
 
     /// The URL requested.
@@ -54,28 +67,93 @@ impl HttpSender {
 
     /// One request: [`Outcome::of_response`] of its answer, read to the end;
     /// [`Outcome::Failed`] on a connection error, a body that breaks off, or no full answer
-    /// within the timeout.
+    /// within the timeout (from when the request starts).
     pub fn send(&self) -> impl Future<Output = Outcome> + Send + 'static {
-        let client = self.client.clone();
-        let url = self.url.clone();
+        let exchange = self.exchange();
         let timeout = self.timeout;
         async move {
-            let exchange = async {
-                let request = Request::get(url).body(Empty::new()).ok()?;
-                let response = client.request(request).await.ok()?;
-                let outcome = Outcome::of_response(response.status(), response.headers());
-                // NOTE: read the body: a request is served when its answer has arrived, and
-                // the connection goes back to the pool only once its body is read.
-                response.into_body().collect().await.ok()?;
-                Some(outcome)
-            };
             match tokio::time::timeout(timeout, exchange).await {
-                Ok(Some(outcome)) => outcome,
-                Ok(None) | Err(_) => Outcome::Failed,
+                Ok(Attempt::Ended(outcome)) => outcome,
+                Ok(Attempt::NotSent) | Err(_) => Outcome::Failed,
             }
         }
     }
+
+    /// One request scheduled at `scheduled`: its timeout runs from that instant, not from
+    /// when the request starts, so a generator that falls behind does not give the system
+    /// more time (a served latency, counted from the schedule too, never exceeds the
+    /// timeout). [`Attempt::NotSent`] when the generator itself could not connect for want
+    /// of a file descriptor or a local port (`EMFILE`, `ENFILE`, `EADDRNOTAVAIL`).
+    pub fn send_scheduled(
+        &self,
+        scheduled: Instant,
+    ) -> impl Future<Output = Attempt> + Send + 'static {
+        let exchange = self.exchange();
+        let deadline = scheduled + self.timeout;
+        async move {
+            tokio::time::timeout_at(deadline, exchange)
+                .await
+                .unwrap_or(Attempt::Ended(Outcome::Failed))
+        }
+    }
+
+    /// The exchange without a timeout.
+    fn exchange(&self) -> impl Future<Output = Attempt> + Send + 'static {
+        let client = self.client.clone();
+        let url = self.url.clone();
+        let rejection_body = self.rejection_body.clone();
+        async move {
+            let failed = Attempt::Ended(Outcome::Failed);
+            let Ok(request) = Request::get(url).body(Empty::new()) else {
+                return failed;
+            };
+            let response = match client.request(request).await {
+                Ok(response) => response,
+                Err(e) if is_local_exhaustion(&e) => return Attempt::NotSent,
+                Err(_) => return failed,
+            };
+            let (parts, body) = response.into_parts();
+            // NOTE: read the body: a request is served when its answer has arrived, and
+            // the connection goes back to the pool only once its body is read.
+            let Ok(body) = body
+                .collect()
+                .await
+                .map(http_body_util::Collected::to_bytes)
+            else {
+                return failed;
+            };
+            Attempt::Ended(Outcome::of_answer(
+                parts.status,
+                &parts.headers,
+                &body,
+                rejection_body.as_deref(),
+            ))
+        }
+    }
 }
+
+/// Whether a connection error is the generator's own shortage (no file descriptor or local
+/// port left), found anywhere in the error's chain of sources.
+fn is_local_exhaustion(error: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(error);
+    while let Some(e) = cause {
+        if let Some(io) = e.downcast_ref::<std::io::Error>()
+            && rustix::io::Errno::from_io_error(io).is_some_and(|n| LOCAL_EXHAUSTION.contains(&n))
+        {
+            return true;
+        }
+        cause = e.source();
+    }
+    false
+}
+
+/// `EMFILE`, `ENFILE`, `EADDRNOTAVAIL`: the process or the system is out of file
+/// descriptors, or no local port is left.
+const LOCAL_EXHAUSTION: [rustix::io::Errno; 3] = [
+    rustix::io::Errno::MFILE,
+    rustix::io::Errno::NFILE,
+    rustix::io::Errno::ADDRNOTAVAIL,
+];
 
 #[cfg(test)]
 mod tests {
@@ -136,6 +214,64 @@ mod tests {
         let closed = free_port().unwrap();
         let refused = HttpSender::new(format!("http://{closed}/ok").parse().unwrap(), timeout);
         assert_eq!(refused.send().await, Outcome::Failed);
+    }
+
+    /// Review M2: the timeout runs from the scheduled instant. A request scheduled 1 s ago
+    /// with a 1.5 s timeout has 0.5 s left: the 1 s answer is too late, though a request
+    /// timed from its send would have been served.
+    #[tokio::test]
+    async fn the_timeout_of_a_scheduled_request_runs_from_its_schedule() {
+        let addr = server().await;
+        let sender = HttpSender::new(
+            format!("http://{addr}/slow").parse().unwrap(),
+            Duration::from_millis(1500),
+        );
+        let a_second_ago = Instant::now() - Duration::from_secs(1);
+        assert_eq!(
+            sender.send_scheduled(a_second_ago).await,
+            Attempt::Ended(Outcome::Failed)
+        );
+        assert_eq!(
+            sender.send_scheduled(Instant::now()).await,
+            Attempt::Ended(Outcome::Served)
+        );
+    }
+
+    /// Review S2: with a rejection body required, Envoy's other 503s are failures.
+    #[tokio::test]
+    async fn a_503_without_the_rejection_body_fails_when_one_is_required() {
+        let addr = server().await;
+        let shed = HttpSender::new(
+            format!("http://{addr}/shed").parse().unwrap(),
+            Duration::from_secs(1),
+        );
+        assert_eq!(shed.send().await, Outcome::Rejected);
+        let envoy = shed.rejection_body("reached concurrency limit");
+        assert_eq!(envoy.send().await, Outcome::Failed, "its body is `ok`");
+    }
+
+    /// Review S1: the generator's own shortage of descriptors or ports, wherever it sits in
+    /// the error's chain, is told apart from the system's failures.
+    #[test]
+    fn local_exhaustion_is_found_in_the_chain_of_sources() {
+        #[derive(Debug)]
+        struct Wrapper(std::io::Error);
+        impl std::fmt::Display for Wrapper {
+            fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+                f.write_str("connect failed")
+            }
+        }
+        impl std::error::Error for Wrapper {
+            fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+                Some(&self.0)
+            }
+        }
+        let emfile = std::io::Error::from(rustix::io::Errno::MFILE);
+        assert!(is_local_exhaustion(&Wrapper(emfile)));
+        let port = std::io::Error::from(rustix::io::Errno::ADDRNOTAVAIL);
+        assert!(is_local_exhaustion(&port));
+        let refused = std::io::Error::from(std::io::ErrorKind::ConnectionRefused);
+        assert!(!is_local_exhaustion(&Wrapper(refused)));
     }
 
     #[tokio::test]

@@ -3,7 +3,7 @@
 use std::fmt::Write as _;
 use std::time::Duration;
 
-use super::runner::{CALIBRATION_LOAD, Figures, PointSpec};
+use super::figures::{CALIBRATION_LOAD, Figures, PointSpec};
 use super::system::{Model, System};
 use crate::plot::{self, Line, Panel, Scale};
 
@@ -46,8 +46,10 @@ impl Results {
 
     /// One Markdown table per model, one row per load and system: offered rate, goodput
     /// (and its share of the model's capacity), the served requests' p50 / p99 / p99.9 in
-    /// milliseconds, the rejected and failed shares; `*` after the goodput of a point the
-    /// generator limited. Empty when there are no points.
+    /// milliseconds, the rejected and failed shares, the warm-up the point needed (`cap`
+    /// when its served rate had not settled by the cap), the generator's lag p99 and CPU
+    /// share; `*` after the goodput of a point the generator limited. Empty when there are
+    /// no points.
     pub fn markdown(&self) -> String {
         let mut out = String::new();
         let mut current: Option<Model> = None;
@@ -63,12 +65,12 @@ impl Results {
                     spec.model,
                     spec.model.capacity()
                 );
-                out.push_str("| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |\n");
-                out.push_str("|---|---|---|---|---|---|---|\n");
+                out.push_str("| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed | warm-up s | generator lag p99 ms, CPU |\n");
+                out.push_str("|---|---|---|---|---|---|---|---|---|\n");
             }
             let _ = writeln!(
                 out,
-                "| {}x | {} | {:.0} | {:.0} ({:.0} %){} | {} / {} / {} | {:.1} % | {:.1} % |",
+                "| {}x | {} | {:.0} | {:.0} ({:.0} %){} | {} / {} / {} | {:.1} % | {:.1} % | {} | {}, {} |",
                 spec.load,
                 spec.system,
                 f.offered_rate,
@@ -80,11 +82,19 @@ impl Results {
                 ms(f.served_p999),
                 100.0 * f.rejected_share(),
                 100.0 * f.failed_share(),
+                warmup(f),
+                ms(f.lag_p99),
+                cpu(f.generator_cpu),
             );
         }
         if self.points.iter().any(|(_, f)| f.generator_limited()) {
             out.push_str(
-                "\n`*`: the generator limited the point (arrivals dropped at its in-flight cap, or sent late).\n",
+                "\n`*`: the generator limited the point (arrivals dropped at its in-flight cap, over 2 % started 5 ms late or more, or over half the machine's CPU used by the generator).\n",
+            );
+        }
+        if self.points.iter().any(|(_, f)| !f.settled) {
+            out.push_str(
+                "\n`cap`: the served rate had not settled (three 2 s windows within 10 %) when the warm-up reached its cap: the point may hold part of the system's start-up.\n",
             );
         }
         out
@@ -93,34 +103,48 @@ impl Results {
     /// One line per point (a header first), every figure: latencies in milliseconds,
     /// shares from 0 to 1, an empty field for a latency with nothing served.
     pub fn csv(&self) -> String {
-        let mut out = String::from(
-            "model,load,system,offered_rate,goodput,goodput_share,served,rejected,failed,dropped,late,served_p50_ms,served_p99_ms,served_p999_ms,rejected_share,failed_share,generator_limited\n",
-        );
+        let mut out = String::from(CSV_HEADER);
         for (spec, f) in self.sorted() {
-            let _ = writeln!(
-                out,
-                "{},{},{},{:.1},{:.1},{:.4},{},{},{},{},{},{},{},{},{:.4},{:.4},{}",
-                spec.model,
-                spec.load,
-                spec.system,
-                f.offered_rate,
-                f.goodput,
-                f.goodput_share(spec.model.capacity()),
-                f.served,
-                f.rejected,
-                f.failed,
-                f.dropped,
-                f.late,
-                ms_field(f.served_p50),
-                ms_field(f.served_p99),
-                ms_field(f.served_p999),
-                f.rejected_share(),
-                f.failed_share(),
-                f.generator_limited(),
-            );
+            out.push_str(&csv_line(spec, f));
         }
         out
     }
+}
+
+/// The first line of [`Results::csv`].
+pub const CSV_HEADER: &str = "model,load,system,offered_rate,goodput,goodput_share,served,rejected,failed,dropped,late,served_p50_ms,served_p99_ms,served_p999_ms,rejected_share,failed_share,generator_limited,warmup_s,settled,lag_p99_ms,generator_cpu\n";
+
+/// One point's line of [`Results::csv`], its newline included: a run can write each point
+/// as it is measured, and lose none of them if a later point fails.
+pub fn csv_line(spec: &PointSpec, f: &Figures) -> String {
+    let mut out = String::new();
+    let _ = writeln!(
+        out,
+        "{},{},{},{:.1},{:.1},{:.4},{},{},{},{},{},{},{},{},{:.4},{:.4},{},{:.3},{},{},{}",
+        spec.model,
+        spec.load,
+        spec.system,
+        f.offered_rate,
+        f.goodput,
+        f.goodput_share(spec.model.capacity()),
+        f.served,
+        f.rejected,
+        f.failed,
+        f.dropped,
+        f.late,
+        ms_field(f.served_p50),
+        ms_field(f.served_p99),
+        ms_field(f.served_p999),
+        f.rejected_share(),
+        f.failed_share(),
+        f.generator_limited(),
+        f.warmup.as_secs_f64(),
+        f.settled,
+        ms_field(f.lag_p99),
+        f.generator_cpu
+            .map_or_else(String::new, |c| format!("{c:.4}")),
+    );
+    out
 }
 
 /// The colours of the systems' lines, in the order of [`System::ALL`].
@@ -186,7 +210,10 @@ impl Results {
     /// was measured: its goodput at least 97 % of the capacity; its served p99 at most 1.5x
     /// the unloaded served p99 (the calibration point's, bare at 0.5x; said when there is
     /// none); and the other systems of the same load with more goodput at an equal or lower
-    /// served p99 ("a peer wins"), or `none`.
+    /// served p99 and a failed share no larger than ours ("a peer wins"; served latency is
+    /// cut off at the timeout, so a system that lets requests time out must not win by
+    /// it), or `none`. Points the generator limited are not judged: a peer's is never a
+    /// winner, and our line says so when ours is.
     pub fn criteria(&self, model: Model) -> Vec<String> {
         let of_model = || self.points.iter().filter(move |(s, _)| s.model == model);
         let unloaded = of_model()
@@ -218,7 +245,9 @@ impl Results {
                     s.load.total_cmp(&spec.load).is_eq() && s.system != System::Adaptive
                 })
                 .filter(|(_, f)| {
-                    f.goodput > ours.goodput
+                    !f.generator_limited()
+                        && f.failed_share() <= ours.failed_share()
+                        && f.goodput > ours.goodput
                         && match (f.served_p99, ours.served_p99) {
                             (Some(theirs), Some(mine)) => theirs <= mine,
                             (Some(_), None) => true,
@@ -227,15 +256,23 @@ impl Results {
                 })
                 .map(|(s, f)| {
                     format!(
-                        "{} ({:.0} req/s at {} ms)",
+                        "{} ({:.0} req/s at {} ms, {:.1} % failed)",
                         s.system,
                         f.goodput,
-                        ms(f.served_p99)
+                        ms(f.served_p99),
+                        100.0 * f.failed_share()
                     )
                 })
                 .collect();
+            let caveat = if ours.generator_limited() {
+                " (* the generator limited this point: not a verdict)"
+            } else if !ours.settled {
+                " (the warm-up reached its cap unsettled: not a verdict)"
+            } else {
+                ""
+            };
             lines.push(format!(
-                "{model} {}x: adaptive goodput {:.0} % of capacity (at least 97 %): {}; {latency}; a peer with more goodput at an equal or lower served p99: {}",
+                "{model} {}x{caveat}: adaptive goodput {:.0} % of capacity (at least 97 %): {}; {latency}; a peer with more goodput at an equal or lower served p99 and no larger failed share: {}",
                 spec.load,
                 100.0 * share,
                 yes(share >= 0.97),
@@ -253,21 +290,38 @@ impl Results {
 /// A progress line for one measured point.
 pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
     format!(
-        "{} {}x {}: offered {:.0}/s, served {:.0}/s, served p99 {} ms, rejected {:.1} %, failed {:.1} %{}",
+        "{} {}x {}: warm-up {}s, offered {:.0}/s, served {:.0}/s, served p99 {} ms, rejected {:.1} %, failed {:.1} %, generator lag p99 {} ms, CPU {}{}",
         spec.model,
         spec.load,
         spec.system,
+        warmup(f),
         f.offered_rate,
         f.goodput,
         ms(f.served_p99),
         100.0 * f.rejected_share(),
         100.0 * f.failed_share(),
+        ms(f.lag_p99),
+        cpu(f.generator_cpu),
         if f.generator_limited() {
             " (generator-limited)"
         } else {
             ""
         },
     )
+}
+
+/// The warm-up in seconds, `cap` after it when the served rate had not settled.
+fn warmup(f: &Figures) -> String {
+    let seconds = f.warmup.as_secs_f64();
+    if f.settled {
+        format!("{seconds:.0}")
+    } else {
+        format!("{seconds:.0} cap")
+    }
+}
+
+fn cpu(share: Option<f64>) -> String {
+    share.map_or_else(|| "-".to_owned(), |c| format!("{:.0} %", 100.0 * c))
 }
 
 fn ms(d: Option<Duration>) -> String {
@@ -298,6 +352,10 @@ mod tests {
             failed: 0,
             dropped,
             late: 0,
+            lag_p99: Some(Duration::from_millis(2)),
+            generator_cpu: Some(0.1),
+            warmup: Duration::from_secs(6),
+            settled: true,
         }
     }
 
@@ -330,19 +388,19 @@ mod tests {
             "\
 ### mmc (capacity 200 req/s)
 
-| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |
-|---|---|---|---|---|---|---|
-| 1x | bare | 600 | 199 (100 %) | 60.0 / 120.0 / 120.0 | 0.0 % | 0.0 % |
-| 3x | bare | 600 | 50 (25 %) * | - / - / - | 0.0 % | 0.0 % |
-| 3x | adaptive | 600 | 200 (100 %) | 40.0 / 80.0 / 80.0 | 66.7 % | 0.0 % |
+| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed | warm-up s | generator lag p99 ms, CPU |
+|---|---|---|---|---|---|---|---|---|
+| 1x | bare | 600 | 199 (100 %) | 60.0 / 120.0 / 120.0 | 0.0 % | 0.0 % | 6 | 2.0, 10 % |
+| 3x | bare | 600 | 50 (25 %) * | - / - / - | 0.0 % | 0.0 % | 6 | 2.0, 10 % |
+| 3x | adaptive | 600 | 200 (100 %) | 40.0 / 80.0 / 80.0 | 66.7 % | 0.0 % | 6 | 2.0, 10 % |
 
 ### article (capacity 300 req/s)
 
-| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed |
-|---|---|---|---|---|---|---|
-| 1x | bare | 600 | 300 (100 %) | 50.0 / 100.0 / 100.0 | 0.0 % | 0.0 % |
+| load | system | offered req/s | goodput req/s | served p50 / p99 / p99.9 ms | rejected | failed | warm-up s | generator lag p99 ms, CPU |
+|---|---|---|---|---|---|---|---|---|
+| 1x | bare | 600 | 300 (100 %) | 50.0 / 100.0 / 100.0 | 0.0 % | 0.0 % | 6 | 2.0, 10 % |
 
-`*`: the generator limited the point (arrivals dropped at its in-flight cap, or sent late).
+`*`: the generator limited the point (arrivals dropped at its in-flight cap, over 2 % started 5 ms late or more, or over half the machine's CPU used by the generator).
 "
         );
         let csv = results.csv();
@@ -351,7 +409,7 @@ mod tests {
         assert!(lines[0].starts_with("model,load,system,offered_rate,goodput"));
         assert_eq!(
             lines[2],
-            "mmc,3,bare,600.0,50.0,0.2500,200,0,0,7,0,,,,0.0000,0.0000,true"
+            "mmc,3,bare,600.0,50.0,0.2500,200,0,0,7,0,,,,0.0000,0.0000,true,6.000,true,2.000,0.1000"
         );
         assert_eq!(results.points().len(), 4);
     }
@@ -418,10 +476,39 @@ mod tests {
         assert_eq!(
             results.criteria(Model::Mmc),
             vec![
-                "mmc 3x: adaptive goodput 98 % of capacity (at least 97 %): yes; served p99 280.0 ms, at most 1.5x the unloaded 200.0 ms: yes; a peer with more goodput at an equal or lower served p99: tower-shed (199 req/s at 250.0 ms)".to_owned(),
-                "mmc 10x: adaptive goodput 95 % of capacity (at least 97 %): no; served p99 320.0 ms, at most 1.5x the unloaded 200.0 ms: no; a peer with more goodput at an equal or lower served p99: none".to_owned(),
+                "mmc 3x: adaptive goodput 98 % of capacity (at least 97 %): yes; served p99 280.0 ms, at most 1.5x the unloaded 200.0 ms: yes; a peer with more goodput at an equal or lower served p99 and no larger failed share: tower-shed (199 req/s at 250.0 ms, 0.0 % failed)".to_owned(),
+                "mmc 10x: adaptive goodput 95 % of capacity (at least 97 %): no; served p99 320.0 ms, at most 1.5x the unloaded 200.0 ms: no; a peer with more goodput at an equal or lower served p99 and no larger failed share: none".to_owned(),
             ]
         );
         assert!(results.criteria(Model::Article).is_empty());
+    }
+
+    /// Review S4: served latency is cut off at the timeout, so a peer that lets 40 % of its
+    /// requests time out can show more goodput at a lower served p99; it must not "win",
+    /// nor may a point the generator limited.
+    #[test]
+    fn a_peer_with_more_failures_or_a_generator_limited_point_does_not_win() {
+        let mut results = Results::new();
+        let spec = |system| PointSpec {
+            system,
+            model: Model::Mmc,
+            load: 3.0,
+        };
+        results.push(spec(System::Adaptive), figures(190.0, Some(280), 400, 0));
+        let mut timing_out = figures(199.0, Some(250), 0, 0);
+        timing_out.failed = 200;
+        results.push(spec(System::TowerShed), timing_out);
+        results.push(spec(System::Envoy), figures(199.0, Some(250), 0, 3));
+        let lines = results.criteria(Model::Mmc);
+        assert_eq!(lines.len(), 1);
+        assert!(
+            lines[0].ends_with("no larger failed share: none"),
+            "{}",
+            lines[0]
+        );
+        // Ours limited by the generator: said on its line.
+        let mut limited = Results::new();
+        limited.push(spec(System::Adaptive), figures(190.0, Some(280), 400, 5));
+        assert!(limited.criteria(Model::Mmc)[0].contains("not a verdict"));
     }
 }

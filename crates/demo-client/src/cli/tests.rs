@@ -368,7 +368,7 @@ fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
     assert_eq!(plan.loads, vec![1.0, 1.5, 3.0, 10.0, 100.0]);
     assert_eq!(
         (plan.warmup, plan.duration),
-        (Duration::from_secs(1), Duration::from_secs(6))
+        (Duration::from_secs(60), Duration::from_secs(6))
     );
     assert_eq!(b.timeout, Duration::from_secs(2));
     assert_eq!(b.max_in_flight.get(), 4096);
@@ -383,7 +383,7 @@ fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
     assert_eq!(quick.loads, vec![1.0, 3.0, 10.0]);
     assert_eq!(
         (quick.warmup, quick.duration),
-        (Duration::from_millis(500), Duration::from_secs(2))
+        (Duration::from_secs(5), Duration::from_secs(2))
     );
 }
 
@@ -415,7 +415,7 @@ fn bench_selections_win_over_quick_and_bad_ones_are_refused() {
     assert_eq!(plan.loads, vec![3.0, 10.0]);
     assert_eq!(
         (plan.warmup, plan.duration),
-        (Duration::from_millis(500), Duration::from_secs(4))
+        (Duration::from_secs(5), Duration::from_secs(4))
     );
     assert_eq!(b.arrivals(), Arrivals::Poisson { seed: 9 });
 
@@ -434,4 +434,16 @@ fn bench_selections_win_over_quick_and_bad_ones_are_refused() {
         panic!("not bench");
     };
     assert_eq!(b.plan().unwrap_err(), "--duration must be above zero");
+    // Review S9 and N2: a load that would keep the generator busy for hours, a zero timeout.
+    let Command::Bench(b) = parse(&["bench", "--loads", "3,1e9"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert_eq!(
+        b.plan().unwrap_err(),
+        "--loads: a load must be at most 1000 (x the capacity), got 1000000000"
+    );
+    let Command::Bench(b) = parse(&["bench", "--timeout", "0s"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert_eq!(b.plan().unwrap_err(), "--timeout must be above zero");
 }
