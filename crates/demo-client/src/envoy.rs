@@ -145,7 +145,7 @@ pub struct ProxySettings {
     ///
     /// The controller summarises latency at p50 (the filter's default, said explicitly) and
     /// keeps Envoy's defaults elsewhere (a limit of at most 1 000, the minimum RTT measured
-    /// on 50 requests at a concurrency of 3, 10 % jitter, a 25 % buffer), with the two
+    /// on 50 requests at a concurrency of 3, 15 % jitter, a 25 % buffer), with the two
     /// settings that have none set as the filter's documented example sets them: the limit
     /// recomputed every 100 ms, the minimum RTT every 60 s.
     ///

@@ -2,10 +2,10 @@
 //! them beside this workspace's stacks: `demo-server --stack tower-shed`, `tower-resilience`
 //! or `little`.
 //!
-//! Each peer is used as its own documentation shows, with its defaults, and sheds what it
-//! will not serve with `503 Service Unavailable` (body `overloaded\n`, no `Retry-After`:
-//! none of the peers computes one), at once, without the model. The counts of
-//! [`ServerStats`](crate::app::ServerStats) take those answers as rejections.
+//! Each peer is used as its own documentation shows, with its defaults where it has them,
+//! and sheds what it will not serve with `503 Service Unavailable` (body `overloaded\n`, no
+//! `Retry-After`: none of the peers computes one), at once, without the model. The counts
+//! of [`ServerStats`](crate::app::ServerStats) take those answers as rejections.
 //!
 //! | peer | what it is | its setting here |
 //! |---|---|---|

@@ -92,16 +92,19 @@ async fn tower_resilience_sheds_above_its_vegas_limit() {
 
 #[tokio::test(start_paused = true)]
 async fn little_sheds_what_its_first_queue_cannot_hold() {
-    // little-loadshedder starts with a concurrency of 1 and a queue of 1: of a burst, one
-    // request runs, one waits, the rest are shed; its concurrency then grows with the
-    // latency it sees.
+    // little-loadshedder starts with a concurrency of 1 and a queue of 1: of a burst of 5
+    // arriving together (paused time, one thread: the order is fixed), one request runs,
+    // one waits, the three others are shed at once; its concurrency grows later, with the
+    // latency it sees (review N3: the split is determined, so it is pinned).
     let peer = Peer::little(Duration::from_millis(200)).unwrap();
     let (statuses, _, stats) = burst(peer, 5).await;
     let served = statuses.iter().filter(|s| **s == StatusCode::OK).count();
-    assert!(served >= 1, "{statuses:?}");
-    assert!(stats.rejected >= 1, "{stats}");
-    assert_eq!(stats.served + stats.rejected, 5, "{stats}");
-    assert_eq!(stats.failed, 0, "{stats}");
+    assert_eq!(served, 2, "{statuses:?}");
+    assert_eq!(
+        (stats.served, stats.rejected, stats.failed),
+        (2, 3, 0),
+        "{stats}"
+    );
 }
 
 #[test]

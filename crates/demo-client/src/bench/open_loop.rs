@@ -323,7 +323,7 @@ struct CpuClock {
 }
 
 impl CpuClock {
-    #[allow(clippy::disallowed_methods)]
+    #[allow(clippy::disallowed_methods, clippy::disallowed_types)]
     fn now() -> Self {
         Self {
             cpu: cpu_time(None),
@@ -581,13 +581,12 @@ mod tests {
     async fn a_warmup_that_never_settles_ends_at_its_cap() {
         let schedule = Schedule::new(200.0, Arrivals::Fixed).unwrap();
         let started = Instant::now();
-        let mut ramp = ramping(started);
         let point = run_with_warmup(
             &schedule,
             WarmUp::Settled(Settle::new(Duration::from_secs(5))),
             Duration::from_secs(1),
             4096,
-            move |scheduled| ramp(scheduled),
+            ramping(started),
         )
         .await;
         assert!(!point.settled());
