@@ -365,7 +365,9 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     let csv = args.out.join("bench.csv");
     std::fs::write(&csv, CSV_HEADER)?;
     let mut partial = std::fs::OpenOptions::new().append(true).open(&csv)?;
-    let results = run_curve(
+    // NOTE: on Ctrl-C or SIGTERM the curve is dropped, and with it the point's `Running`,
+    // whose children are SIGKILLed: no server is left holding its port (review S8).
+    let curve = run_curve(
         &config,
         &plan.models,
         &plan.loads,
@@ -377,8 +379,17 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
                 eprintln!("cannot append to {}: {e}", csv.display());
             }
         },
-    )
-    .await?;
+    );
+    let results = tokio::select! {
+        results = curve => results?,
+        () = shutdown_signal() => {
+            return Err(format!(
+                "interrupted; the points measured so far are in {}",
+                csv.display()
+            )
+            .into());
+        }
+    };
     println!("{}", results.markdown());
     for &model in &plan.models {
         for line in results.criteria(model) {

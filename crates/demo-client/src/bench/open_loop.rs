@@ -262,18 +262,18 @@ where
             // NOTE: the request starts here, at the task's first poll, not when the loop
             // spawned it: the lag between is the generator's, measured where it happens.
             let lag = Instant::now().saturating_duration_since(scheduled);
+            let attempt: Attempt = request.await.into();
+            let now = Instant::now();
+            let took = now.duration_since(scheduled);
+            drop(permit);
+            // NOTE: one lock a request: the lag is written down with the outcome.
+            let mut shared = shared.lock().expect("not poisoned");
             if recorded_arrival {
-                let mut shared = shared.lock().expect("not poisoned");
                 shared.point.lags.push(lag);
                 if lag > LATE_AFTER {
                     shared.point.late += 1;
                 }
             }
-            let attempt: Attempt = request.await.into();
-            let now = Instant::now();
-            let took = now.duration_since(scheduled);
-            drop(permit);
-            let mut shared = shared.lock().expect("not poisoned");
             let Attempt::Ended(outcome) = attempt else {
                 if recorded_arrival {
                     shared.point.dropped += 1;
