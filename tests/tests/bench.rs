@@ -112,7 +112,7 @@ async fn a_short_step_run_gives_each_phases_steady_rate_and_convergence() {
     let plan = StepPlan::new(
         Duration::from_secs(3),
         Duration::from_millis(500),
-        Duration::from_secs(1),
+        Duration::from_millis(1_500),
     )
     .unwrap();
     let mut runs = Vec::new();
@@ -129,10 +129,11 @@ async fn a_short_step_run_gives_each_phases_steady_rate_and_convergence() {
     for run in &runs {
         let [start, up, down] = run.phases;
         for low in [start, down] {
-            // 160 req/s offered, under the capacity: served, give or take the noise of
-            // exponential service times over 1 s.
+            // 160 req/s offered, under the capacity: served, but for tower-shed's loss at
+            // 10 in the model (Erlang B at 8 Erlangs: 12 %) and the noise of exponential
+            // service times over the 1.5 s steady part (about 7 % a standard deviation).
             assert!(
-                (0.75 * 160.0..=1.25 * 160.0).contains(&low.steady),
+                (0.6 * 160.0..=1.25 * 160.0).contains(&low.steady),
                 "{}: {low:?}",
                 run.system
             );

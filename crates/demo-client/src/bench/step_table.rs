@@ -36,7 +36,7 @@ pub fn markdown(runs: &[StepRun], plan: &StepPlan) -> String {
             model.capacity(),
             plan.phase().as_secs_f64()
         );
-        out.push_str("| system | start (0.8x): steady req/s, noise, converged | step up (3x) | step down (0.8x) |\n");
+        out.push_str("| system | start (0.8x): steady of offered req/s, noise, converged | step up (3x) | step down (0.8x) |\n");
         out.push_str("|---|---|---|---|\n");
         for run in of_model {
             let _ = writeln!(
@@ -44,16 +44,16 @@ pub fn markdown(runs: &[StepRun], plan: &StepPlan) -> String {
                 "| {}{} | {} | {} | {} |",
                 run.system,
                 if run.generator_limited() { " *" } else { "" },
-                cell(&run.phases[0]),
-                cell(&run.phases[1]),
-                cell(&run.phases[2]),
+                cell(&run.phases[0], model),
+                cell(&run.phases[1], model),
+                cell(&run.phases[2], model),
             );
         }
     }
     if !out.is_empty() {
         let _ = write!(
             out,
-            "\nEach cell: the steady served rate (the mean of the phase's last {} s), the noise (the largest \
+            "\nEach cell: the steady served rate (the mean of the phase's last {} s) and the offered rate, the noise (the largest \
              deviation of a {} s window inside that part), the time from the phase's start until every \
              {} s window stays within {:.0} % of the steady rate (resolution: the {} ms bucket, and a \
              window hides a short deviation), and in brackets the time to stay within the noise when it is \
@@ -72,10 +72,11 @@ pub fn markdown(runs: &[StepRun], plan: &StepPlan) -> String {
     out
 }
 
-fn cell(f: &PhaseFigures) -> String {
+fn cell(f: &PhaseFigures, model: Model) -> String {
     let mut s = format!(
-        "{:.0} req/s, {:.0} %, {}",
+        "{:.0} of {:.0} req/s, {:.0} %, {}",
         f.steady,
+        f.load * model.capacity(),
         100.0 * f.noise,
         time(f.converged)
     );
@@ -235,8 +236,8 @@ mod tests {
         assert_eq!(
             rows[1..],
             [
-                "| bare | 160 req/s, 0 %, 0.0 s | 175 req/s, 71 %, never (0.0 s within 71 %) | 160 req/s, 0 %, 0.0 s |",
-                "| adaptive | 160 req/s, 0 %, 0.0 s | 200 req/s, 0 %, 0.3 s | 160 req/s, 0 %, 0.6 s |",
+                "| bare | 160 of 160 req/s, 0 %, 0.0 s | 175 of 600 req/s, 71 %, never (0.0 s within 71 %) | 160 of 160 req/s, 0 %, 0.0 s |",
+                "| adaptive | 160 of 160 req/s, 0 %, 0.0 s | 200 of 600 req/s, 0 %, 0.3 s | 160 of 160 req/s, 0 %, 0.6 s |",
             ],
             "{table}"
         );

@@ -368,7 +368,7 @@ fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
     assert_eq!(plan.loads, vec![1.0, 1.5, 3.0, 10.0, 100.0]);
     assert_eq!(
         (plan.warmup, plan.duration),
-        (Duration::from_secs(1), Duration::from_secs(6))
+        (Duration::from_secs(3), Duration::from_secs(6))
     );
     assert_eq!(b.timeout, Duration::from_secs(2));
     assert_eq!(b.max_in_flight.get(), 4096);
