@@ -82,7 +82,7 @@ table on stdout; in --out, step.csv (served rate per bucket), step-summary.csv a
 step-MODEL.svg (served rate against time, a line per system).
 
 Examples:
-  demo-client bench                      # the whole curve (about 9 minutes)
+  demo-client bench                      # the whole curve (about 11 minutes)
   demo-client bench --step --models mmc  # recovery after a step, 7 systems (about 3 minutes)
   demo-client bench --quick              # 1x, 3x and 10x, 2 s a point
   demo-client bench --systems adaptive,envoy --models mmc --loads 3,10";
@@ -748,9 +748,9 @@ impl BenchArgs {
             loads,
             // NOTE: 3 s, not 1 s: Envoy's adaptive concurrency filter first measures its
             // minRTT over 50 requests at a concurrency of 3 (its defaults) and only then
-            // raises its limit; from a fresh start it served the offered 0.8x of mmc after
-            // about 1.5 s (`bench --step`). A warm-up shorter than that charges its start
-            // to the recorded part.
+            // raises its limit; from a fresh start it served the offered 0.8x after about
+            // 1.5 s on mmc and 2.5 s on article (`bench --step`). A warm-up shorter than
+            // that charges its start to the recorded part.
             warmup: pick(self.warmup, 3_000, 500),
             duration,
         })
