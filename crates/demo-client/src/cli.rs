@@ -12,6 +12,7 @@ use clap::{Args, Parser, Subcommand};
 use http::Uri;
 
 use crate::bench::open_loop::Arrivals;
+use crate::bench::step::StepPlan;
 use crate::bench::system::{Model, System};
 use crate::client::Abandoned;
 use crate::duration::parse_duration;
@@ -70,8 +71,19 @@ equal or lower served p99.
 
 Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
 
+With --step, recovery after a step instead of the curve: per model, each system started
+fresh gets 0.8x of the capacity for --phase, 3x for --phase and 0.8x again for --phase, one
+open-loop load without a pause. Served answers are counted in 100 ms buckets of their answer
+time; each phase's steady rate is the mean of its last --steady, and its time to converge the
+first instant from which every --window-wide moving window stays within 5 % of it (`never`
+when none comes before the steady part). Also the noise (the largest deviation of a window
+inside the steady part) and, where it is over 5 %, the time to converge within it. The
+table on stdout; in --out, step.csv (served rate per bucket), step-summary.csv and per model
+step-MODEL.svg (served rate against time, a line per system).
+
 Examples:
   demo-client bench                      # the whole curve (tens of minutes, estimated)
+  demo-client bench --step --models mmc  # recovery after a step, 7 systems (about 3 minutes)
   demo-client bench --quick              # 1x, 3x and 10x, 2 s a point, not steady state
   demo-client bench --systems adaptive,envoy --models mmc --loads 3,10";
 
@@ -649,6 +661,21 @@ pub struct BenchArgs {
     /// Leave out the calibration points (bare at 0.5x, one per model).
     #[arg(long)]
     pub no_calibration: bool,
+    /// Recovery after a step instead of the curve: 0.8x, 3x, 0.8x of the capacity, each
+    /// for --phase, per system and model; the time each phase takes to converge.
+    #[arg(long, conflicts_with_all = ["loads", "duration", "warmup", "quick", "no_calibration"])]
+    pub step: bool,
+    /// With --step: the length of each phase, a multiple of 100 ms [default: 8s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "step")]
+    pub phase: Option<Duration>,
+    /// With --step: the width of the moving window that must stay within 5 % of the steady
+    /// rate, a multiple of 100 ms [default: 1s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "step")]
+    pub window: Option<Duration>,
+    /// With --step: the last part of each phase whose mean served rate is its steady rate,
+    /// a multiple of 100 ms [default: 3s].
+    #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "step")]
+    pub steady: Option<Duration>,
     /// The demo-server executable [default: next to demo-client].
     #[arg(long = "server-bin", value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
@@ -739,6 +766,21 @@ impl BenchArgs {
             warmup: pick(self.warmup, 60_000, 5_000),
             duration,
         })
+    }
+
+    /// The phases of `--step` and how convergence is judged: what was given, else the
+    /// defaults of [`StepPlan::default`].
+    ///
+    /// # Errors
+    ///
+    /// The rules of [`StepPlan::new`].
+    pub fn step_plan(&self) -> Result<StepPlan, String> {
+        let default = StepPlan::default();
+        StepPlan::new(
+            self.phase.unwrap_or(default.phase()),
+            self.window.unwrap_or(default.window()),
+            self.steady.unwrap_or(default.steady()),
+        )
     }
 
     /// How arrivals are spaced: evenly, or `--poisson` with `--seed`.

@@ -318,6 +318,7 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     use demo_client::envoy::find_envoy;
     // NOTE: every setting is checked, and every executable found, before anything starts.
     let plan = args.plan()?;
+    let step = args.step.then(|| args.step_plan()).transpose()?;
     let server = find_server(args.server_bin.as_deref()).ok_or(
         "no demo-server next to demo-client; build it (cargo build --release -p demo-server) \
          or give --server-bin",
@@ -345,6 +346,9 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         max_in_flight,
         arrivals: args.arrivals(),
     };
+    if let Some(step) = step {
+        return bench_step(&args, &config, &plan.systems, &plan.models, &step).await;
+    }
     let names = |v: Vec<String>| v.join(",");
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
     println!(
@@ -402,6 +406,78 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     for &model in &plan.models {
         if let Some(svg) = results.svg(model) {
             let path = args.out.join(format!("bench-{model}.svg"));
+            std::fs::write(&path, svg)?;
+            eprintln!("wrote {}", path.display());
+        }
+    }
+    Ok(())
+}
+
+/// `demo-client bench --step`: per model, each system started fresh for its own step run,
+/// in an order rotated by one from a model to the next.
+async fn bench_step(
+    args: &BenchArgs,
+    config: &demo_client::bench::runner::BenchConfig,
+    systems: &[demo_client::bench::system::System],
+    models: &[demo_client::bench::system::Model],
+    plan: &demo_client::bench::step::StepPlan,
+) -> Result<(), BoxError> {
+    use demo_client::bench::step::{BAND, run_step};
+    use demo_client::bench::step_table;
+    let names = |v: Vec<String>| v.join(",");
+    let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
+    println!(
+        "# demo-client bench --step\n\nsystems {}; models {}; 0.8x, 3x, 0.8x for {:?} each; window {:?}, \
+         steady part {:?}, band {:.0} %; timeout {:?}; in-flight cap {}; arrivals {:?}; {cores} cores, \
+         load average {}\n",
+        names(systems.iter().map(ToString::to_string).collect()),
+        names(models.iter().map(ToString::to_string).collect()),
+        plan.phase(),
+        plan.window(),
+        plan.steady(),
+        100.0 * BAND,
+        config.timeout,
+        config.max_in_flight,
+        config.arrivals,
+        load_average(),
+    );
+    let mut runs = Vec::new();
+    for (round, &model) in models.iter().enumerate() {
+        for k in 0..systems.len() {
+            let system = systems[(round + k) % systems.len()];
+            let run = run_step(config, plan, system, model).await?;
+            let [start, up, down] = run.phases;
+            let time = |t: Option<Duration>| {
+                t.map_or_else(
+                    || "never".to_owned(),
+                    |t| format!("{:.1} s", t.as_secs_f64()),
+                )
+            };
+            eprintln!(
+                "{model} {system}: steady {:.0} / {:.0} / {:.0} req/s; converged {} / {} / {}",
+                start.steady,
+                up.steady,
+                down.steady,
+                time(start.converged),
+                time(up.converged),
+                time(down.converged),
+            );
+            runs.push(run);
+        }
+    }
+    println!("{}", step_table::markdown(&runs, plan));
+    println!("load average at the end {}", load_average());
+    for (name, text) in [
+        ("step.csv", step_table::timeline_csv(&runs, plan)),
+        ("step-summary.csv", step_table::summary_csv(&runs)),
+    ] {
+        let path = args.out.join(name);
+        std::fs::write(&path, text)?;
+        eprintln!("wrote {}", path.display());
+    }
+    for &model in models {
+        if let Some(svg) = step_table::svg(&runs, plan, model) {
+            let path = args.out.join(format!("step-{model}.svg"));
             std::fs::write(&path, svg)?;
             eprintln!("wrote {}", path.display());
         }

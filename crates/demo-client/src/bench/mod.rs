@@ -1,7 +1,8 @@
 //! The goodput benchmark (`demo-client bench`): an open-loop load ([`open_loop`]) of HTTP
 //! requests ([`send`]), what each request ended as ([`outcome`]), the systems under test
 //! started fresh for each point ([`system`]), a point's figures and the order of the points
-//! ([`runner`]), and the table and CSV ([`table`]).
+//! ([`runner`]), and the table and CSV ([`table`]); recovery after a step of the load
+//! ([`step`], `demo-client bench --step`) and its table, CSVs and plot ([`step_table`]).
 //!
 //! An open loop sends requests at instants fixed in advance, whatever the answers: a system
 //! that answers slowly cannot slow the offered load down, as it does a closed loop of
@@ -39,5 +40,7 @@ pub mod outcome;
 pub mod runner;
 pub mod send;
 pub mod settle;
+pub mod step;
+pub mod step_table;
 pub mod system;
 pub mod table;

@@ -447,3 +447,73 @@ fn bench_selections_win_over_quick_and_bad_ones_are_refused() {
     };
     assert_eq!(b.plan().unwrap_err(), "--timeout must be above zero");
 }
+
+#[test]
+fn bench_step_takes_its_phases_and_refuses_the_curves_settings() {
+    let Command::Bench(b) = parse(&["bench", "--step"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert!(b.step);
+    assert_eq!(b.step_plan(), Ok(StepPlan::default()));
+    let default = StepPlan::default();
+    assert_eq!(
+        (default.phase(), default.window(), default.steady()),
+        (
+            Duration::from_secs(8),
+            Duration::from_secs(1),
+            Duration::from_secs(3)
+        )
+    );
+    let Command::Bench(b) = parse(&[
+        "bench",
+        "--step",
+        "--systems",
+        "adaptive,little",
+        "--phase",
+        "4s",
+        "--window",
+        "500ms",
+        "--steady",
+        "2s",
+    ])
+    .unwrap()
+    .command
+    else {
+        panic!("not bench");
+    };
+    let plan = b.step_plan().unwrap();
+    assert_eq!(
+        (plan.phase(), plan.window(), plan.steady()),
+        (
+            Duration::from_secs(4),
+            Duration::from_millis(500),
+            Duration::from_secs(2)
+        )
+    );
+    assert_eq!(
+        b.plan().unwrap().systems,
+        vec![System::Adaptive, System::Little]
+    );
+
+    // The curve's settings mean nothing to a step run, and the step's nothing to the curve.
+    for bad in [
+        &["bench", "--step", "--loads", "3"][..],
+        &["bench", "--step", "--quick"],
+        &["bench", "--step", "--duration", "4s"],
+        &["bench", "--step", "--no-calibration"],
+        &["bench", "--phase", "4s"],
+        &["bench", "--window", "1s"],
+    ] {
+        assert!(parse(bad).is_err(), "{bad:?} was accepted");
+    }
+    let Command::Bench(b) = parse(&["bench", "--step", "--window", "150ms"])
+        .unwrap()
+        .command
+    else {
+        panic!("not bench");
+    };
+    assert_eq!(
+        b.step_plan().unwrap_err(),
+        "--window must be a multiple of 100 ms, got 150 ms"
+    );
+}
