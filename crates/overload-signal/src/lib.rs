@@ -27,6 +27,8 @@
 //!   fleet is drowning in retries ([`StopRule`]), and passes a downstream stop signal up to
 //!   its own caller. See [`signal`] for the decision rule, the defaults and their reasons,
 //!   the two propagation paths, and a three-tier example.
+//! - [`signal_deadline`]: the overload layer around the deadline layer as one layer, which
+//!   does what the two stacked do for less per request.
 //!
 //! # Example
 //!
@@ -161,6 +163,7 @@ pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
 pub mod signal;
+pub mod signal_deadline;
 #[cfg(test)]
 mod test_logs;
 #[cfg(all(feature = "tonic-0_14", not(loom)))]

@@ -68,7 +68,7 @@ impl<F> ResponseFuture<F> {
         }
     }
 
-    pub(super) const fn open(inner: F) -> Self {
+    pub(crate) const fn open(inner: F) -> Self {
         Self {
             state: State::Open { inner },
         }

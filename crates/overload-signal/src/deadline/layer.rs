@@ -160,15 +160,23 @@ impl fmt::Debug for DeadlineLayer {
     }
 }
 
+impl DeadlineLayer {
+    /// What each service this layer makes holds: the shared state, and the trust (the
+    /// default when none was set).
+    pub(crate) fn service_parts(&self) -> (Arc<DeadlineState>, Trust) {
+        (
+            Arc::clone(&self.state),
+            self.trust.clone().unwrap_or_default(),
+        )
+    }
+}
+
 impl<S> Layer<S> for DeadlineLayer {
     type Service = Deadline<S>;
 
     fn layer(&self, inner: S) -> Deadline<S> {
-        Deadline::from_state(
-            inner,
-            Arc::clone(&self.state),
-            self.trust.clone().unwrap_or_default(),
-        )
+        let (state, trust) = self.service_parts();
+        Deadline::from_state(inner, state, trust)
     }
 }
 

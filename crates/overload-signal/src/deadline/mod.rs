@@ -221,4 +221,6 @@ mod value;
 pub use current::{DeadlineScope, current, scope, time_left};
 pub use layer::{DeadlineLayer, DeadlineLayerBuilder};
 pub use service::Deadline;
+pub(crate) use service::call_arrived;
+pub(crate) use state::{Arrival, DeadlineState};
 pub use value::RequestDeadline;

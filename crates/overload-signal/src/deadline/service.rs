@@ -12,7 +12,7 @@ use super::current;
 use super::future::ResponseFuture;
 use super::state::{Arrival, DeadlineCaller, DeadlineSettings, DeadlineState};
 use super::value::RequestDeadline;
-use crate::protocol::Protocol;
+use crate::protocol::{Protocol, RequestFields};
 use crate::signal::trust::Trust;
 
 /// Server middleware that drops work nobody waits for: a request whose caller's deadline
@@ -91,68 +91,87 @@ where
         // NOTE: read in place, not through `into_parts`: the request is moved once, into
         // the inner service.
         let protocol = Protocol::of_headers(request.headers());
-        match self.state.arrive(
+        let arrival = self.state.arrive(
             request.headers(),
             request.extensions(),
             protocol,
+            RequestFields::ALL,
             &self.trust,
-        ) {
-            Arrival::Expired { queued, caller } => self.expired(queued, caller, protocol),
-            // NOTE: `Open` means no deadline on the request and none in the current scope,
-            // so the inner service runs outside any scope of ours: one of `None` would hide
-            // nothing, and cost a task-local swap on every poll.
-            Arrival::Open => ResponseFuture::open(self.inner.call(request)),
-            Arrival::Live {
-                deadline,
-                cancel_at,
-                caller,
-            } => self.call_live(request, deadline, cancel_at, caller, protocol),
-        }
+        );
+        call_arrived(&self.state, &mut self.inner, request, arrival, protocol)
+    }
+}
+
+/// The deadline layer's answer to a request that has arrived (`arrival`, of `protocol`):
+/// `inner` called in the request's deadline scope, or not called at all. What
+/// [`Deadline`] does once it has read the request, and the combined layer
+/// ([`SignalDeadline`](crate::signal_deadline::SignalDeadline)) too.
+#[inline]
+pub(crate) fn call_arrived<S, ReqBody, ResBody>(
+    state: &Arc<DeadlineState>,
+    inner: &mut S,
+    request: Request<ReqBody>,
+    arrival: Arrival,
+    protocol: Protocol,
+) -> ResponseFuture<S::Future>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    match arrival {
+        Arrival::Expired { queued, caller } => expired(state, queued, caller, protocol),
+        // NOTE: `Open` means no deadline on the request and none in the current scope,
+        // so the inner service runs outside any scope of ours: one of `None` would hide
+        // nothing, and cost a task-local swap on every poll.
+        Arrival::Open => ResponseFuture::open(inner.call(request)),
+        Arrival::Live {
+            deadline,
+            cancel_at,
+            caller,
+        } => call_live(state, inner, request, deadline, cancel_at, caller, protocol),
     }
 }
 
 // NOTE: the paths of requests with a deadline are out of line, so that the hot path of a
 // server whose requests carry none holds none of their code.
-impl<S> Deadline<S> {
-    #[inline(never)]
-    fn call_live<ReqBody, ResBody>(
-        &mut self,
-        request: Request<ReqBody>,
-        deadline: RequestDeadline,
-        cancel_at: Instant,
-        caller: DeadlineCaller,
-        protocol: Protocol,
-    ) -> ResponseFuture<S::Future>
-    where
-        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
-    {
-        // NOTE: not in the request's extensions: inserting one allocates, and the task-local
-        // is what handlers and the retry layer read: during the inner service's `call` (a
-        // retry layer right under this one reads it there) and while its future runs.
-        let future = current::call_with(Some(deadline), || self.inner.call(request));
-        let cancel_at = self.state.cancel_at_deadline.then_some(cancel_at);
-        ResponseFuture::running(
-            current::enter(Some(deadline), future),
-            cancel_at,
-            caller,
-            protocol,
-            &self.state,
-        )
-    }
+#[inline(never)]
+fn call_live<S, ReqBody, ResBody>(
+    state: &Arc<DeadlineState>,
+    inner: &mut S,
+    request: Request<ReqBody>,
+    deadline: RequestDeadline,
+    cancel_at: Instant,
+    caller: DeadlineCaller,
+    protocol: Protocol,
+) -> ResponseFuture<S::Future>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+{
+    // NOTE: not in the request's extensions: inserting one allocates, and the task-local
+    // is what handlers and the retry layer read: during the inner service's `call` (a
+    // retry layer right under this one reads it there) and while its future runs.
+    let future = current::call_with(Some(deadline), || inner.call(request));
+    let cancel_at = state.cancel_at_deadline.then_some(cancel_at);
+    ResponseFuture::running(
+        current::enter(Some(deadline), future),
+        cancel_at,
+        caller,
+        protocol,
+        state,
+    )
+}
 
-    #[cold]
-    #[inline(never)]
-    fn expired<F>(
-        &self,
-        queued: Duration,
-        caller: DeadlineCaller,
-        protocol: Protocol,
-    ) -> ResponseFuture<F> {
-        self.state.expired_on_arrival(queued, caller);
-        tracing::debug!(
-            queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
-            "request expired before it was served"
-        );
-        ResponseFuture::expired(protocol)
-    }
+#[cold]
+#[inline(never)]
+fn expired<F>(
+    state: &DeadlineState,
+    queued: Duration,
+    caller: DeadlineCaller,
+    protocol: Protocol,
+) -> ResponseFuture<F> {
+    state.expired_on_arrival(queued, caller);
+    tracing::debug!(
+        queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
+        "request expired before it was served"
+    );
+    ResponseFuture::expired(protocol)
 }

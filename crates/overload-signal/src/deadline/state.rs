@@ -16,8 +16,8 @@ use super::current::current;
 use super::telemetry::{DeadlineMetrics, expiring_began, expiring_ended, skew_began, skew_ended};
 use super::value::RequestDeadline;
 use crate::protocol::{
-    GRPC_TIMEOUT, Protocol, WireDeadline, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_DEADLINE,
-    envoy_expected_rq_timeout, grpc_timeout,
+    GRPC_TIMEOUT, Protocol, RequestFields, WireDeadline, X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+    X_REQUEST_DEADLINE, envoy_expected_rq_timeout, grpc_timeout,
 };
 use crate::signal::trust::Trust;
 use crate::signal::{PeerIp, client_addr};
@@ -143,24 +143,30 @@ impl DeadlineState {
     /// `trust` trusts the caller), `grpc-timeout` (gRPC only) and Envoy's
     /// `x-envoy-expected-rq-timeout-ms` (relative, from anyone), a [`RequestDeadline`]
     /// already in its extensions, and the [current](current) deadline of the task calling
-    /// the layer.
+    /// the layer. `fields`: the deadline fields the request may carry.
     #[inline]
     pub(crate) fn arrive(
         &self,
         headers: &HeaderMap,
         extensions: &Extensions,
         protocol: Protocol,
+        fields: RequestFields,
         trust: &Trust,
     ) -> Arrival {
         // NOTE: registered on the first request; an episode's end is noticed here too.
         let metrics = self.metrics();
         self.end_quiet_episodes();
         // NOTE: most requests carry no deadline: finding that out costs two or three header
-        // lookups, an extension lookup and a task-local read, and the reading of a deadline
-        // is out of line, so that a server's hot path carries none of its code.
-        let any = headers.contains_key(X_REQUEST_DEADLINE)
-            || headers.contains_key(X_ENVOY_EXPECTED_RQ_TIMEOUT_MS)
-            || (protocol.is_grpc() && headers.contains_key(GRPC_TIMEOUT))
+        // lookups (none for a field `fields` says is absent), an extension lookup and a
+        // task-local read, and the reading of a deadline is out of line, so that a server's
+        // hot path carries none of its code.
+        let has = |bit, name| fields.may_have(bit) && headers.contains_key(name);
+        let any = has(RequestFields::X_REQUEST_DEADLINE, X_REQUEST_DEADLINE)
+            || has(
+                RequestFields::X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+                X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
+            )
+            || (protocol.is_grpc() && has(RequestFields::GRPC_TIMEOUT, GRPC_TIMEOUT))
             || extensions.get::<RequestDeadline>().is_some()
             || current().is_some();
         if any {

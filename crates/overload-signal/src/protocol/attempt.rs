@@ -4,6 +4,7 @@ use std::fmt;
 
 use http::header::{HeaderMap, HeaderValue};
 
+use super::fields::RequestFields;
 use super::grpc::is_grpc;
 use super::headers::{GRPC_PREVIOUS_RPC_ATTEMPTS, X_ENVOY_ATTEMPT_COUNT, X_REQUEST_ATTEMPT};
 
@@ -114,15 +115,27 @@ impl Attempt {
     /// a look-up of `content-type` on a path that has read it already.
     #[inline]
     pub(crate) fn from_headers_of(headers: &HeaderMap, grpc: bool) -> Self {
+        Self::from_fields(headers, grpc, RequestFields::ALL)
+    }
+
+    /// [`from_headers_of`](Self::from_headers_of) for headers whose `fields` are known: a
+    /// counter they do not carry is not looked up.
+    #[inline]
+    pub(crate) fn from_fields(headers: &HeaderMap, grpc: bool, fields: RequestFields) -> Self {
         // NOTE: one look-up per counter name (`get_all` finds the entry once; its iterator
         // walks the entry's lines without another look-up), and no allocation: this runs
-        // on every request the overload layer sees.
+        // on every request the overload layer sees. The counters combine in any order
+        // (the largest, or malformed), so a skipped one changes nothing.
         let mut counters = Counters::default();
-        counters.add(parse_values(headers.get_all(X_REQUEST_ATTEMPT).iter()));
-        counters.add(envoy_count(parse_values(
-            headers.get_all(X_ENVOY_ATTEMPT_COUNT).iter(),
-        )));
-        if grpc {
+        if fields.may_have(RequestFields::X_REQUEST_ATTEMPT) {
+            counters.add(parse_values(headers.get_all(X_REQUEST_ATTEMPT).iter()));
+        }
+        if fields.may_have(RequestFields::X_ENVOY_ATTEMPT_COUNT) {
+            counters.add(envoy_count(parse_values(
+                headers.get_all(X_ENVOY_ATTEMPT_COUNT).iter(),
+            )));
+        }
+        if grpc && fields.may_have(RequestFields::GRPC_PREVIOUS_RPC_ATTEMPTS) {
             counters.add(parse_values(
                 headers.get_all(GRPC_PREVIOUS_RPC_ATTEMPTS).iter(),
             ));

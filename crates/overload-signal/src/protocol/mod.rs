@@ -133,6 +133,7 @@
 
 mod attempt;
 mod deadline;
+mod fields;
 mod grpc;
 mod headers;
 mod outcome;
@@ -143,6 +144,7 @@ mod timeout;
 
 pub use attempt::Attempt;
 pub use deadline::{MalformedDeadline, WireDeadline, deadline_exceeded_response};
+pub(crate) use fields::RequestFields;
 pub use grpc::{
     GRPC_DEADLINE_EXCEEDED, GRPC_INVALID_ARGUMENT, GRPC_RESOURCE_EXHAUSTED, GRPC_UNAVAILABLE,
     grpc_status, is_grpc, is_grpc_web,

@@ -13,7 +13,7 @@ use http::request::Parts;
 
 use super::StopRule;
 use crate::histogram::AttemptHistogram;
-use crate::protocol::Attempt;
+use crate::protocol::{Attempt, RequestFields};
 use overload_core::clock::Clock;
 use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::window::Window;
@@ -275,15 +275,16 @@ impl<C: Clock> CallerLedger<C> {
     /// The request's attempt counter as far as the decision goes (unknown when it claims a
     /// retry and its caller is not `trusted`) and its caller class ([`UNKEYED`] without a
     /// key: the caller reports it). `grpc`: the request is gRPC (or gRPC-Web), whose own
-    /// counter is read too.
+    /// counter is read too; `fields`: the counters the request may carry.
     #[inline]
     pub(crate) fn identify(
         &self,
         parts: &Parts,
         grpc: bool,
+        fields: RequestFields,
         trusted: impl FnOnce() -> bool,
     ) -> (Attempt, u8) {
-        let attempt = Attempt::from_headers_of(&parts.headers, grpc);
+        let attempt = Attempt::from_fields(&parts.headers, grpc, fields);
         // NOTE: only a claim to be a retry can raise the pressure, so only then is the
         // caller's trust asked (a few header and extension look-ups): first tries, most of
         // a server's traffic, skip it, whoever sends them.

@@ -30,7 +30,8 @@ pin_project! {
 }
 
 impl<F, C: Clock> ResponseFuture<F, C> {
-    pub(super) fn new(
+    #[inline]
+    pub(crate) fn new(
         inner: Scoped<F>,
         protocol: Protocol,
         caller: Caller,

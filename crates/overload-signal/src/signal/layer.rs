@@ -165,16 +165,24 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
     }
 }
 
-impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
-    type Service = OverloadSignal<S, C>;
-
-    fn layer(&self, inner: S) -> Self::Service {
-        OverloadSignal::from_state(
-            inner,
+impl<C: Clock> OverloadSignalLayer<C> {
+    /// What each service this layer makes holds: the shared state, the proxies, and the
+    /// trust (the default when none was set).
+    pub(crate) fn service_parts(&self) -> (Arc<SignalState<C>>, Option<TrustedProxies>, Trust) {
+        (
             Arc::clone(&self.state),
             self.proxies.clone(),
             self.trust.clone().unwrap_or_default(),
         )
+    }
+}
+
+impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
+    type Service = OverloadSignal<S, C>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        let (state, proxies, trust) = self.service_parts();
+        OverloadSignal::from_state(inner, state, proxies, trust)
     }
 }
 

@@ -412,4 +412,5 @@ pub use proxies::{ForwardedHeader, TrustedProxies};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;
+pub(crate) use state::SignalState;
 pub use trust::Trust;

@@ -21,7 +21,7 @@ use super::telemetry::{
 };
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::propagation::{Downstream, Marks};
-use crate::protocol::{self, Outcome, Protocol};
+use crate::protocol::{self, Outcome, Protocol, RequestFields};
 
 /// The wait a proxy's answer asks for when its retry layer's throttle refused the call.
 const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -29,8 +29,8 @@ const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// What every service made by one layer shares: the histogram, the rule, the caller
 /// ledger, and what the layer reports.
 pub(crate) struct SignalState<C: Clock = TokioClock> {
-    pub(super) histogram: AttemptHistogram<C>,
-    pub(super) rule: StopRule,
+    pub(crate) histogram: AttemptHistogram<C>,
+    pub(crate) rule: StopRule,
     pub(super) callers: CallerLedger<C>,
     /// Whether rejections without a [`Rejection`] marker are judged too.
     pub(super) judge_every: bool,
@@ -117,7 +117,7 @@ impl<C: Clock> SignalState<C> {
     }
 
     /// The layer's name: the `name` label of its metrics and the `name` field of its logs.
-    pub(super) fn name(&self) -> &LayerName {
+    pub(crate) fn name(&self) -> &LayerName {
         self.metrics.name()
     }
 
@@ -130,13 +130,28 @@ impl<C: Clock> SignalState<C> {
     /// Records a request: its attempt counter (if its caller is `trusted`) in the
     /// histogram, and in its caller class. On the layer's first request, registers the
     /// metrics and starts the ticker.
-    pub(super) fn record(
+    #[inline]
+    pub(crate) fn record(
         self: &Arc<Self>,
         parts: &Parts,
         protocol: Protocol,
         trusted: impl FnOnce() -> bool,
     ) -> Caller {
-        let (attempt, lane) = self.callers.identify(parts, protocol.is_grpc(), trusted);
+        self.record_fields(parts, protocol, RequestFields::ALL, trusted)
+    }
+
+    /// [`record`](Self::record) for a request that may carry `fields`, and no other
+    /// counter.
+    pub(crate) fn record_fields(
+        self: &Arc<Self>,
+        parts: &Parts,
+        protocol: Protocol,
+        fields: RequestFields,
+        trusted: impl FnOnce() -> bool,
+    ) -> Caller {
+        let (attempt, lane) = self
+            .callers
+            .identify(parts, protocol.is_grpc(), fields, trusted);
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);

@@ -136,14 +136,7 @@ where
 {
     match decided {
         Some((Decision::Allow, status, _)) => {
-            state.count_admitted();
-            // NOTE: `decide` reads the status for admissions when the fields are wanted; a
-            // request admitted without a limit (no key, `MissingKey::Bypass`) has none, and
-            // no field describes it.
-            let fields = match status {
-                Some(status) if state.admitted_headers => Some(admitted_fields(state, status)),
-                _ => None,
-            };
+            let fields = admit(state, status);
             ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields)
         }
         Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
@@ -161,6 +154,23 @@ where
             Some((state.window, status, class)),
         )),
         None => ResponseFuture::answered(refuse(state, &parts.headers, None)),
+    }
+}
+
+/// Counts an admitted request, and returns the `RateLimit-Policy` and `RateLimit` fields
+/// to add to its response, if the layer adds them (`status`: the quota's, when read).
+#[inline]
+pub(crate) fn admit(
+    state: &RateLimitState,
+    status: Option<QuotaStatus>,
+) -> Option<Box<(HeaderValue, HeaderValue)>> {
+    state.count_admitted();
+    // NOTE: `decide` reads the status for admissions when the fields are wanted; a request
+    // admitted without a limit (no key, `MissingKey::Bypass`) has none, and no field
+    // describes it.
+    match status {
+        Some(status) if state.admitted_headers => Some(admitted_fields(state, status)),
+        _ => None,
     }
 }
 

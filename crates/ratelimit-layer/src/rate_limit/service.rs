@@ -10,11 +10,15 @@ use http::{Request, Response};
 use tower_service::Service;
 
 #[cfg(feature = "redis")]
+use super::future::admit;
+#[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
 use super::future::{ResponseFuture, respond};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteStart;
 use super::state::RateLimitState;
+#[cfg(feature = "redis")]
+use crate::algorithm::Decision;
 
 /// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit is decided in
 /// `call`, in this process: every limit but one kept in Redis. The default.
@@ -154,6 +158,16 @@ where
             }
             Some(RemoteStart::Local) | None => state.decide(&parts, cost),
         };
+        if let Some((Decision::Allow, status, _)) = decided {
+            // NOTE: the admitted path in one expression, so that the inner service's future
+            // is built where it stays rather than moved through each wrapper in turn (every
+            // move copies it, the request it may hold included).
+            let fields = admit(state, status);
+            return RemoteResponseFuture::decided(ResponseFuture::admitted(
+                self.inner.call(Request::from_parts(parts, body)),
+                fields,
+            ));
+        }
         RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, cost, decided))
     }
 }

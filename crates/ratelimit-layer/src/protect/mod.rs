@@ -109,8 +109,12 @@ use std::fmt;
 
 use overload_core::clock::{Clock, TokioClock};
 use overload_signal::signal::TrustedProxies;
-use overload_signal::{DeadlineLayer, OverloadSignal, OverloadSignalLayer, Trust};
+use overload_signal::{DeadlineLayer, OverloadSignalLayer, Trust};
 use tower_layer::{Identity, Layer};
+
+mod slot;
+
+pub use slot::DeadlineSlot;
 
 /// `overload-signal`'s [`OverloadSignalLayer`] outside the limiting layer `L`, as one layer;
 /// see the [module docs](crate::protect) for why, and for what `L` may be. With
@@ -118,10 +122,11 @@ use tower_layer::{Identity, Layer};
 /// [`DeadlineLayer`] goes between them (`D`; no layer, [`Identity`], by default).
 ///
 /// Its service is the overload layer's service around the limiter's:
-/// `OverloadSignal<L::Service>` (with a deadline layer,
-/// `OverloadSignal<Deadline<L::Service>>`). Cheap to clone when `L` is (the overload layer's clones
-/// share its histogram); `Clone + Send + Sync` when `L` is, so it fits axum's
-/// `Router::layer` and tonic's `Server::layer`.
+/// `OverloadSignal<L::Service>`; with a deadline layer, `overload-signal`'s
+/// `SignalDeadline<L::Service>`, the overload and deadline layers as one service, which
+/// behaves as the two stacked and costs less per request. Cheap to clone when `L` is (the
+/// overload layer's clones share its histogram); `Clone + Send + Sync` when `L` is, so it
+/// fits axum's `Router::layer` and tonic's `Server::layer`.
 ///
 /// Defaults ([`new`](Self::new), [`builder`](Self::builder)): `OverloadSignalLayer::new()`,
 /// whose defaults its docs state (a 10-second window, the stop signal above 5 % retry
@@ -180,18 +185,17 @@ impl<L, C: Clock, D> OverloadProtectionLayer<L, C, D> {
 impl<S, L, C, D> Layer<S> for OverloadProtectionLayer<L, C, D>
 where
     L: Layer<S>,
-    D: Layer<L::Service>,
+    D: DeadlineSlot,
     C: Clock,
 {
-    type Service = OverloadSignal<D::Service, C>;
+    type Service = D::Protected<L::Service, C>;
 
     fn layer(&self, inner: S) -> Self::Service {
         // NOTE: the one place the order is decided: the limiter wraps the service, the
         // deadline layer wraps the limiter (an expired request spends no token), the
         // overload layer wraps both (its histogram sees every request, the expired ones
         // included, and every rejection).
-        self.signal
-            .layer(self.deadline.layer(self.limit.layer(inner)))
+        self.deadline.protect(&self.signal, self.limit.layer(inner))
     }
 }
 
@@ -375,46 +379,6 @@ fn trust_conflict(ours: &Trust, whose: &str, theirs: &Trust) -> crate::ConfigErr
             "trust set on this builder ({ours:?}) and on the {whose} ({theirs:?}): set it once"
         ),
     )
-}
-
-/// What [`OverloadProtectionLayerBuilder::deadline`] may hold: no deadline layer
-/// ([`Identity`], the default) or `overload-signal`'s `DeadlineLayer`. Sealed: it lets
-/// [`OverloadProtectionLayerBuilder::trust`] reach the deadline layer when there is one.
-pub trait DeadlineSlot: sealed::Sealed + Sized {
-    /// The trust set on the deadline layer, if any.
-    #[doc(hidden)]
-    fn trust_set(&self) -> Option<&Trust>;
-
-    /// The deadline layer believing `trust`'s callers.
-    #[doc(hidden)]
-    #[must_use]
-    fn with_trust(self, trust: Trust) -> Self;
-}
-
-mod sealed {
-    pub trait Sealed {}
-    impl Sealed for tower_layer::Identity {}
-    impl Sealed for overload_signal::DeadlineLayer {}
-}
-
-impl DeadlineSlot for Identity {
-    fn trust_set(&self) -> Option<&Trust> {
-        None
-    }
-
-    fn with_trust(self, _: Trust) -> Self {
-        self
-    }
-}
-
-impl DeadlineSlot for DeadlineLayer {
-    fn trust_set(&self) -> Option<&Trust> {
-        self.trust()
-    }
-
-    fn with_trust(self, trust: Trust) -> Self {
-        Self::with_trust(self, trust)
-    }
 }
 
 impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug

@@ -1,0 +1,168 @@
+use std::fmt;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+
+use http::{Request, Response};
+use overload_core::clock::{Clock, TokioClock};
+use tower_service::Service;
+
+use crate::deadline::{self, Arrival, DeadlineState};
+use crate::propagation;
+use crate::protocol::{Protocol, RequestFields};
+use crate::signal::{self, SignalState, TrustedProxies};
+use crate::trust::Trust;
+use crate::{DeadlineLayer, OverloadSignalLayer};
+
+/// What every service of a [`SignalDeadlineLayer`](super::SignalDeadlineLayer) shares: the
+/// two layers' state and settings, in one allocation, so that a clone of the service is a
+/// clone of its inner service and one reference count.
+pub(crate) struct SignalDeadlineState<C: Clock> {
+    signal: Arc<SignalState<C>>,
+    proxies: Option<TrustedProxies>,
+    /// Whose attempt counters count.
+    signal_trust: Trust,
+    deadline: Arc<DeadlineState>,
+    /// Whose deadlines' send times are believed.
+    deadline_trust: Trust,
+}
+
+impl<C: Clock> SignalDeadlineState<C> {
+    pub(super) fn new(signal: &OverloadSignalLayer<C>, deadline: &DeadlineLayer) -> Self {
+        let (signal, proxies, signal_trust) = signal.service_parts();
+        let (deadline, deadline_trust) = deadline.service_parts();
+        Self {
+            signal,
+            proxies,
+            signal_trust,
+            deadline,
+            deadline_trust,
+        }
+    }
+}
+
+impl<C: Clock> fmt::Debug for SignalDeadlineState<C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignalDeadlineState")
+            .field("name", self.signal.name())
+            .field("histogram", &self.signal.histogram)
+            .field("rule", &self.signal.rule)
+            .field("trusted_proxies", &self.proxies)
+            .field("trust", &self.signal_trust)
+            .field("deadline", &self.deadline)
+            .field("deadline_trust", &self.deadline_trust)
+            .finish()
+    }
+}
+
+/// Server middleware: [`OverloadSignal`](crate::OverloadSignal) around
+/// [`Deadline`](crate::Deadline), as one service. Made by
+/// [`SignalDeadlineLayer`](super::SignalDeadlineLayer); see the
+/// [module docs](crate::signal_deadline).
+///
+/// Its response future is the overload layer's around the deadline layer's, as the two
+/// layers stacked make it.
+pub struct SignalDeadline<S, C: Clock = TokioClock> {
+    inner: S,
+    shared: Arc<SignalDeadlineState<C>>,
+}
+
+impl<S, C: Clock> SignalDeadline<S, C> {
+    pub(super) const fn from_shared(inner: S, shared: Arc<SignalDeadlineState<C>>) -> Self {
+        Self { inner, shared }
+    }
+
+    overload_core::define_inner_service_accessors!();
+}
+
+impl<S: Clone, C: Clock> Clone for SignalDeadline<S, C> {
+    fn clone(&self) -> Self {
+        Self {
+            inner: self.inner.clone(),
+            shared: Arc::clone(&self.shared),
+        }
+    }
+}
+
+impl<S: fmt::Debug, C: Clock> fmt::Debug for SignalDeadline<S, C> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("SignalDeadline")
+            .field("inner", &self.inner)
+            .field("shared", &self.shared)
+            .finish()
+    }
+}
+
+impl<S, C, ReqBody, ResBody> Service<Request<ReqBody>> for SignalDeadline<S, C>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    S::Error: 'static,
+    C: Clock,
+    ResBody: Default,
+{
+    type Response = Response<ResBody>;
+    type Error = S::Error;
+    type Future = signal::future::ResponseFuture<deadline::future::ResponseFuture<S::Future>, C>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), Self::Error>> {
+        // No capacity of our own: readiness is the inner service's.
+        self.inner.poll_ready(cx)
+    }
+
+    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+        let shared = &*self.shared;
+        let (mut parts, body) = request.into_parts();
+        if let Some(proxies) = &shared.proxies {
+            // NOTE: before the caller is identified, and left in the request for the layers
+            // inside, as the overload layer does.
+            proxies.resolve(&mut parts);
+        }
+        // NOTE: one pass over the header names finds which of the protocol's fields the
+        // request carries; both readers below look up only those.
+        let fields = RequestFields::of(&parts.headers);
+        let protocol = if fields.may_have(RequestFields::CONTENT_TYPE) {
+            Protocol::of_headers(&parts.headers)
+        } else {
+            Protocol::Http
+        };
+        // NOTE: the overload layer's part first, as when it wraps the deadline layer: it
+        // records every request, the expired ones included.
+        let trust = &shared.signal_trust;
+        let caller = shared.signal.record_fields(&parts, protocol, fields, || {
+            trust.trusts(&parts.headers, &parts.extensions)
+        });
+        let arrival: Arrival = shared.deadline.arrive(
+            &parts.headers,
+            &parts.extensions,
+            protocol,
+            fields,
+            &shared.deadline_trust,
+        );
+        let request = Request::from_parts(parts, body);
+        if let Arrival::Open = arrival {
+            // NOTE: the common case, in one expression, so that the inner service's future
+            // is built where it stays rather than moved through each wrapper in turn
+            // (every move copies it, the request it may hold included).
+            return signal::future::ResponseFuture::new(
+                propagation::scope(deadline::future::ResponseFuture::open(
+                    self.inner.call(request),
+                )),
+                protocol,
+                caller,
+                Arc::clone(&shared.signal),
+            );
+        }
+        let inner = deadline::call_arrived(
+            &shared.deadline,
+            &mut self.inner,
+            request,
+            arrival,
+            protocol,
+        );
+        signal::future::ResponseFuture::new(
+            propagation::scope(inner),
+            protocol,
+            caller,
+            Arc::clone(&shared.signal),
+        )
+    }
+}
