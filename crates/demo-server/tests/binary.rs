@@ -113,7 +113,9 @@ fn bad_flags_exit_with_usage_errors() {
     assert_eq!(out.status.code(), Some(2));
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(
-        stderr.contains("[possible values: full, adaptive, deadline, none]"),
+        stderr.contains(
+            "[possible values: full, adaptive, deadline, none, tower-shed, tower-resilience, little]"
+        ),
         "{stderr}"
     );
 
