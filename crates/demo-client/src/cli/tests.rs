@@ -1,4 +1,7 @@
 use super::*;
+use crate::bench::open_loop::Arrivals;
+use crate::bench::step::StepPlan;
+use crate::bench::system::{Model, System};
 use crate::client::CollectLayer;
 
 fn parse(args: &[&str]) -> Result<Cli, clap::Error> {
