@@ -9,6 +9,7 @@ use std::time::Duration;
 use demo_client::bench::open_loop::Arrivals;
 use demo_client::bench::runner::{BenchConfig, run_curve};
 use demo_client::bench::system::{Model, Programs, System};
+use demo_client::envoy::find_envoy;
 
 /// Issue 34: the adaptive stack at 3x the M/M/10 model's capacity (600 req/s offered,
 /// 200 req/s capacity) for 2 s after 500 ms of warm-up. The table has its row, every figure
@@ -82,6 +83,58 @@ async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
     assert!(
         f.failed_share() < 0.05,
         "the rest is rejected, not failed: {f:?}\n{table}"
+    );
+}
+
+/// Issue 34: the `envoy` system (a real Envoy with its adaptive concurrency filter in front
+/// of the bare server, installed in the project's `.venv` by the test command) at 3x the
+/// M/M/10 model's capacity. Envoy's own count of the requests it blocked agrees with the
+/// rejections the harness counted from the filter's `503` body, and there are some: the
+/// table's rejected share is Envoy's, not a guess from status codes.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn envoys_rejections_are_counted_as_envoy_counts_them() {
+    let server = integration_tests::workspace_binary("demo-server");
+    let envoy = find_envoy(None).unwrap_or_else(|e| panic!("{e}"));
+    let dir = std::env::temp_dir().join(format!("bench-envoy-test-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let config = BenchConfig {
+        programs: Programs {
+            server,
+            envoy: Some(envoy),
+        },
+        dir: dir.clone(),
+        warmup: Duration::from_secs(1),
+        duration: Duration::from_secs(2),
+        timeout: Duration::from_secs(2),
+        max_in_flight: 4096,
+        arrivals: Arrivals::Fixed,
+    };
+    let mut lines = Vec::new();
+    let results = run_curve(
+        &config,
+        &[Model::Mmc],
+        &[3.0],
+        &[System::Envoy],
+        false,
+        |spec, figures| lines.push(demo_client::bench::table::progress_line(spec, figures)),
+    )
+    .await
+    .unwrap_or_else(|e| panic!("Envoy in front of the bare server: {e}"));
+    std::fs::remove_dir_all(&dir).ok();
+
+    let (_, f) = &results.points()[0];
+    let check = f
+        .envoy_check
+        .unwrap_or_else(|| panic!("no count of Envoy's for an envoy point: {f:?}"));
+    assert!(
+        check.counted > 0 && f.rejected > 0,
+        "3x over capacity, Envoy blocks some: {f:?}"
+    );
+    assert!(check.agrees(), "{check:?}: {}", lines[0]);
+    assert!(
+        lines[0].contains(&format!("Envoy blocked {}", check.reported)),
+        "{}",
+        lines[0]
     );
 }
 

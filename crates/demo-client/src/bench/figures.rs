@@ -64,6 +64,31 @@ pub struct Figures {
     pub warmup: Duration,
     /// Whether the warm-up ended because the served rate settled (not at its cap).
     pub settled: bool,
+    /// For [`System::Envoy`]: the rejections this harness counted over the whole point
+    /// (warm-up included) beside the count Envoy's admin interface reports for its adaptive
+    /// concurrency filter; `None` for the other systems.
+    pub envoy_check: Option<RejectionCheck>,
+}
+
+/// The rejections of one point counted twice: by the harness (each `503` whose body is the
+/// filter's, [`super::system::ENVOY_REJECTION_BODY`]) and by Envoy itself (its
+/// [`super::system::ENVOY_BLOCKED_STAT`] counter), over the whole point, warm-up included.
+/// They agree when the harness classifies Envoy's answers as Envoy does.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct RejectionCheck {
+    /// Rejections the harness counted.
+    pub counted: u64,
+    /// Requests Envoy reports it blocked.
+    pub reported: u64,
+}
+
+impl RejectionCheck {
+    /// Whether the two counts agree: within 1 % of the larger, or 2 requests (a request
+    /// whose `503` arrived after its timeout is blocked by Envoy but failed here).
+    pub fn agrees(&self) -> bool {
+        let larger = self.counted.max(self.reported);
+        self.counted.abs_diff(self.reported) <= (larger / 100).max(2)
+    }
 }
 
 /// The generator's CPU share (of the whole machine) over which a point counts as limited
@@ -103,6 +128,7 @@ impl Figures {
             generator_cpu: point.generator_cpu(),
             warmup: point.warmup(),
             settled: point.settled(),
+            envoy_check: None,
         }
     }
 
@@ -229,5 +255,23 @@ mod tests {
         let figures = Figures::of(&busy, Duration::from_secs(1), 100.0);
         assert!(figures.generator_limited());
         assert_eq!(figures.generator_cpu, Some(0.6));
+    }
+
+    #[test]
+    fn two_counts_of_envoys_rejections_agree_within_a_percent_or_two_requests() {
+        let check = |counted, reported| RejectionCheck { counted, reported }.agrees();
+        assert!(check(0, 0) && check(5_000, 5_000));
+        assert!(check(0, 2) && check(2, 0), "two requests of slack");
+        assert!(!check(0, 3) && !check(3, 0));
+        assert!(
+            check(9_900, 10_000) && check(10_000, 9_900),
+            "1 % of the larger"
+        );
+        assert!(!check(9_899, 10_000) && !check(10_000, 9_899));
+        assert_eq!(
+            Figures::of(&point(&[10], 1, 0, 0, 0), Duration::from_secs(1), 2.0).envoy_check,
+            None,
+            "the figures of a point hold no check until the runner adds Envoy's"
+        );
     }
 }

@@ -2,12 +2,15 @@
 //! stopped) and its figures; the order of the points in a run.
 
 use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tower::BoxError;
 
-pub use super::figures::{CALIBRATION_LOAD, Figures, PointSpec};
+pub use super::figures::{CALIBRATION_LOAD, Figures, PointSpec, RejectionCheck};
 use super::open_loop::{Arrivals, Schedule, WarmUp, run_with_warmup};
+use super::outcome::{Attempt, Outcome};
 use super::send::HttpSender;
 use super::settle::Settle;
 use super::system::{ENVOY_REJECTION_BODY, Model, Programs, Running, System};
@@ -36,13 +39,15 @@ pub struct BenchConfig {
 /// Measures one point: starts the system fresh (a second time on new ports if the first
 /// start fails), sends the load until the served rate settles (at most `config.warmup`) and
 /// for the recorded part without a pause, checks the system is still running, stops it,
-/// and returns the recorded part's figures.
+/// and returns the recorded part's figures. For Envoy, the figures hold its own count of
+/// the requests it blocked beside the harness's ([`Figures::envoy_check`]).
 ///
 /// # Errors
 ///
 /// When the system cannot start twice in a row, when a process of the system exited during
 /// the point (a harness failure, not a result: the message names the system, the point
-/// and the exit status), or when the rate is not above zero.
+/// and the exit status), when Envoy's admin interface does not answer, or when the rate is
+/// not above zero.
 pub async fn run_point(config: &BenchConfig, spec: PointSpec) -> Result<Figures, BoxError> {
     let schedule = Schedule::new(spec.rate(), config.arrivals)?;
     let mut running = start_twice(config, spec).await?;
@@ -50,12 +55,25 @@ pub async fn run_point(config: &BenchConfig, spec: PointSpec) -> Result<Figures,
     if spec.system == System::Envoy {
         sender = sender.rejection_body(ENVOY_REJECTION_BODY);
     }
+    // NOTE: every rejection of the point, the warm-up's included, to compare with Envoy's
+    // own count, which runs from its start.
+    let rejections = Arc::new(AtomicU64::new(0));
     let point = run_with_warmup(
         &schedule,
         WarmUp::Settled(Settle::new(config.warmup)),
         config.duration,
         config.max_in_flight,
-        |scheduled| sender.send_scheduled(scheduled),
+        |scheduled| {
+            let request = sender.send_scheduled(scheduled);
+            let rejections = Arc::clone(&rejections);
+            async move {
+                let attempt = request.await;
+                if attempt == Attempt::Ended(Outcome::Rejected) {
+                    rejections.fetch_add(1, Ordering::Relaxed);
+                }
+                attempt
+            }
+        },
     )
     .await;
     if let Some(exit) = running.exited() {
@@ -65,8 +83,19 @@ pub async fn run_point(config: &BenchConfig, spec: PointSpec) -> Result<Figures,
         )
         .into());
     }
+    let reported = running.envoy_blocked().await.map_err(|e| {
+        format!(
+            "{} on {} at {}x: Envoy's statistics: {e}",
+            spec.system, spec.model, spec.load
+        )
+    })?;
     running.stop().await?;
-    Ok(Figures::of(&point, config.duration, spec.rate()))
+    let mut figures = Figures::of(&point, config.duration, spec.rate());
+    figures.envoy_check = reported.map(|reported| RejectionCheck {
+        counted: rejections.load(Ordering::Relaxed),
+        reported,
+    });
+    Ok(figures)
 }
 
 /// Starts the point's system; once more if that fails (each start takes new free ports, so

@@ -180,6 +180,11 @@ pub fn envoy_settings() -> ProxySettings {
 /// healthy upstream) are failures.
 pub const ENVOY_REJECTION_BODY: &str = "reached concurrency limit";
 
+/// Envoy's counter of the requests its adaptive concurrency filter blocked (answered with
+/// [`ENVOY_REJECTION_BODY`]), on the `ingress` listener the bench configures.
+pub const ENVOY_BLOCKED_STAT: &str =
+    "http.ingress.adaptive_concurrency.gradient_controller.rq_blocked";
+
 /// One system, started fresh for one point; stopped by [`Running::stop`] or when dropped.
 #[derive(Debug)]
 pub struct Running {
@@ -242,6 +247,19 @@ impl Running {
                 envoy.log_text().trim()
             )),
             _ => None,
+        }
+    }
+
+    /// Envoy's count of the requests its adaptive concurrency filter blocked
+    /// ([`ENVOY_BLOCKED_STAT`]); `None` without an Envoy.
+    ///
+    /// # Errors
+    ///
+    /// When Envoy's admin interface does not answer within 5 s.
+    pub async fn envoy_blocked(&self) -> Result<Option<u64>, BoxError> {
+        match &self.envoy {
+            Some(envoy) => Ok(Some(envoy.stats().await?.get(ENVOY_BLOCKED_STAT))),
+            None => Ok(None),
         }
     }
 

@@ -315,7 +315,7 @@ pub const WIN_MARGIN: f64 = 0.05;
 /// A progress line for one measured point.
 pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
     format!(
-        "{} {}x {}: warm-up {}s, offered {:.0}/s, served {:.0}/s, served p99 {} ms, rejected {:.1} %, failed {:.1} %, generator lag p99 {} ms, CPU {}{}",
+        "{} {}x {}: warm-up {}s, offered {:.0}/s, served {:.0}/s, served p99 {} ms, rejected {:.1} %, failed {:.1} %, generator lag p99 {} ms, CPU {}{}{}",
         spec.model,
         spec.load,
         spec.system,
@@ -332,6 +332,16 @@ pub fn progress_line(spec: &PointSpec, f: &Figures) -> String {
         } else {
             ""
         },
+        f.envoy_check.map_or_else(String::new, |check| format!(
+            "; Envoy blocked {}, counted {}{}",
+            check.reported,
+            check.counted,
+            if check.agrees() {
+                ""
+            } else {
+                " (DISAGREE: the rejected share is not Envoy's)"
+            }
+        )),
     )
 }
 
@@ -381,6 +391,7 @@ mod tests {
             generator_cpu: Some(0.1),
             warmup: Duration::from_secs(6),
             settled: true,
+            envoy_check: None,
         }
     }
 

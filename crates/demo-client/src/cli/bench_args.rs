@@ -22,8 +22,9 @@ point (bare at 0.5x) comes first for each model: its served p99 is the unloaded 
 
 Per point: goodput (served requests a second), the p50 / p99 / p99.9 of the served requests
 alone (from each request's scheduled instant), the shares rejected (429, 503, the stop
-signal) and failed (timeouts, connection errors, other statuses). One progress line per
-point on stderr, the Markdown table on stdout; in --out, bench.csv and per model
+signal) and failed (timeouts, connection errors, other statuses). Envoy's `503`s count as
+rejected only with its filter's body; its progress line also gives Envoy's own count of
+the requests it blocked, which must agree. One progress line per point on stderr, the Markdown table on stdout; in --out, bench.csv and per model
 bench-MODEL.svg (goodput and served p99 against the offered load, a line per system).
 Under the table, per model and load of 3x or more: whether adaptive keeps 97 % of the
 capacity, its served p99 within 1.5x the unloaded one, and any system with more goodput at an
