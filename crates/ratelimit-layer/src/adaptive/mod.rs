@@ -64,16 +64,6 @@
 //! the baseline ([`baseline`](AdaptiveLimitBuilder::baseline)), and it tracks from the
 //! first window.
 //!
-//! A first baseline measured **with the limit full and requests turned away** is in doubt:
-//! a process started into overload may already have had a queue in front of the service at
-//! the initial limit, and a baseline that holds a queue puts the target, and the limit, above
-//! the service's knee. Such a baseline is measured again (a probe, below) at the **first
-//! window that is overloaded** (it rejected requests and its latency was above the target),
-//! instead of an interval later. The doubt ends when any probe ends, or, with no probe, at
-//! the first window that rejects nobody (the limit has then met the demand). So a process
-//! in a rolling deploy whose service does not queue (its latency stays within the target
-//! while the limit grows to its share) is never probed at the start.
-//!
 //! **The baseline** `b` is the no-load latency, measured, not guessed. It is measured again
 //! (a probe) when it matters and may be stale:
 //!
@@ -84,8 +74,6 @@
 //!   is within the target a rejection only means the limit has not grown to the demand yet;
 //!   measuring then would turn away a load the service can take. (Envoy measures on
 //!   schedule whatever the load.)
-//! - at the first overloaded window after a first baseline measured with the limit full and
-//!   requests turned away (see **The start**), due or not;
 //! - whenever the limit sat at its floor for 5 windows in a row (the service may have become
 //!   slower for good).
 //!
