@@ -89,6 +89,12 @@ pub(super) struct GradientController {
     last_latency: Option<u64>,
     /// When the next probe is due (clock nanoseconds).
     next_probe: u64,
+    /// The first baseline was measured with the limit full and requests turned away: it
+    /// may hold a queue in front of the service (a process started into overload), or it
+    /// may be right (a service that does not queue, with a demand above the initial limit).
+    /// Settled by the first window that rejects nobody (right) or by a probe, which starts at
+    /// the first overloaded window instead of an interval later.
+    doubtful_baseline: bool,
     windows_at_min: u32,
     probes: u64,
 }
@@ -105,6 +111,7 @@ impl GradientController {
             baseline: settings.baseline,
             last_latency: None,
             next_probe: 0,
+            doubtful_baseline: false,
             windows_at_min: 0,
             probes: 0,
         };
@@ -185,6 +192,7 @@ impl GradientController {
                 }
                 self.phase = ControllerPhase::Tracking;
                 self.limit = resume;
+                self.doubtful_baseline = false;
                 self.schedule_probe(now);
                 self.windows_at_min = 0;
                 self.update(false)
@@ -206,12 +214,24 @@ impl GradientController {
                 // decides nothing, and while the latency is under the target a rejection only
                 // means the limit has not grown to the demand yet: a probe then would turn away
                 // a load the service can take. It is put off by one interval instead.
+                //
+                // A first baseline measured with the limit full and requests turned away is
+                // measured again at the first overloaded window, due or not: the service may
+                // have queued at the initial limit already, and a baseline that holds a queue
+                // keeps the limit above the service's knee until the next probe. A window that
+                // rejects nobody shows the limit has met the demand, so the baseline was
+                // measured at a concurrency the service takes: the doubt ends there.
+                if !stats.rejected {
+                    self.doubtful_baseline = false;
+                }
                 let due = now >= self.next_probe;
                 let overloaded = stats.rejected && self.above_target(stats.latency);
                 if due && !overloaded {
                     self.schedule_probe(now);
                 }
-                if (due && overloaded) || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE {
+                if ((due || self.doubtful_baseline) && overloaded)
+                    || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE
+                {
                     return self.start_probe();
                 }
                 self.update(false)
@@ -226,10 +246,12 @@ impl GradientController {
     fn first_baseline(&mut self, now: u64, stats: AdaptiveWindowStats) -> AdaptiveLimitUpdate {
         if let Some(latency) = stats.latency {
             // NOTE: if the service already queued at the initial limit, this baseline is
-            // high, and the limit settles above the service's knee: the service is then
-            // overloaded, the limit rejects with the latency at its target, and the first
-            // probe (within an interval) measures the baseline properly.
+            // high, and the limit would settle above the service's knee. That can only
+            // happen when the limit was full and turned requests away (the demand exceeded
+            // it); such a baseline is doubted, and measured again at the first overloaded
+            // window (see `on_window`), not an interval later.
             self.baseline = Some(latency.max(1));
+            self.doubtful_baseline = stats.rejected && stats.peak_in_flight >= self.limit();
             self.schedule_probe(now);
         }
         self.track(stats);
@@ -272,13 +294,18 @@ impl GradientController {
         };
         let target = baseline as f64 * s.tolerance;
         let gradient = (target / latency.max(1) as f64).clamp(GRADIENT_MIN, GRADIENT_MAX);
-        // NOTE: while the latency is at or under the target, the headroom of sqrt(limit)
-        // (Netflix's Gradient2 and Envoy add the same square root) makes the limit grow
-        // even when the gradient is exactly 1, so it keeps looking for more capacity. It is
-        // not added when shrinking: with it, a limit under a persistently slow service
-        // would settle at 4 (0.5 * 4 + sqrt(4)) instead of reaching its floor, where a
-        // stale baseline is detected.
-        let headroom = if gradient >= 1.0 {
+        // NOTE: the headroom of sqrt(limit) (Netflix's Gradient2 and Envoy add the same
+        // square root) makes the limit grow even when the gradient is exactly 1, so it keeps
+        // looking for more capacity, and it settles where the gradient is 1 - 1/sqrt(limit),
+        // a little above the target. It is also added while shrinking (as Envoy does), or a
+        // noisy window just above the target cuts the limit by its full gradient: on a
+        // service whose latency is noisy near its knee (M/M/10: a window median of 50
+        // exponential service times varies by about 20 %), the limit then swings under the
+        // knee and the workers idle (issue 34). It is not added when the gradient is at its
+        // floor (0.5): a limit under a persistently and much slower service then still
+        // halves to its floor (with the headroom it would settle at 4, 0.5 * 4 + sqrt(4)),
+        // where a stale baseline is detected.
+        let headroom = if gradient > GRADIENT_MIN {
             self.limit.sqrt()
         } else {
             0.0
