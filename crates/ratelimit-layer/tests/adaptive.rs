@@ -615,6 +615,51 @@ async fn finds_the_capacity_and_follows_it_when_halved() {
     assert!(limits[35] < limits[15], "{limits:?}");
 }
 
+/// Regression (issue 34): a fresh layer started into three times the capacity of a service
+/// that queues (10 workers of 50 ms, FIFO, the M/M/10 benchmark's shape with a fixed service
+/// time) measured its first baseline at 20 in flight, 10 of them queued: about 100 ms for a
+/// service of 50 ms. Its target was twice too high, and the limit held a queue of about 15
+/// (p99 about 125 ms) until the first periodic probe, a minute later. It measures the
+/// baseline again at its first overloaded window: within two seconds the baseline is the
+/// service's, and the queue is short.
+#[tokio::test(start_paused = true)]
+async fn a_fresh_limit_started_into_overload_measures_its_baseline_again_at_once() {
+    let service_time = Duration::from_millis(50);
+    let workers = Workers::new(10, service_time);
+    let layer = AdaptiveLimitLayer::builder().seed(1).build().unwrap();
+    let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = Arc::clone(&statuses);
+    let status = layer.clone();
+    let seconds = offer(&layer, &workers, 600, 15, move |_| {
+        s.lock().unwrap().push(status.status());
+    })
+    .await;
+    let statuses = statuses.lock().unwrap().clone();
+    let limits: Vec<_> = statuses.iter().map(|s| s.limit).collect();
+    for (s, status) in statuses.iter().enumerate().skip(2) {
+        let baseline = status.baseline.expect("measured");
+        assert!(
+            baseline <= service_time * 6 / 5,
+            "second {s}: baseline {baseline:?}, limits {limits:?}"
+        );
+    }
+    // Capacity 200 req/s: from the third second on, at least 95 % of it, and an admitted
+    // p99 of at most twice the service time (the bound of the test above; the limit swings
+    // between about 12 and 18 with its `sqrt(L)` headroom, a queue of 2 to 8).
+    let p99s: Vec<_> = seconds.iter().map(Second::p99).collect();
+    for (s, second) in seconds.iter().enumerate().skip(3) {
+        assert!(
+            second.served >= 190,
+            "second {s}: {} served, limits {limits:?}",
+            second.served
+        );
+        assert!(
+            second.p99() <= 2 * service_time,
+            "second {s}: p99s {p99s:?}, limits {limits:?}"
+        );
+    }
+}
+
 /// The limit engaged is logged once at `WARN` however many requests it rejects, with the
 /// layer's name, and once at `INFO` when it has rejected nothing for the quiet period, from
 /// the layer's tick, with no request to prompt it.

@@ -127,8 +127,10 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
     }
 
     /// How far above the baseline the latency may settle, as a ratio of at least 1: the
-    /// limit grows while the latency is below `baseline * tolerance` and shrinks above
-    /// it. Default: 1.25 ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's `buffer`).
+    /// limit grows while the latency is below `baseline * tolerance` and, past the
+    /// `sqrt(limit)` headroom (see [the algorithm](super#the-algorithm-a-gradient-on-a-measured-baseline)),
+    /// shrinks above it. Default: 1.25 ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's
+    /// `buffer`).
     pub const fn tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;
         self

@@ -37,14 +37,19 @@
 //!
 //! ```text
 //! gradient = clamp(b * tolerance / s, 0.5, 2)
-//! L        = clamp(gradient * L + sqrt(L), min_limit, max_limit)   while gradient >= 1
-//! L        = clamp(gradient * L,           min_limit, max_limit)   while gradient < 1
+//! L        = clamp(gradient * L + sqrt(L), min_limit, max_limit)   while gradient > 0.5
+//! L        = clamp(gradient * L,           min_limit, max_limit)   while gradient = 0.5
 //! ```
 //!
 //! While requests do not queue, `s` stays near `b`, the gradient is `tolerance` (1.25)
 //! and `L` grows, by at least `sqrt(L)` per window, so the limit keeps looking for more
-//! capacity; once they queue, `s` rises past `tolerance * b` and `L` shrinks in proportion.
-//! `L` settles around the concurrency at which the latency is `tolerance * b`. Two guards:
+//! capacity; once they queue, `s` rises past `tolerance * b` and `L` shrinks. `L` settles
+//! where `gradient * L + sqrt(L) = L`, that is where the latency is a little above
+//! `tolerance * b` (by `1 / (1 - 1/sqrt(L))`: 1.35 times at `L` = 15, 1.11 times at 100),
+//! as Envoy's gradient controller does. The headroom keeps one noisy window from cutting
+//! the limit under the service's knee; it is left out only when the gradient is at its
+//! floor, so that a service much slower than the baseline (twice the target or more) still
+//! drives the limit to its minimum, where the baseline is measured again. Two guards:
 //!
 //! - the limit grows only when at least half of it was in use during the window: a limit
 //!   that traffic never reached says nothing, and growing it would let a burst in all at
@@ -64,6 +69,16 @@
 //! the baseline ([`baseline`](AdaptiveLimitBuilder::baseline)), and it tracks from the
 //! first window.
 //!
+//! A first baseline measured **with the limit full and requests turned away** is in doubt:
+//! a process started into overload may already have had a queue in front of the service at
+//! the initial limit, and a baseline that holds a queue puts the target, and the limit, above
+//! the service's knee. Such a baseline is measured again (a probe, below) at the **first
+//! window that is overloaded** (it rejected requests and its latency was above the target),
+//! instead of an interval later. The doubt ends when any probe ends, or, with no probe, at
+//! the first window that rejects nobody (the limit has then met the demand). So a process
+//! in a rolling deploy whose service does not queue (its latency stays within the target
+//! while the limit grows to its share) is never probed at the start.
+//!
 //! **The baseline** `b` is the no-load latency, measured, not guessed. It is measured again
 //! (a probe) when it matters and may be stale:
 //!
@@ -74,6 +89,8 @@
 //!   is within the target a rejection only means the limit has not grown to the demand yet;
 //!   measuring then would turn away a load the service can take. (Envoy measures on
 //!   schedule whatever the load.)
+//! - at the first overloaded window after a first baseline measured with the limit full and
+//!   requests turned away (see **The start**), due or not;
 //! - whenever the limit sat at its floor for 5 windows in a row (the service may have become
 //!   slower for good).
 //!
