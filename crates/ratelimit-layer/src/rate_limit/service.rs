@@ -149,10 +149,7 @@ where
             // expression.
             if let (Decision::Allow, status, _) = decided {
                 let fields = admit(&self.state, status);
-                return RemoteResponseFuture::decided(ResponseFuture::admitted(
-                    self.inner.call(request),
-                    fields,
-                ));
+                return RemoteResponseFuture::admitted(self.inner.call(request), fields);
             }
             let (parts, body) = request.into_parts();
             return RemoteResponseFuture::decided(respond(
@@ -194,10 +191,10 @@ where
             // is built where it stays rather than moved through each wrapper in turn (every
             // move copies it, the request it may hold included).
             let fields = admit(state, status);
-            return RemoteResponseFuture::decided(ResponseFuture::admitted(
+            return RemoteResponseFuture::admitted(
                 self.inner.call(Request::from_parts(parts, body)),
                 fields,
-            ));
+            );
         }
         RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, cost, decided))
     }
