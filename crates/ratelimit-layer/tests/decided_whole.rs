@@ -63,7 +63,9 @@ where
             clock.advance(Duration::from_millis(250));
         }
         let mut request = Request::new(format!("body {i}"));
-        request.headers_mut().insert("x-probe", "p".parse().unwrap());
+        request
+            .headers_mut()
+            .insert("x-probe", "p".parse().unwrap());
         request.extensions_mut().insert(7u32);
         let response = service.clone().oneshot(request).await.unwrap();
         seen.push((
@@ -109,9 +111,20 @@ async fn a_fixed_cost_global_limit_answers_as_one_that_reads_the_request() {
     let statuses: Vec<_> = reads.iter().map(|seen| seen.0.as_u16()).collect();
     assert_eq!(statuses, [200, 200, 200, 429, 429, 429, 200, 429]);
     assert_eq!(reads_calls, 4);
-    assert!(reads[0].1.is_some() && reads[0].2.is_some(), "{:?}", reads[0]);
-    assert!(reads[3].3.is_some(), "a rejection says when to retry: {:?}", reads[3]);
-    assert_eq!(reads[6].4, "body 6", "the admitted request reached the handler whole");
+    assert!(
+        reads[0].1.is_some() && reads[0].2.is_some(),
+        "{:?}",
+        reads[0]
+    );
+    assert!(
+        reads[3].3.is_some(),
+        "a rejection says when to retry: {:?}",
+        reads[3]
+    );
+    assert_eq!(
+        reads[6].4, "body 6",
+        "the admitted request reached the handler whole"
+    );
 
     // Without admitted fields, as by default.
     let (clock, calls) = (FakeClock::new(), Arc::new(AtomicUsize::new(0)));
@@ -128,7 +141,10 @@ async fn a_fixed_cost_global_limit_answers_as_one_that_reads_the_request() {
         .unwrap();
     let (plain_whole, _) = run(layer.layer(inner(&calls)), &clock, &calls).await;
     assert_eq!(plain_whole, plain_reads);
-    assert_eq!(plain_whole[0].2, None, "no field on an admitted answer by default");
+    assert_eq!(
+        plain_whole[0].2, None,
+        "no field on an admitted answer by default"
+    );
 }
 
 #[cfg(feature = "redis")]

@@ -20,6 +20,10 @@ use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::keyed::KeyClass;
 use crate::telemetry::{RateLimitMetrics, TICK};
 
+/// A local decision: the decision, the quota status when read, and the key class (see
+/// [`LocalDecide::decide`]).
+pub(crate) type Decided = (Decision, Option<QuotaStatus>, KeyClass);
+
 /// What a request costs.
 pub(crate) enum RequestCost {
     Fixed(u32),
@@ -124,7 +128,7 @@ impl RateLimitState {
     /// [`cost`](Self::cost) and [`decide`](Self::decide) would return for any request, found
     /// without it. `None` for any other limit.
     #[inline]
-    pub(crate) fn decide_unread(&self) -> Option<(u32, (Decision, Option<QuotaStatus>, KeyClass))> {
+    pub(crate) fn decide_unread(&self) -> Option<(u32, Decided)> {
         let cost = self.unread_cost?;
         let decided = self.decide.decide_unread(cost, self.admitted_headers)?;
         Some((cost, decided))
