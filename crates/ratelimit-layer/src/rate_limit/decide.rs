@@ -26,6 +26,24 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)>;
 
+    /// The decision for a request of `cost` without reading the request, for a decision
+    /// that reads nothing of it (one limit for every request); `None` for one that does (a
+    /// keyed limit), which only [`decide`](Self::decide) decides. Whatever it returns,
+    /// [`decide`](Self::decide) would return for any request.
+    fn decide_unread(
+        &self,
+        _cost: u32,
+        _status_on_allow: bool,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        None
+    }
+
+    /// Whether [`decide`](Self::decide) reads the request: `false` when
+    /// [`decide_unread`](Self::decide_unread) decides every request.
+    fn reads_request(&self) -> bool {
+        true
+    }
+
     /// The limiter's clock, now.
     fn now(&self) -> u64;
 
@@ -72,10 +90,23 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        self.decide_unread(cost, status_on_allow)
+    }
+
+    #[inline]
+    fn decide_unread(
+        &self,
+        cost: u32,
+        status_on_allow: bool,
+    ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         let now = self.clock.now();
         let (decision, status) =
             check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
         Some((decision, status, KeyClass::Global))
+    }
+
+    fn reads_request(&self) -> bool {
+        false
     }
 
     fn now(&self) -> u64 {

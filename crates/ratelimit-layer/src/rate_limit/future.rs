@@ -87,19 +87,29 @@ where
         match self.project().state.project() {
             StateProj::Admitted { future, fields } => {
                 let mut response = ready!(future.poll(cx))?;
-                if let Some((policy, status)) = fields.take().map(|fields| *fields) {
-                    // NOTE: appended, not inserted: an inner limiter's fields stay, and the
-                    // client sees every policy that applies (the draft's list form).
-                    let headers = response.headers_mut();
-                    headers.append(RATELIMIT_POLICY, policy);
-                    headers.append(RATELIMIT, status);
-                }
+                add_admitted_fields(&mut response, fields);
                 Poll::Ready(Ok(response))
             }
             StateProj::Rejected { response } => Poll::Ready(Ok(*response
                 .take()
                 .expect("rate limit response future polled after completion"))),
         }
+    }
+}
+
+/// Adds the `RateLimit-Policy` and `RateLimit` fields of an admitted request to its
+/// response, if there are any (taken: a second call adds none).
+#[inline]
+pub(crate) fn add_admitted_fields<B>(
+    response: &mut Response<B>,
+    fields: &mut Option<Box<(HeaderValue, HeaderValue)>>,
+) {
+    if let Some((policy, status)) = fields.take().map(|fields| *fields) {
+        // NOTE: appended, not inserted: an inner limiter's fields stay, and the client sees
+        // every policy that applies (the draft's list form).
+        let headers = response.headers_mut();
+        headers.append(RATELIMIT_POLICY, policy);
+        headers.append(RATELIMIT, status);
     }
 }
 
@@ -240,11 +250,11 @@ mod remote {
     use std::task::{Context, Poll, ready};
 
     use http::request::Parts;
-    use http::{Request, Response};
+    use http::{HeaderValue, Request, Response};
     use pin_project_lite::pin_project;
     use tower_service::Service;
 
-    use crate::rate_limit::future::{ResponseFuture, respond};
+    use crate::rate_limit::future::{ResponseFuture, add_admitted_fields, respond};
     use crate::rate_limit::remote_decision::RemoteDecision;
     use crate::rate_limit::state::RateLimitState;
 
@@ -269,6 +279,14 @@ mod remote {
             // does not carry the request and a service in its future.
             Deciding {
                 awaiting: Option<Box<AwaitingDecision<S, R>>>,
+            },
+            // NOTE: an admitted request decided in `call` (no remote decider, or a free
+            // request), one level down: its future is polled without going through a
+            // `ResponseFuture` as well.
+            Admitted {
+                #[pin]
+                future: F,
+                fields: Option<Box<(HeaderValue, HeaderValue)>>,
             },
             Decided {
                 #[pin]
@@ -297,6 +315,18 @@ mod remote {
             }
         }
 
+        /// A request admitted in `call`: the inner service's future, and the fields to add
+        /// to its response (see [`ResponseFuture::admitted`]).
+        #[inline]
+        pub(crate) const fn admitted(
+            future: F,
+            fields: Option<Box<(HeaderValue, HeaderValue)>>,
+        ) -> Self {
+            Self {
+                state: RemoteFutureState::Admitted { future, fields },
+            }
+        }
+
         pub(crate) const fn decided(future: ResponseFuture<F, B>) -> Self {
             Self {
                 state: RemoteFutureState::Decided { future },
@@ -314,6 +344,11 @@ mod remote {
         fn poll(mut self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
             loop {
                 match self.as_mut().project().state.project() {
+                    RemoteFutureStateProj::Admitted { future, fields } => {
+                        let mut response = ready!(future.poll(cx))?;
+                        add_admitted_fields(&mut response, fields);
+                        return Poll::Ready(Ok(response));
+                    }
                     RemoteFutureStateProj::Decided { future } => return future.poll(cx),
                     RemoteFutureStateProj::Deciding { awaiting } => {
                         let pending = awaiting
@@ -346,6 +381,7 @@ mod remote {
             let mut d = f.debug_struct("RemoteResponseFuture");
             match &self.state {
                 RemoteFutureState::Deciding { .. } => d.field("state", &"deciding"),
+                RemoteFutureState::Admitted { .. } => d.field("state", &"admitted"),
                 RemoteFutureState::Decided { future } => d.field("state", future),
             };
             d.finish()

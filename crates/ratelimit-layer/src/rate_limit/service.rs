@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-#[cfg(feature = "redis")]
 use super::future::admit;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
@@ -17,7 +16,6 @@ use super::future::{ResponseFuture, respond};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteStart;
 use super::state::RateLimitState;
-#[cfg(feature = "redis")]
 use crate::algorithm::Decision;
 
 /// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit is decided in
@@ -108,8 +106,19 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.state.on_request();
-        let (parts, body) = request.into_parts();
         let state = &*self.state;
+        if let Some((cost, decided)) = state.decide_unread() {
+            // NOTE: a limit that reads nothing of the request decides it whole: taking it
+            // apart and putting it back together would copy it twice. The admitted path in
+            // one expression, so that the inner service's future is built where it stays.
+            if let (Decision::Allow, status, _) = decided {
+                let fields = admit(state, status);
+                return ResponseFuture::admitted(self.inner.call(request), fields);
+            }
+            let (parts, body) = request.into_parts();
+            return respond(state, &mut self.inner, parts, body, cost, Some(decided));
+        }
+        let (parts, body) = request.into_parts();
         let cost = state.cost(&parts);
         let decided = state.decide(&parts, cost);
         respond(state, &mut self.inner, parts, body, cost, decided)
@@ -133,6 +142,25 @@ where
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.state.on_request();
+        // NOTE: only without a remote decider (`unread_cost` is `None` with one): a
+        // `RateLimitLayer<Local>` converted to `Remote`, Redis not configured.
+        if let Some((cost, decided)) = self.state.decide_unread() {
+            // NOTE: as for a `Local` limit: decided whole, the admitted path in one
+            // expression.
+            if let (Decision::Allow, status, _) = decided {
+                let fields = admit(&self.state, status);
+                return RemoteResponseFuture::admitted(self.inner.call(request), fields);
+            }
+            let (parts, body) = request.into_parts();
+            return RemoteResponseFuture::decided(respond(
+                &self.state,
+                &mut self.inner,
+                parts,
+                body,
+                cost,
+                Some(decided),
+            ));
+        }
         let (parts, body) = request.into_parts();
         let state = &self.state;
         let cost = state.cost(&parts);
@@ -163,10 +191,10 @@ where
             // is built where it stays rather than moved through each wrapper in turn (every
             // move copies it, the request it may hold included).
             let fields = admit(state, status);
-            return RemoteResponseFuture::decided(ResponseFuture::admitted(
+            return RemoteResponseFuture::admitted(
                 self.inner.call(Request::from_parts(parts, body)),
                 fields,
-            ));
+            );
         }
         RemoteResponseFuture::decided(respond(state, &mut self.inner, parts, body, cost, decided))
     }

@@ -20,6 +20,10 @@ use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::keyed::KeyClass;
 use crate::telemetry::{RateLimitMetrics, TICK};
 
+/// A local decision: the decision, the quota status when read, and the key class (see
+/// [`LocalDecide::decide`]).
+pub(crate) type Decided = (Decision, Option<QuotaStatus>, KeyClass);
+
 /// What a request costs.
 pub(crate) enum RequestCost {
     Fixed(u32),
@@ -32,6 +36,10 @@ pub(crate) type CostFn = dyn Fn(&Parts) -> u32 + Send + Sync;
 pub(crate) struct RateLimitState {
     decide: Box<dyn LocalDecide>,
     cost: RequestCost,
+    /// The cost of every request when neither the cost nor the decision reads the request
+    /// (a fixed cost, one limit for every request, no remote decider): such a request is
+    /// decided without being taken apart ([`decide_unread`](Self::decide_unread)).
+    unread_cost: Option<u32>,
     pub(crate) policy: RateLimitPolicy,
     /// The largest cost the advertised limit admits: a request above it is answered `413`.
     pub(crate) capacity: u64,
@@ -68,9 +76,14 @@ impl RateLimitState {
         window: Duration,
         quiet: Duration,
     ) -> Self {
+        let unread_cost = match cost {
+            RequestCost::Fixed(cost) if !decide.reads_request() => Some(cost),
+            _ => None,
+        };
         Self {
             decide,
             cost,
+            unread_cost,
             policy_header: limit.policy.to_header_value(),
             policy: limit.policy,
             capacity: limit.capacity,
@@ -108,6 +121,17 @@ impl RateLimitState {
         cost: u32,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         self.decide.decide(parts, cost, self.admitted_headers)
+    }
+
+    /// The cost and the local decision of a request, when neither reads the request (a
+    /// fixed cost, one limit for every request) and no remote decider is asked: what
+    /// [`cost`](Self::cost) and [`decide`](Self::decide) would return for any request, found
+    /// without it. `None` for any other limit.
+    #[inline]
+    pub(crate) fn decide_unread(&self) -> Option<(u32, Decided)> {
+        let cost = self.unread_cost?;
+        let decided = self.decide.decide_unread(cost, self.admitted_headers)?;
+        Some((cost, decided))
     }
 
     /// Every request: the first one registers the metrics and starts the ticker.
@@ -213,6 +237,8 @@ impl RateLimitState {
         self.policy = limit.policy;
         self.capacity = limit.capacity;
         self.window = window;
+        // NOTE: the remote decider reads the request.
+        self.unread_cost = None;
         self.remote = Some(remote);
         self
     }
