@@ -127,10 +127,11 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
     }
 
     /// How far above the baseline the latency may settle, as a ratio of at least 1: the
-    /// limit grows while the latency is below `baseline * tolerance` and, past the
-    /// `sqrt(limit)` headroom (see [the algorithm](super#the-algorithm-a-gradient-on-a-measured-baseline)),
-    /// shrinks above it. Default: 1.25 ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's
-    /// `buffer`).
+    /// target is `baseline * tolerance`. With the `sqrt(limit)` headroom (see [the
+    /// algorithm](super#the-algorithm-a-gradient-on-a-measured-baseline)) the limit grows up to
+    /// a latency a little above the target (1.35 times it at a limit of 15, 1.11 times at 100),
+    /// shrinks above that, and halves per window from twice the target. Default: 1.25
+    /// ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's `buffer`).
     pub const fn tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;
         self

@@ -45,11 +45,16 @@
 //! and `L` grows, by at least `sqrt(L)` per window, so the limit keeps looking for more
 //! capacity; once they queue, `s` rises past `tolerance * b` and `L` shrinks. `L` settles
 //! where `gradient * L + sqrt(L) = L`, that is where the latency is a little above
-//! `tolerance * b` (by `1 / (1 - 1/sqrt(L))`: 1.35 times at `L` = 15, 1.11 times at 100),
-//! as Envoy's gradient controller does. The headroom keeps one noisy window from cutting
-//! the limit under the service's knee; it is left out only when the gradient is at its
-//! floor, so that a service much slower than the baseline (twice the target or more) still
-//! drives the limit to its minimum, where the baseline is measured again. Two guards:
+//! `tolerance * b` (by `1 / (1 - 1/sqrt(L))`: 1.35 times at `L` = 15, 1.11 times at 100).
+//! Envoy's gradient controller adds a square-root headroom at every gradient too (its
+//! `sqrt(gradient * L)`, where this adds `sqrt(L)`). The headroom keeps one noisy window from
+//! cutting the limit under the service's knee; it is left out only when the gradient is at
+//! its floor, so that a service much slower than the baseline (twice the target or more)
+//! still drives the limit to its minimum, where the baseline is measured again. The price:
+//! a latency between once and twice the target that does not fall as the limit falls (a
+//! dependency that became slower, not a queue) holds the limit at `(r / (r - 1))²`, with `r`
+//! the latency over the target (about 7 for `r` = 1.6), above the minimum, and the baseline
+//! is then measured again only by the periodic probe below, up to 69 s later. Two guards:
 //!
 //! - the limit grows only when at least half of it was in use during the window: a limit
 //!   that traffic never reached says nothing, and growing it would let a burst in all at
@@ -77,7 +82,9 @@
 //! instead of an interval later. The doubt ends when any probe ends, or, with no probe, at
 //! the first window that rejects nobody (the limit has then met the demand). So a process
 //! in a rolling deploy whose service does not queue (its latency stays within the target
-//! while the limit grows to its share) is never probed at the start.
+//! while the limit grows to its share) is probed at its start at most once, and only when
+//! one window's latency is noisy enough to pass the target: one measurement of 50 requests
+//! at a quarter of the limit.
 //!
 //! **The baseline** `b` is the no-load latency, measured, not guessed. It is measured again
 //! (a probe) when it matters and may be stale:
@@ -92,7 +99,8 @@
 //! - at the first overloaded window after a first baseline measured with the limit full and
 //!   requests turned away (see **The start**), due or not;
 //! - whenever the limit sat at its floor for 5 windows in a row (the service may have become
-//!   slower for good).
+//!   slower for good), loaded or not; the limit reaches its floor only under a latency of
+//!   twice the target or more (see the headroom above).
 //!
 //! A probe lowers the limit to [`probe_share`](AdaptiveLimitBuilder::probe_share) (a
 //! quarter) of the limit in force, at least [`min_limit`](AdaptiveLimitBuilder::min_limit)

@@ -157,7 +157,8 @@ fn settles_where_latency_meets_the_target() {
         probes += usize::from(u.probe_started);
         limit = u.limit;
     }
-    // The limit oscillates around the point where latency meets the target, 125 ms.
+    // The limit oscillates around the point where the gradient is 1 - 1/sqrt(L): a latency
+    // a little above the target of 125 ms (about 137 ms at the limit this model settles at).
     let at = latency(limit);
     assert!((115..=140).contains(&at), "limit {limit} at {at} ms");
     assert_eq!(probes, 0, "none due within 20 s");
@@ -202,7 +203,7 @@ fn backs_off_on_overload_failures() {
     assert!(c.on_window(200 * MS, stats).limit > 18);
 }
 
-/// A probe measures at a share of the limit (here a quarter of 19), not at the
+/// A probe measures at a share of the limit (here a quarter of 23.7), not at the
 /// minimum: under overload it turns away a quarter of what a probe at 3 did.
 #[test]
 fn overload_probes_at_a_share_of_the_limit_then_every_interval() {
