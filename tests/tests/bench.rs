@@ -11,6 +11,28 @@ use demo_client::bench::runner::{BenchConfig, run_curve};
 use demo_client::bench::system::{Model, Programs, System};
 use demo_client::envoy::find_envoy;
 
+/// The runner's settings for a test: the workspace's `demo-server`, `envoy` if given, files
+/// in a temporary directory named `name` (returned, to remove), a 2 s timeout.
+fn config(
+    name: &str,
+    envoy: Option<std::path::PathBuf>,
+    warmup: Duration,
+    duration: Duration,
+) -> (BenchConfig, std::path::PathBuf) {
+    let server = integration_tests::workspace_binary("demo-server");
+    let dir = std::env::temp_dir().join(format!("{name}-{}", std::process::id()));
+    let config = BenchConfig {
+        programs: Programs { server, envoy },
+        dir: dir.clone(),
+        warmup,
+        duration,
+        timeout: Duration::from_secs(2),
+        max_in_flight: 4096,
+        arrivals: Arrivals::Fixed,
+    };
+    (config, dir)
+}
+
 /// Issue 34: the adaptive stack at 3x the M/M/10 model's capacity (600 req/s offered,
 /// 200 req/s capacity) for 2 s after 500 ms of warm-up. The table has its row, every figure
 /// filled in; the counts add up to the 1 200 arrivals; goodput (the answers served within
@@ -19,20 +41,12 @@ use demo_client::envoy::find_envoy;
 /// positive, ordered and within the timeout; the rest is rejected, not failed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
-    let server = integration_tests::workspace_binary("demo-server");
-    let dir = std::env::temp_dir().join(format!("bench-test-{}", std::process::id()));
-    let config = BenchConfig {
-        programs: Programs {
-            server,
-            envoy: None,
-        },
-        dir: dir.clone(),
-        warmup: Duration::from_millis(500),
-        duration: Duration::from_secs(2),
-        timeout: Duration::from_secs(2),
-        max_in_flight: 4096,
-        arrivals: Arrivals::Fixed,
-    };
+    let (config, dir) = config(
+        "bench-test",
+        None,
+        Duration::from_millis(500),
+        Duration::from_secs(2),
+    );
     let mut lines = Vec::new();
     let results = run_curve(
         &config,
@@ -93,22 +107,14 @@ async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
 /// table's rejected share is Envoy's, not a guess from status codes.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn envoys_rejections_are_counted_as_envoy_counts_them() {
-    let server = integration_tests::workspace_binary("demo-server");
     let envoy = find_envoy(None).unwrap_or_else(|e| panic!("{e}"));
-    let dir = std::env::temp_dir().join(format!("bench-envoy-test-{}", std::process::id()));
+    let (config, dir) = config(
+        "bench-envoy-test",
+        Some(envoy),
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+    );
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let config = BenchConfig {
-        programs: Programs {
-            server,
-            envoy: Some(envoy),
-        },
-        dir: dir.clone(),
-        warmup: Duration::from_secs(1),
-        duration: Duration::from_secs(2),
-        timeout: Duration::from_secs(2),
-        max_in_flight: 4096,
-        arrivals: Arrivals::Fixed,
-    };
     let mut lines = Vec::new();
     let results = run_curve(
         &config,
@@ -148,20 +154,7 @@ async fn a_short_step_run_gives_each_phases_steady_rate_and_convergence() {
     use demo_client::bench::step::{StepPlan, run_step};
     use demo_client::bench::step_table;
 
-    let server = integration_tests::workspace_binary("demo-server");
-    let dir = std::env::temp_dir().join(format!("bench-step-test-{}", std::process::id()));
-    let config = BenchConfig {
-        programs: Programs {
-            server,
-            envoy: None,
-        },
-        dir: dir.clone(),
-        warmup: Duration::ZERO,
-        duration: Duration::ZERO,
-        timeout: Duration::from_secs(2),
-        max_in_flight: 4096,
-        arrivals: Arrivals::Fixed,
-    };
+    let (config, dir) = config("bench-step-test", None, Duration::ZERO, Duration::ZERO);
     let plan = StepPlan::new(
         Duration::from_secs(3),
         Duration::from_millis(500),
