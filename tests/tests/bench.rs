@@ -53,6 +53,7 @@ async fn a_short_point_gives_a_complete_row_of_plausible_figures() {
         &[Model::Mmc],
         &[3.0],
         &[System::Adaptive],
+        1,
         false,
         |spec, figures| lines.push(demo_client::bench::table::progress_line(spec, figures)),
     )
@@ -121,6 +122,7 @@ async fn envoys_rejections_are_counted_as_envoy_counts_them() {
         &[Model::Mmc],
         &[3.0],
         &[System::Envoy],
+        1,
         false,
         |spec, figures| lines.push(demo_client::bench::table::progress_line(spec, figures)),
     )

@@ -352,11 +352,12 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
     let names = |v: Vec<String>| v.join(",");
     let cores = std::thread::available_parallelism().map_or(0, std::num::NonZeroUsize::get);
     println!(
-        "# demo-client bench\n\nsystems {}; models {}; loads {}; warm-up until settled, at most {:?}, recorded {:?} a point; \
+        "# demo-client bench\n\nsystems {}; models {}; loads {}; {} round(s); warm-up until settled, at most {:?}, recorded {:?} a point; \
          timeout {:?}; in-flight cap {}; arrivals {:?}; {cores} cores, load average {}\n",
         names(plan.systems.iter().map(ToString::to_string).collect()),
         names(plan.models.iter().map(ToString::to_string).collect()),
         names(plan.loads.iter().map(ToString::to_string).collect()),
+        plan.rounds,
         plan.warmup,
         plan.duration,
         args.timeout,
@@ -376,6 +377,7 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
         &plan.models,
         &plan.loads,
         &plan.systems,
+        plan.rounds,
         !args.no_calibration,
         |spec, figures| {
             eprintln!("{}", progress_line(spec, figures));
@@ -394,17 +396,36 @@ async fn bench(args: BenchArgs) -> Result<(), BoxError> {
             .into());
         }
     };
-    println!("{}", results.markdown());
+    // NOTE: with one round the medians are the points as measured.
+    let (medians, spreads) = results.medians();
+    if plan.rounds > 1 {
+        println!(
+            "Medians of {} rounds, each figure on its own:\n",
+            plan.rounds
+        );
+    }
+    println!("{}", medians.markdown());
+    if plan.rounds > 1 {
+        println!(
+            "How far the rounds spread:\n\n{}",
+            demo_client::bench::medians::spread_markdown(&spreads)
+        );
+    }
     for &model in &plan.models {
-        for line in results.criteria(model) {
+        for line in medians.criteria(model) {
             println!("- {line}");
         }
     }
     println!("load average at the end {}", load_average());
     std::fs::write(&csv, results.csv())?;
-    eprintln!("wrote {}", csv.display());
+    eprintln!("wrote {} (every round's point)", csv.display());
+    if plan.rounds > 1 {
+        let path = args.out.join("bench-medians.csv");
+        std::fs::write(&path, medians.csv())?;
+        eprintln!("wrote {}", path.display());
+    }
     for &model in &plan.models {
-        if let Some(svg) = results.svg(model) {
+        if let Some(svg) = medians.svg(model) {
             let path = args.out.join(format!("bench-{model}.svg"));
             std::fs::write(&path, svg)?;
             eprintln!("wrote {}", path.display());

@@ -1,7 +1,8 @@
 //! The goodput benchmark (`demo-client bench`): an open-loop load ([`open_loop`]) of HTTP
 //! requests ([`send`]), what each request ended as ([`outcome`]), the systems under test
 //! started fresh for each point ([`system`]), a point's figures and the order of the points
-//! ([`runner`]), and the table and CSV ([`table`]); recovery after a step of the load
+//! ([`runner`]), and the table and CSV ([`table`]), with the medians of several rounds
+//! ([`medians`]); recovery after a step of the load
 //! ([`step`], `demo-client bench --step`) and its table, CSVs and plot ([`step_table`]).
 //!
 //! An open loop sends requests at instants fixed in advance, whatever the answers: a system
@@ -35,6 +36,7 @@
 pub mod cpu;
 pub mod figures;
 pub mod limits;
+pub mod medians;
 pub mod open_loop;
 pub mod outcome;
 pub mod runner;

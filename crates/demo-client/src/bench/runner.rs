@@ -110,31 +110,36 @@ async fn start_twice(config: &BenchConfig, spec: PointSpec) -> Result<Running, B
     }
 }
 
-/// The points of a run in the order they are measured: one round per model and load, every
-/// system once in each round, the order of the systems rotated by one from a round to the
-/// next (round `r` starts at system `r mod n`), so that drift in the machine's load hits
-/// each system at different places.
-pub fn plan(models: &[Model], loads: &[f64], systems: &[System]) -> Vec<PointSpec> {
+/// The points of a run in the order they are measured: per model and load, `rounds` rounds
+/// one after the other (at least one), every system once in each round, the order of the
+/// systems rotated by one from a round to the next (the `r`-th round of the run starts at
+/// system `r mod n`), so that drift in the machine's load hits each system at different
+/// places, and the rounds of one point are measured close together.
+pub fn plan(models: &[Model], loads: &[f64], systems: &[System], rounds: usize) -> Vec<PointSpec> {
     let mut points = Vec::new();
     let mut round = 0;
     for &model in models {
         for &load in loads {
-            for k in 0..systems.len() {
-                let system = systems[(round + k) % systems.len()];
-                points.push(PointSpec {
-                    system,
-                    model,
-                    load,
-                });
+            for _ in 0..rounds.max(1) {
+                for k in 0..systems.len() {
+                    let system = systems[(round + k) % systems.len()];
+                    points.push(PointSpec {
+                        system,
+                        model,
+                        load,
+                    });
+                }
+                round += 1;
             }
-            round += 1;
         }
     }
     points
 }
 
-/// Measures a curve: with `calibrate`, first one point per model at [`CALIBRATION_LOAD`] on
-/// [`System::Bare`], then the points of [`plan`]; `progress` is called after each point.
+/// Measures a curve: with `calibrate`, first `rounds` points per model at
+/// [`CALIBRATION_LOAD`] on [`System::Bare`], then the points of [`plan`] with `rounds`
+/// rounds; `progress` is called after each point. Every round's point is in the results:
+/// [`Results::medians`] makes one point of each system's rounds.
 ///
 /// # Errors
 ///
@@ -145,15 +150,23 @@ pub async fn run_curve(
     models: &[Model],
     loads: &[f64],
     systems: &[System],
+    rounds: usize,
     calibrate: bool,
     mut progress: impl FnMut(&PointSpec, &Figures),
 ) -> Result<Results, BoxError> {
-    let calibration = models.iter().filter(|_| calibrate).map(|&model| PointSpec {
-        system: System::Bare,
-        model,
-        load: CALIBRATION_LOAD,
+    let calibration = models.iter().filter(|_| calibrate).flat_map(|&model| {
+        std::iter::repeat_n(
+            PointSpec {
+                system: System::Bare,
+                model,
+                load: CALIBRATION_LOAD,
+            },
+            rounds.max(1),
+        )
     });
-    let points: Vec<PointSpec> = calibration.chain(plan(models, loads, systems)).collect();
+    let points: Vec<PointSpec> = calibration
+        .chain(plan(models, loads, systems, rounds))
+        .collect();
     let mut results = Results::new();
     for spec in points {
         let figures = run_point(config, spec).await?;
@@ -170,7 +183,7 @@ mod tests {
     #[test]
     fn the_plan_rotates_the_systems_from_round_to_round() {
         let systems = [System::Bare, System::Adaptive, System::Envoy];
-        let points = plan(&[Model::Mmc, Model::Article], &[1.0, 3.0], &systems);
+        let points = plan(&[Model::Mmc, Model::Article], &[1.0, 3.0], &systems, 1);
         assert_eq!(points.len(), 12);
         let order: Vec<Vec<&str>> = points
             .chunks(3)
@@ -188,5 +201,35 @@ mod tests {
         assert_eq!((points[0].model, points[0].load), (Model::Mmc, 1.0));
         assert_eq!((points[11].model, points[11].load), (Model::Article, 3.0));
         assert!((points[11].rate() - 900.0).abs() < 1e-9);
+    }
+
+    #[test]
+    fn rounds_of_one_point_come_together_and_keep_rotating() {
+        let systems = [System::Bare, System::Adaptive, System::Envoy];
+        let points = plan(&[Model::Mmc], &[3.0, 10.0], &systems, 2);
+        assert_eq!(points.len(), 12);
+        let order: Vec<(f64, Vec<&str>)> = points
+            .chunks(3)
+            .map(|round| {
+                (
+                    round[0].load,
+                    round.iter().map(|p| p.system.name()).collect(),
+                )
+            })
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (3.0, vec!["bare", "adaptive", "envoy"]),
+                (3.0, vec!["adaptive", "envoy", "bare"]),
+                (10.0, vec!["envoy", "bare", "adaptive"]),
+                (10.0, vec!["bare", "adaptive", "envoy"]),
+            ]
+        );
+        assert_eq!(
+            plan(&[Model::Mmc], &[3.0], &systems, 0).len(),
+            3,
+            "at least one round"
+        );
     }
 }

@@ -309,7 +309,8 @@ impl Results {
 /// sample: a 6 s point at mmc's capacity serves about 1 200 answers of exponential service
 /// times, a count with a standard error near 3 %, so two points differ by about 4 % by
 /// chance alone; smaller differences are printed as within the margin, not as wins.
-/// (Several rounds with medians would narrow this; not implemented.)
+/// With several rounds (`--rounds`), the criteria judge each system's medians
+/// ([`Results::medians`]), whose noise is smaller; the margin stays.
 pub const WIN_MARGIN: f64 = 0.05;
 
 /// A progress line for one measured point.

@@ -28,7 +28,9 @@ the requests it blocked, which must agree. One progress line per point on stderr
 bench-MODEL.svg (goodput and served p99 against the offered load, a line per system).
 Under the table, per model and load of 3x or more: whether adaptive keeps 97 % of the
 capacity, its served p99 within 1.5x the unloaded one, and any system with more goodput at an
-equal or lower served p99.
+equal or lower served p99. With --rounds N, every point is measured N times, the rounds of a
+load one after the other: the table and the criteria give each system's medians, a second
+table the lowest and highest of its rounds.
 
 Systems: bare, full, adaptive, envoy, tower-shed, tower-resilience, little.
 
@@ -46,7 +48,8 @@ Examples:
   demo-client bench                      # the whole curve (tens of minutes, estimated)
   demo-client bench --step --models mmc  # recovery after a step, 7 systems (about 3 minutes)
   demo-client bench --quick              # 1x, 3x and 10x, 2 s a point, not steady state
-  demo-client bench --systems adaptive,envoy --models mmc --loads 3,10";
+  demo-client bench --systems adaptive,envoy --models mmc --loads 3,10
+  demo-client bench --models mmc --loads 3,10,100 --rounds 3  # medians of three rounds";
 
 /// `demo-client bench`.
 #[derive(Debug, Clone, Args)]
@@ -87,12 +90,18 @@ pub struct BenchArgs {
     /// The seed of --poisson's arrivals.
     #[arg(long, default_value = "1")]
     pub seed: u64,
-    /// Leave out the calibration points (bare at 0.5x, one per model).
+    /// Leave out the calibration points (bare at 0.5x, one per model and round).
     #[arg(long)]
     pub no_calibration: bool,
+    /// Rounds of every point, each round measuring every system once in a rotated order;
+    /// with more than one, the table gives each system's medians over its rounds, a second
+    /// table how far the rounds spread, and the criteria judge the medians. Odd counts give
+    /// a true middle round.
+    #[arg(long, value_name = "N", default_value_t = NonZeroUsize::MIN)]
+    pub rounds: NonZeroUsize,
     /// Recovery after a step instead of the curve: 0.8x, 3x, 0.8x of the capacity, each
     /// for --phase, per system and model; the time each phase takes to converge.
-    #[arg(long, conflicts_with_all = ["loads", "duration", "warmup", "quick", "no_calibration"])]
+    #[arg(long, conflicts_with_all = ["loads", "duration", "warmup", "quick", "no_calibration", "rounds"])]
     pub step: bool,
     /// With --step: the length of each phase, a multiple of 100 ms [default: 8s].
     #[arg(long, value_name = "DURATION", value_parser = parse_duration, requires = "step")]
@@ -136,6 +145,8 @@ pub struct BenchPlan {
     pub warmup: Duration,
     /// The recorded part of each point.
     pub duration: Duration,
+    /// Rounds of every point (at least one).
+    pub rounds: usize,
 }
 
 impl BenchArgs {
@@ -194,6 +205,7 @@ impl BenchArgs {
             loads,
             warmup: pick(self.warmup, 60_000, 5_000),
             duration,
+            rounds: self.rounds.get(),
         })
     }
 

@@ -378,6 +378,7 @@ fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
     assert_eq!(b.arrivals(), Arrivals::Fixed);
     assert!(!b.no_calibration);
     assert_eq!(b.out, PathBuf::from("target/bench"));
+    assert_eq!(plan.rounds, 1);
 
     let Command::Bench(q) = parse(&["bench", "--quick"]).unwrap().command else {
         panic!("not bench");
@@ -387,6 +388,22 @@ fn bench_defaults_are_the_whole_curve_and_quick_is_short() {
     assert_eq!(
         (quick.warmup, quick.duration),
         (Duration::from_secs(5), Duration::from_secs(2))
+    );
+}
+
+#[test]
+fn bench_rounds_are_counted_from_one_and_not_with_step() {
+    let Command::Bench(b) = parse(&["bench", "--rounds", "3"]).unwrap().command else {
+        panic!("not bench");
+    };
+    assert_eq!(b.plan().unwrap().rounds, 3);
+    assert!(
+        parse(&["bench", "--rounds", "0"]).is_err(),
+        "no zero rounds"
+    );
+    assert!(
+        parse(&["bench", "--step", "--rounds", "3"]).is_err(),
+        "--step has its own plan"
     );
 }
 
