@@ -86,6 +86,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Admitted { future, fields } => {
+                // NOTE: without fields to add (the default), the inner future's answer is
+                // ours as it is: returned straight, the response is not moved out and back.
+                if fields.is_none() {
+                    return future.poll(cx);
+                }
                 let mut response = ready!(future.poll(cx))?;
                 add_admitted_fields(&mut response, fields);
                 Poll::Ready(Ok(response))
@@ -345,6 +350,10 @@ mod remote {
             loop {
                 match self.as_mut().project().state.project() {
                     RemoteFutureStateProj::Admitted { future, fields } => {
+                        // NOTE: as in `ResponseFuture`: nothing to add, nothing moved.
+                        if fields.is_none() {
+                            return future.poll(cx);
+                        }
                         let mut response = ready!(future.poll(cx))?;
                         add_admitted_fields(&mut response, fields);
                         return Poll::Ready(Ok(response));
