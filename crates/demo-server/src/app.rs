@@ -127,8 +127,9 @@ pub enum Stack {
     Full {
         /// The overload layer; keep a clone to read its histogram.
         overload: OverloadSignalLayer,
-        /// The rate limiter, local or kept in Redis (a local one converts with `.into()`).
-        rate_limit: RateLimitLayer<Remote>,
+        /// The rate limiter, decided in this process or kept in Redis (either converts with
+        /// `.into()`).
+        rate_limit: FullRateLimit,
     },
     /// [`OverloadSignalLayer`] outside [`DeadlineLayer`] outside [`AdaptiveLimitLayer`], in
     /// front of the model: no rate configured, the limit finds the model's capacity from its
@@ -151,6 +152,43 @@ pub enum Stack {
     /// network ──► peer ──► model
     /// ```
     Peer(Peer),
+}
+
+/// The rate limiter of [`Stack::Full`]: a [`RateLimitLayer`] decided in this process (what
+/// the README composes), or one kept in Redis (`demo-server --redis-url`).
+///
+/// Both convert with `.into()`:
+///
+/// ```
+/// use demo_server::app::FullRateLimit;
+/// use ratelimit_layer::config::RateLimitConfig;
+///
+/// # fn main() -> Result<(), Box<dyn std::error::Error>> {
+/// let local: FullRateLimit = RateLimitConfig::default().layer()?.into();
+/// assert!(matches!(local, FullRateLimit::Local(_)));
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone, Debug)]
+pub enum FullRateLimit {
+    /// A limit decided in this process, in `call`: `RateLimitLayer<Local>`, the one a
+    /// server without Redis composes.
+    Local(RateLimitLayer),
+    /// A limit kept in Redis, decided there after a round trip (its local share while Redis
+    /// is away).
+    Redis(RateLimitLayer<Remote>),
+}
+
+impl From<RateLimitLayer> for FullRateLimit {
+    fn from(layer: RateLimitLayer) -> Self {
+        Self::Local(layer)
+    }
+}
+
+impl From<RateLimitLayer<Remote>> for FullRateLimit {
+    fn from(layer: RateLimitLayer<Remote>) -> Self {
+        Self::Redis(layer)
+    }
 }
 
 impl Stack {
@@ -381,9 +419,22 @@ pub fn app(config: AppConfig) -> Router {
     let api: MethodRouter<AppState> = match stack {
         Stack::None => get(api).layer::<_, Infallible>(record),
         Stack::Deadline => get(api).layer::<_, Infallible>((record, deadline)),
+        // NOTE: a limit decided in this process stays `Local`: a `Remote` one without a
+        // remote decider decides the same, through a future with one state more.
         Stack::Full {
             overload,
-            rate_limit,
+            rate_limit: FullRateLimit::Local(rate_limit),
+        } => get(api).layer::<_, Infallible>((
+            record,
+            OverloadProtectionLayer::builder(rate_limit)
+                .signal(overload)
+                .deadline(deadline)
+                .build()
+                .expect("the demo sets no proxies twice"),
+        )),
+        Stack::Full {
+            overload,
+            rate_limit: FullRateLimit::Redis(rate_limit),
         } => get(api).layer::<_, Infallible>((
             record,
             OverloadProtectionLayer::builder(rate_limit)

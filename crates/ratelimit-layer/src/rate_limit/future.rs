@@ -5,6 +5,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::mem::ManuallyDrop;
 use std::pin::Pin;
 use std::task::{Context, Poll, ready};
 use std::time::Duration;
@@ -44,7 +45,7 @@ pin_project! {
         Admitted {
             #[pin]
             future: F,
-            fields: Option<Box<(HeaderValue, HeaderValue)>>,
+            fields: AdmittedFields,
         },
         Rejected {
             response: Option<Box<Response<B>>>,
@@ -62,7 +63,10 @@ impl<F, B> ResponseFuture<F, B> {
         fields: Option<Box<(HeaderValue, HeaderValue)>>,
     ) -> Self {
         Self {
-            state: State::Admitted { future, fields },
+            state: State::Admitted {
+                future,
+                fields: AdmittedFields::new(fields),
+            },
         }
     }
 
@@ -86,6 +90,11 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         match self.project().state.project() {
             StateProj::Admitted { future, fields } => {
+                // NOTE: without fields to add (the default), the inner future's answer is
+                // ours as it is: returned straight, the response is not moved out and back.
+                if fields.is_none() {
+                    return future.poll(cx);
+                }
                 let mut response = ready!(future.poll(cx))?;
                 add_admitted_fields(&mut response, fields);
                 Poll::Ready(Ok(response))
@@ -97,13 +106,51 @@ where
     }
 }
 
+/// The `RateLimit-Policy` and `RateLimit` fields to add to an admitted request's response,
+/// if the layer adds them: what an admitted future holds beside the inner one.
+///
+/// NOTE: the same as the `Option` it holds, but for its drop: the `Option`'s is out of line
+/// (it drops two header values and frees the box), so every admitted future would call it,
+/// fields or not; this one checks inline and calls out of line only when there are fields.
+pub(crate) struct AdmittedFields(ManuallyDrop<Option<Box<(HeaderValue, HeaderValue)>>>);
+
+impl AdmittedFields {
+    #[inline]
+    const fn new(fields: Option<Box<(HeaderValue, HeaderValue)>>) -> Self {
+        Self(ManuallyDrop::new(fields))
+    }
+
+    #[inline]
+    fn is_none(&self) -> bool {
+        self.0.is_none()
+    }
+
+    #[inline]
+    fn take(&mut self) -> Option<Box<(HeaderValue, HeaderValue)>> {
+        self.0.take()
+    }
+}
+
+impl Drop for AdmittedFields {
+    #[inline]
+    fn drop(&mut self) {
+        if let Some(fields) = self.take() {
+            drop_fields(fields);
+        }
+    }
+}
+
+/// Drops fields an admitted future held and never added (its response never came).
+#[cold]
+#[inline(never)]
+fn drop_fields(fields: Box<(HeaderValue, HeaderValue)>) {
+    drop(fields);
+}
+
 /// Adds the `RateLimit-Policy` and `RateLimit` fields of an admitted request to its
 /// response, if there are any (taken: a second call adds none).
 #[inline]
-pub(crate) fn add_admitted_fields<B>(
-    response: &mut Response<B>,
-    fields: &mut Option<Box<(HeaderValue, HeaderValue)>>,
-) {
+pub(crate) fn add_admitted_fields<B>(response: &mut Response<B>, fields: &mut AdmittedFields) {
     if let Some((policy, status)) = fields.take().map(|fields| *fields) {
         // NOTE: appended, not inserted: an inner limiter's fields stay, and the client sees
         // every policy that applies (the draft's list form).
@@ -254,7 +301,7 @@ mod remote {
     use pin_project_lite::pin_project;
     use tower_service::Service;
 
-    use crate::rate_limit::future::{ResponseFuture, add_admitted_fields, respond};
+    use crate::rate_limit::future::{AdmittedFields, ResponseFuture, add_admitted_fields, respond};
     use crate::rate_limit::remote_decision::RemoteDecision;
     use crate::rate_limit::state::RateLimitState;
 
@@ -286,7 +333,7 @@ mod remote {
             Admitted {
                 #[pin]
                 future: F,
-                fields: Option<Box<(HeaderValue, HeaderValue)>>,
+                fields: AdmittedFields,
             },
             Decided {
                 #[pin]
@@ -323,7 +370,10 @@ mod remote {
             fields: Option<Box<(HeaderValue, HeaderValue)>>,
         ) -> Self {
             Self {
-                state: RemoteFutureState::Admitted { future, fields },
+                state: RemoteFutureState::Admitted {
+                    future,
+                    fields: AdmittedFields::new(fields),
+                },
             }
         }
 
@@ -345,6 +395,10 @@ mod remote {
             loop {
                 match self.as_mut().project().state.project() {
                     RemoteFutureStateProj::Admitted { future, fields } => {
+                        // NOTE: as in `ResponseFuture`: nothing to add, nothing moved.
+                        if fields.is_none() {
+                            return future.poll(cx);
+                        }
                         let mut response = ready!(future.poll(cx))?;
                         add_admitted_fields(&mut response, fields);
                         return Poll::Ready(Ok(response));

@@ -457,7 +457,7 @@ impl Cli {
                 overload,
                 rate_limit: match &redis {
                     None => self.rate_limit_config().layer().map(Into::into),
-                    Some(redis) => self.rate_limit_config().redis_layer(redis),
+                    Some(redis) => self.rate_limit_config().redis_layer(redis).map(Into::into),
                 }
                 .map_err(|e| e.to_string())?,
             },

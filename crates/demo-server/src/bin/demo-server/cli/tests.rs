@@ -525,3 +525,37 @@ fn peer_stacks_refuse_what_they_cannot_use() {
         assert!(err.contains(needle), "{args:?}: {err}");
     }
 }
+
+#[test]
+fn the_full_stack_decides_in_the_process_without_redis_and_in_redis_with_it() {
+    use demo_server::app::FullRateLimit;
+
+    // Without Redis, the limit a README user composes: `RateLimitLayer<Local>`.
+    let plan = parse(&[]).unwrap().plan().unwrap();
+    assert!(
+        matches!(
+            plan.stack,
+            Stack::Full {
+                rate_limit: FullRateLimit::Local(_),
+                ..
+            }
+        ),
+        "{:?}",
+        plan.stack
+    );
+    let plan = parse(&["--redis-url", "redis://127.0.0.1:6390"])
+        .unwrap()
+        .plan()
+        .unwrap();
+    assert!(
+        matches!(
+            plan.stack,
+            Stack::Full {
+                rate_limit: FullRateLimit::Redis(_),
+                ..
+            }
+        ),
+        "{:?}",
+        plan.stack
+    );
+}
