@@ -10,8 +10,10 @@ use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 
 use http::request::Parts;
+use http::{Extensions, HeaderMap};
 
 use super::StopRule;
+use super::peer::PeerIp;
 use crate::histogram::AttemptHistogram;
 use crate::protocol::{Attempt, RequestFields};
 use overload_core::clock::Clock;
@@ -247,7 +249,9 @@ impl<C: Clock> Clock for HistogramClock<C> {
 pub(crate) struct CallerLedger<C: Clock> {
     window: Window<LEDGER_COUNTERS, HistogramClock<C>>,
     hashing: KeyHashing,
-    key: Arc<dyn CallerKey>,
+    /// The caller key: `None` for the default, [`PeerIp`], which is read from the request's
+    /// extensions without a call through `dyn` and without the request taken apart.
+    key: Option<Arc<dyn CallerKey>>,
     /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
 }
@@ -255,7 +259,7 @@ pub(crate) struct CallerLedger<C: Clock> {
 impl<C: Clock> CallerLedger<C> {
     pub(crate) fn new(
         histogram: &AttemptHistogram<C>,
-        key: Arc<dyn CallerKey>,
+        key: Option<Arc<dyn CallerKey>>,
         hashing: KeyHashing,
     ) -> Self {
         let window = Window::<LEDGER_COUNTERS>::builder()
@@ -272,19 +276,31 @@ impl<C: Clock> CallerLedger<C> {
         }
     }
 
+    /// Whether the caller key needs the request's [`Parts`] (a key of the user's own), where
+    /// the default, [`PeerIp`], reads its extensions only: see [`identify_head`](Self::identify_head).
+    #[inline]
+    pub(crate) const fn key_reads_parts(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// The request's attempt counter as far as the decision goes (unknown when it claims a
     /// retry and its caller is not `trusted`) and its caller class ([`UNKEYED`] without a
-    /// key: the caller reports it). `grpc`: the request is gRPC (or gRPC-Web), whose own
+    /// key: the caller reports it), from its headers and extensions, and its `parts` if the
+    /// caller took it apart: a caller that did not asks
+    /// [`key_reads_parts`](Self::key_reads_parts) first (without `parts`, a key of the
+    /// user's own finds no key). `grpc`: the request is gRPC (or gRPC-Web), whose own
     /// counter is read too; `fields`: the counters the request may carry.
     #[inline]
-    pub(crate) fn identify(
+    pub(crate) fn identify_head(
         &self,
-        parts: &Parts,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        parts: Option<&Parts>,
         grpc: bool,
         fields: RequestFields,
         trusted: impl FnOnce() -> bool,
     ) -> (Attempt, u8) {
-        let attempt = Attempt::from_fields(&parts.headers, grpc, fields);
+        let attempt = Attempt::from_fields(headers, grpc, fields);
         // NOTE: only a claim to be a retry can raise the pressure, so only then is the
         // caller's trust asked (a few header and extension look-ups): first tries, most of
         // a server's traffic, skip it, whoever sends them.
@@ -294,7 +310,17 @@ impl<C: Clock> CallerLedger<C> {
             attempt
         };
         let mut state = self.hashing.hasher();
-        let lane = if self.key.hash_key(parts, &mut state) {
+        let keyed = match (&self.key, parts) {
+            // NOTE: the same words `PeerIp::hash_key` writes, into the same hasher, so the
+            // same class; without the two calls through `dyn`.
+            (None, _) => PeerIp::hash_extensions(extensions, &mut state),
+            (Some(key), Some(parts)) => key.hash_key(parts, &mut state),
+            (Some(_), None) => {
+                debug_assert!(false, "a key of the user's own needs the request's parts");
+                false
+            }
+        };
+        let lane = if keyed {
             // NOTE: CLASSES is a power of two, and the finishing multiply folds the high half
             // of the product into the low bits, so the low bits are as good as any.
             ((state.finish() as usize) & (CLASSES - 1)) as u8

@@ -404,6 +404,7 @@ pub mod trust;
 #[cfg(test)]
 mod tests;
 
+pub(crate) use callers::Caller;
 pub use callers::CallerKey;
 pub use ip_net::IpNet;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};
