@@ -569,6 +569,73 @@ mod tests {
     /// The class hash spreads keys evenly: 12 800 addresses over 128 classes (100 each on
     /// average) leave no class under half or over twice the mean, with random keys or seeded
     /// ones; and two layers' random keys put one address in different classes.
+    /// The default key, read from the extensions without `dyn` (and without the request's
+    /// parts), puts every request in the class `PeerIp` given as a key of the user's own
+    /// puts it in: IPv4, IPv6, IPv4-mapped, a resolved client beside its peer, and none.
+    #[tokio::test]
+    async fn the_default_key_classes_callers_as_peer_ip_through_dyn() {
+        use std::net::SocketAddr;
+        let histogram = AttemptHistogram::new();
+        let hashing = KeyHashing::seeded(11);
+        let default = CallerLedger::new(&histogram, None, hashing);
+        let given = CallerLedger::new(&histogram, Some(Arc::new(PeerIp)), hashing);
+        assert!(!default.key_reads_parts());
+        assert!(given.key_reads_parts());
+        let request = |peer: Option<&str>, client: Option<&str>| {
+            let mut request = http::Request::new(());
+            if let Some(peer) = peer {
+                request
+                    .extensions_mut()
+                    .insert(peer.parse::<SocketAddr>().unwrap());
+            }
+            if let Some(client) = client {
+                request
+                    .extensions_mut()
+                    .insert(super::super::ClientAddr::new(client.parse().unwrap()));
+            }
+            request.into_parts().0
+        };
+        let lane = |ledger: &CallerLedger<_>, parts: &Parts, whole: bool| {
+            let parts_given = whole.then_some(parts);
+            let (_, lane) = ledger.identify_head(
+                &parts.headers,
+                &parts.extensions,
+                parts_given,
+                false,
+                RequestFields::ALL,
+                || true,
+            );
+            lane
+        };
+        let mut lanes = Vec::new();
+        for (peer, client) in [
+            (Some("192.0.2.7:1"), None),
+            (Some("198.51.100.200:1"), None),
+            (Some("[2001:db8:1:2::7]:1"), None),
+            (Some("[::ffff:192.0.2.9]:1"), None),
+            (Some("10.0.0.2:1"), Some("203.0.113.5")),
+            (None, Some("2001:db8:9::1")),
+            (None, None),
+        ] {
+            let parts = request(peer, client);
+            let expected = lane(&given, &parts, true);
+            assert_eq!(
+                lane(&default, &parts, true),
+                expected,
+                "{peer:?} {client:?}"
+            );
+            assert_eq!(
+                lane(&default, &parts, false),
+                expected,
+                "{peer:?} {client:?}"
+            );
+            lanes.push(expected);
+        }
+        assert_eq!(lanes[0], lanes[3], "one /24, mapped or not");
+        assert_eq!(lanes[6], UNKEYED);
+        assert!(lanes[..6].iter().all(|&lane| lane != UNKEYED), "{lanes:?}");
+    }
+
     #[test]
     fn caller_classes_are_spread_evenly_and_keyed() {
         use std::net::{IpAddr, Ipv4Addr};

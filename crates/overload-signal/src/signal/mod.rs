@@ -388,7 +388,7 @@
 //! Stop signals passed up from a downstream tier (propagation) are counted, not logged
 //! above `DEBUG`: the tier that decided logs its own episode.
 
-mod callers;
+pub(crate) mod callers;
 pub mod future;
 mod ip_net;
 mod layer;
@@ -404,7 +404,6 @@ pub mod trust;
 #[cfg(test)]
 mod tests;
 
-pub(crate) use callers::Caller;
 pub use callers::CallerKey;
 pub use ip_net::IpNet;
 pub use layer::{OverloadSignalLayer, OverloadSignalLayerBuilder};

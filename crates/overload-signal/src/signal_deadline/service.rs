@@ -10,7 +10,8 @@ use tower_service::Service;
 use crate::deadline::{self, Arrival, DeadlineState};
 use crate::propagation;
 use crate::protocol::{Protocol, RequestFields};
-use crate::signal::{self, Caller, SignalState, TrustedProxies};
+use crate::signal::callers::Caller;
+use crate::signal::{self, SignalState, TrustedProxies};
 use crate::trust::Trust;
 use crate::{DeadlineLayer, OverloadSignalLayer};
 
