@@ -9,11 +9,10 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 
+use http::HeaderMap;
 use http::request::Parts;
-use http::{Extensions, HeaderMap};
 
 use super::StopRule;
-use super::peer::PeerIp;
 use crate::histogram::AttemptHistogram;
 use crate::protocol::{Attempt, RequestFields};
 use overload_core::clock::Clock;
@@ -145,7 +144,7 @@ impl KeyHashing {
 /// which callers' requests are weighed together. A caller who could predict classes would
 /// gain little: its key is its address, which it does not choose freely, and the weight of a
 /// class is capped whatever it sends.
-struct ClassHasher {
+pub(crate) struct ClassHasher {
     acc: u64,
     key: u64,
 }
@@ -249,8 +248,9 @@ impl<C: Clock> Clock for HistogramClock<C> {
 pub(crate) struct CallerLedger<C: Clock> {
     window: Window<LEDGER_COUNTERS, HistogramClock<C>>,
     hashing: KeyHashing,
-    /// The caller key: `None` for the default, [`PeerIp`], which is read from the request's
-    /// extensions without a call through `dyn` and without the request taken apart.
+    /// The caller key: `None` for the default, [`PeerIp`](super::PeerIp), which the caller
+    /// of [`identify_head`](Self::identify_head) hashes from the request's extensions,
+    /// without a call through `dyn` and without the request taken apart.
     key: Option<Arc<dyn CallerKey>>,
     /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
@@ -277,7 +277,7 @@ impl<C: Clock> CallerLedger<C> {
     }
 
     /// Whether the caller key needs the request's [`Parts`] (a key of the user's own), where
-    /// the default, [`PeerIp`], reads its extensions only: see [`identify_head`](Self::identify_head).
+    /// the default, [`PeerIp`](super::PeerIp), reads its extensions only: see [`identify_head`](Self::identify_head).
     #[inline]
     pub(crate) const fn key_reads_parts(&self) -> bool {
         self.key.is_some()
@@ -289,16 +289,17 @@ impl<C: Clock> CallerLedger<C> {
     /// caller took it apart: a caller that did not asks
     /// [`key_reads_parts`](Self::key_reads_parts) first (without `parts`, a key of the
     /// user's own finds no key). `grpc`: the request is gRPC (or gRPC-Web), whose own
-    /// counter is read too; `fields`: the counters the request may carry.
+    /// counter is read too; `fields`: the counters the request may carry; `default_key`:
+    /// what [`PeerIp`](super::PeerIp) writes for the request (the default key).
     #[inline]
     pub(crate) fn identify_head(
         &self,
         headers: &HeaderMap,
-        extensions: &Extensions,
         parts: Option<&Parts>,
         grpc: bool,
         fields: RequestFields,
         trusted: impl FnOnce() -> bool,
+        default_key: impl FnOnce(&mut ClassHasher) -> bool,
     ) -> (Attempt, u8) {
         let attempt = Attempt::from_fields(headers, grpc, fields);
         // NOTE: only a claim to be a retry can raise the pressure, so only then is the
@@ -311,9 +312,8 @@ impl<C: Clock> CallerLedger<C> {
         };
         let mut state = self.hashing.hasher();
         let keyed = match (&self.key, parts) {
-            // NOTE: the same words `PeerIp::hash_key` writes, into the same hasher, so the
-            // same class; without the two calls through `dyn`.
-            (None, _) => PeerIp::hash_extensions(extensions, &mut state),
+            // NOTE: the default key, written by the caller straight into the hasher.
+            (None, _) => default_key(&mut state),
             (Some(key), Some(parts)) => key.hash_key(parts, &mut state),
             (Some(_), None) => {
                 debug_assert!(false, "a key of the user's own needs the request's parts");
@@ -574,6 +574,7 @@ mod tests {
     /// puts it in: IPv4, IPv6, IPv4-mapped, a resolved client beside its peer, and none.
     #[tokio::test]
     async fn the_default_key_classes_callers_as_peer_ip_through_dyn() {
+        use super::super::PeerIp;
         use std::net::SocketAddr;
         let histogram = AttemptHistogram::new();
         let hashing = KeyHashing::seeded(11);
@@ -599,11 +600,11 @@ mod tests {
             let parts_given = whole.then_some(parts);
             let (_, lane) = ledger.identify_head(
                 &parts.headers,
-                &parts.extensions,
                 parts_given,
                 false,
                 RequestFields::ALL,
                 || true,
+                |state| PeerIp::hash_extensions(&parts.extensions, state),
             );
             lane
         };

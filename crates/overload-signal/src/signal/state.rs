@@ -13,7 +13,7 @@ use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
 
 use super::callers::{Caller, CallerKey, CallerLedger, KeyHashing, UNKEYED};
-use super::peer::client_addr;
+use super::peer::{PeerIp, client_addr};
 use super::rejection::{Rejection, RejectionKind, RejectionScope};
 use super::rule::StopRule;
 use super::telemetry::{
@@ -52,7 +52,7 @@ pub(crate) struct SignalSettings<C: Clock = TokioClock> {
     pub(crate) name: LayerName,
     pub(crate) histogram: AttemptHistogram<C>,
     pub(crate) rule: StopRule,
-    /// The caller key: `None` for the default, [`PeerIp`](super::PeerIp).
+    /// The caller key: `None` for the default, [`PeerIp`].
     pub(crate) key: Option<Arc<dyn CallerKey>>,
     pub(crate) hashing: KeyHashing,
     pub(crate) judge_every: bool,
@@ -182,11 +182,13 @@ impl<C: Clock> SignalState<C> {
     ) -> Caller {
         let (attempt, lane) = self.callers.identify_head(
             headers,
-            extensions,
             parts,
             protocol.is_grpc(),
             fields,
             trusted,
+            // NOTE: the same words `PeerIp::hash_key` writes, into the same hasher, so the
+            // same class; without the two calls through `dyn`.
+            |state| PeerIp::hash_extensions(extensions, state),
         );
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
