@@ -9,6 +9,7 @@ use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher, RandomState};
 use std::sync::Arc;
 
+use http::HeaderMap;
 use http::request::Parts;
 
 use super::StopRule;
@@ -143,7 +144,7 @@ impl KeyHashing {
 /// which callers' requests are weighed together. A caller who could predict classes would
 /// gain little: its key is its address, which it does not choose freely, and the weight of a
 /// class is capped whatever it sends.
-struct ClassHasher {
+pub(crate) struct ClassHasher {
     acc: u64,
     key: u64,
 }
@@ -247,7 +248,10 @@ impl<C: Clock> Clock for HistogramClock<C> {
 pub(crate) struct CallerLedger<C: Clock> {
     window: Window<LEDGER_COUNTERS, HistogramClock<C>>,
     hashing: KeyHashing,
-    key: Arc<dyn CallerKey>,
+    /// The caller key: `None` for the default, [`PeerIp`](super::PeerIp), which the caller
+    /// of [`identify_head`](Self::identify_head) hashes from the request's extensions,
+    /// without a call through `dyn` and without the request taken apart.
+    key: Option<Arc<dyn CallerKey>>,
     /// The last per-caller verdict of the server-wide rule (see `CallerVerdict`).
     verdict: AtomicU64,
 }
@@ -255,7 +259,7 @@ pub(crate) struct CallerLedger<C: Clock> {
 impl<C: Clock> CallerLedger<C> {
     pub(crate) fn new(
         histogram: &AttemptHistogram<C>,
-        key: Arc<dyn CallerKey>,
+        key: Option<Arc<dyn CallerKey>>,
         hashing: KeyHashing,
     ) -> Self {
         let window = Window::<LEDGER_COUNTERS>::builder()
@@ -272,19 +276,32 @@ impl<C: Clock> CallerLedger<C> {
         }
     }
 
+    /// Whether the caller key needs the request's [`Parts`] (a key of the user's own), where
+    /// the default, [`PeerIp`](super::PeerIp), reads its extensions only: see [`identify_head`](Self::identify_head).
+    #[inline]
+    pub(crate) const fn key_reads_parts(&self) -> bool {
+        self.key.is_some()
+    }
+
     /// The request's attempt counter as far as the decision goes (unknown when it claims a
     /// retry and its caller is not `trusted`) and its caller class ([`UNKEYED`] without a
-    /// key: the caller reports it). `grpc`: the request is gRPC (or gRPC-Web), whose own
-    /// counter is read too; `fields`: the counters the request may carry.
+    /// key: the caller reports it), from its headers and extensions, and its `parts` if the
+    /// caller took it apart: a caller that did not asks
+    /// [`key_reads_parts`](Self::key_reads_parts) first (without `parts`, a key of the
+    /// user's own finds no key). `grpc`: the request is gRPC (or gRPC-Web), whose own
+    /// counter is read too; `fields`: the counters the request may carry; `default_key`:
+    /// what [`PeerIp`](super::PeerIp) writes for the request (the default key).
     #[inline]
-    pub(crate) fn identify(
+    pub(crate) fn identify_head(
         &self,
-        parts: &Parts,
+        headers: &HeaderMap,
+        parts: Option<&Parts>,
         grpc: bool,
         fields: RequestFields,
         trusted: impl FnOnce() -> bool,
+        default_key: impl FnOnce(&mut ClassHasher) -> bool,
     ) -> (Attempt, u8) {
-        let attempt = Attempt::from_fields(&parts.headers, grpc, fields);
+        let attempt = Attempt::from_fields(headers, grpc, fields);
         // NOTE: only a claim to be a retry can raise the pressure, so only then is the
         // caller's trust asked (a few header and extension look-ups): first tries, most of
         // a server's traffic, skip it, whoever sends them.
@@ -294,7 +311,16 @@ impl<C: Clock> CallerLedger<C> {
             attempt
         };
         let mut state = self.hashing.hasher();
-        let lane = if self.key.hash_key(parts, &mut state) {
+        let keyed = match (&self.key, parts) {
+            // NOTE: the default key, written by the caller straight into the hasher.
+            (None, _) => default_key(&mut state),
+            (Some(key), Some(parts)) => key.hash_key(parts, &mut state),
+            (Some(_), None) => {
+                debug_assert!(false, "a key of the user's own needs the request's parts");
+                false
+            }
+        };
+        let lane = if keyed {
             // NOTE: CLASSES is a power of two, and the finishing multiply folds the high half
             // of the product into the low bits, so the low bits are as good as any.
             ((state.finish() as usize) & (CLASSES - 1)) as u8
@@ -543,6 +569,74 @@ mod tests {
     /// The class hash spreads keys evenly: 12 800 addresses over 128 classes (100 each on
     /// average) leave no class under half or over twice the mean, with random keys or seeded
     /// ones; and two layers' random keys put one address in different classes.
+    /// The default key, read from the extensions without `dyn` (and without the request's
+    /// parts), puts every request in the class `PeerIp` given as a key of the user's own
+    /// puts it in: IPv4, IPv6, IPv4-mapped, a resolved client beside its peer, and none.
+    #[tokio::test]
+    async fn the_default_key_classes_callers_as_peer_ip_through_dyn() {
+        use super::super::PeerIp;
+        use std::net::SocketAddr;
+        let histogram = AttemptHistogram::new();
+        let hashing = KeyHashing::seeded(11);
+        let default = CallerLedger::new(&histogram, None, hashing);
+        let given = CallerLedger::new(&histogram, Some(Arc::new(PeerIp)), hashing);
+        assert!(!default.key_reads_parts());
+        assert!(given.key_reads_parts());
+        let request = |peer: Option<&str>, client: Option<&str>| {
+            let mut request = http::Request::new(());
+            if let Some(peer) = peer {
+                request
+                    .extensions_mut()
+                    .insert(peer.parse::<SocketAddr>().unwrap());
+            }
+            if let Some(client) = client {
+                request
+                    .extensions_mut()
+                    .insert(super::super::ClientAddr::new(client.parse().unwrap()));
+            }
+            request.into_parts().0
+        };
+        let lane = |ledger: &CallerLedger<_>, parts: &Parts, whole: bool| {
+            let parts_given = whole.then_some(parts);
+            let (_, lane) = ledger.identify_head(
+                &parts.headers,
+                parts_given,
+                false,
+                RequestFields::ALL,
+                || true,
+                |state| PeerIp::hash_extensions(&parts.extensions, state),
+            );
+            lane
+        };
+        let mut lanes = Vec::new();
+        for (peer, client) in [
+            (Some("192.0.2.7:1"), None),
+            (Some("198.51.100.200:1"), None),
+            (Some("[2001:db8:1:2::7]:1"), None),
+            (Some("[::ffff:192.0.2.9]:1"), None),
+            (Some("10.0.0.2:1"), Some("203.0.113.5")),
+            (None, Some("2001:db8:9::1")),
+            (None, None),
+        ] {
+            let parts = request(peer, client);
+            let expected = lane(&given, &parts, true);
+            assert_eq!(
+                lane(&default, &parts, true),
+                expected,
+                "{peer:?} {client:?}"
+            );
+            assert_eq!(
+                lane(&default, &parts, false),
+                expected,
+                "{peer:?} {client:?}"
+            );
+            lanes.push(expected);
+        }
+        assert_eq!(lanes[0], lanes[3], "one /24, mapped or not");
+        assert_eq!(lanes[6], UNKEYED);
+        assert!(lanes[..6].iter().all(|&lane| lane != UNKEYED), "{lanes:?}");
+    }
+
     #[test]
     fn caller_classes_are_spread_evenly_and_keyed() {
         use std::net::{IpAddr, Ipv4Addr};

@@ -1,3 +1,4 @@
+use std::any::TypeId;
 use std::fmt;
 use std::sync::Arc;
 
@@ -8,6 +9,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::callers::{self, CallerKey};
+use super::peer::PeerIp;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::service::OverloadSignal;
@@ -248,7 +250,13 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
     /// carries no peer address at all (see [the peer address](super#the-peer-address)), at
     /// `WARN` when a key of your own found none.
     pub fn key_by<K: CallerKey>(mut self, key: K) -> Self {
-        self.settings.key = Arc::new(key);
+        // NOTE: the default key given again stays the default, which the layer reads without
+        // a call through `dyn` (the same classes either way).
+        self.settings.key = if TypeId::of::<K>() == TypeId::of::<PeerIp>() {
+            None
+        } else {
+            Some(Arc::new(key))
+        };
         self
     }
 

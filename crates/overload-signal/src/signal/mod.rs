@@ -388,7 +388,7 @@
 //! Stop signals passed up from a downstream tier (propagation) are counted, not logged
 //! above `DEBUG`: the tier that decided logs its own episode.
 
-mod callers;
+pub(crate) mod callers;
 pub mod future;
 mod ip_net;
 mod layer;

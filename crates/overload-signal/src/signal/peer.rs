@@ -176,16 +176,28 @@ const fn ip_word(ip: IpAddr) -> u128 {
     }
 }
 
-impl CallerKey for PeerIp {
+impl PeerIp {
+    /// What [`hash_key`](CallerKey::hash_key) writes, from the request's extensions: the one
+    /// word of its client's network, or nothing (`false`) without a client address.
     #[inline]
-    fn hash_key(&self, parts: &Parts, state: &mut dyn Hasher) -> bool {
-        match Self::peer_ip(parts) {
+    pub(crate) fn hash_extensions<H: Hasher + ?Sized>(
+        extensions: &Extensions,
+        state: &mut H,
+    ) -> bool {
+        match client_addr(extensions) {
             Some(ip) => {
-                state.write_u128(ip_word(ip));
+                state.write_u128(ip_word(Self::network(ip)));
                 true
             }
             None => false,
         }
+    }
+}
+
+impl CallerKey for PeerIp {
+    #[inline]
+    fn hash_key(&self, parts: &Parts, state: &mut dyn Hasher) -> bool {
+        Self::hash_extensions(&parts.extensions, state)
     }
 }
 

@@ -21,7 +21,7 @@ use std::net::{IpAddr, Ipv6Addr};
 use std::sync::Arc;
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderName};
+use http::{Extensions, HeaderMap, HeaderName};
 use overload_core::ConfigError;
 
 use super::ip_net::IpNet;
@@ -246,14 +246,22 @@ impl TrustedProxies {
     /// when the request came through a trusted proxy (a direct peer is its own client, which
     /// [`client_addr`](super::client_addr) finds without an extension, so nothing is inserted).
     pub fn resolve(&self, parts: &mut Parts) {
-        let Some(peer) = peer_addr(&parts.extensions) else {
-            return;
-        };
-        let peer = peer.ip().to_canonical();
-        if self.is_trusted(peer) {
-            let client = self.client(peer, &parts.headers);
-            parts.extensions.insert(ClientAddr::new(client));
+        if let Some(client) = self.resolved(&parts.headers, &parts.extensions) {
+            parts.extensions.insert(client);
         }
+    }
+
+    /// What [`resolve`](Self::resolve) inserts in the extensions of a request with these
+    /// `headers` and `extensions`, if anything.
+    #[inline]
+    pub(crate) fn resolved(
+        &self,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+    ) -> Option<ClientAddr> {
+        let peer = peer_addr(extensions)?.ip().to_canonical();
+        self.is_trusted(peer)
+            .then(|| ClientAddr::new(self.client(peer, headers)))
     }
 }
 

@@ -5,9 +5,9 @@
 
 use std::sync::Arc;
 
-use http::Response;
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
+use http::{Extensions, HeaderMap, Response};
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::sync::{AtomicU64, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, LogThrottle, Ticker};
@@ -52,7 +52,8 @@ pub(crate) struct SignalSettings<C: Clock = TokioClock> {
     pub(crate) name: LayerName,
     pub(crate) histogram: AttemptHistogram<C>,
     pub(crate) rule: StopRule,
-    pub(crate) key: Arc<dyn CallerKey>,
+    /// The caller key: `None` for the default, [`PeerIp`].
+    pub(crate) key: Option<Arc<dyn CallerKey>>,
     pub(crate) hashing: KeyHashing,
     pub(crate) judge_every: bool,
 }
@@ -69,7 +70,7 @@ impl SignalSettings {
             name: LayerName::default(),
             histogram: AttemptHistogram::new(),
             rule: StopRule::new(),
-            key: Arc::new(PeerIp),
+            key: None,
             hashing: KeyHashing::random(),
             judge_every: false,
         }
@@ -142,6 +143,7 @@ impl<C: Clock> SignalState<C> {
 
     /// [`record`](Self::record) for a request that may carry `fields`, and no other
     /// counter.
+    #[inline]
     pub(crate) fn record_fields(
         self: &Arc<Self>,
         parts: &Parts,
@@ -149,9 +151,45 @@ impl<C: Clock> SignalState<C> {
         fields: RequestFields,
         trusted: impl FnOnce() -> bool,
     ) -> Caller {
-        let (attempt, lane) = self
-            .callers
-            .identify(parts, protocol.is_grpc(), fields, trusted);
+        self.record_head(
+            &parts.headers,
+            &parts.extensions,
+            Some(parts),
+            protocol,
+            fields,
+            trusted,
+        )
+    }
+
+    /// Whether [`record_head`](Self::record_head) needs the request's [`Parts`]: only for a
+    /// caller key of the user's own (the default reads the extensions).
+    #[inline]
+    pub(crate) const fn key_reads_parts(&self) -> bool {
+        self.callers.key_reads_parts()
+    }
+
+    /// [`record_fields`](Self::record_fields) from the request's headers and extensions, and
+    /// its `parts` when the caller took it apart, which it must when
+    /// [`key_reads_parts`](Self::key_reads_parts).
+    pub(crate) fn record_head(
+        self: &Arc<Self>,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        parts: Option<&Parts>,
+        protocol: Protocol,
+        fields: RequestFields,
+        trusted: impl FnOnce() -> bool,
+    ) -> Caller {
+        let (attempt, lane) = self.callers.identify_head(
+            headers,
+            parts,
+            protocol.is_grpc(),
+            fields,
+            trusted,
+            // NOTE: the same words `PeerIp::hash_key` writes, into the same hasher, so the
+            // same class; without the two calls through `dyn`.
+            |state| PeerIp::hash_extensions(extensions, state),
+        );
         let class = AttemptClass::of(attempt);
         let bucket = self.histogram.bucket_now();
         self.histogram.record_in(bucket, class);
@@ -159,7 +197,7 @@ impl<C: Clock> SignalState<C> {
         self.ticker
             .start(self, self.histogram.bucket_width(), |_| {}, Self::tick);
         if lane == UNKEYED {
-            self.report_unkeyed(parts);
+            self.report_unkeyed(extensions);
         }
         self.export_window(bucket);
         caller
@@ -170,10 +208,10 @@ impl<C: Clock> SignalState<C> {
     /// then set up so that one caller can forge a storm for every caller without a key: at
     /// `ERROR` with the fix when the request carries no peer address at all.
     #[cold]
-    fn report_unkeyed(&self, parts: &Parts) {
+    fn report_unkeyed(&self, extensions: &Extensions) {
         self.metrics.get().unkeyed();
         if let Some(count) = self.unkeyed.note(self.histogram.clock().now()) {
-            let no_peer = client_addr(&parts.extensions).is_none();
+            let no_peer = client_addr(extensions).is_none();
             log_unkeyed(self.name(), count, UNKEYED_LOG_INTERVAL, no_peer);
         }
     }

@@ -2,13 +2,15 @@ use std::fmt;
 use std::sync::Arc;
 use std::task::{Context, Poll};
 
-use http::{Request, Response};
+use http::request::Parts;
+use http::{Extensions, HeaderMap, Request, Response};
 use overload_core::clock::{Clock, TokioClock};
 use tower_service::Service;
 
 use crate::deadline::{self, Arrival, DeadlineState};
 use crate::propagation;
 use crate::protocol::{Protocol, RequestFields};
+use crate::signal::callers::Caller;
 use crate::signal::{self, SignalState, TrustedProxies};
 use crate::trust::Trust;
 use crate::{DeadlineLayer, OverloadSignalLayer};
@@ -37,6 +39,40 @@ impl<C: Clock> SignalDeadlineState<C> {
             deadline,
             deadline_trust,
         }
+    }
+}
+
+impl<C: Clock> SignalDeadlineState<C> {
+    /// What both layers read of a request, with its `parts` when it was taken apart (which
+    /// it must be when the overload layer's key reads them): its protocol, its caller as the
+    /// overload layer recorded it, and its deadline.
+    #[inline(always)]
+    fn arrive(
+        &self,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        parts: Option<&Parts>,
+    ) -> (Protocol, Caller, Arrival) {
+        // NOTE: one pass over the header names finds which of the protocol's fields the
+        // request carries; both readers below look up only those.
+        let fields = RequestFields::of(headers);
+        let protocol = if fields.may_have(RequestFields::CONTENT_TYPE) {
+            Protocol::of_headers(headers)
+        } else {
+            Protocol::Http
+        };
+        // NOTE: the overload layer's part first, as when it wraps the deadline layer: it
+        // records every request, the expired ones included.
+        let trust = &self.signal_trust;
+        let caller = self
+            .signal
+            .record_head(headers, extensions, parts, protocol, fields, || {
+                trust.trusts(headers, extensions)
+            });
+        let arrival =
+            self.deadline
+                .arrive(headers, extensions, protocol, fields, &self.deadline_trust);
+        (protocol, caller, arrival)
     }
 }
 
@@ -108,36 +144,64 @@ where
         self.inner.poll_ready(cx)
     }
 
-    fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
+    fn call(&mut self, mut request: Request<ReqBody>) -> Self::Future {
         let shared = &*self.shared;
-        let (mut parts, body) = request.into_parts();
+        if shared.signal.key_reads_parts() {
+            return self.call_apart(request);
+        }
+        // NOTE: the default caller key reads the extensions only: the request is read where
+        // it is, not taken apart and put together again (each a copy of its head).
         if let Some(proxies) = &shared.proxies {
             // NOTE: before the caller is identified, and left in the request for the layers
             // inside, as the overload layer does.
+            if let Some(client) = proxies.resolved(request.headers(), request.extensions()) {
+                request.extensions_mut().insert(client);
+            }
+        }
+        let (protocol, caller, arrival) =
+            shared.arrive(request.headers(), request.extensions(), None);
+        self.dispatch(request, protocol, caller, arrival)
+    }
+}
+
+impl<S, C: Clock> SignalDeadline<S, C> {
+    /// [`call`](Service::call) for a caller key of the user's own, which reads the request's
+    /// [`Parts`](http::request::Parts).
+    #[inline(never)]
+    fn call_apart<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+    ) -> <Self as Service<Request<ReqBody>>>::Future
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        S::Error: 'static,
+        ResBody: Default,
+    {
+        let shared = &*self.shared;
+        let (mut parts, body) = request.into_parts();
+        if let Some(proxies) = &shared.proxies {
             proxies.resolve(&mut parts);
         }
-        // NOTE: one pass over the header names finds which of the protocol's fields the
-        // request carries; both readers below look up only those.
-        let fields = RequestFields::of(&parts.headers);
-        let protocol = if fields.may_have(RequestFields::CONTENT_TYPE) {
-            Protocol::of_headers(&parts.headers)
-        } else {
-            Protocol::Http
-        };
-        // NOTE: the overload layer's part first, as when it wraps the deadline layer: it
-        // records every request, the expired ones included.
-        let trust = &shared.signal_trust;
-        let caller = shared.signal.record_fields(&parts, protocol, fields, || {
-            trust.trusts(&parts.headers, &parts.extensions)
-        });
-        let arrival: Arrival = shared.deadline.arrive(
-            &parts.headers,
-            &parts.extensions,
-            protocol,
-            fields,
-            &shared.deadline_trust,
-        );
-        let request = Request::from_parts(parts, body);
+        let (protocol, caller, arrival) =
+            shared.arrive(&parts.headers, &parts.extensions, Some(&parts));
+        self.dispatch(Request::from_parts(parts, body), protocol, caller, arrival)
+    }
+
+    /// The response future of a request the two layers have read.
+    #[inline(always)]
+    fn dispatch<ReqBody, ResBody>(
+        &mut self,
+        request: Request<ReqBody>,
+        protocol: Protocol,
+        caller: Caller,
+        arrival: Arrival,
+    ) -> <Self as Service<Request<ReqBody>>>::Future
+    where
+        S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+        S::Error: 'static,
+        ResBody: Default,
+    {
+        let shared = &*self.shared;
         if let Arrival::Open = arrival {
             // NOTE: the common case, in one expression, so that the inner service's future
             // is built where it stays rather than moved through each wrapper in turn

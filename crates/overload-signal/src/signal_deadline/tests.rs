@@ -197,6 +197,117 @@ async fn the_combined_layer_answers_as_the_two_layers_stacked() {
     );
 }
 
+/// [`handler`], its body followed by the client address the layers left in the request.
+fn handler_seeing_the_client()
+-> impl Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone {
+    service_fn(|req: Request<String>| {
+        let client = crate::signal::client_addr(req.extensions());
+        let answer = handler().oneshot(req);
+        async move {
+            let mut response = answer.await?;
+            *response.body_mut() = format!("{} {client:?}", response.body());
+            Ok::<_, Infallible>(response)
+        }
+    })
+}
+
+/// The overload layer of [`layers`], with trusted proxies and a key of its own (each
+/// optional).
+fn layers_with(
+    wall: &TokioWallClock,
+    proxies: bool,
+    key: Option<fn(&http::request::Parts) -> Option<String>>,
+) -> (OverloadSignalLayer, DeadlineLayer) {
+    let rule = StopRule::builder()
+        .retry_share(0.1)
+        .min_requests(10)
+        .build()
+        .unwrap();
+    let mut signal = OverloadSignalLayer::builder().rule(rule).caller_seed(5);
+    if proxies {
+        signal = signal.trusted_proxies(
+            crate::signal::TrustedProxies::new(
+                crate::signal::ForwardedHeader::XForwardedFor,
+                ["127.0.0.0/8".parse().unwrap()],
+            )
+            .unwrap(),
+        );
+    }
+    if let Some(key) = key {
+        signal = signal.key_by(key);
+    }
+    let deadline = DeadlineLayer::builder().wall_clock(*wall).build().unwrap();
+    (signal.build().unwrap(), deadline)
+}
+
+/// The combined layer reads a request in place with the default key, and takes it apart
+/// for a key of the user's own: both answer as the two layers stacked, trusted proxies
+/// resolved alike (the client address left in the request for the handler).
+#[tokio::test(start_paused = true)]
+async fn the_combined_layer_answers_as_the_two_layers_stacked_with_proxies_and_any_key() {
+    fn by_header(parts: &http::request::Parts) -> Option<String> {
+        parts
+            .headers
+            .get("user-agent")
+            .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned())
+    }
+    let forwarded = |wall: &TokioWallClock| {
+        let mut requests = requests(wall);
+        for (i, req) in requests.iter_mut().enumerate() {
+            let client = format!("198.51.100.{}", i % 3);
+            req.headers_mut()
+                .insert("x-forwarded-for", HeaderValue::from_str(&client).unwrap());
+        }
+        requests
+    };
+    for (proxies, key) in [
+        (true, None),
+        (true, Some(by_header as fn(&_) -> _)),
+        (false, Some(by_header as fn(&_) -> _)),
+    ] {
+        let run = async |combine: bool| {
+            let wall = wall();
+            let (signal, deadline) = layers_with(&wall, proxies, key);
+            let mut out = Vec::new();
+            for req in forwarded(&wall) {
+                let response = if combine {
+                    SignalDeadlineLayer::new(&signal, &deadline)
+                        .layer(handler_seeing_the_client())
+                        .oneshot(req)
+                        .await
+                } else {
+                    signal
+                        .layer(deadline.layer(handler_seeing_the_client()))
+                        .oneshot(req)
+                        .await
+                };
+                let (parts, body) = response.unwrap().into_parts();
+                out.push((parts.status, parts.headers, body));
+            }
+            (out, signal.histogram().snapshot())
+        };
+        let (expected, stacked_window) = run(false).await;
+        let (got, combined_window) = run(true).await;
+        assert_eq!(got.len(), expected.len());
+        for (i, (got, expected)) in got.iter().zip(&expected).enumerate() {
+            assert_eq!(
+                got,
+                expected,
+                "proxies {proxies}, key {}: request {i}",
+                key.is_some()
+            );
+        }
+        assert_eq!(combined_window, stacked_window);
+        let resolved = expected
+            .iter()
+            .filter(|(_, _, body)| body.ends_with("Some(198.51.100.1)"))
+            .count();
+        // The requests from 127.0.0.1 come through a trusted proxy: their client is the
+        // forwarded address; the others' is their peer.
+        assert_eq!(resolved > 0, proxies, "{expected:?}");
+    }
+}
+
 #[test]
 fn clone_send_sync_and_debug() {
     fn assert_traits<T: Clone + Send + Sync + 'static>() {}
