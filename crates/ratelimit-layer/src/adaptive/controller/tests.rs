@@ -476,7 +476,9 @@ fn the_doubt_about_a_first_baseline_ends_at_two_windows_in_a_row_that_reject_nob
 
 /// A first window that was not full, or was full but rejected nobody, measured the
 /// service, not a queue in front of a limit that holds back demand: an overloaded window
-/// later waits for the periodic probe.
+/// later waits for the periodic probe. (A window that rejected with a peak of 12 under a
+/// limit of 20 happens when requests held past their window lower the ceiling the layer
+/// admits against.)
 #[test]
 fn a_first_baseline_measured_without_rejections_waits_for_the_interval() {
     for first in [calm(100, 20), window(100, 12)] {
