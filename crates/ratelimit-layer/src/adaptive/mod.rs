@@ -107,7 +107,7 @@
 //!   twice the target or more (see the headroom above);
 //! - when the service is overloaded and the limit has fallen by 30 % or more under the
 //!   highest it held (full, rejecting) since the last measurement, while the latency did not
-//!   fall with it, in two windows in a row, the gradient above its floor; at most once per
+//!   fall with it, in three windows in a row, the gradient above its floor; at most once per
 //!   `probe_interval`. While the limit is full, Little's law ties latency to it: a queue's
 //!   latency falls in proportion to the limit, a stale baseline's (a dependency that became
 //!   slower) stays; "did not fall" is "fell by less than the square root of the limit's
