@@ -3,7 +3,7 @@
 
 use std::convert::Infallible;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicU64, AtomicUsize, Ordering};
 use std::time::Duration;
 
 use http::{Request, Response, StatusCode};
@@ -455,20 +455,26 @@ async fn under_the_overload_layer_rejections_become_the_stop_signal_when_retries
 }
 
 /// A server with `workers` threads serving each request for `service` (a fixed time),
-/// FIFO, and a handle that removes workers while it runs (as `demo-server`'s run-time
-/// capacity control does).
+/// FIFO, and handles that remove workers while it runs (as `demo-server`'s run-time
+/// capacity control does) or change the service time (a dependency that became slower).
 #[derive(Clone)]
 struct Workers {
     permits: Arc<Semaphore>,
-    service: Duration,
+    /// The service time, in nanoseconds.
+    service: Arc<AtomicU64>,
 }
 
 impl Workers {
     fn new(workers: usize, service: Duration) -> Self {
         Self {
             permits: Arc::new(Semaphore::new(workers)),
-            service,
+            service: Arc::new(AtomicU64::new(nanos(service))),
         }
+    }
+
+    /// Every request that starts from now on is served in `service`.
+    fn set_service(&self, service: Duration) {
+        self.service.store(nanos(service), Ordering::SeqCst);
     }
 
     /// Takes `n` workers away for good, once they finish what they are doing.
@@ -494,13 +500,17 @@ impl Service<Request<()>> for Workers {
 
     fn call(&mut self, _: Request<()>) -> Self::Future {
         let permits = Arc::clone(&self.permits);
-        let service = self.service;
+        let service = Arc::clone(&self.service);
         Box::pin(async move {
             let _worker = permits.acquire().await.unwrap();
-            tokio::time::sleep(service).await;
+            tokio::time::sleep(Duration::from_nanos(service.load(Ordering::SeqCst))).await;
             Ok(Response::new(()))
         })
     }
+}
+
+fn nanos(d: Duration) -> u64 {
+    u64::try_from(d.as_nanos()).unwrap()
 }
 
 /// What one second of load saw.
@@ -656,6 +666,54 @@ async fn a_fresh_limit_started_into_overload_measures_its_baseline_again_at_once
         assert!(
             second.p99() <= 2 * service_time,
             "second {s}: p99s {p99s:?}, limits {limits:?}"
+        );
+    }
+}
+
+/// Regression (issue 34, review finding F1): a dependency that doubles the service time
+/// (10 workers of 50 ms, then of 100 ms: the knee stays at 10, the capacity halves to
+/// 100 req/s) left the baseline at 50 ms, the latency 1.6 times the target. Under three times
+/// the capacity the limit halved once (the queue), then held at about 7 with its `sqrt(L)`
+/// headroom: above the floor, so the at-floor probe never fired, and 3 of the 10 workers
+/// idled until the periodic probe, up to 69 s later. A limit that shrank while the latency
+/// did not fall with it measures the baseline again within a few seconds: from then on at
+/// least 90 % of the new capacity, with an admitted p99 of at most twice the service time.
+#[tokio::test(start_paused = true)]
+async fn a_dependency_that_doubles_the_service_time_is_measured_again_within_seconds() {
+    let workers = Workers::new(10, Duration::from_millis(50));
+    let layer = AdaptiveLimitLayer::builder().seed(1).build().unwrap();
+    let statuses = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let s = Arc::clone(&statuses);
+    let status = layer.clone();
+    let slower = workers.clone();
+    let seconds = offer(&layer, &workers, 300, 25, move |second| {
+        s.lock().unwrap().push(status.status());
+        if second == 8 {
+            slower.set_service(Duration::from_millis(100));
+        }
+    })
+    .await;
+    let statuses = statuses.lock().unwrap().clone();
+    let limits: Vec<_> = statuses.iter().map(|s| s.limit).collect();
+    let baselines: Vec<_> = statuses.iter().map(|s| s.baseline).collect();
+    let served: Vec<_> = seconds.iter().map(|s| s.served).collect();
+    // From second 12 on, the baseline is the new service time's.
+    for (s, status) in statuses.iter().enumerate().skip(12) {
+        let baseline = status.baseline.expect("measured");
+        assert!(
+            baseline >= Duration::from_millis(90),
+            "second {s}: baselines {baselines:?}, limits {limits:?}"
+        );
+    }
+    for (s, second) in seconds.iter().enumerate().skip(12) {
+        assert!(
+            second.served >= 90,
+            "second {s}: served {served:?}, limits {limits:?}, baselines {baselines:?}"
+        );
+        assert!(
+            second.p99() <= Duration::from_millis(200),
+            "second {s}: p99 {:?}, limits {limits:?}",
+            second.p99()
         );
     }
 }

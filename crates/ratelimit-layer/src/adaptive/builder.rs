@@ -130,7 +130,9 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
     /// target is `baseline * tolerance`. With the `sqrt(limit)` headroom (see [the
     /// algorithm](super#the-algorithm-a-gradient-on-a-measured-baseline)) the limit grows up to
     /// a latency a little above the target (1.35 times it at a limit of 15, 1.11 times at 100),
-    /// shrinks above that, and halves per window from twice the target. Default: 1.25
+    /// shrinks above that, settling at `(r / (r - 1))²` for a latency `r` times the target
+    /// whatever the limit (about 7 at `r` = 1.6), and halves per window from twice the target.
+    /// Default: 1.25
     /// ([`AdaptiveLimitLayer::DEFAULT_TOLERANCE`], Envoy's `buffer`).
     pub const fn tolerance(mut self, tolerance: f64) -> Self {
         self.tolerance = tolerance;

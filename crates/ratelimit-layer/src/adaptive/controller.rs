@@ -38,6 +38,21 @@ pub(super) const WINDOWS_AT_MIN_BEFORE_PROBE: u32 = 5;
 const GRADIENT_MIN: f64 = 0.5;
 const GRADIENT_MAX: f64 = 2.0;
 
+/// How far the limit must have fallen, as a share of a reference limit, before a latency
+/// that did not fall with it shows a stale baseline: by 30 % or more.
+const STALE_SHRINK: f64 = 0.7;
+
+/// Windows in a row that must show a stale baseline (the limit fell, the latency did not)
+/// before the baseline is measured again: a noisy window or two near the knee cannot start a
+/// probe (on a paused-time M/M/10 at 10x and 100x, 12 runs of 40 s, two in a row started one
+/// needless probe, three none), and a latency that stays put passes three in a row anyway.
+const STALE_WINDOWS_BEFORE_PROBE: u32 = 3;
+
+/// Calm windows (nobody rejected) in a row that end the doubt about a first baseline: one
+/// calm window may be a lull (clients backing off), two in a row show the limit met the
+/// demand.
+const CALM_WINDOWS_TO_CLEAR_DOUBT: u32 = 2;
+
 /// What a closed window held, as the controller sees it.
 #[derive(Clone, Copy, Debug, Default, PartialEq)]
 pub(super) struct AdaptiveWindowStats {
@@ -92,9 +107,23 @@ pub(super) struct GradientController {
     /// The first baseline was measured with the limit full and requests turned away: it
     /// may hold a queue in front of the service (a process started into overload), or it
     /// may be right (a service that does not queue, with a demand above the initial limit).
-    /// Settled by the first window that rejects nobody (right) or by a probe, which starts at
-    /// the first overloaded window instead of an interval later.
+    /// Settled by two windows in a row that reject nobody (right) or by a probe, which
+    /// starts at the first overloaded window instead of an interval later; it expires when
+    /// the first periodic probe falls due.
     doubtful_baseline: bool,
+    /// Windows in a row that rejected nobody.
+    calm_windows: u32,
+    /// The limit in force and the latency of the full window (it rejected requests) with the
+    /// highest limit since the baseline was last measured: what a stale baseline is judged
+    /// against.
+    reference: Option<(f64, u64)>,
+    /// The limit in force during the previous tracking window since the last measurement.
+    previous_in_force: Option<f64>,
+    /// Windows in a row whose limit fell under the reference while their latency did not.
+    stale_windows: u32,
+    /// When a stale baseline may next start a probe (clock nanoseconds): at most once per
+    /// probe interval.
+    next_stale_probe: u64,
     windows_at_min: u32,
     probes: u64,
 }
@@ -112,6 +141,11 @@ impl GradientController {
             last_latency: None,
             next_probe: 0,
             doubtful_baseline: false,
+            calm_windows: 0,
+            reference: None,
+            previous_in_force: None,
+            stale_windows: 0,
+            next_stale_probe: 0,
             windows_at_min: 0,
             probes: 0,
         };
@@ -191,8 +225,12 @@ impl GradientController {
                     _ => return self.update(false),
                 }
                 self.phase = ControllerPhase::Tracking;
+                // The next window's first completions were admitted under the probe's limit.
+                self.previous_in_force = Some(self.limit);
                 self.limit = resume;
                 self.doubtful_baseline = false;
+                self.reference = None;
+                self.stale_windows = 0;
                 self.schedule_probe(now);
                 self.windows_at_min = 0;
                 self.update(false)
@@ -202,7 +240,8 @@ impl GradientController {
                 if self.baseline.is_none() {
                     return self.first_baseline(now, stats);
                 }
-                self.track(stats);
+                let in_force = self.limit;
+                let gradient = self.track(stats);
                 if self.limit() <= self.settings.min_limit {
                     self.windows_at_min += 1;
                 } else {
@@ -220,18 +259,31 @@ impl GradientController {
                 // have queued at the initial limit already, and a baseline that holds a queue
                 // keeps the limit above the service's knee until the next probe. A window that
                 // rejects nobody shows the limit has met the demand, so the baseline was
-                // measured at a concurrency the service takes: the doubt ends there.
-                if !stats.rejected {
-                    self.doubtful_baseline = false;
+                // measured at a concurrency the service takes: two in a row end the doubt
+                // (one may be a lull, clients backing off). The doubt also ends when the first
+                // periodic probe falls due: from then on `due` decides.
+                if stats.rejected {
+                    self.calm_windows = 0;
+                } else {
+                    self.calm_windows = self.calm_windows.saturating_add(1);
                 }
                 let due = now >= self.next_probe;
+                if due || self.calm_windows >= CALM_WINDOWS_TO_CLEAR_DOUBT {
+                    self.doubtful_baseline = false;
+                }
                 let overloaded = stats.rejected && self.above_target(stats.latency);
+                let stale = self.stale_baseline(now, in_force, gradient, stats);
                 if due && !overloaded {
                     self.schedule_probe(now);
                 }
                 if ((due || self.doubtful_baseline) && overloaded)
                     || self.windows_at_min >= WINDOWS_AT_MIN_BEFORE_PROBE
                 {
+                    return self.start_probe();
+                }
+                if stale && overloaded {
+                    self.next_stale_probe =
+                        now.saturating_add(saturating_nanos(self.settings.probe_interval));
                     return self.start_probe();
                 }
                 self.update(false)
@@ -258,6 +310,62 @@ impl GradientController {
         self.update(false)
     }
 
+    /// Whether a tracking window (`in_force` the limit during it, `gradient` its step, if the
+    /// gradient moved the limit) shows a baseline that has gone stale, and records the window
+    /// as the reference if its limit is the highest since the last measurement.
+    ///
+    /// NOTE: while the limit is full (the window rejected requests), Little's law ties its
+    /// latency to the limit: `latency = L / throughput`. A service that queues is at its
+    /// throughput ceiling there, so its latency falls in proportion as the limit falls; a
+    /// service that became slower (a stale baseline: the limit shrinks only because the
+    /// target is too low) keeps its latency whatever the limit, its throughput falling
+    /// instead. With `ρ` the limit over the reference's, the queue predicts a latency of `ρ`
+    /// times the reference's and the stale baseline 1 times; the test splits them at the
+    /// geometric middle, `sqrt(ρ)`. A stale baseline that holds the limit between the
+    /// target and twice it (the `sqrt(L)` headroom's fixed point) is then measured again
+    /// within a few windows, not when the periodic probe falls due. Judged only when the
+    /// gradient moved the limit and is above its floor (at the floor the limit halves to
+    /// the minimum, where the at-floor probe takes over), on three windows in a row, and at
+    /// most once per probe interval: one probe that finds the same baseline (a real loss of
+    /// capacity: fewer workers) is all a false alarm costs.
+    fn stale_baseline(
+        &mut self,
+        now: u64,
+        in_force: f64,
+        gradient: Option<f64>,
+        stats: AdaptiveWindowStats,
+    ) -> bool {
+        // NOTE: a window's latencies are those of requests admitted up to a latency
+        // earlier, under the previous window's limit too: a window just after the limit fell
+        // still shows the queue of the higher limit. So the window is judged at the higher of
+        // the two limits, and recorded as a reference at the lower: both ways, a latency that
+        // lags its limit cannot pass for one that did not fall.
+        let previous = self.previous_in_force.replace(in_force).unwrap_or(in_force);
+        let (Some(latency), Some(gradient), true) = (stats.latency, gradient, stats.rejected)
+        else {
+            self.stale_windows = 0;
+            return false;
+        };
+        let judged = in_force.max(previous);
+        let stale = match self.reference {
+            Some((limit, reference)) if judged <= limit * STALE_SHRINK => {
+                gradient > GRADIENT_MIN
+                    && latency as f64 >= reference as f64 * (judged / limit).sqrt()
+            }
+            _ => false,
+        };
+        let recorded = in_force.min(previous);
+        if self.reference.is_none_or(|(limit, _)| recorded >= limit) {
+            self.reference = Some((recorded, latency));
+        }
+        if stale {
+            self.stale_windows = self.stale_windows.saturating_add(1);
+        } else {
+            self.stale_windows = 0;
+        }
+        self.stale_windows >= STALE_WINDOWS_BEFORE_PROBE && now >= self.next_stale_probe
+    }
+
     /// Whether a window's latency is above the target (the baseline times the tolerance).
     fn above_target(&self, latency: Option<u64>) -> bool {
         match (latency, self.baseline) {
@@ -280,17 +388,18 @@ impl GradientController {
         self.update(true)
     }
 
-    /// One window's step of the limit while tracking.
-    fn track(&mut self, stats: AdaptiveWindowStats) {
+    /// One window's step of the limit while tracking; returns the gradient if it moved the
+    /// limit (not a back-off, not a window without latency).
+    fn track(&mut self, stats: AdaptiveWindowStats) -> Option<f64> {
         let s = &self.settings;
         let outcomes = stats.samples + stats.failures;
         if outcomes > 0 && stats.failures as f64 >= s.failure_threshold * outcomes as f64 {
             // Errors of the inner service itself: back off, whatever the latency.
             self.limit = (self.limit * s.backoff).max(s.min_limit as f64);
-            return;
+            return None;
         }
         let (Some(latency), Some(baseline)) = (stats.latency, self.baseline) else {
-            return;
+            return None;
         };
         let target = baseline as f64 * s.tolerance;
         let gradient = (target / latency.max(1) as f64).clamp(GRADIENT_MIN, GRADIENT_MAX);
@@ -318,6 +427,7 @@ impl GradientController {
             next = self.limit;
         }
         self.limit = next.clamp(s.min_limit as f64, s.max_limit as f64);
+        Some(gradient)
     }
 
     fn update(&self, probe_started: bool) -> AdaptiveLimitUpdate {

@@ -76,7 +76,7 @@ impl AdaptiveLimitLayer {
     /// off by one interval). This crate's choice: each measurement holds the limit at its
     /// minimum for about 50 requests, so at 60 s the cost stays near 2 % of goodput under
     /// overload; a service that became slower is noticed sooner anyway, when the limit sits
-    /// at its floor.
+    /// at its floor or falls while the latency does not.
     pub const DEFAULT_PROBE_INTERVAL: Duration = Duration::from_secs(60);
 
     /// The random extra delay before each measurement, as a share of the interval: 0.15,
@@ -90,7 +90,7 @@ impl AdaptiveLimitLayer {
     /// The limit while a probe measures the baseline, as a share of the limit in force (at
     /// least [`min_limit`](super::AdaptiveLimitBuilder::min_limit)): 0.25. This crate's choice, where
     /// Envoy drops to its minimum: a service that queues past some concurrency does not at a
-    /// quarter of the limit that keeps its latency within the tolerance, so the baseline is
+    /// quarter of the limit it settles at (near its knee), so the baseline is
     /// the same, and a probe under overload turns away a quarter of what a probe at 3 did
     /// (at 100 ms per request and a limit of 100, 50 samples take 0.2 s instead of 1.7 s). A
     /// service whose latency grows from the first concurrent request reads a baseline up to

@@ -46,15 +46,17 @@
 //! capacity; once they queue, `s` rises past `tolerance * b` and `L` shrinks. `L` settles
 //! where `gradient * L + sqrt(L) = L`, that is where the latency is a little above
 //! `tolerance * b` (by `1 / (1 - 1/sqrt(L))`: 1.35 times at `L` = 15, 1.11 times at 100).
-//! Envoy's gradient controller adds a square-root headroom at every gradient too (its
-//! `sqrt(gradient * L)`, where this adds `sqrt(L)`). The headroom keeps one noisy window from
-//! cutting the limit under the service's knee; it is left out only when the gradient is at
-//! its floor, so that a service much slower than the baseline (twice the target or more)
-//! still drives the limit to its minimum, where the baseline is measured again. The price:
-//! a latency between once and twice the target that does not fall as the limit falls (a
-//! dependency that became slower, not a queue) holds the limit at `(r / (r - 1))²`, with `r`
-//! the latency over the target (about 7 for `r` = 1.6), above the minimum, and the baseline
-//! is then measured again only by the periodic probe below, up to 69 s later. Two guards:
+//! Envoy's gradient controller adds a square-root headroom too, at every gradient (its
+//! `sqrt(gradient * L)`, where this adds `sqrt(L)`, and not at the floor). The headroom keeps
+//! one noisy window from cutting the limit under the service's knee; it is left out only when
+//! the gradient is at its floor, so that a service much slower than the baseline (twice the
+//! target or more) still drives the limit to its minimum, where the baseline is measured
+//! again. Between once and twice the target the limit settles at `(r / (r - 1))²` instead,
+//! with `r` the latency over the target (about 7 for `r` = 1.6, a dependency that doubled the
+//! latency; 4 to 36 for `r` from 1.99 to 1.2), above the minimum. A queue's latency falls as
+//! the limit falls; a latency that does not (a dependency that became slower, a stale
+//! baseline) has the baseline measured again within a few windows (see **The baseline**
+//! below). Two guards:
 //!
 //! - the limit grows only when at least half of it was in use during the window: a limit
 //!   that traffic never reached says nothing, and growing it would let a burst in all at
@@ -79,12 +81,14 @@
 //! the initial limit, and a baseline that holds a queue puts the target, and the limit, above
 //! the service's knee. Such a baseline is measured again (a probe, below) at the **first
 //! window that is overloaded** (it rejected requests and its latency was above the target),
-//! instead of an interval later. The doubt ends when any probe ends, or, with no probe, at
-//! the first window that rejects nobody (the limit has then met the demand). So a process
-//! in a rolling deploy whose service does not queue (its latency stays within the target
-//! while the limit grows to its share) is probed at its start at most once, and only when
-//! one window's latency is noisy enough to pass the target: one measurement of 50 requests
-//! at a quarter of the limit.
+//! instead of an interval later. The doubt ends when any probe ends, when the first
+//! periodic probe falls due (from then on the interval decides), or, with no probe, at two
+//! windows in a row that reject nobody (the limit has then met the demand; one may be a
+//! lull, clients backing off). So a process in a rolling deploy whose service does not queue
+//! (its latency stays within the target while the limit grows to its share) is probed at its
+//! start at most once, and rarely: only when one window's latency is noisy enough to pass the
+//! target (with exponential service times, a median of 50 samples does so in a fair share of
+//! starts). The cost is one measurement of 50 requests at a quarter of the limit.
 //!
 //! **The baseline** `b` is the no-load latency, measured, not guessed. It is measured again
 //! (a probe) when it matters and may be stale:
@@ -100,7 +104,16 @@
 //!   requests turned away (see **The start**), due or not;
 //! - whenever the limit sat at its floor for 5 windows in a row (the service may have become
 //!   slower for good), loaded or not; the limit reaches its floor only under a latency of
-//!   twice the target or more (see the headroom above).
+//!   twice the target or more (see the headroom above);
+//! - when the service is overloaded and the limit has fallen by 30 % or more under the
+//!   highest it held (full, rejecting) since the last measurement, while the latency did not
+//!   fall with it, in three windows in a row, the gradient above its floor; at most once per
+//!   `probe_interval`. While the limit is full, Little's law ties latency to it: a queue's
+//!   latency falls in proportion to the limit, a stale baseline's (a dependency that became
+//!   slower) stays; "did not fall" is "fell by less than the square root of the limit's
+//!   fall". A dependency that doubled the latency is measured again within about a second,
+//!   where the periodic probe took up to 69 s; a real loss of capacity (fewer workers) may
+//!   cost one probe that finds the same baseline.
 //!
 //! A probe lowers the limit to [`probe_share`](AdaptiveLimitBuilder::probe_share) (a
 //! quarter) of the limit in force, at least [`min_limit`](AdaptiveLimitBuilder::min_limit)
@@ -126,7 +139,8 @@
 //! jitter, at most 1000); Netflix's concurrency-limits (the gradient idea, the initial limit
 //! of 20, the AIMD backoff of 0.9 on drops); TCP Vegas (queueing is visible in latency before
 //! it is visible in losses). The start at the initial limit, the probes at a share of the
-//! limit only under overload, and their deadline are this crate's, as are the
+//! limit only under overload, their deadline, and the early measurement when the latency does
+//! not fall with the limit are this crate's, as are the
 //! implementation and the combination.
 //!
 //! # Outcomes
