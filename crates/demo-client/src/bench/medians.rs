@@ -11,6 +11,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::figures::{Figures, PointSpec, RejectionCheck};
+use super::system::{Model, System};
 use super::table::Results;
 
 /// How one system's rounds at one point spread.
@@ -36,7 +37,8 @@ impl Results {
     /// goodput and the median p99 may come from different rounds; of an even number of
     /// rounds, the mean of the two middle ones), the rounds' Envoy checks added up, and a
     /// point settled only if every round was. With one round a point, the points as they
-    /// are. The [`Spread`]s say how far each point's rounds were apart.
+    /// are. The [`Spread`]s say how far each point's rounds were apart, sorted as the table
+    /// is: by model, load, then system in the order of [`System::ALL`].
     pub fn medians(&self) -> (Results, Vec<Spread>) {
         let mut groups: Vec<(PointSpec, Vec<&Figures>)> = Vec::new();
         for (spec, figures) in self.points() {
@@ -72,6 +74,14 @@ impl Results {
                 unsettled: rounds.iter().filter(|f| !f.settled).count(),
             });
         }
+        let rank_model = |m: Model| Model::ALL.iter().position(|&x| x == m);
+        let rank_system = |s: System| System::ALL.iter().position(|&x| x == s);
+        spreads.sort_by(|a, b| {
+            rank_model(a.spec.model)
+                .cmp(&rank_model(b.spec.model))
+                .then(a.spec.load.total_cmp(&b.spec.load))
+                .then(rank_system(a.spec.system).cmp(&rank_system(b.spec.system)))
+        });
         (medians, spreads)
     }
 }
@@ -203,9 +213,10 @@ mod tests {
         results.push(at(System::TowerShed, 3.0), figures(190.0, 240, 3, true));
         results.push(at(System::Adaptive, 3.0), figures(196.0, 300, 0, false));
         results.push(at(System::Adaptive, 10.0), figures(194.0, 263, 0, true));
+        results.push(at(System::Bare, 10.0), figures(0.0, 2000, 0, true));
         let (medians, spreads) = results.medians();
         let points = medians.points();
-        assert_eq!(points.len(), 3);
+        assert_eq!(points.len(), 4);
         let (spec, adaptive) = &points[0];
         assert_eq!(*spec, at(System::Adaptive, 3.0));
         assert!((adaptive.goodput - 196.0).abs() < 1e-9, "{adaptive:?}");
@@ -228,7 +239,20 @@ mod tests {
             "one round: as measured"
         );
 
-        assert_eq!(spreads.len(), 3);
+        let order: Vec<(f64, &str)> = spreads
+            .iter()
+            .map(|s| (s.spec.load, s.spec.system.name()))
+            .collect();
+        assert_eq!(
+            order,
+            [
+                (3.0, "adaptive"),
+                (3.0, "tower-shed"),
+                (10.0, "bare"),
+                (10.0, "adaptive")
+            ],
+            "sorted as the table is"
+        );
         assert_eq!(spreads[0].rounds, 3);
         assert_eq!(spreads[0].goodput, (188.0, 198.0));
         assert_eq!(
