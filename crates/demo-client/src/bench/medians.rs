@@ -11,8 +11,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use super::figures::{Figures, PointSpec, RejectionCheck};
-use super::system::{Model, System};
-use super::table::Results;
+use super::table::{Results, table_order};
 
 /// How one system's rounds at one point spread.
 #[derive(Clone, Debug, PartialEq)]
@@ -38,7 +37,8 @@ impl Results {
     /// rounds, the mean of the two middle ones), the rounds' Envoy checks added up, and a
     /// point settled only if every round was. With one round a point, the points as they
     /// are. The [`Spread`]s say how far each point's rounds were apart, sorted as the table
-    /// is: by model, load, then system in the order of [`System::ALL`].
+    /// is: by model, load, then system in the order of
+    /// [`System::ALL`](super::system::System::ALL).
     pub fn medians(&self) -> (Results, Vec<Spread>) {
         let mut groups: Vec<(PointSpec, Vec<&Figures>)> = Vec::new();
         for (spec, figures) in self.points() {
@@ -74,14 +74,7 @@ impl Results {
                 unsettled: rounds.iter().filter(|f| !f.settled).count(),
             });
         }
-        let rank_model = |m: Model| Model::ALL.iter().position(|&x| x == m);
-        let rank_system = |s: System| System::ALL.iter().position(|&x| x == s);
-        spreads.sort_by(|a, b| {
-            rank_model(a.spec.model)
-                .cmp(&rank_model(b.spec.model))
-                .then(a.spec.load.total_cmp(&b.spec.load))
-                .then(rank_system(a.spec.system).cmp(&rank_system(b.spec.system)))
-        });
+        spreads.sort_by(|a, b| table_order(&a.spec, &b.spec));
         (medians, spreads)
     }
 }

@@ -32,15 +32,8 @@ impl Results {
     /// The points sorted for the table: by model (mmc first), load, then system in the
     /// order of [`System::ALL`].
     fn sorted(&self) -> Vec<&(PointSpec, Figures)> {
-        let rank_model = |m: Model| Model::ALL.iter().position(|&x| x == m);
-        let rank_system = |s: System| System::ALL.iter().position(|&x| x == s);
         let mut sorted: Vec<_> = self.points.iter().collect();
-        sorted.sort_by(|(a, _), (b, _)| {
-            rank_model(a.model)
-                .cmp(&rank_model(b.model))
-                .then(a.load.total_cmp(&b.load))
-                .then(rank_system(a.system).cmp(&rank_system(b.system)))
-        });
+        sorted.sort_by(|(a, _), (b, _)| table_order(a, b));
         sorted
     }
 
@@ -109,6 +102,17 @@ impl Results {
         }
         out
     }
+}
+
+/// The order of the table's rows: by model (mmc first), load, then system in the order of
+/// [`System::ALL`].
+pub(crate) fn table_order(a: &PointSpec, b: &PointSpec) -> std::cmp::Ordering {
+    let rank_model = |m: Model| Model::ALL.iter().position(|&x| x == m);
+    let rank_system = |s: System| System::ALL.iter().position(|&x| x == s);
+    rank_model(a.model)
+        .cmp(&rank_model(b.model))
+        .then(a.load.total_cmp(&b.load))
+        .then(rank_system(a.system).cmp(&rank_system(b.system)))
 }
 
 /// The first line of [`Results::csv`].
