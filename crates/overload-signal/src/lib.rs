@@ -11,6 +11,10 @@
 //! - [`Overloaded`]: the typed outcome a client surfaces when a server sent the stop signal.
 //! - [`propagation`]: a request-scoped marker that carries a downstream stop signal up
 //!   through a server without handler code.
+//! - [`criticality`]: [`CriticalityLayer`], a server layer that sets each request's level of
+//!   criticality (`X-Request-Criticality`, capped for callers it does not trust) and runs the
+//!   handler in it; and the current level, which `backoff-layer`'s retry layer carries to
+//!   downstream calls, so that a fleet sheds what matters least first, at every tier.
 //! - [`deadline`]: [`DeadlineLayer`], a server layer that answers a request whose caller's
 //!   deadline has passed at once, without running the handler, and cancels work still
 //!   running at its deadline; and the current deadline of the request a task serves, which
@@ -114,6 +118,8 @@
 //! | `overload_signal_deadline_requests_total` | counter | `name` |
 //! | `overload_signal_deadline_callers_total` | counter | `name`, `reason` (`expired`, `skewed`) |
 //! | `overload_signal_unkeyed_requests_total` | counter | `name` |
+//! | `overload_signal_criticality_malformed_total` | counter | `name` |
+//! | `overload_signal_criticality_capped_total` | counter | `name` |
 //! | `overload_signal_window_requests` | gauge | `name`, `attempt` (`0`, `1`, `2`, `3+`, `unknown`, `malformed`) |
 //! | `overload_signal_window_retry_share` | gauge | `name` |
 //! | `overload_signal_window_retry_pressure` | gauge | `name` |
@@ -156,6 +162,7 @@
 
 #[cfg(all(feature = "axum-0_8", not(loom)))]
 pub mod axum_0_8;
+pub mod criticality;
 pub mod deadline;
 mod error;
 pub mod histogram;
@@ -169,6 +176,7 @@ mod test_logs;
 #[cfg(all(feature = "tonic-0_14", not(loom)))]
 pub mod tonic_0_14;
 
+pub use criticality::{CriticalityLayer, CriticalityLayerBuilder};
 pub use deadline::{Deadline, DeadlineLayer, DeadlineLayerBuilder, RequestDeadline};
 pub use error::{Overloaded, is_overloaded};
 pub use histogram::{AttemptClass, AttemptHistogram, AttemptHistogramBuilder, AttemptSnapshot};

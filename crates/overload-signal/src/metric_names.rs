@@ -91,3 +91,11 @@ pub const WINDOW_RETRY_PRESSURE: &str = "overload_signal_window_retry_pressure";
 /// Gauge, label `name`: the window's retry pressure with each caller class's weight capped
 /// at the median class's, as the layer's decision computes it; 0 when the window is empty.
 pub const WINDOW_PER_CALLER_PRESSURE: &str = "overload_signal_window_per_caller_pressure";
+
+/// Counter, label `name`: requests whose `X-Request-Criticality` was malformed (not one of
+/// the four levels, or repeated with different levels), served at the default level.
+pub const CRITICALITY_MALFORMED: &str = "overload_signal_criticality_malformed_total";
+
+/// Counter, label `name`: requests from callers the server does not trust that claimed a
+/// level above what such callers get, served at that level instead.
+pub const CRITICALITY_CAPPED: &str = "overload_signal_criticality_capped_total";

@@ -21,6 +21,7 @@ impl RequestFields {
     pub(crate) const X_REQUEST_DEADLINE: u8 = 1 << 4;
     pub(crate) const X_ENVOY_EXPECTED_RQ_TIMEOUT_MS: u8 = 1 << 5;
     pub(crate) const GRPC_TIMEOUT: u8 = 1 << 6;
+    pub(crate) const X_REQUEST_CRITICALITY: u8 = 1 << 7;
 
     /// Every field possibly present: each reader looks each one up.
     pub(crate) const ALL: Self = Self(u8::MAX);
@@ -50,7 +51,7 @@ impl RequestFields {
     }
 
     /// The bit of the field named `name` (lower case, as `http` keeps every name), 0 for
-    /// any other name. The lengths tell the names apart but for two of 12 bytes.
+    /// any other name. The lengths tell the names apart but for two of 12 bytes and two of 21.
     #[inline]
     fn bit_of(name: &str) -> u8 {
         match name.len() {
@@ -58,6 +59,7 @@ impl RequestFields {
             12 if name == "grpc-timeout" => Self::GRPC_TIMEOUT,
             17 if name == "x-request-attempt" => Self::X_REQUEST_ATTEMPT,
             18 if name == "x-request-deadline" => Self::X_REQUEST_DEADLINE,
+            21 if name == "x-request-criticality" => Self::X_REQUEST_CRITICALITY,
             21 if name == "x-envoy-attempt-count" => Self::X_ENVOY_ATTEMPT_COUNT,
             26 if name == "grpc-previous-rpc-attempts" => Self::GRPC_PREVIOUS_RPC_ATTEMPTS,
             30 if name == "x-envoy-expected-rq-timeout-ms" => Self::X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
@@ -83,6 +85,7 @@ impl RequestFields {
                 Self::X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
             ),
             (h::GRPC_TIMEOUT, Self::GRPC_TIMEOUT),
+            (h::X_REQUEST_CRITICALITY, Self::X_REQUEST_CRITICALITY),
         ];
         Self(
             fields
@@ -106,10 +109,11 @@ mod tests {
     use super::RequestFields;
     use crate::protocol::{
         GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_TIMEOUT, X_ENVOY_ATTEMPT_COUNT,
-        X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
+        X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_REQUEST_ATTEMPT, X_REQUEST_CRITICALITY,
+        X_REQUEST_DEADLINE,
     };
 
-    fn every_field() -> [(HeaderName, u8); 7] {
+    fn every_field() -> [(HeaderName, u8); 8] {
         [
             (http::header::CONTENT_TYPE, RequestFields::CONTENT_TYPE),
             (X_REQUEST_ATTEMPT, RequestFields::X_REQUEST_ATTEMPT),
@@ -124,6 +128,7 @@ mod tests {
                 RequestFields::X_ENVOY_EXPECTED_RQ_TIMEOUT_MS,
             ),
             (GRPC_TIMEOUT, RequestFields::GRPC_TIMEOUT),
+            (X_REQUEST_CRITICALITY, RequestFields::X_REQUEST_CRITICALITY),
         ]
     }
 
@@ -153,7 +158,7 @@ mod tests {
         for (name, _) in every_field() {
             all.insert(name, HeaderValue::from_static("1"));
         }
-        assert_eq!(RequestFields::of(&all).0, 0x7f);
+        assert_eq!(RequestFields::of(&all).0, 0xff);
         assert!(RequestFields::ALL.may_have(RequestFields::GRPC_TIMEOUT));
     }
 }

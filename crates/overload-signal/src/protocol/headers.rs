@@ -73,3 +73,8 @@ pub const GRPC_TIMEOUT: HeaderName = HeaderName::from_static("grpc-timeout");
 /// timeout. See [`envoy_expected_rq_timeout`](super::envoy_expected_rq_timeout).
 pub const X_ENVOY_EXPECTED_RQ_TIMEOUT_MS: HeaderName =
     HeaderName::from_static("x-envoy-expected-rq-timeout-ms");
+
+/// `X-Request-Criticality`: how much the caller needs the answer, one of `critical-plus`,
+/// `critical`, `sheddable-plus`, `sheddable` (gRPC metadata of the same name); see
+/// [`Criticality`](super::Criticality).
+pub const X_REQUEST_CRITICALITY: HeaderName = HeaderName::from_static("x-request-criticality");

@@ -21,6 +21,7 @@
 //! | how long the caller still waits | `X-Request-Deadline: t=<ms since the Unix epoch>, timeout=<ms>`: when the attempt was sent, on the sender's clock, and how long from then the sender waits for the response's head ([`WireDeadline`]). A receiver measures the time the request queued from `t`, trusts `t` to within a skew allowance, and falls back on `timeout` from arrival when `t` lies further in its future. Malformed: ignored and counted, never an error response | `grpc-timeout` (gRPC's own): what is left of the caller's deadline when the attempt is sent, never more than the caller gave; read from arrival |
 //! | how long a proxy still waits (request) | `x-envoy-expected-rq-timeout-ms: <ms>` (Envoy's, [`envoy_expected_rq_timeout`]): what is left of Envoy's route timeout for this attempt, or its per-try timeout if shorter; 1 to 15 digits, `0` is no deadline; read from arrival, from anyone (relative: no clock to trust). Malformed: ignored and counted | the same header (Envoy sets it on gRPC requests too) |
 //! | several deadlines on one request | the **earliest** of those the receiver believes: `X-Request-Deadline` (its send time only from trusted callers; from anyone else, its `timeout` from arrival), `x-envoy-expected-rq-timeout-ms`; each is a tier that stops waiting then | the earliest of `X-Request-Deadline`, `grpc-timeout` and `x-envoy-expected-rq-timeout-ms`, as for HTTP |
+//! | how much the caller needs the answer | `X-Request-Criticality: <level>`, one of `critical-plus`, `critical`, `sheddable-plus`, `sheddable` ([`Criticality`]; ASCII case ignored, `_` for `-` accepted); absent, malformed or repeated with different levels: the server's default (`critical` unless configured). A server caps what callers it does not [trust](crate::Trust) may claim (`critical` by default), and a handler's downstream calls carry its request's level, never a higher one ([`criticality`](crate::criticality)) | the same header, as gRPC metadata |
 //! | the deadline passed before the request was served | `504 Gateway Timeout` | HTTP `200`, `grpc-status: 4` (DEADLINE_EXCEEDED) |
 //! | node at capacity (a concurrency limit): retry later, elsewhere | `503 Service Unavailable`, `Retry-After: <whole seconds>`, no `X-Overloaded` ([`service_unavailable_response`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: <ms>`, never negative |
 //! | system overloaded: **stop retrying** | `503 Service Unavailable`, `X-Overloaded: stop-retrying`, `x-envoy-ratelimited: true` (what stops Envoy from retrying it). Read as the signal on a failure: `X-Overloaded` with any value, Envoy's `x-envoy-overloaded` with any value, or `x-envoy-ratelimited: true` (any case) ([`is_stop_signal`]) | HTTP `200`, `grpc-status: 14` (UNAVAILABLE), `grpc-retry-pushback-ms: -1`, `x-overloaded: stop-retrying`, `x-envoy-ratelimited: true`; read as the signal: the same headers as HTTP, or a pushback negative or not a number |
@@ -132,6 +133,7 @@
 //! ```
 
 mod attempt;
+mod criticality;
 mod deadline;
 mod fields;
 mod grpc;
@@ -143,6 +145,7 @@ mod stop;
 mod timeout;
 
 pub use attempt::Attempt;
+pub use criticality::{Criticality, UnknownCriticality};
 pub use deadline::{MalformedDeadline, WireDeadline, deadline_exceeded_response};
 pub(crate) use fields::RequestFields;
 pub use grpc::{
@@ -153,7 +156,7 @@ pub use headers::{
     GRPC_MESSAGE, GRPC_PREVIOUS_RPC_ATTEMPTS, GRPC_RETRY_PUSHBACK_MS, GRPC_STATUS, GRPC_TIMEOUT,
     IDEMPOTENCY_KEY, RATELIMIT, RATELIMIT_POLICY, STOP_RETRYING, X_ENVOY_ATTEMPT_COUNT,
     X_ENVOY_EXPECTED_RQ_TIMEOUT_MS, X_ENVOY_OVERLOADED, X_ENVOY_RATELIMITED, X_OVERLOADED,
-    X_REQUEST_ATTEMPT, X_REQUEST_DEADLINE,
+    X_REQUEST_ATTEMPT, X_REQUEST_CRITICALITY, X_REQUEST_DEADLINE,
 };
 pub use outcome::{Outcome, OutcomeClass};
 pub use ratelimit_fields::{RateLimitPolicy, RateLimitStatus};

@@ -1,0 +1,258 @@
+use std::fmt;
+use std::sync::Arc;
+
+use http::{Extensions, HeaderMap};
+use metrics::Counter;
+use overload_core::ConfigError;
+use overload_core::telemetry::{LayerName, LazyMetrics, MetricSet, NAME_LABEL};
+use tower_layer::Layer;
+
+use super::service::CriticalityService;
+use crate::metric_names;
+use crate::protocol::{Criticality, RequestFields};
+use crate::signal::trust::Trust;
+
+/// Sets the [`Criticality`] of every request: the level it claims in
+/// `X-Request-Criticality`, capped for callers the server does not trust, or the server's
+/// default; and runs the inner service in it. See the [module docs](crate::criticality).
+///
+/// Cheap to clone: the services it makes share its settings and metrics.
+///
+/// Defaults ([`CriticalityLayer::new`]):
+///
+/// - a request without a level, or with a malformed one, is
+///   [`Critical`](Criticality::Critical)
+///   ([`default_level`](CriticalityLayerBuilder::default_level));
+/// - a caller the server does not trust gets at most `Critical`
+///   ([`untrusted_max`](CriticalityLayerBuilder::untrusted_max)): only trusted callers reach
+///   `CriticalPlus`;
+/// - callers on private networks trusted ([`Trust::private_networks`]);
+/// - named `"default"` in its metrics.
+#[derive(Clone)]
+pub struct CriticalityLayer {
+    settings: Arc<CriticalitySettings>,
+}
+
+/// What every service of a [`CriticalityLayer`] shares.
+pub(crate) struct CriticalitySettings {
+    default_level: Criticality,
+    untrusted_max: Criticality,
+    trust: Trust,
+    metrics: LazyMetrics<CriticalityMetrics>,
+}
+
+impl CriticalitySettings {
+    /// The level of a request with these headers and extensions, of which `fields` says
+    /// which protocol fields it may carry.
+    ///
+    /// NOTE: a level in the extensions comes from the server's own code and is taken as it
+    /// is; a level on the wire is the caller's word, capped unless the caller is trusted.
+    #[inline]
+    pub(crate) fn resolve(
+        &self,
+        headers: &HeaderMap,
+        extensions: &Extensions,
+        fields: RequestFields,
+    ) -> Criticality {
+        if let Some(level) = extensions.get::<Criticality>() {
+            return *level;
+        }
+        let claimed = if fields.may_have(RequestFields::X_REQUEST_CRITICALITY) {
+            let claimed = Criticality::from_headers(headers);
+            if claimed.is_none() && headers.contains_key(crate::protocol::X_REQUEST_CRITICALITY) {
+                self.metrics.get().malformed.increment(1);
+            }
+            claimed
+        } else {
+            None
+        };
+        let level = claimed.unwrap_or(self.default_level);
+        // NOTE: the trust check (an address parse at worst) only when it can change the level.
+        if level > self.untrusted_max && !self.trust.trusts(headers, extensions) {
+            if claimed.is_some() {
+                self.metrics.get().capped.increment(1);
+            }
+            return self.untrusted_max;
+        }
+        level
+    }
+}
+
+/// The layer's metric handles, each labelled with its name.
+struct CriticalityMetrics {
+    malformed: Counter,
+    capped: Counter,
+}
+
+impl MetricSet for CriticalityMetrics {
+    fn register(name: &LayerName) -> Self {
+        Self {
+            malformed: metrics::counter!(metric_names::CRITICALITY_MALFORMED, NAME_LABEL => name.label()),
+            capped: metrics::counter!(metric_names::CRITICALITY_CAPPED, NAME_LABEL => name.label()),
+        }
+    }
+}
+
+impl CriticalityLayer {
+    /// The layer with its defaults (listed on [`CriticalityLayer`]).
+    pub fn new() -> Self {
+        Self::builder()
+            .build()
+            .expect("the defaults are a valid configuration")
+    }
+
+    /// A builder that starts from the defaults.
+    pub fn builder() -> CriticalityLayerBuilder {
+        CriticalityLayerBuilder {
+            name: None,
+            default_level: Criticality::Critical,
+            untrusted_max: Criticality::Critical,
+            trust: None,
+        }
+    }
+
+    /// The level of a request that carries none, or a malformed one.
+    pub fn default_level(&self) -> Criticality {
+        self.settings.default_level
+    }
+
+    /// The highest level a caller the server does not trust gets.
+    pub fn untrusted_max(&self) -> Criticality {
+        self.settings.untrusted_max
+    }
+
+    /// Whose claims are taken up to [`CriticalPlus`](Criticality::CriticalPlus).
+    pub fn trust(&self) -> &Trust {
+        &self.settings.trust
+    }
+
+    /// The layer's name: the `name` label of its metrics.
+    pub fn name(&self) -> &LayerName {
+        self.settings.metrics.name()
+    }
+
+    /// The level of `request`, as the layer's services set it: what a layer of the user's
+    /// own that sits outside this one and must know the level calls.
+    ///
+    /// ```
+    /// use http::Request;
+    /// use overload_signal::criticality::CriticalityLayer;
+    /// use overload_signal::protocol::{Criticality, X_REQUEST_CRITICALITY};
+    ///
+    /// let layer = CriticalityLayer::new();
+    /// // No client address in the extensions: not trusted, so capped at `critical`.
+    /// let request = Request::builder()
+    ///     .header(X_REQUEST_CRITICALITY, "critical-plus")
+    ///     .body(())
+    ///     .unwrap();
+    /// assert_eq!(layer.level_of(&request), Criticality::Critical);
+    /// ```
+    pub fn level_of<B>(&self, request: &http::Request<B>) -> Criticality {
+        self.settings.resolve(
+            request.headers(),
+            request.extensions(),
+            RequestFields::of(request.headers()),
+        )
+    }
+}
+
+impl Default for CriticalityLayer {
+    fn default() -> Self {
+        Self::new()
+    }
+}
+
+impl<S> Layer<S> for CriticalityLayer {
+    type Service = CriticalityService<S>;
+
+    fn layer(&self, inner: S) -> Self::Service {
+        CriticalityService::new(inner, Arc::clone(&self.settings))
+    }
+}
+
+impl fmt::Debug for CriticalityLayer {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriticalityLayer")
+            .field("name", self.name())
+            .field("default_level", &self.settings.default_level)
+            .field("untrusted_max", &self.settings.untrusted_max)
+            .field("trust", &self.settings.trust)
+            .finish()
+    }
+}
+
+/// Builds a [`CriticalityLayer`]; made by [`CriticalityLayer::builder`]. Every setting
+/// starts at its default; [`build`](Self::build) checks that the name is 1 to 128 bytes of
+/// printable ASCII.
+#[must_use = "a builder does nothing until `build` is called"]
+pub struct CriticalityLayerBuilder {
+    name: Option<String>,
+    default_level: Criticality,
+    untrusted_max: Criticality,
+    trust: Option<Trust>,
+}
+
+impl CriticalityLayerBuilder {
+    /// What the layer calls itself: the label `name` of its metrics. Default: `"default"`.
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = Some(name.into());
+        self
+    }
+
+    /// The level of a request that carries none, or a malformed one (capped like a claim for
+    /// an untrusted caller). Default: [`Critical`](Criticality::Critical), the level of
+    /// serving traffic, so that a fleet where nobody sets a level sheds as before.
+    pub const fn default_level(mut self, level: Criticality) -> Self {
+        self.default_level = level;
+        self
+    }
+
+    /// The highest level a caller the server does not [trust](Self::trust) gets, whatever it
+    /// claims. Default: [`Critical`](Criticality::Critical): a client on the Internet cannot
+    /// claim `critical-plus` to jump the queue. `Sheddable` sheds every untrusted caller
+    /// before any trusted one.
+    pub const fn untrusted_max(mut self, level: Criticality) -> Self {
+        self.untrusted_max = level;
+        self
+    }
+
+    /// Whose claims are taken as they are. Default: [`Trust::private_networks`] (see
+    /// [`trust`](crate::signal::trust)); `ratelimit-layer`'s
+    /// `OverloadProtectionLayerBuilder::trust` sets it with the other layers' trust.
+    pub fn trust(mut self, trust: Trust) -> Self {
+        self.trust = Some(trust);
+        self
+    }
+
+    /// Checks the settings and builds the layer.
+    ///
+    /// # Errors
+    ///
+    /// A [`ConfigError`] when the name is empty, longer than 128 bytes or not printable
+    /// ASCII.
+    pub fn build(self) -> Result<CriticalityLayer, ConfigError> {
+        let name = match self.name {
+            Some(name) => LayerName::new(name)?,
+            None => LayerName::default(),
+        };
+        Ok(CriticalityLayer {
+            settings: Arc::new(CriticalitySettings {
+                default_level: self.default_level,
+                untrusted_max: self.untrusted_max,
+                trust: self.trust.unwrap_or_default(),
+                metrics: LazyMetrics::new(name),
+            }),
+        })
+    }
+}
+
+impl fmt::Debug for CriticalityLayerBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CriticalityLayerBuilder")
+            .field("name", &self.name)
+            .field("default_level", &self.default_level)
+            .field("untrusted_max", &self.untrusted_max)
+            .field("trust", &self.trust)
+            .finish()
+    }
+}
