@@ -19,7 +19,11 @@
 //! # What the server guarantees
 //!
 //! Every limit of this workspace sheds from the bottom: while a lower level is still
-//! admitted, no higher level is rejected. Each limit's docs state its form of the rule.
+//! admitted, no higher level is rejected. Each limit holds back a share of its capacity
+//! from each level for the levels above it ([`Reserves`]: half from `sheddable`, a quarter
+//! from `sheddable-plus`, a tenth from `critical` by default), but only while a level above
+//! is active ([`RecentLevels`]), so a server whose traffic is all of one level is limited as
+//! before. Each limit's docs state its form of the rule.
 //!
 //! # Who may claim what
 //!
@@ -68,12 +72,14 @@
 
 mod current;
 mod layer;
+mod reserves;
 mod service;
 #[cfg(test)]
 mod tests;
 
 pub use current::{CriticalityScope, current, outgoing, scope};
 pub use layer::{CriticalityLayer, CriticalityLayerBuilder};
+pub use reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use service::CriticalityService;
 
 pub use crate::protocol::Criticality;
