@@ -9,6 +9,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge};
 use overload_core::telemetry::{LayerName, MetricSet, NAME_LABEL};
+use overload_signal::protocol::Criticality;
 
 use crate::key::MissingKey;
 use crate::keyed::KeyClass;
@@ -179,9 +180,15 @@ impl RedisLimitMetrics {
 }
 
 /// The adaptive limit's metrics.
+/// The label of the adaptive limit's per-level counters: a request's
+/// [`Criticality`], as [`Criticality::as_str`] spells it.
+const CRITICALITY_LABEL: &str = "criticality";
+
 pub(crate) struct AdaptiveLimitMetrics {
-    pub(crate) admitted: Counter,
-    pub(crate) rejected: Counter,
+    /// By [`Criticality::rank`](overload_signal::protocol::Criticality::rank), labelled
+    /// `criticality`.
+    pub(crate) admitted: [Counter; 4],
+    pub(crate) rejected: [Counter; 4],
     pub(crate) limit: Gauge,
     pub(crate) baseline: Gauge,
     pub(crate) latency: Gauge,
@@ -192,14 +199,20 @@ pub(crate) struct AdaptiveLimitMetrics {
 impl MetricSet for AdaptiveLimitMetrics {
     fn register(name: &LayerName) -> Self {
         Self {
-            admitted: metrics::counter!(
-                metric_names::ADAPTIVE_ADMITTED,
-                NAME_LABEL => name.label()
-            ),
-            rejected: metrics::counter!(
-                metric_names::ADAPTIVE_REJECTED,
-                NAME_LABEL => name.label()
-            ),
+            admitted: Criticality::ALL.map(|level| {
+                metrics::counter!(
+                    metric_names::ADAPTIVE_ADMITTED,
+                    NAME_LABEL => name.label(),
+                    CRITICALITY_LABEL => level.as_str()
+                )
+            }),
+            rejected: Criticality::ALL.map(|level| {
+                metrics::counter!(
+                    metric_names::ADAPTIVE_REJECTED,
+                    NAME_LABEL => name.label(),
+                    CRITICALITY_LABEL => level.as_str()
+                )
+            }),
             limit: metrics::gauge!(metric_names::ADAPTIVE_LIMIT, NAME_LABEL => name.label()),
             baseline: metrics::gauge!(
                 metric_names::ADAPTIVE_BASELINE,

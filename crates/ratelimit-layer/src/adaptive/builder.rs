@@ -9,6 +9,7 @@ use http::request::Parts;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock, saturating_nanos};
 use overload_core::telemetry::LayerName;
+use overload_signal::criticality::Reserves;
 
 use super::controller::AdaptiveSettings;
 use super::layer::AdaptiveLimitLayer;
@@ -38,6 +39,7 @@ impl AdaptiveLimitLayer {
             retry_after: Self::DEFAULT_RETRY_AFTER,
             name: Self::DEFAULT_NAME.to_owned(),
             exempt: None,
+            reserves: Reserves::new(),
             clock: TokioClock::new(),
         }
     }
@@ -67,6 +69,7 @@ pub struct AdaptiveLimitBuilder<C = TokioClock> {
     retry_after: Duration,
     name: String,
     exempt: Option<Box<ExemptFn>>,
+    reserves: Reserves,
     clock: C,
 }
 
@@ -242,6 +245,35 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
         self
     }
 
+    /// The share of the limit each [`Criticality`] may not take while a higher level is
+    /// active, left for the levels above it: a request of level `c` is admitted only while,
+    /// once it is, the requests in flight are at most the limit less `c`'s share of it. See
+    /// [criticality](super#criticality-shedding-from-the-bottom). Default:
+    /// [`Reserves::new`] (`sheddable` 50 %, `sheddable-plus` 25 %, `critical` 10 %,
+    /// `critical-plus` 0); [`Reserves::none`] makes the limit blind to levels. Traffic of
+    /// one level is limited exactly as with [`Reserves::none`] whatever the shares (a
+    /// share is held back only while a higher level is active). The shares are checked
+    /// when [`Reserves`] are built.
+    ///
+    /// ```
+    /// use overload_signal::criticality::Reserves;
+    /// use overload_signal::protocol::Criticality;
+    /// use ratelimit_layer::AdaptiveLimitLayer;
+    ///
+    /// // Batch traffic (`sheddable`) takes at most a fifth of the limit while
+    /// // interactive traffic is about.
+    /// let reserves = Reserves::builder().share(Criticality::Sheddable, 0.8).build()?;
+    /// let layer = AdaptiveLimitLayer::builder().reserves(reserves).build()?;
+    /// # let _ = layer;
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    ///
+    /// [`Criticality`]: overload_signal::protocol::Criticality
+    pub const fn reserves(mut self, reserves: Reserves) -> Self {
+        self.reserves = reserves;
+        self
+    }
+
     /// The seed of the probe jitter. Default: a random seed per layer.
     pub const fn seed(mut self, seed: u64) -> Self {
         self.seed = Some(seed);
@@ -291,6 +323,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             retry_after: self.retry_after,
             name: self.name,
             exempt: self.exempt,
+            reserves: self.reserves,
             clock,
         }
     }
@@ -424,6 +457,7 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
             AdaptiveLimitLayer::QUIET_PERIOD,
             self.exempt,
             self.release_after,
+            self.reserves,
         )))
     }
 }
@@ -451,6 +485,7 @@ impl<C: fmt::Debug> fmt::Debug for AdaptiveLimitBuilder<C> {
             .field("retry_after", &self.retry_after)
             .field("name", &self.name)
             .field("exempt", &self.exempt.is_some())
+            .field("reserves", &self.reserves)
             .field("clock", &self.clock)
             .finish()
     }

@@ -66,6 +66,10 @@ pub(super) struct AdaptiveWindowStats {
     pub(super) peak_in_flight: usize,
     /// Whether the limit rejected a request during the window.
     pub(super) rejected: bool,
+    /// Whether a request was turned away at its level's part of the limit (its share held
+    /// back for a higher level), the limit itself not full: that level used all of the
+    /// limit it may take, so the limit was in use however few were in flight.
+    pub(super) level_full: bool,
     /// Whether the window closed because a probe ran out of time, not because it had its
     /// samples.
     pub(super) timed_out: bool,
@@ -422,8 +426,14 @@ impl GradientController {
         let mut next = gradient * self.limit + headroom;
         // NOTE: a limit that traffic never reached says nothing about the service: growing
         // it then would let a later burst in all at once. Grow only when at least half of
-        // it was in use.
-        if next > self.limit && (stats.peak_in_flight as f64) < self.limit / 2.0 {
+        // it was in use, or when a level was turned away at its part of it: a low level
+        // that may take only `limit × (1 − share)` while a higher one is active then fills
+        // its part, and the latency at that concurrency is what decides whether its part,
+        // and so the limit, grows (until the concurrency admitted fills the service).
+        if next > self.limit
+            && (stats.peak_in_flight as f64) < self.limit / 2.0
+            && !stats.level_full
+        {
             next = self.limit;
         }
         self.limit = next.clamp(s.min_limit as f64, s.max_limit as f64);

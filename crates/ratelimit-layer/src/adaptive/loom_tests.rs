@@ -16,6 +16,7 @@ use loom::sync::Arc;
 use loom::sync::atomic::{AtomicUsize, Ordering};
 use loom::thread;
 use overload_core::clock::Clock;
+use overload_signal::protocol::Criticality;
 
 use super::controller::AdaptiveSettings;
 use super::state::{AdaptiveLimitState, CompleteRequest, Completion};
@@ -56,6 +57,7 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         Duration::from_secs(10),
         None,
         Some(Duration::from_secs(1)),
+        overload_signal::criticality::Reserves::new(),
     )
 }
 
@@ -85,7 +87,7 @@ fn loom_admission_never_overdraws_and_every_slot_comes_back() {
                 let held = Arc::clone(&held);
                 let admitted = Arc::clone(&admitted);
                 move |completion: Completion| {
-                    if let Some(slot) = shared.try_admit() {
+                    if let Some(slot) = shared.try_admit(Criticality::Critical) {
                         admitted.fetch_add(1, Ordering::Relaxed);
                         let now = held.fetch_add(1, Ordering::AcqRel) + 1;
                         assert!(now <= 1, "{now} requests held under a limit of 1");
@@ -122,10 +124,14 @@ fn loom_no_recorded_outcome_is_lost() {
         let shared = Arc::new(shared(2));
         let other = Arc::clone(&shared);
         let t = thread::spawn(move || {
-            let slot = other.try_admit().expect("under the limit");
+            let slot = other
+                .try_admit(Criticality::Critical)
+                .expect("under the limit");
             other.complete(&slot, Completion::Overloaded);
         });
-        let slot = shared.try_admit().expect("under the limit");
+        let slot = shared
+            .try_admit(Criticality::Critical)
+            .expect("under the limit");
         shared.complete(&slot, Completion::Served);
         t.join().unwrap();
         assert_eq!(shared.outcomes(), 2);
@@ -144,7 +150,9 @@ fn loom_a_request_racing_the_release_gives_its_slot_back_once() {
             let shared = Arc::new(shared(2));
             let other = Arc::clone(&shared);
             let t = thread::spawn(move || {
-                let slot = other.try_admit().expect("under the limit");
+                let slot = other
+                    .try_admit(Criticality::Critical)
+                    .expect("under the limit");
                 other.complete(&slot, completion);
             });
             shared.release_held(EPOCH);
@@ -165,13 +173,17 @@ fn loom_a_request_racing_the_release_gives_its_slot_back_once() {
 fn loom_a_released_request_is_not_counted_again_when_it_completes() {
     model(|| {
         let shared = Arc::new(shared(2));
-        let old = shared.try_admit().expect("under the limit");
+        let old = shared
+            .try_admit(Criticality::Critical)
+            .expect("under the limit");
         let other = Arc::clone(&shared);
         let t = thread::spawn(move || {
             other.release_held(EPOCH);
             other.release_held(2 * EPOCH);
         });
-        let racing = shared.try_admit().expect("under the limit");
+        let racing = shared
+            .try_admit(Criticality::Critical)
+            .expect("under the limit");
         t.join().unwrap();
         let status = shared.status();
         // `old` was admitted before the first change: released by the second. `racing` is

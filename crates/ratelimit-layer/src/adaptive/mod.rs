@@ -345,6 +345,7 @@ mod controller;
 pub mod future;
 mod held;
 mod layer;
+mod levels;
 #[cfg(all(test, loom))]
 mod loom_tests;
 mod sampler;

@@ -7,7 +7,7 @@ use std::time::Duration;
 
 use http::{Request, Response};
 use overload_core::clock::{Clock, TokioClock};
-use overload_signal::protocol::{Protocol, service_unavailable_response};
+use overload_signal::protocol::{Criticality, Protocol, service_unavailable_response};
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use tower_service::Service;
 
@@ -100,7 +100,14 @@ impl<S, C> AdaptiveLimit<S, C> {
         ResBody: Default,
         C: Clock,
     {
-        match self.state.try_admit() {
+        // NOTE: the level the server's criticality layer put in the extensions (it read the
+        // header, capped for untrusted callers); none is the default level, `critical`.
+        let level = request
+            .extensions()
+            .get::<Criticality>()
+            .copied()
+            .unwrap_or_default();
+        match self.state.try_admit(level) {
             Some(admitted) => {
                 // NOTE: the guard exists before the inner `call` runs, so that a panic in it
                 // (caught above, by a `CatchPanic` layer or the task) still frees the slot.

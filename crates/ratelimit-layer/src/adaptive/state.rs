@@ -9,8 +9,10 @@ use std::time::Duration;
 use http::request::Parts;
 
 use overload_core::clock::{Clock, saturating_nanos};
-use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering, StripedCounter};
+use overload_core::sync::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
+use overload_signal::criticality::Reserves;
+use overload_signal::protocol::Criticality;
 
 use super::controller::{
     AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
@@ -19,6 +21,7 @@ use super::held::{
     HeldRequests, RELEASE_AFTER_MAX, RELEASE_AFTER_MIN, RELEASE_AFTER_TARGETS,
     RELEASE_AFTER_UNMEASURED, Released,
 };
+use super::levels::Levels;
 use super::sampler::LatencySampler;
 use crate::telemetry::AdaptiveLimitMetrics;
 
@@ -85,8 +88,9 @@ pub(crate) struct AdaptiveLimitState<C> {
     latency_idle: AtomicBool,
     /// Started by the first request, which registers the metrics.
     ticker: Ticker,
-    /// Admitted requests not yet added to the admitted counter (the tick adds them).
-    admitted: StripedCounter,
+    /// The levels' parts of the limit, and the admissions per level not yet added to the
+    /// admitted counters (the tick adds them).
+    levels: Levels,
 }
 
 /// Which requests bypass the limit.
@@ -127,6 +131,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
         quiet: Duration,
         exempt: Option<Box<ExemptFn>>,
         fixed_release_after: Option<Duration>,
+        reserves: Reserves,
     ) -> Self {
         let now = clock.now();
         let controller = GradientController::new(settings, now);
@@ -163,7 +168,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             last_progress: AtomicU64::new(now),
             latency_idle: AtomicBool::new(false),
             ticker: Ticker::new(),
-            admitted: StripedCounter::new(),
+            levels: Levels::new(reserves),
             clock,
         }
     }
@@ -308,15 +313,19 @@ impl<C: Clock> AdaptiveLimitState<C> {
         self.exempt.is_some()
     }
 
-    /// Admits a request if fewer than the limit are in flight, and fewer than the maximum
-    /// limit with the released requests still running.
+    /// Admits a request of `level` if, once it is, the requests in flight are at most the
+    /// limit less what `level` may not take of it (its share while a higher level is
+    /// active: see [`Levels`]), and fewer than the maximum limit with the released requests
+    /// still running.
     #[inline]
-    pub(super) fn try_admit(&self) -> Option<AdmittedRequest> {
+    pub(super) fn try_admit(&self, level: Criticality) -> Option<AdmittedRequest> {
+        let now = self.clock.now();
         let limit = self.limit.load(Ordering::Relaxed);
         // NOTE: released requests no longer count toward the limit, but they still run: a
         // service that never answers must not take an unbounded pile of them.
         let ceiling = self.max_limit.saturating_sub(self.held.released());
-        let open = limit.min(ceiling);
+        let held_back = self.levels.held_back(level, limit, now);
+        let open = (limit - held_back).min(ceiling);
         let admitted = self
             .in_flight
             .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| {
@@ -329,30 +338,36 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 if self.peak_in_flight.load(Ordering::Relaxed) <= before {
                     self.peak_in_flight.fetch_max(before + 1, Ordering::Relaxed);
                 }
-                // NOTE: striped while the tick runs (it adds the stripes to the counter once a
-                // second), so the cores do not share the counter's cache line per request.
+                // NOTE: striped while the tick runs (it adds the stripes to the counters once
+                // a tick), so the cores do not share the counter's cache line per request.
                 if self.ticker.is_running() {
-                    self.admitted.add(1);
+                    self.levels.count_admitted(level);
                 } else {
-                    self.metrics.get().admitted.increment(1);
+                    self.metrics.get().admitted[level.rank()].increment(1);
                 }
                 // NOTE: after the in-flight count, never before: the tick takes a released
                 // generation's count off `in_flight`, which must already hold it.
                 let generation = self.held.admit();
                 Some(AdmittedRequest {
-                    started: self.clock.now(),
+                    started: now,
                     generation,
                 })
             }
-            Err(_) => {
-                self.metrics.get().rejected.increment(1);
+            Err(in_flight) => {
+                self.metrics.get().rejected[level.rank()].increment(1);
                 // NOTE: read first: under overload every rejection would otherwise write the
                 // shared cache line.
                 if !self.rejected_in_window.load(Ordering::Relaxed) {
                     self.rejected_in_window.store(true, Ordering::Relaxed);
                 }
-                tracing::trace!(name = %self.name(), limit, "adaptive limit reached");
-                if self.engaged.seen(self.clock.now()) {
+                if in_flight < limit.min(ceiling) {
+                    // NOTE: turned away at its level's part, the limit itself not full: the
+                    // level used all it may take, which the controller counts as a limit in
+                    // use (see `AdaptiveWindowStats::level_full`).
+                    self.levels.turned_away_below_the_limit();
+                }
+                tracing::trace!(name = %self.name(), limit, %level, held_back, "adaptive limit reached");
+                if self.engaged.seen(now) {
                     self.engage(limit);
                 }
                 None
@@ -364,9 +379,14 @@ impl<C: Clock> AdaptiveLimitState<C> {
 impl<C> AdaptiveLimitState<C> {
     /// Adds the striped admissions to the admitted counter.
     fn flush_admitted(&self) {
-        let admitted = self.admitted.take();
-        if admitted > 0 {
-            self.metrics.get().admitted.increment(admitted);
+        let admitted = self.levels.take_admitted();
+        if admitted.iter().any(|&n| n > 0) {
+            let metrics = self.metrics.get();
+            for (counter, n) in metrics.admitted.iter().zip(admitted) {
+                if n > 0 {
+                    counter.increment(n);
+                }
+            }
         }
     }
 }
@@ -528,6 +548,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             latency: taken.percentile,
             peak_in_flight: peak.max(in_flight),
             rejected: self.rejected_in_window.swap(false, Ordering::Relaxed),
+            level_full: self.levels.take_level_full(),
             timed_out,
         };
         let before = controller.limit();
@@ -629,6 +650,7 @@ impl<C> fmt::Debug for AdaptiveLimitState<C> {
             .field("in_flight", &self.in_flight.load(Ordering::Relaxed))
             .field("held", &self.held)
             .field("retry_after", &self.retry_after)
+            .field("reserves", self.levels.reserves())
             .finish_non_exhaustive()
     }
 }

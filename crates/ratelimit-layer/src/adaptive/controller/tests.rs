@@ -32,6 +32,7 @@ fn window(latency_ms: u64, peak: usize) -> AdaptiveWindowStats {
         latency: Some(latency_ms * MS),
         peak_in_flight: peak,
         rejected: true,
+        level_full: false,
         timed_out: false,
     }
 }
@@ -192,6 +193,7 @@ fn backs_off_on_overload_failures() {
         latency: Some(50 * MS),
         peak_in_flight: 20,
         rejected: false,
+        level_full: false,
         timed_out: false,
     };
     assert_eq!(c.on_window(100 * MS, stats).limit, 18, "20 * 0.9");
