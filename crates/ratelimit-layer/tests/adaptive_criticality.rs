@@ -287,3 +287,87 @@ async fn a_sheddable_flood_leaves_critical_traffic_alone() {
         "without reserves most of critical is rejected"
     );
 }
+
+/// Traffic of one level never has a share held back (no higher level is active): it is
+/// decided request by request exactly as by a limit without reserves, under an overload of
+/// three times the capacity that moves the limit, probes included.
+#[tokio::test(start_paused = true)]
+async fn traffic_of_one_level_is_decided_exactly_as_without_reserves() {
+    for level in [
+        None,
+        Some(Criticality::Sheddable),
+        Some(Criticality::Critical),
+        Some(Criticality::CriticalPlus),
+    ] {
+        let streams = [(level, CAPACITY * 3)];
+        let with = offer(
+            &layer(Reserves::new()),
+            &Workers::new(20, SERVICE_TIME),
+            &streams,
+            20,
+        )
+        .await;
+        let without = offer(
+            &layer(Reserves::none()),
+            &Workers::new(20, SERVICE_TIME),
+            &streams,
+            20,
+        )
+        .await;
+        let admitted = with.decisions.iter().filter(|&&a| a).count();
+        assert!(
+            admitted > 7_000 && admitted < with.decisions.len() / 2,
+            "{level:?}: the limit both admitted and rejected ({admitted})"
+        );
+        assert_eq!(with.limits, without.limits, "{level:?}");
+        assert!(with.decisions == without.decisions, "{level:?}");
+    }
+}
+
+/// An overload of `sheddable` alone, beside a trickle of `critical` (so that `sheddable`
+/// may take only its part of the limit): the limit grows until that part fills the
+/// service, so the capacity is used, at the target latency. With a share of 80 % too:
+/// there fewer than half of the limit are ever in flight, and it is the level turned away
+/// at its part that lets the limit grow.
+#[tokio::test(start_paused = true)]
+async fn a_sheddable_overload_beside_a_trickle_of_critical_keeps_its_goodput() {
+    const SECONDS: u64 = 30;
+    let batch_heavy = Reserves::builder()
+        .share(Criticality::Sheddable, 0.8)
+        .build()
+        .unwrap();
+    for reserves in [Reserves::new(), batch_heavy] {
+        let streams = [
+            (Some(Criticality::Critical), 5),
+            (Some(Criticality::Sheddable), CAPACITY * 3),
+        ];
+        let run = offer(
+            &layer(reserves),
+            &Workers::new(20, SERVICE_TIME),
+            &streams,
+            SECONDS,
+        )
+        .await;
+        let sheddable = &run.seconds[Criticality::Sheddable.rank()];
+        let served: Vec<u64> = sheddable.iter().map(|s| s.served).collect();
+        println!(
+            "{reserves:?}: sheddable served per second {served:?}; limits {:?}",
+            run.limits
+        );
+        // After the start-up: at least 90 % of the capacity, less critical's 5 a second.
+        for (s, second) in sheddable.iter().enumerate().skip(3) {
+            assert!(
+                second.served >= (CAPACITY - 5) * 9 / 10,
+                "{reserves:?} second {s}: {served:?} limits {:?}",
+                run.limits
+            );
+            assert!(
+                second.quantile(0.99) <= SERVICE_TIME * 2,
+                "{reserves:?} {s}"
+            );
+        }
+        let critical = run.total(Criticality::Critical, 0, SECONDS as usize);
+        assert_eq!(critical.rejected_tracking, 0, "{reserves:?}");
+        assert!(critical.served >= (SECONDS - 1) * 5, "{reserves:?}");
+    }
+}
