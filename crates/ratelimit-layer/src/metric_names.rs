@@ -10,8 +10,8 @@
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //! | `ratelimit_layer_redis_fallbacks_total` | counter | `name`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
 //! | `ratelimit_layer_redis_up` | gauge | `name` | 1 while a limit kept in Redis is decided there, 0 while it falls back |
-//! | `ratelimit_layer_adaptive_admitted_total` | counter | `name` | requests the adaptive limit passed on (counted per core and added once a second, by the layer's tick) |
-//! | `ratelimit_layer_adaptive_rejected_total` | counter | `name` | requests the adaptive limit rejected |
+//! | `ratelimit_layer_adaptive_admitted_total` | counter | `name`, `criticality` | requests the adaptive limit passed on (counted per core and added once a second, by the layer's tick) |
+//! | `ratelimit_layer_adaptive_rejected_total` | counter | `name`, `criticality` | requests the adaptive limit rejected |
 //! | `ratelimit_layer_adaptive_limit` | gauge | `name` | the adaptive limit in force |
 //! | `ratelimit_layer_adaptive_baseline_seconds` | gauge | `name` | its measured no-load latency |
 //! | `ratelimit_layer_adaptive_latency_seconds` | gauge | `name` | its last window's latency percentile |
@@ -66,11 +66,13 @@ pub const REDIS_FALLBACKS: &str = "ratelimit_layer_redis_fallbacks_total";
 /// keeps it true.
 pub const REDIS_UP: &str = "ratelimit_layer_redis_up";
 
-/// Counter, label `name`: requests the [adaptive limit](crate::adaptive) passed to the
+/// Counter, labels `name` and `criticality` (the request's level, `sheddable` to
+/// `critical-plus`): requests the [adaptive limit](crate::adaptive) passed to the
 /// inner service.
 pub const ADAPTIVE_ADMITTED: &str = "ratelimit_layer_adaptive_admitted_total";
 
-/// Counter, label `name`: requests the [adaptive limit](crate::adaptive) rejected.
+/// Counter, labels `name` and `criticality` (the request's level): requests the [adaptive
+/// limit](crate::adaptive) rejected.
 pub const ADAPTIVE_REJECTED: &str = "ratelimit_layer_adaptive_rejected_total";
 
 /// Gauge, label `name`: the [adaptive limit](crate::adaptive) in force, updated once per

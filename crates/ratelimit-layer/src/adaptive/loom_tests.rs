@@ -196,3 +196,25 @@ fn loom_a_released_request_is_not_counted_again_when_it_completes() {
         assert_eq!((status.in_flight, status.released), (0, 0), "{status:?}");
     });
 }
+
+/// A `sheddable` request races a `critical` one for a limit of 2, `critical` active and one
+/// `critical` request in flight: `sheddable` may take only half the limit, so it is refused
+/// in every interleaving and the racing `critical` request is admitted in every one.
+#[test]
+fn loom_a_racing_sheddable_request_never_takes_the_room_left_for_critical() {
+    model(|| {
+        let shared = Arc::new(shared(2));
+        let first = shared
+            .try_admit(Criticality::Critical)
+            .expect("an empty limit");
+        let other = Arc::clone(&shared);
+        let t = thread::spawn(move || other.try_admit(Criticality::Sheddable));
+        let critical = shared.try_admit(Criticality::Critical);
+        let sheddable = t.join().unwrap();
+        assert!(sheddable.is_none(), "sheddable took the top half");
+        let critical = critical.expect("critical was refused its room");
+        shared.complete(&first, Completion::Served);
+        shared.complete(&critical, Completion::Served);
+        assert_eq!(shared.status().in_flight, 0);
+    });
+}
