@@ -120,7 +120,7 @@ async fn offer(
         let (i, _) = streams
             .iter()
             .enumerate()
-            .map(|(i, &(_, rate))| (i, (rate * slot) as i128 - (sent[i] * total) as i128))
+            .map(|(i, &(_, rate))| (i, i128::from(rate * slot) - i128::from(sent[i] * total)))
             .max_by_key(|&(_, lead)| lead)
             .unwrap();
         sent[i] += 1;

@@ -449,16 +449,18 @@ impl<C: Clock> AdaptiveLimitBuilder<C> {
                 .seed
                 .unwrap_or_else(|| RandomState::new().hash_one(0x5EED_u64)),
         };
-        Ok(AdaptiveLimitLayer::from_state(AdaptiveLimitState::new(
-            settings,
-            self.clock,
-            self.retry_after,
-            name,
-            AdaptiveLimitLayer::QUIET_PERIOD,
-            self.exempt,
-            self.release_after,
-            self.reserves,
-        )))
+        Ok(AdaptiveLimitLayer::from_state(
+            AdaptiveLimitState::new(
+                settings,
+                self.clock,
+                self.retry_after,
+                name,
+                AdaptiveLimitLayer::QUIET_PERIOD,
+                self.exempt,
+                self.release_after,
+            )
+            .with_reserves(self.reserves),
+        ))
     }
 }
 

@@ -57,8 +57,8 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         Duration::from_secs(10),
         None,
         Some(Duration::from_secs(1)),
-        overload_signal::criticality::Reserves::new(),
     )
+    .with_reserves(overload_signal::criticality::Reserves::new())
 }
 
 /// One second, the bound of [`shared`]'s layers, in clock nanoseconds.

@@ -131,7 +131,6 @@ impl<C: Clock> AdaptiveLimitState<C> {
         quiet: Duration,
         exempt: Option<Box<ExemptFn>>,
         fixed_release_after: Option<Duration>,
-        reserves: Reserves,
     ) -> Self {
         let now = clock.now();
         let controller = GradientController::new(settings, now);
@@ -168,9 +167,16 @@ impl<C: Clock> AdaptiveLimitState<C> {
             last_progress: AtomicU64::new(now),
             latency_idle: AtomicBool::new(false),
             ticker: Ticker::new(),
-            levels: Levels::new(reserves),
+            levels: Levels::new(Reserves::none()),
             clock,
         }
+    }
+
+    /// The state with `reserves` (none by default): the share of the limit each level may
+    /// not take while a higher level is active.
+    pub(super) fn with_reserves(mut self, reserves: Reserves) -> Self {
+        self.levels = Levels::new(reserves);
+        self
     }
 
     /// The layer's name: its metrics' `name` label and its logs' `name` field.
