@@ -139,7 +139,13 @@ impl FixedWindowBuilder {
 impl Limiter for FixedWindow {
     type State = FixedWindowState;
 
-    fn check(&self, state: &FixedWindowState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &FixedWindowState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         let cost = u64::from(cost);
         if cost > self.quota {
             return Decision::OverCapacity {
@@ -159,7 +165,10 @@ impl Limiter for FixedWindow {
             // count this request there, as if at its start.
             0
         };
-        if s.count + cost <= self.quota {
+        // NOTE: nothing is held back from a free request; saturating, a hold as large as
+        // the quota is never met.
+        let held_back = if cost == 0 { 0 } else { held_back };
+        if s.count + cost.saturating_add(held_back) <= self.quota {
             s.count += cost;
             Decision::Allow
         } else {

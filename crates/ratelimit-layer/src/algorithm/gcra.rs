@@ -199,7 +199,13 @@ impl Limiter for TokenBucket {
     type State = TokenBucketState;
 
     #[inline]
-    fn check(&self, state: &TokenBucketState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &TokenBucketState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         if cost > self.burst {
             return Decision::OverCapacity {
                 capacity: u64::from(self.burst),
@@ -207,13 +213,28 @@ impl Limiter for TokenBucket {
         }
         // NOTE: cost <= burst, so cost * T <= B * T, which `new` checked fits in a u64.
         let increment = u64::from(cost) * self.emission;
+        // What the request may bring the backlog up to: the tolerance less the time the
+        // held-back units take to come back (nothing is held back from a free request).
+        let limit = if held_back == 0 || increment == 0 {
+            self.tolerance
+        } else {
+            // NOTE: held_back is capped at the burst, so the product fits as B * T does.
+            self.tolerance - held_back.min(u64::from(self.burst)) * self.emission
+        };
         let mut tat = state.tat.load(Ordering::Acquire);
         loop {
             let base = tat.max(now);
             let ahead = base.saturating_add(increment) - now;
-            if ahead > self.tolerance {
+            if ahead > limit {
+                let wait = if increment <= limit {
+                    ahead - limit
+                } else {
+                    // NOTE: cost + held_back > burst: no backlog is short enough; the time
+                    // until the bucket is full.
+                    (base - now).max(1)
+                };
                 return Decision::Reject {
-                    retry_after: Duration::from_nanos(ahead - self.tolerance),
+                    retry_after: Duration::from_nanos(wait),
                 };
             }
             if increment == 0 {

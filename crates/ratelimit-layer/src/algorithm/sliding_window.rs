@@ -181,6 +181,18 @@ impl SlidingWindow {
         u64::try_from(quota.saturating_sub(used) / w).unwrap_or(u64::MAX)
     }
 
+    /// How long until nothing counts any more with these counts (at least 1 ns): until the
+    /// current fixed window ends if only the previous one holds units, else until the next
+    /// one ends.
+    fn until_whole(&self, v: &SlidingWindowView) -> Duration {
+        let nanos = if v.current == 0 {
+            if v.previous == 0 { 1 } else { v.left }
+        } else {
+            v.left.saturating_add(self.window_nanos)
+        };
+        Duration::from_nanos(nanos)
+    }
+
     /// How long until a request of `cost` units (`1 <= cost <= quota`) is admitted, given
     /// that it is not admitted with these counts, if nothing else is admitted meanwhile.
     pub(crate) fn retry_after(&self, v: &SlidingWindowView, cost: u64) -> Duration {
@@ -253,7 +265,13 @@ impl SlidingWindowBuilder {
 impl Limiter for SlidingWindow {
     type State = SlidingWindowState;
 
-    fn check(&self, state: &SlidingWindowState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &SlidingWindowState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         let cost = u64::from(cost);
         if cost > self.quota {
             return Decision::OverCapacity {
@@ -262,7 +280,19 @@ impl Limiter for SlidingWindow {
         }
         let mut stored = state.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let (v, index) = self.view(*stored, now);
-        if self.admits(&v, cost) {
+        // NOTE: admitted with `held_back` units still free is admitted as a request of
+        // `cost + held_back` would be; nothing is held back from a free request.
+        let need = if cost == 0 {
+            0
+        } else {
+            cost.saturating_add(held_back)
+        };
+        if need > self.quota {
+            return Decision::Reject {
+                retry_after: self.until_whole(&v),
+            };
+        }
+        if self.admits(&v, need) {
             *stored = SlidingWindowCounts {
                 index,
                 current: v.current + cost,
@@ -271,7 +301,7 @@ impl Limiter for SlidingWindow {
             Decision::Allow
         } else {
             Decision::Reject {
-                retry_after: self.retry_after(&v, cost),
+                retry_after: self.retry_after(&v, need),
             }
         }
     }

@@ -479,6 +479,7 @@ where
             name_set: true,
             admitted_headers: local.admitted_headers,
             missing_key: local.missing_key,
+            reserves: local.reserves,
         }
         .into_state()?;
         // NOTE: one missing-key policy for both, so that a request without a key is logged and
