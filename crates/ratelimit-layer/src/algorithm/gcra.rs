@@ -29,6 +29,18 @@ use super::validate::{non_zero, positive_nanos};
 /// is `q=60;w=60`. A client that paces itself at `q` per `w` is never rejected; an idle one
 /// may send its burst at once besides.
 ///
+/// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
+/// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
+/// active (seen within the last 10 seconds), a level `c` stops taking at `share(c) × burst`
+/// units left (rounded down). So level `c` and above, sending together under the rate with
+/// bursts within the share the level below leaves (`(share(c − 1) − share(c)) × burst`
+/// units), are never rejected, whatever the lower levels send: the lower levels never take
+/// the bucket below `share(c − 1) × burst`, and below it the refill is theirs alone. It
+/// holds from the moment level `c` is active; a level that comes back after 10 seconds
+/// quiet finds what the lower levels left (possibly nothing) and waits for the refill,
+/// which the lower levels then no longer take, for at most the time `share(c − 1) × burst`
+/// units take to come back. Critical-plus, held back from nobody, has the whole bucket.
+///
 /// ```
 /// use std::time::Duration;
 /// use ratelimit_layer::algorithm::QuotaStatus;

@@ -32,6 +32,19 @@ use super::validate::{non_zero, positive_nanos};
 /// rate shown is the real one, and the `RateLimit` field's `r` (up to `quota`) never above
 /// `q`.
 ///
+/// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
+/// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
+/// active (seen within the last 10 seconds), a level `c` is admitted as a request of its
+/// cost plus `share(c) × quota` units (rounded down) would be: it stops where the estimate
+/// `r` leaves that share. The levels below `c` then stop where the estimate leaves
+/// `share(c − 1) × quota`, so level `c` and above together can use about that share of
+/// each sliding window, whatever the lower levels send; level `c` itself about
+/// `(share(c − 1) − share(c)) × quota`. "About", as for the limit itself: the estimate
+/// weighs the previous window's count as if spread evenly, so a share used early in the
+/// previous window counts less than it took. It does not hold while the lower levels'
+/// use from before level `c` came (after 10 seconds without a higher level) still weighs
+/// in the estimate, at most one window and the rest of the current one.
+///
 /// The paper's worked example, quota 10 per second:
 ///
 /// ```

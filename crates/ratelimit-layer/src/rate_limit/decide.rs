@@ -70,10 +70,7 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
 /// [`Criticality::default`] (critical) without one.
 #[inline]
 pub(crate) fn level_of(extensions: &Extensions) -> Criticality {
-    extensions
-        .get::<Criticality>()
-        .copied()
-        .unwrap_or_default()
+    extensions.get::<Criticality>().copied().unwrap_or_default()
 }
 
 /// How a limit sheds from the bottom: the share of its capacity each level may not take
@@ -98,8 +95,7 @@ impl Shedding {
     #[inline]
     pub(crate) fn held_back(&self, level: Criticality, capacity: u64, now: u64) -> u64 {
         self.recent.note(level, now);
-        self.recent
-            .held_back(&self.reserves, level, capacity, now)
+        self.recent.held_back(&self.reserves, level, capacity, now)
     }
 }
 
@@ -120,7 +116,12 @@ pub(crate) fn held_back(
 /// then it waits at least until the higher levels may have gone quiet, a
 /// [`RecentLevels::DEFAULT_WINDOW`] from now at the latest, if they stop now.
 #[inline]
-pub(crate) fn held_decision(decision: Decision, cost: u32, held_back: u64, capacity: u64) -> Decision {
+pub(crate) fn held_decision(
+    decision: Decision,
+    cost: u32,
+    held_back: u64,
+    capacity: u64,
+) -> Decision {
     match decision {
         Decision::Reject { retry_after }
             if held_back > 0 && u64::from(cost).saturating_add(held_back) > capacity =>

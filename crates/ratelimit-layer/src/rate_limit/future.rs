@@ -198,20 +198,18 @@ where
             let fields = admit(state, status, level);
             ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields)
         }
-        Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
-            refuse(state, &parts, Some((retry_after, status, class))),
-        ),
+        Some((Decision::Reject { retry_after }, status, class)) => {
+            ResponseFuture::answered(refuse(state, &parts, Some((retry_after, status, class))))
+        }
         // NOTE: above the advertised limit's capacity, no wait would let the request in. Only
         // the local share of a limit kept in Redis, deciding while Redis is away, has a
         // capacity below it: a request between the two waits for Redis.
         Some((Decision::OverCapacity { .. }, _, class)) if u64::from(cost) > state.capacity => {
             ResponseFuture::answered(too_heavy(state, &parts, class))
         }
-        Some((Decision::OverCapacity { .. }, status, class)) => ResponseFuture::answered(refuse(
-            state,
-            &parts,
-            Some((state.window, status, class)),
-        )),
+        Some((Decision::OverCapacity { .. }, status, class)) => {
+            ResponseFuture::answered(refuse(state, &parts, Some((state.window, status, class))))
+        }
         None => ResponseFuture::answered(refuse(state, &parts, None)),
     }
 }

@@ -370,6 +370,9 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// (no wait frees that much), at least the 10 s window, by when the higher levels will
     /// have gone quiet if they stop now.
     ///
+    /// A limit kept in Redis ([`redis`](Self::redis)) applies the reserves in its local
+    /// fallback only, for now: the decisions made in Redis are class-blind.
+    ///
     /// ```
     /// use overload_signal::criticality::Reserves;
     /// use overload_signal::protocol::Criticality;

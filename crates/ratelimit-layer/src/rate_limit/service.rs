@@ -9,10 +9,10 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::decide::level_of;
 use super::future::admit;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
-use super::decide::level_of;
 use super::future::{ResponseFuture, respond};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteStart;
