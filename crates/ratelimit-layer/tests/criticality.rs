@@ -183,7 +183,7 @@ async fn one_level_or_no_reserves_is_decided_as_before() {
     let blind = answers(Some(Reserves::none()), &sheddable).await;
     assert!(blind.contains(&200) && blind.contains(&429));
     assert_eq!(answers(None, &sheddable).await, blind);
-    assert_eq!(answers(None, &vec![None; 200]).await, blind);
+    assert_eq!(answers(None, &[None; 200]).await, blind);
     let mixed: Vec<_> = (0..200)
         .map(|i| Some([Sheddable, Critical, SheddablePlus][i % 3]))
         .collect();

@@ -197,7 +197,7 @@ impl SlidingWindow {
     /// How long until nothing counts any more with these counts (at least 1 ns): until the
     /// current fixed window ends if only the previous one holds units, else until the next
     /// one ends.
-    fn until_whole(&self, v: &SlidingWindowView) -> Duration {
+    pub(crate) fn until_whole(&self, v: &SlidingWindowView) -> Duration {
         let nanos = if v.current == 0 {
             if v.previous == 0 { 1 } else { v.left }
         } else {

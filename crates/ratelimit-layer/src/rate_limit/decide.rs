@@ -63,6 +63,11 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
     fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
         None
     }
+
+    /// The decision's shedding from the bottom, shared with a remote decider so that both
+    /// see the same levels.
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>>;
 }
 
 /// A request's criticality: the [`Criticality`] in its extensions (put there by
@@ -83,10 +88,12 @@ pub(crate) struct Shedding {
 
 impl Shedding {
     /// `None` for [`Reserves::none`]: nothing is ever held back, so nothing is noted.
-    pub(crate) fn new(reserves: Reserves) -> Option<Self> {
-        (!reserves.is_none()).then(|| Self {
-            reserves,
-            recent: RecentLevels::default(),
+    pub(crate) fn new(reserves: Reserves) -> Option<Arc<Self>> {
+        (!reserves.is_none()).then(|| {
+            Arc::new(Self {
+                reserves,
+                recent: RecentLevels::default(),
+            })
         })
     }
 
@@ -155,7 +162,7 @@ pub(crate) struct GlobalDecider<L: Limiter, C> {
     pub(crate) limiter: L,
     pub(crate) clock: C,
     pub(crate) state: L::State,
-    pub(crate) shed: Option<Shedding>,
+    pub(crate) shed: Option<Arc<Shedding>>,
 }
 
 impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
@@ -177,7 +184,7 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         let now = self.clock.now();
-        let held = held_back(self.shed.as_ref(), level, self.limiter.capacity(), now);
+        let held = held_back(self.shed.as_deref(), level, self.limiter.capacity(), now);
         let (decision, status) =
             check_and_status(&self.limiter, &self.state, now, cost, held, status_on_allow);
         Some((decision, status, KeyClass::Global))
@@ -185,6 +192,11 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
 
     fn reads_request(&self) -> bool {
         false
+    }
+
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>> {
+        self.shed.clone()
     }
 
     fn now(&self) -> u64 {
@@ -200,7 +212,7 @@ pub(crate) struct KeyedDecider<L: Limiter, C, E: KeyExtractor> {
     pub(crate) unkeyed: L::State,
     pub(crate) missing: Arc<MissingKeyPolicy>,
     /// One for the whole layer: a level active on any key holds back on every key.
-    pub(crate) shed: Option<Shedding>,
+    pub(crate) shed: Option<Arc<Shedding>>,
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E> {
@@ -224,7 +236,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
                     || self.extract.client_addr(parts),
                     cost,
                     |now| {
-                        held = held_back(self.shed.as_ref(), level, capacity, now);
+                        held = held_back(self.shed.as_deref(), level, capacity, now);
                         held
                     },
                     status_on_allow,
@@ -238,7 +250,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
                 MissingKey::Bypass => Some((Decision::Allow, None, KeyClass::Unkeyed)),
                 MissingKey::Shared => {
                     let now = self.map.clock().now();
-                    let held = held_back(self.shed.as_ref(), level, capacity, now);
+                    let held = held_back(self.shed.as_deref(), level, capacity, now);
                     let (decision, status) = check_and_status(
                         self.map.limiter(),
                         &self.unkeyed,
@@ -271,6 +283,11 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
     #[cfg(feature = "redis")]
     fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
         Some(Arc::clone(&self.missing))
+    }
+
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>> {
+        self.shed.clone()
     }
 }
 

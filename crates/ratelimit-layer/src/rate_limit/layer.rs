@@ -370,8 +370,12 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// (no wait frees that much), at least the 10 s window, by when the higher levels will
     /// have gone quiet if they stop now.
     ///
-    /// A limit kept in Redis ([`redis`](Self::redis)) applies the reserves in its local
-    /// fallback only, for now: the decisions made in Redis are class-blind.
+    /// A limit kept in Redis ([`redis`](Self::redis)) applies the same rule there: the
+    /// held-back units (of the fleet's capacity) go to the script with the request, in the
+    /// same round trip, and its local fallback applies them to the local share while Redis
+    /// is away; one `RecentLevels` serves both. A request with units held back never takes
+    /// from the local reservation ([`reservation`](crate::redis::RedisLayerBuilder::reservation)):
+    /// it asks Redis, which knows what is left.
     ///
     /// ```
     /// use overload_signal::criticality::Reserves;

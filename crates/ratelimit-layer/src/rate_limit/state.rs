@@ -228,6 +228,12 @@ impl RateLimitState {
         self.decide.missing_key_policy()
     }
 
+    /// The shedding of the local decision, for a remote decider to share.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shedding(&self) -> Option<Arc<super::decide::Shedding>> {
+        self.decide.shedding()
+    }
+
     /// Asks `remote` first for every request, with the local decision as its fallback;
     /// the fields then advertise `limit` and `window` (the fleet's limit), whichever
     /// decides, and a request is too heavy ever to pass (`413`) only above the fleet's
