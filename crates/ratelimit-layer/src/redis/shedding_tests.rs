@@ -10,9 +10,9 @@ use crate::algorithm::{Decision, Limiter, SlidingWindow, TokenBucket};
 use crate::rate_limit::decide::held_decision;
 
 /// A small deterministic generator (xorshift), so a failing sequence can be replayed.
-struct Steps(u64);
+struct HeldSteps(u64);
 
-impl Steps {
+impl HeldSteps {
     fn next(&mut self, below: u64) -> u64 {
         self.0 ^= self.0 << 13;
         self.0 ^= self.0 >> 7;
@@ -32,7 +32,7 @@ async fn agree<L: Limiter + Sealed>(limiter: L, seed: u64, max_step_micros: u64)
     let (mut connection, _) = store.connection().unwrap();
     let state = L::State::default();
     let capacity = limiter.capacity();
-    let mut steps = Steps(seed);
+    let mut steps = HeldSteps(seed);
     let mut now = 1_700_000_000_000_000_u64;
     let origin = now;
     let (mut admitted, mut held_refused) = (0, 0);
