@@ -9,7 +9,11 @@
 //! - `keyed/new_key`: a key never seen before on every call (a fresh limiter per sample,
 //!   so governor's unbounded map is dropped between samples; ours stays at its cap);
 //! - `contended/*`: both threads of the machine calling the same limiter at once; the time
-//!   is per call on each thread.
+//!   is per call on each thread;
+//! - `levels/*` (ours only): the decision a layer makes with criticality, every call
+//!   admitted: the level noted in a `RecentLevels`, its held-back units read, then
+//!   `check_holding_back`; `one_level` is the common case (nothing held back, as
+//!   `single/allowed`), `held_back` a sheddable request while critical ones are active.
 //!
 //! Each row has three functions: `governor` (its default clock: quanta, reading the TSC),
 //! `ratelimit-layer` (the same TSC clock, through our `Clock` trait: the algorithms and maps
@@ -335,5 +339,31 @@ fn contended(c: &mut Criterion) {
     group.finish();
 }
 
-criterion_group!(benches, clocks, single, keyed, contended);
+fn levels(c: &mut Criterion) {
+    use overload_signal::criticality::{RecentLevels, Reserves};
+    use overload_signal::protocol::Criticality;
+    let mut group = c.benchmark_group("levels");
+    let (ours, _) = allowing();
+    let clock = Tsc::default();
+    let reserves = Reserves::new();
+    for (name, level, seen) in [
+        ("one_level", Criticality::Critical, Criticality::Critical),
+        ("held_back", Criticality::Sheddable, Criticality::Critical),
+    ] {
+        let state = Default::default();
+        let recent = RecentLevels::default();
+        recent.note(seen, clock.now());
+        let decide = || {
+            let now = clock.now();
+            recent.note(level, now);
+            let held = recent.held_back(&reserves, level, ours.capacity(), now);
+            ours.check_holding_back(&state, now, 1, held)
+        };
+        assert!(decide().is_allowed());
+        group.bench_function(format!("{name}/{OURS}"), |b| b.iter(|| black_box(decide())));
+    }
+    group.finish();
+}
+
+criterion_group!(benches, clocks, single, keyed, contended, levels);
 criterion_main!(benches);

@@ -208,8 +208,8 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service; counted per core and added to the counter once a second (by the layer's tick, and when the layer is dropped), so that the cores do not share one cache line per request |
-//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection |
+//! | `ratelimit_layer_requests_admitted_total` | counter | `name`, `criticality` (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`: the request's level, critical when it carries none) | requests passed to the inner service; counted per core and added to the counter once a second (by the layer's tick, and when the layer is dropped), so that the cores do not share one cache line per request |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`), `criticality` | requests answered with a rejection |
 //! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer; idle keys are swept and the gauge set every second, so it falls when clients go away, traffic or not |
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in |
 //!

@@ -4,8 +4,8 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `ratelimit_layer_requests_admitted_total` | counter | `name` | requests passed to the inner service (counted per core and added once a second, by the layer's tick) |
-//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`) | requests answered with a rejection (`429`, or `413` for a cost above the limit's capacity) |
+//! | `ratelimit_layer_requests_admitted_total` | counter | `name`, `criticality` (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`: the request's level, critical when it carries none) | requests passed to the inner service (counted per core and added once a second, by the layer's tick) |
+//! | `ratelimit_layer_requests_rejected_total` | counter | `name`, `key_class` (`global`, `keyed`, `overflow`, `unkeyed`), `criticality` | requests answered with a rejection (`429`, or `413` for a cost above the limit's capacity); a lower level is rejected first, see [`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves) |
 //! | `ratelimit_layer_keys` | gauge | `name` | keys tracked by a keyed layer |
 //! | `ratelimit_layer_missing_key_total` | counter | `name`, `action` (`reject`, `shared`, `bypass`) | requests a keyed layer found no key in, by the [`MissingKey`](crate::key::MissingKey) policy applied |
 //! | `ratelimit_layer_redis_fallbacks_total` | counter | `name`, `reason` (`timeout`, `error`, `unavailable`) | requests of a limit kept in Redis decided locally instead |
@@ -38,13 +38,19 @@
 //!
 //! [`metrics`]: https://docs.rs/metrics/0.24/metrics/
 
-/// Counter, label `name`: requests passed to the inner service.
+/// Counter, labels `name` and `criticality`: requests passed to the inner service.
 pub const REQUESTS_ADMITTED: &str = "ratelimit_layer_requests_admitted_total";
 
-/// Counter, labels `name` and `key_class` (`global`, `keyed`, `overflow` or `unkeyed`, see
-/// [`KeyClass`](crate::keyed::KeyClass)): requests answered with a rejection: `429`, or
-/// `413` for a request whose cost exceeds the limit's capacity.
+/// Counter, labels `name`, `key_class` (`global`, `keyed`, `overflow` or `unkeyed`, see
+/// [`KeyClass`](crate::keyed::KeyClass)) and `criticality`: requests answered with a
+/// rejection: `429`, or `413` for a request whose cost exceeds the limit's capacity.
 pub const REQUESTS_REJECTED: &str = "ratelimit_layer_requests_rejected_total";
+
+/// The label of the rate limit's request counters that carries the request's criticality:
+/// `criticality`, valued `sheddable`, `sheddable-plus`, `critical` or `critical-plus`
+/// ([`Criticality::as_str`](overload_signal::protocol::Criticality::as_str)); a request
+/// without one counts as `critical`.
+pub const CRITICALITY_LABEL: &str = "criticality";
 
 /// Gauge, label `name`: keys tracked by a keyed layer, set every second after a sweep of
 /// idle keys.

@@ -39,27 +39,34 @@ const fn class_index(class: KeyClass) -> usize {
     }
 }
 
-/// A rate limit's counters: `ratelimit_layer_requests_admitted_total` and
-/// `ratelimit_layer_requests_rejected_total` by `key_class`.
+/// A rate limit's counters: `ratelimit_layer_requests_admitted_total` by `criticality`
+/// and `ratelimit_layer_requests_rejected_total` by `key_class` and `criticality`.
 pub(crate) struct RateLimitMetrics {
-    pub(crate) admitted: Counter,
-    /// In the order of [`KEY_CLASSES`].
-    rejected: [Counter; 4],
+    /// Indexed by [`Criticality::rank`].
+    admitted: [Counter; 4],
+    /// In the order of [`KEY_CLASSES`], then by [`Criticality::rank`].
+    rejected: [[Counter; 4]; 4],
 }
 
 impl MetricSet for RateLimitMetrics {
     fn register(name: &LayerName) -> Self {
         Self {
-            admitted: metrics::counter!(
-                metric_names::REQUESTS_ADMITTED,
-                NAME_LABEL => name.label()
-            ),
-            rejected: KEY_CLASSES.map(|class| {
+            admitted: Criticality::ALL.map(|level| {
                 metrics::counter!(
-                    metric_names::REQUESTS_REJECTED,
+                    metric_names::REQUESTS_ADMITTED,
                     NAME_LABEL => name.label(),
-                    "key_class" => class.as_str()
+                    metric_names::CRITICALITY_LABEL => level.as_str()
                 )
+            }),
+            rejected: KEY_CLASSES.map(|class| {
+                Criticality::ALL.map(|level| {
+                    metrics::counter!(
+                        metric_names::REQUESTS_REJECTED,
+                        NAME_LABEL => name.label(),
+                        "key_class" => class.as_str(),
+                        metric_names::CRITICALITY_LABEL => level.as_str()
+                    )
+                })
             }),
         }
     }
@@ -67,8 +74,13 @@ impl MetricSet for RateLimitMetrics {
 
 impl RateLimitMetrics {
     #[inline]
-    pub(crate) fn rejected(&self, class: KeyClass) -> &Counter {
-        &self.rejected[class_index(class)]
+    pub(crate) fn rejected(&self, class: KeyClass, level: Criticality) -> &Counter {
+        &self.rejected[class_index(class)][level.rank()]
+    }
+
+    #[inline]
+    pub(crate) fn admitted(&self, level: Criticality) -> &Counter {
+        &self.admitted[level.rank()]
     }
 }
 

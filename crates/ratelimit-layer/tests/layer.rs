@@ -799,7 +799,16 @@ async fn metrics_count_admitted_rejected_and_keys() {
             "{key:?}"
         );
         match (key.name(), value) {
-            ("ratelimit_layer_requests_admitted_total", DebugValue::Counter(n)) => admitted = n,
+            // NOTE: one series per criticality (issue 33); these requests carry none, so
+            // all are `critical`.
+            ("ratelimit_layer_requests_admitted_total", DebugValue::Counter(n)) => {
+                let level = key.labels().find(|l| l.key() == "criticality").unwrap();
+                if level.value() == "critical" {
+                    admitted = n;
+                } else {
+                    assert_eq!(n, 0, "{key:?}");
+                }
+            }
             ("ratelimit_layer_requests_rejected_total", DebugValue::Counter(n)) if n > 0 => {
                 let class = key.labels().find(|l| l.key() == "key_class").unwrap();
                 rejected.push((class.value().to_owned(), n));
@@ -1181,20 +1190,30 @@ async fn every_metric_is_registered_on_the_first_request() {
         })
         .collect();
     series.sort();
-    assert_eq!(
-        series,
-        [
-            "ratelimit_layer_keys{name=late}",
-            "ratelimit_layer_missing_key_total{name=late,action=bypass}",
-            "ratelimit_layer_missing_key_total{name=late,action=reject}",
-            "ratelimit_layer_missing_key_total{name=late,action=shared}",
-            "ratelimit_layer_requests_admitted_total{name=late}",
-            "ratelimit_layer_requests_rejected_total{name=late,key_class=global}",
-            "ratelimit_layer_requests_rejected_total{name=late,key_class=keyed}",
-            "ratelimit_layer_requests_rejected_total{name=late,key_class=overflow}",
-            "ratelimit_layer_requests_rejected_total{name=late,key_class=unkeyed}",
-        ]
-    );
+    // The request counters, one series per criticality (issue 33).
+    let levels = ["critical-plus", "critical", "sheddable-plus", "sheddable"];
+    let mut expected: Vec<String> = [
+        "ratelimit_layer_keys{name=late}",
+        "ratelimit_layer_missing_key_total{name=late,action=bypass}",
+        "ratelimit_layer_missing_key_total{name=late,action=reject}",
+        "ratelimit_layer_missing_key_total{name=late,action=shared}",
+    ]
+    .map(String::from)
+    .to_vec();
+    for level in levels {
+        expected.push(format!(
+            "ratelimit_layer_requests_admitted_total{{name=late,criticality={level}}}"
+        ));
+    }
+    for class in ["global", "keyed", "overflow", "unkeyed"] {
+        for level in levels {
+            expected.push(format!(
+                "ratelimit_layer_requests_rejected_total{{name=late,key_class={class},criticality={level}}}"
+            ));
+        }
+    }
+    expected.sort();
+    assert_eq!(series, expected);
 }
 
 /// Two rate limits in one process, named apart: two series an SRE tells apart by `name`,

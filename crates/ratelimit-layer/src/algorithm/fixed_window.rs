@@ -23,6 +23,19 @@ use super::validate::{non_zero, positive_nanos};
 /// The state is the window number and its count, under a per-key mutex held for a few
 /// instructions.
 ///
+/// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
+/// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
+/// active (seen within the last 10 seconds), a level `c` is admitted only while the
+/// window's count stays at or under `quota − share(c) × quota` (the held-back units rounded
+/// down). The levels below `c` then stop at `quota − share(c − 1) × quota`, so level `c`
+/// and above together can use at least the `share(c − 1) × quota` units they leave in
+/// each window, whatever the lower levels send; level `c` itself up to the difference
+/// `(share(c − 1) − share(c)) × quota`. It does not hold in a window where the lower
+/// levels came first while no higher level had been seen for 10 seconds: they may then
+/// have taken the whole window, and level `c` waits for the next one. The edge effect is
+/// the window's own: each level may take its part at the end of one window and again at
+/// the start of the next.
+///
 /// In `RateLimit-Policy` it advertises `q = quota` per `w = window` when the window is whole
 /// seconds; another window is advertised over the next whole second, the quota scaled to it
 /// and rounded down (`10 per 100 ms` is `q=100;w=1`, `5 per 1.5 s` is `q=6;w=2`), so that the
@@ -139,7 +152,13 @@ impl FixedWindowBuilder {
 impl Limiter for FixedWindow {
     type State = FixedWindowState;
 
-    fn check(&self, state: &FixedWindowState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &FixedWindowState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         let cost = u64::from(cost);
         if cost > self.quota {
             return Decision::OverCapacity {
@@ -159,7 +178,10 @@ impl Limiter for FixedWindow {
             // count this request there, as if at its start.
             0
         };
-        if s.count + cost <= self.quota {
+        // NOTE: nothing is held back from a free request; saturating, a hold as large as
+        // the quota is never met.
+        let held_back = if cost == 0 { 0 } else { held_back };
+        if s.count + cost.saturating_add(held_back) <= self.quota {
             s.count += cost;
             Decision::Allow
         } else {

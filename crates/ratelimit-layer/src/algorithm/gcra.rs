@@ -29,6 +29,18 @@ use super::validate::{non_zero, positive_nanos};
 /// is `q=60;w=60`. A client that paces itself at `q` per `w` is never rejected; an idle one
 /// may send its burst at once besides.
 ///
+/// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
+/// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
+/// active (seen within the last 10 seconds), a level `c` stops taking at `share(c) × burst`
+/// units left (rounded down). So level `c` and above, sending together under the rate with
+/// bursts within the share the level below leaves (`(share(c − 1) − share(c)) × burst`
+/// units), are never rejected, whatever the lower levels send: the lower levels never take
+/// the bucket below `share(c − 1) × burst`, and below it the refill is theirs alone. It
+/// holds from the moment level `c` is active; a level that comes back after 10 seconds
+/// quiet finds what the lower levels left (possibly nothing) and waits for the refill,
+/// which the lower levels then no longer take, for at most the time `share(c − 1) × burst`
+/// units take to come back. Critical-plus, held back from nobody, has the whole bucket.
+///
 /// ```
 /// use std::time::Duration;
 /// use ratelimit_layer::algorithm::QuotaStatus;
@@ -199,7 +211,13 @@ impl Limiter for TokenBucket {
     type State = TokenBucketState;
 
     #[inline]
-    fn check(&self, state: &TokenBucketState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &TokenBucketState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         if cost > self.burst {
             return Decision::OverCapacity {
                 capacity: u64::from(self.burst),
@@ -207,13 +225,28 @@ impl Limiter for TokenBucket {
         }
         // NOTE: cost <= burst, so cost * T <= B * T, which `new` checked fits in a u64.
         let increment = u64::from(cost) * self.emission;
+        // What the request may bring the backlog up to: the tolerance less the time the
+        // held-back units take to come back (nothing is held back from a free request).
+        let limit = if held_back == 0 || increment == 0 {
+            self.tolerance
+        } else {
+            // NOTE: held_back is capped at the burst, so the product fits as B * T does.
+            self.tolerance - held_back.min(u64::from(self.burst)) * self.emission
+        };
         let mut tat = state.tat.load(Ordering::Acquire);
         loop {
             let base = tat.max(now);
             let ahead = base.saturating_add(increment) - now;
-            if ahead > self.tolerance {
+            if ahead > limit {
+                let wait = if increment <= limit {
+                    ahead - limit
+                } else {
+                    // NOTE: cost + held_back > burst: no backlog is short enough; the time
+                    // until the bucket is full.
+                    (base - now).max(1)
+                };
                 return Decision::Reject {
-                    retry_after: Duration::from_nanos(ahead - self.tolerance),
+                    retry_after: Duration::from_nanos(wait),
                 };
             }
             if increment == 0 {

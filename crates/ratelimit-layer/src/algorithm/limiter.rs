@@ -16,8 +16,38 @@ pub trait Limiter: Send + Sync + 'static {
     type State: Default + Send + Sync + 'static;
 
     /// Decides a request of `cost` units at time `now` (nanoseconds from the clock's
-    /// origin), updating `state` if it is admitted.
-    fn check(&self, state: &Self::State, now: u64, cost: u32) -> Decision;
+    /// origin), updating `state` if it is admitted: [`check_holding_back`] with nothing
+    /// held back.
+    ///
+    /// [`check_holding_back`]: Self::check_holding_back
+    #[inline]
+    fn check(&self, state: &Self::State, now: u64, cost: u32) -> Decision {
+        self.check_holding_back(state, now, cost, 0)
+    }
+
+    /// Decides a request of `cost` units at time `now` (nanoseconds from the clock's
+    /// origin) that may not take the last `held_back` units: it is admitted only if at
+    /// least `held_back` units are still free once its cost is taken, and then `state` is
+    /// updated; nothing is taken on a rejection.
+    ///
+    /// This is how a limit sheds from the bottom: a layer passes the units a request's
+    /// criticality may not take now (`RecentLevels::held_back` of `overload-signal`), `0`
+    /// unless a higher level is active. With `held_back == 0` it must decide exactly as a
+    /// limiter without reserves would; a cost of zero is always admitted, whatever is held
+    /// back.
+    ///
+    /// A rejection's `retry_after` is the time until `cost + held_back` units are free, if
+    /// nothing else is admitted meanwhile (never zero). When `cost + held_back` exceeds
+    /// [`capacity`](Self::capacity) no wait frees that much while the units stay held back:
+    /// `retry_after` is then the time until the whole capacity is free (at least 1 ns),
+    /// and the caller, who knows when the hold may end, says more.
+    fn check_holding_back(
+        &self,
+        state: &Self::State,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision;
 
     /// What is left of the quota in `state` at `now`, and when it is whole again.
     fn status(&self, state: &Self::State, now: u64) -> QuotaStatus;

@@ -47,3 +47,6 @@ pub use limiter::{Decision, Limiter, QuotaStatus};
 #[cfg(feature = "redis")]
 pub(crate) use sliding_window::SlidingWindowView;
 pub use sliding_window::{SlidingWindow, SlidingWindowBuilder, SlidingWindowState};
+
+#[cfg(test)]
+mod shedding_tests;

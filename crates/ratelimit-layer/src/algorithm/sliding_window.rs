@@ -32,6 +32,19 @@ use super::validate::{non_zero, positive_nanos};
 /// rate shown is the real one, and the `RateLimit` field's `r` (up to `quota`) never above
 /// `q`.
 ///
+/// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
+/// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
+/// active (seen within the last 10 seconds), a level `c` is admitted as a request of its
+/// cost plus `share(c) × quota` units (rounded down) would be: it stops where the estimate
+/// `r` leaves that share. The levels below `c` then stop where the estimate leaves
+/// `share(c − 1) × quota`, so level `c` and above together can use about that share of
+/// each sliding window, whatever the lower levels send; level `c` itself about
+/// `(share(c − 1) − share(c)) × quota`. "About", as for the limit itself: the estimate
+/// weighs the previous window's count as if spread evenly, so a share used early in the
+/// previous window counts less than it took. It does not hold while the lower levels'
+/// use from before level `c` came (after 10 seconds without a higher level) still weighs
+/// in the estimate, at most one window and the rest of the current one.
+///
 /// The paper's worked example, quota 10 per second:
 ///
 /// ```
@@ -181,6 +194,18 @@ impl SlidingWindow {
         u64::try_from(quota.saturating_sub(used) / w).unwrap_or(u64::MAX)
     }
 
+    /// How long until nothing counts any more with these counts (at least 1 ns): until the
+    /// current fixed window ends if only the previous one holds units, else until the next
+    /// one ends.
+    pub(crate) fn until_whole(&self, v: &SlidingWindowView) -> Duration {
+        let nanos = if v.current == 0 {
+            if v.previous == 0 { 1 } else { v.left }
+        } else {
+            v.left.saturating_add(self.window_nanos)
+        };
+        Duration::from_nanos(nanos)
+    }
+
     /// How long until a request of `cost` units (`1 <= cost <= quota`) is admitted, given
     /// that it is not admitted with these counts, if nothing else is admitted meanwhile.
     pub(crate) fn retry_after(&self, v: &SlidingWindowView, cost: u64) -> Duration {
@@ -253,7 +278,13 @@ impl SlidingWindowBuilder {
 impl Limiter for SlidingWindow {
     type State = SlidingWindowState;
 
-    fn check(&self, state: &SlidingWindowState, now: u64, cost: u32) -> Decision {
+    fn check_holding_back(
+        &self,
+        state: &SlidingWindowState,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
         let cost = u64::from(cost);
         if cost > self.quota {
             return Decision::OverCapacity {
@@ -262,7 +293,19 @@ impl Limiter for SlidingWindow {
         }
         let mut stored = state.counts.lock().unwrap_or_else(PoisonError::into_inner);
         let (v, index) = self.view(*stored, now);
-        if self.admits(&v, cost) {
+        // NOTE: admitted with `held_back` units still free is admitted as a request of
+        // `cost + held_back` would be; nothing is held back from a free request.
+        let need = if cost == 0 {
+            0
+        } else {
+            cost.saturating_add(held_back)
+        };
+        if need > self.quota {
+            return Decision::Reject {
+                retry_after: self.until_whole(&v),
+            };
+        }
+        if self.admits(&v, need) {
             *stored = SlidingWindowCounts {
                 index,
                 current: v.current + cost,
@@ -271,7 +314,7 @@ impl Limiter for SlidingWindow {
             Decision::Allow
         } else {
             Decision::Reject {
-                retry_after: self.retry_after(&v, cost),
+                retry_after: self.retry_after(&v, need),
             }
         }
     }

@@ -240,7 +240,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        let (decision, _, class) = self.check_inner(key, || None, cost, false, false);
+        let (decision, _, class) = self.check_inner(key, || None, cost, |_| 0, false, false);
         (decision, class)
     }
 
@@ -262,7 +262,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        self.check_inner(key, || None, cost, on_allow, true)
+        self.check_inner(key, || None, cost, |_| 0, on_allow, true)
     }
 
     /// As [`check_with_status`](Self::check_with_status), for a request from `client`: a
@@ -307,17 +307,20 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        self.check_inner(key, || client, cost, on_allow, true)
+        self.check_inner(key, || client, cost, |_| 0, on_allow, true)
     }
 
     /// As [`check_from`](Self::check_from), with the client's address asked only for a new
-    /// key past the cap (a layer's requests, whose address costs extension look-ups).
+    /// key past the cap (a layer's requests, whose address costs extension look-ups), and
+    /// the units held back from the request (see [`Limiter::check_holding_back`]) asked
+    /// once, with the time of the decision.
     #[inline]
     pub(crate) fn check_lazy<Q>(
         &self,
         key: &Q,
         client: impl FnOnce() -> Option<IpAddr>,
         cost: u32,
+        held_back: impl FnOnce(u64) -> u64,
         on_allow: bool,
     ) -> (Decision, Option<QuotaStatus>, KeyClass)
     where
@@ -325,7 +328,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q: ?Sized + Hash + Eq + ToOwned,
         Q::Owned: Into<K>,
     {
-        self.check_inner(key, client, cost, on_allow, true)
+        self.check_inner(key, client, cost, held_back, on_allow, true)
     }
 
     #[inline]
@@ -333,11 +336,11 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         &self,
         state: &L::State,
         now: u64,
-        cost: u32,
+        (cost, held): (u32, u64),
         on_allow: bool,
         on_reject: bool,
     ) -> (Decision, Option<QuotaStatus>) {
-        let decision = self.limiter.check(state, now, cost);
+        let decision = self.limiter.check_holding_back(state, now, cost, held);
         let want = if decision.is_allowed() {
             on_allow
         } else {
@@ -352,6 +355,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         key: &Q,
         client: impl FnOnce() -> Option<IpAddr>,
         cost: u32,
+        held_back: impl FnOnce(u64) -> u64,
         on_allow: bool,
         on_reject: bool,
     ) -> (Decision, Option<QuotaStatus>, KeyClass)
@@ -361,6 +365,8 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         Q::Owned: Into<K>,
     {
         let now = self.clock.now();
+        // NOTE: the cost and the units held back from it travel together.
+        let cost = (cost, held_back(now));
         let hash = self.hasher.hash_one(key);
         // NOTE: hashbrown indexes buckets with the low bits and tags them with the top 7;
         // the shard comes from the middle bits so the three stay independent.
@@ -384,7 +390,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         key: &Q,
         client: impl FnOnce() -> Option<IpAddr>,
         now: u64,
-        cost: u32,
+        cost: (u32, u64),
         on_allow: bool,
         on_reject: bool,
     ) -> (Decision, Option<QuotaStatus>, KeyClass)
@@ -434,7 +440,7 @@ impl<L: Limiter, K: Hash + Eq, C: Clock> KeyedLimiter<L, K, C> {
         &self,
         network: u64,
         now: u64,
-        cost: u32,
+        cost: (u32, u64),
         on_allow: bool,
         on_reject: bool,
     ) -> (Decision, Option<QuotaStatus>) {

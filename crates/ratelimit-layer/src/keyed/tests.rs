@@ -140,8 +140,14 @@ struct CountingSweeps {
 
 impl Limiter for CountingSweeps {
     type State = <TokenBucket as Limiter>::State;
-    fn check(&self, state: &Self::State, now: u64, cost: u32) -> Decision {
-        self.inner.check(state, now, cost)
+    fn check_holding_back(
+        &self,
+        state: &Self::State,
+        now: u64,
+        cost: u32,
+        held_back: u64,
+    ) -> Decision {
+        self.inner.check_holding_back(state, now, cost, held_back)
     }
     fn status(&self, state: &Self::State, now: u64) -> QuotaStatus {
         self.inner.status(state, now)

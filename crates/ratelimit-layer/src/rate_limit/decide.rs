@@ -5,9 +5,12 @@
 use std::sync::Arc;
 use std::time::Duration;
 
+use http::Extensions;
 use http::request::Parts;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::{LazyMetrics, LogThrottle};
+use overload_signal::criticality::{RecentLevels, Reserves};
+use overload_signal::protocol::Criticality;
 
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::{KeyExtractor, MissingKey};
@@ -33,6 +36,7 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
     fn decide_unread(
         &self,
         _cost: u32,
+        _level: Criticality,
         _status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         None
@@ -59,18 +63,96 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
     fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
         None
     }
+
+    /// The decision's shedding from the bottom, shared with a remote decider so that both
+    /// see the same levels.
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>>;
 }
 
-/// `limiter.check`, plus its status when the response will report it.
+/// A request's criticality: the [`Criticality`] in its extensions (put there by
+/// `CriticalityLayer`, which reads the header with its trust cap), or
+/// [`Criticality::default`] (critical) without one.
+#[inline]
+pub(crate) fn level_of(extensions: &Extensions) -> Criticality {
+    extensions.get::<Criticality>().copied().unwrap_or_default()
+}
+
+/// How a limit sheds from the bottom: the share of its capacity each level may not take
+/// ([`Reserves`]) while a higher level is active, and which levels were active lately
+/// ([`RecentLevels`]), one for the whole limit (every key of a keyed limit).
+pub(crate) struct Shedding {
+    reserves: Reserves,
+    recent: RecentLevels,
+}
+
+impl Shedding {
+    /// `None` for [`Reserves::none`]: nothing is ever held back, so nothing is noted.
+    pub(crate) fn new(reserves: Reserves) -> Option<Arc<Self>> {
+        (!reserves.is_none()).then(|| {
+            Arc::new(Self {
+                reserves,
+                recent: RecentLevels::default(),
+            })
+        })
+    }
+
+    /// Notes a request of `level` and returns the units it may not take now, out of
+    /// `capacity`.
+    #[inline]
+    pub(crate) fn held_back(&self, level: Criticality, capacity: u64, now: u64) -> u64 {
+        self.recent.note(level, now);
+        self.recent.held_back(&self.reserves, level, capacity, now)
+    }
+}
+
+/// The units `shed` holds back from a request of `level` now, out of `capacity` (0 without
+/// reserves).
+#[inline]
+pub(crate) fn held_back(
+    shed: Option<&Shedding>,
+    level: Criticality,
+    capacity: u64,
+    now: u64,
+) -> u64 {
+    shed.map_or(0, |shed| shed.held_back(level, capacity, now))
+}
+
+/// A decision made with `held_back` units held back, its `retry_after` made true when no
+/// wait lets the request in while they stay held (`cost + held_back` above the capacity):
+/// then it waits at least until the higher levels may have gone quiet, a
+/// [`RecentLevels::DEFAULT_WINDOW`] from now at the latest, if they stop now.
+#[inline]
+pub(crate) fn held_decision(
+    decision: Decision,
+    cost: u32,
+    held_back: u64,
+    capacity: u64,
+) -> Decision {
+    match decision {
+        Decision::Reject { retry_after }
+            if held_back > 0 && u64::from(cost).saturating_add(held_back) > capacity =>
+        {
+            Decision::Reject {
+                retry_after: retry_after.max(RecentLevels::DEFAULT_WINDOW),
+            }
+        }
+        decision => decision,
+    }
+}
+
+/// `limiter.check_holding_back`, plus its status when the response will report it.
 #[inline]
 fn check_and_status<L: Limiter>(
     limiter: &L,
     state: &L::State,
     now: u64,
     cost: u32,
+    held_back: u64,
     status_on_allow: bool,
 ) -> (Decision, Option<QuotaStatus>) {
-    let decision = limiter.check(state, now, cost);
+    let decision = limiter.check_holding_back(state, now, cost, held_back);
+    let decision = held_decision(decision, cost, held_back, limiter.capacity());
     let want = !decision.is_allowed() || status_on_allow;
     (decision, want.then(|| limiter.status(state, now)))
 }
@@ -80,33 +162,41 @@ pub(crate) struct GlobalDecider<L: Limiter, C> {
     pub(crate) limiter: L,
     pub(crate) clock: C,
     pub(crate) state: L::State,
+    pub(crate) shed: Option<Arc<Shedding>>,
 }
 
 impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
     #[inline]
     fn decide(
         &self,
-        _: &Parts,
+        parts: &Parts,
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
-        self.decide_unread(cost, status_on_allow)
+        self.decide_unread(cost, level_of(&parts.extensions), status_on_allow)
     }
 
     #[inline]
     fn decide_unread(
         &self,
         cost: u32,
+        level: Criticality,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
         let now = self.clock.now();
+        let held = held_back(self.shed.as_deref(), level, self.limiter.capacity(), now);
         let (decision, status) =
-            check_and_status(&self.limiter, &self.state, now, cost, status_on_allow);
+            check_and_status(&self.limiter, &self.state, now, cost, held, status_on_allow);
         Some((decision, status, KeyClass::Global))
     }
 
     fn reads_request(&self) -> bool {
         false
+    }
+
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>> {
+        self.shed.clone()
     }
 
     fn now(&self) -> u64 {
@@ -121,6 +211,8 @@ pub(crate) struct KeyedDecider<L: Limiter, C, E: KeyExtractor> {
     /// The shared limit of requests without a key, under [`MissingKey::Shared`].
     pub(crate) unkeyed: L::State,
     pub(crate) missing: Arc<MissingKeyPolicy>,
+    /// One for the whole layer: a level active on any key holds back on every key.
+    pub(crate) shed: Option<Arc<Shedding>>,
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E> {
@@ -131,27 +223,40 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
+        let level = level_of(&parts.extensions);
+        let capacity = self.map.limiter().capacity();
         match self.extract.extract(parts) {
             // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen
             // for the first time is copied into the map.
             // The client's address only for a new key past the cap (its network's overflow).
-            Some(key) => Some(self.map.check_lazy(
-                &*key,
-                || self.extract.client_addr(parts),
-                cost,
-                status_on_allow,
-            )),
+            Some(key) => {
+                let mut held = 0;
+                let (decision, status, class) = self.map.check_lazy(
+                    &*key,
+                    || self.extract.client_addr(parts),
+                    cost,
+                    |now| {
+                        held = held_back(self.shed.as_deref(), level, capacity, now);
+                        held
+                    },
+                    status_on_allow,
+                );
+                let decision = held_decision(decision, cost, held, capacity);
+                Some((decision, status, class))
+            }
             None => match self.missing.apply() {
                 MissingKey::Reject => None,
                 // NOTE: no status: nothing limits it, so no `RateLimit` field describes it.
                 MissingKey::Bypass => Some((Decision::Allow, None, KeyClass::Unkeyed)),
                 MissingKey::Shared => {
                     let now = self.map.clock().now();
+                    let held = held_back(self.shed.as_deref(), level, capacity, now);
                     let (decision, status) = check_and_status(
                         self.map.limiter(),
                         &self.unkeyed,
                         now,
                         cost,
+                        held,
                         status_on_allow,
                     );
                     Some((decision, status, KeyClass::Unkeyed))
@@ -178,6 +283,11 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
     #[cfg(feature = "redis")]
     fn missing_key_policy(&self) -> Option<Arc<MissingKeyPolicy>> {
         Some(Arc::clone(&self.missing))
+    }
+
+    #[cfg(feature = "redis")]
+    fn shedding(&self) -> Option<Arc<Shedding>> {
+        self.shed.clone()
     }
 }
 

@@ -11,12 +11,13 @@ use std::task::{Context, Poll, ready};
 use std::time::Duration;
 
 use http::request::Parts;
-use http::{HeaderMap, HeaderValue, Request, Response};
-use overload_signal::protocol::{Protocol, RATELIMIT, RATELIMIT_POLICY};
+use http::{HeaderValue, Request, Response};
+use overload_signal::protocol::{Criticality, Protocol, RATELIMIT, RATELIMIT_POLICY};
 use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
+use super::decide::level_of;
 use super::response::{exceeds_capacity, missing_key, rejection};
 use super::state::RateLimitState;
 use crate::algorithm::{Decision, QuotaStatus};
@@ -191,26 +192,25 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
 {
+    let level = level_of(&parts.extensions);
     match decided {
         Some((Decision::Allow, status, _)) => {
-            let fields = admit(state, status);
+            let fields = admit(state, status, level);
             ResponseFuture::admitted(inner.call(Request::from_parts(parts, body)), fields)
         }
-        Some((Decision::Reject { retry_after }, status, class)) => ResponseFuture::answered(
-            refuse(state, &parts.headers, Some((retry_after, status, class))),
-        ),
+        Some((Decision::Reject { retry_after }, status, class)) => {
+            ResponseFuture::answered(refuse(state, &parts, Some((retry_after, status, class))))
+        }
         // NOTE: above the advertised limit's capacity, no wait would let the request in. Only
         // the local share of a limit kept in Redis, deciding while Redis is away, has a
         // capacity below it: a request between the two waits for Redis.
         Some((Decision::OverCapacity { .. }, _, class)) if u64::from(cost) > state.capacity => {
-            ResponseFuture::answered(too_heavy(state, &parts.headers, class))
+            ResponseFuture::answered(too_heavy(state, &parts, class))
         }
-        Some((Decision::OverCapacity { .. }, status, class)) => ResponseFuture::answered(refuse(
-            state,
-            &parts.headers,
-            Some((state.window, status, class)),
-        )),
-        None => ResponseFuture::answered(refuse(state, &parts.headers, None)),
+        Some((Decision::OverCapacity { .. }, status, class)) => {
+            ResponseFuture::answered(refuse(state, &parts, Some((state.window, status, class))))
+        }
+        None => ResponseFuture::answered(refuse(state, &parts, None)),
     }
 }
 
@@ -220,8 +220,9 @@ where
 pub(crate) fn admit(
     state: &RateLimitState,
     status: Option<QuotaStatus>,
+    level: Criticality,
 ) -> Option<Box<(HeaderValue, HeaderValue)>> {
-    state.count_admitted();
+    state.count_admitted(level);
     // NOTE: `decide` reads the status for admissions when the fields are wanted; a request
     // admitted without a limit (no key, `MissingKey::Bypass`) has none, and no field
     // describes it.
@@ -246,10 +247,10 @@ fn admitted_fields(state: &RateLimitState, status: QuotaStatus) -> Box<(HeaderVa
 #[inline(never)]
 fn refuse<B: Default>(
     state: &RateLimitState,
-    headers: &HeaderMap,
+    parts: &Parts,
     refused: Option<(Duration, Option<QuotaStatus>, KeyClass)>,
 ) -> Response<B> {
-    let protocol = Protocol::of_headers(headers);
+    let protocol = Protocol::of_headers(&parts.headers);
     let Some((retry_after, status, class)) = refused else {
         let mut response = missing_key(protocol);
         response.extensions_mut().insert(
@@ -264,7 +265,7 @@ fn refuse<B: Default>(
         remaining: 0,
         reset: state.window,
     });
-    state.rejected(class, retry_after);
+    state.rejected(class, level_of(&parts.extensions), retry_after);
     rejection(state, protocol, retry_after, status, class)
 }
 
@@ -273,19 +274,17 @@ fn refuse<B: Default>(
 /// limit is not what refuses it, its own weight is.
 #[cold]
 #[inline(never)]
-fn too_heavy<B: Default>(
-    state: &RateLimitState,
-    headers: &HeaderMap,
-    class: KeyClass,
-) -> Response<B> {
-    state.metrics.get().rejected(class).increment(1);
+fn too_heavy<B: Default>(state: &RateLimitState, parts: &Parts, class: KeyClass) -> Response<B> {
+    let level = level_of(&parts.extensions);
+    state.metrics.get().rejected(class, level).increment(1);
     tracing::debug!(
         name = %state.name(),
         key_class = class.as_str(),
+        criticality = level.as_str(),
         capacity = state.capacity,
         "request cost exceeds the limit's capacity"
     );
-    exceeds_capacity(state, Protocol::of_headers(headers))
+    exceeds_capacity(state, Protocol::of_headers(&parts.headers))
 }
 
 #[cfg(feature = "redis")]

@@ -10,9 +10,10 @@ use http::request::Parts;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::{LayerName, LazyMetrics};
+use overload_signal::criticality::Reserves;
 use tower_layer::Layer;
 
-use super::decide::{GlobalDecider, KeyedDecider, LocalDecide, MissingKeyPolicy};
+use super::decide::{GlobalDecider, KeyedDecider, LocalDecide, MissingKeyPolicy, Shedding};
 #[cfg(feature = "redis")]
 use super::service::Remote;
 use super::service::{Local, RateLimit};
@@ -89,7 +90,8 @@ impl RateLimitLayer {
 
     /// One global limit with `limiter` and the defaults: cost 1 per request, named
     /// `default`, no `RateLimit` fields on admitted responses, time from
-    /// [`TokioClock`](crate::clock::TokioClock).
+    /// [`TokioClock`](crate::clock::TokioClock), shedding from the bottom with
+    /// [`Reserves::new`] (see [`RateLimitBuilder::reserves`]).
     pub fn new<L: Limiter>(limiter: L) -> Self {
         // NOTE: the default name is valid and `rate_limit_policy` accepts every window (every
         // test that calls `new` builds it), so this cannot fail.
@@ -101,6 +103,7 @@ impl RateLimitLayer {
             limiter,
             clock: TokioClock::new(),
             state: L::State::default(),
+            shed: Shedding::new(Reserves::new()),
         });
         Self::from_state(RateLimitState::new(
             decide,
@@ -128,6 +131,7 @@ impl RateLimitLayer {
             name_set: false,
             admitted_headers: false,
             missing_key: None,
+            reserves: Reserves::new(),
         }
     }
 }
@@ -199,6 +203,7 @@ pub struct RateLimitBuilder<L, C = TokioClock, E = NoKey> {
     pub(crate) name_set: bool,
     pub(crate) admitted_headers: bool,
     pub(crate) missing_key: Option<MissingKey>,
+    pub(crate) reserves: Reserves,
 }
 
 impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
@@ -219,6 +224,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             name_set: self.name_set,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
+            reserves: self.reserves,
         }
     }
 
@@ -241,6 +247,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
             name_set: self.name_set,
             admitted_headers: self.admitted_headers,
             missing_key: self.missing_key,
+            reserves: self.reserves,
         }
     }
 
@@ -336,6 +343,64 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
         self
     }
 
+    /// The share of the limit's [capacity](Limiter::capacity) each level of criticality may
+    /// not take while a higher level is active: how the limit sheds from the bottom.
+    /// Default: [`Reserves::new`] (sheddable 0.5, sheddable-plus 0.25, critical 0.1,
+    /// critical-plus 0); [`Reserves::none`] limits every level alike, exactly as a limit
+    /// without criticality.
+    ///
+    /// A request's level is the `Criticality` in its extensions (put there by
+    /// `overload_signal::criticality::CriticalityLayer`, outside this layer, which reads
+    /// the `X-Request-Criticality` header with its trust cap); without one it is critical.
+    /// For every request the layer notes its level in a `RecentLevels` of its own (which
+    /// levels came within the last 10 seconds, `RecentLevels::DEFAULT_WINDOW`), then admits
+    /// a request of level `c` only if, once its cost is taken, at least `share(c) ×
+    /// capacity` units (rounded down) are still free, and only while a higher level has been
+    /// seen within the window; otherwise it is rejected like any other (`429` with
+    /// `Retry-After` and the `RateLimit` fields), and nothing is taken. Traffic of one level
+    /// is therefore limited exactly as with `Reserves::none()`. A keyed limit has one
+    /// `RecentLevels` for the layer, all keys together: a critical request on any key holds
+    /// back a share of every key's capacity from the sheddable requests.
+    ///
+    /// What that guarantees depends on the algorithm; each says it in its docs
+    /// ([`TokenBucket`](crate::TokenBucket), [`FixedWindow`](crate::FixedWindow),
+    /// [`SlidingWindow`](crate::SlidingWindow)). The `Retry-After` of a request refused for
+    /// the held-back share is the time until a request of its level would be admitted with
+    /// the share still held back; if its cost and the share together exceed the capacity
+    /// (no wait frees that much), at least the 10 s window, by when the higher levels will
+    /// have gone quiet if they stop now.
+    ///
+    /// A limit kept in Redis ([`redis`](Self::redis)) applies the same rule there: the
+    /// held-back units (of the fleet's capacity) go to the script with the request, in the
+    /// same round trip, and its local fallback applies them to the local share while Redis
+    /// is away; one `RecentLevels` serves both. A request with units held back never takes
+    /// from the local reservation ([`reservation`](crate::redis::RedisLayerBuilder::reservation)):
+    /// it asks Redis, which knows what is left.
+    ///
+    /// ```
+    /// use overload_signal::criticality::Reserves;
+    /// use overload_signal::protocol::Criticality;
+    /// use ratelimit_layer::{RateLimitLayer, TokenBucket};
+    ///
+    /// // Sheddable requests leave 80% of the burst to the others while they are active.
+    /// let reserves = Reserves::builder()
+    ///     .share(Criticality::Sheddable, 0.8)
+    ///     .build()?;
+    /// let layer = RateLimitLayer::builder(TokenBucket::new(100)?)
+    ///     .reserves(reserves)
+    ///     .build()?;
+    /// // Class-blind, as before criticality.
+    /// let blind = RateLimitLayer::builder(TokenBucket::new(100)?)
+    ///     .reserves(Reserves::none())
+    ///     .build()?;
+    /// # let _ = (layer, blind);
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    pub const fn reserves(mut self, reserves: Reserves) -> Self {
+        self.reserves = reserves;
+        self
+    }
+
     /// Builds the layer.
     ///
     /// Metrics are registered with the `metrics` recorder on the layer's first request, so
@@ -397,6 +462,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                     limiter: self.limiter,
                     clock: self.clock,
                     state: L::State::default(),
+                    shed: Shedding::new(self.reserves),
                 })
             }
             Some(extract) => Box::new(KeyedDecider {
@@ -415,6 +481,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
                 )),
                 extract,
                 unkeyed: L::State::default(),
+                shed: Shedding::new(self.reserves),
             }),
         };
         let cost = self
@@ -449,6 +516,7 @@ impl<L: Limiter + fmt::Debug, C: fmt::Debug, E> fmt::Debug for RateLimitBuilder<
             .field("name", &self.name)
             .field("admitted_headers", &self.admitted_headers)
             .field("missing_key", &self.missing_key)
+            .field("reserves", &self.reserves)
             .finish_non_exhaustive()
     }
 }

@@ -9,6 +9,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
+use super::decide::level_of;
 use super::future::admit;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
@@ -107,12 +108,13 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.state.on_request();
         let state = &*self.state;
-        if let Some((cost, decided)) = state.decide_unread() {
+        let level = level_of(request.extensions());
+        if let Some((cost, decided)) = state.decide_unread(level) {
             // NOTE: a limit that reads nothing of the request decides it whole: taking it
             // apart and putting it back together would copy it twice. The admitted path in
             // one expression, so that the inner service's future is built where it stays.
             if let (Decision::Allow, status, _) = decided {
-                let fields = admit(state, status);
+                let fields = admit(state, status, level);
                 return ResponseFuture::admitted(self.inner.call(request), fields);
             }
             let (parts, body) = request.into_parts();
@@ -144,11 +146,12 @@ where
         self.state.on_request();
         // NOTE: only without a remote decider (`unread_cost` is `None` with one): a
         // `RateLimitLayer<Local>` converted to `Remote`, Redis not configured.
-        if let Some((cost, decided)) = self.state.decide_unread() {
+        let level = level_of(request.extensions());
+        if let Some((cost, decided)) = self.state.decide_unread(level) {
             // NOTE: as for a `Local` limit: decided whole, the admitted path in one
             // expression.
             if let (Decision::Allow, status, _) = decided {
-                let fields = admit(&self.state, status);
+                let fields = admit(&self.state, status, level);
                 return RemoteResponseFuture::admitted(self.inner.call(request), fields);
             }
             let (parts, body) = request.into_parts();
@@ -190,7 +193,7 @@ where
             // NOTE: the admitted path in one expression, so that the inner service's future
             // is built where it stays rather than moved through each wrapper in turn (every
             // move copies it, the request it may hold included).
-            let fields = admit(state, status);
+            let fields = admit(state, status, level);
             return RemoteResponseFuture::admitted(
                 self.inner.call(Request::from_parts(parts, body)),
                 fields,

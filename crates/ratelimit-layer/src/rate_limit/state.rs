@@ -11,7 +11,7 @@ use http::request::Parts;
 use overload_core::sync::StripedCounter;
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
-use overload_signal::protocol::RateLimitPolicy;
+use overload_signal::protocol::{Criticality, RateLimitPolicy};
 
 use super::decide::LocalDecide;
 #[cfg(feature = "redis")]
@@ -59,7 +59,8 @@ pub(crate) struct RateLimitState {
     ticker: Ticker,
     /// Admitted requests not yet added to the admitted counter: the tick adds them, so that
     /// the cores do not share one counter's cache line on every request.
-    admitted: StripedCounter,
+    /// Indexed by [`Criticality::rank`].
+    admitted: [StripedCounter; 4],
     /// A limiter that decides elsewhere (Redis, for a fleet), asked first; `decide` is then
     /// its local fallback. `None` for a local limit.
     #[cfg(feature = "redis")]
@@ -93,7 +94,7 @@ impl RateLimitState {
             engaged: Episode::new(),
             quiet,
             ticker: Ticker::new(),
-            admitted: StripedCounter::new(),
+            admitted: std::array::from_fn(|_| StripedCounter::new()),
             #[cfg(feature = "redis")]
             remote: None,
         }
@@ -128,9 +129,11 @@ impl RateLimitState {
     /// [`cost`](Self::cost) and [`decide`](Self::decide) would return for any request, found
     /// without it. `None` for any other limit.
     #[inline]
-    pub(crate) fn decide_unread(&self) -> Option<(u32, Decided)> {
+    pub(crate) fn decide_unread(&self, level: Criticality) -> Option<(u32, Decided)> {
         let cost = self.unread_cost?;
-        let decided = self.decide.decide_unread(cost, self.admitted_headers)?;
+        let decided = self
+            .decide
+            .decide_unread(cost, level, self.admitted_headers)?;
         Some((cost, decided))
     }
 
@@ -155,19 +158,21 @@ impl RateLimitState {
     /// Counts an admitted request: in a stripe of its core while the tick runs (which adds
     /// the stripes to the counter once a second), straight into the counter otherwise.
     #[inline]
-    pub(crate) fn count_admitted(&self) {
+    pub(crate) fn count_admitted(&self, level: Criticality) {
         if self.ticker.is_running() {
-            self.admitted.add(1);
+            self.admitted[level.rank()].add(1);
         } else {
-            self.metrics.get().admitted.increment(1);
+            self.metrics.get().admitted(level).increment(1);
         }
     }
 
-    /// Adds the striped admissions to the admitted counter.
+    /// Adds the striped admissions to the admitted counters.
     fn flush_admitted(&self) {
-        let admitted = self.admitted.take();
-        if admitted > 0 {
-            self.metrics.get().admitted.increment(admitted);
+        for level in Criticality::ALL {
+            let admitted = self.admitted[level.rank()].take();
+            if admitted > 0 {
+                self.metrics.get().admitted(level).increment(admitted);
+            }
         }
     }
 
@@ -189,11 +194,12 @@ impl RateLimitState {
 
     /// Counts a rejection, and logs it at `WARN` when it begins an episode of the limit
     /// engaged (at `TRACE` otherwise).
-    pub(crate) fn rejected(&self, class: KeyClass, retry_after: Duration) {
-        self.metrics.get().rejected(class).increment(1);
+    pub(crate) fn rejected(&self, class: KeyClass, level: Criticality, retry_after: Duration) {
+        self.metrics.get().rejected(class, level).increment(1);
         tracing::trace!(
             name = %self.name(),
             key_class = class.as_str(),
+            criticality = level.as_str(),
             ?retry_after,
             "rate limited"
         );
@@ -220,6 +226,12 @@ impl RateLimitState {
     #[cfg(feature = "redis")]
     pub(crate) fn missing_key_policy(&self) -> Option<Arc<super::decide::MissingKeyPolicy>> {
         self.decide.missing_key_policy()
+    }
+
+    /// The shedding of the local decision, for a remote decider to share.
+    #[cfg(feature = "redis")]
+    pub(crate) fn shedding(&self) -> Option<Arc<super::decide::Shedding>> {
+        self.decide.shedding()
     }
 
     /// Asks `remote` first for every request, with the local decision as its fallback;

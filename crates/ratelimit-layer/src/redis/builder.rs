@@ -479,11 +479,18 @@ where
             name_set: true,
             admitted_headers: local.admitted_headers,
             missing_key: local.missing_key,
+            reserves: local.reserves,
         }
         .into_state()?;
         // NOTE: one missing-key policy for both, so that a request without a key is logged and
         // counted once, and decided where the policy says.
-        let remote = RedisDecider::new(settings, clock, remote_key, fallback.missing_key_policy())?;
+        let remote = RedisDecider::new(
+            settings,
+            clock,
+            remote_key,
+            fallback.missing_key_policy(),
+            fallback.shedding(),
+        )?;
         // The fields advertise the fleet's limit, whichever decides a request.
         Ok(RateLimitLayer::from_state(fallback.with_remote(
             Box::new(remote),

@@ -21,7 +21,7 @@ use super::state::{Call, OVERFLOW_QUIET, RedisDeciderState, RedisSettings};
 use crate::algorithm::Limiter;
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, network_of};
-use crate::rate_limit::decide::MissingKeyPolicy;
+use crate::rate_limit::decide::{MissingKeyPolicy, Shedding, level_of};
 use crate::rate_limit::remote_decision::{
     RemoteDecide, RemoteDecision, RemoteFallback, RemoteOutcome, RemoteStart,
 };
@@ -31,6 +31,8 @@ use crate::telemetry::RedisFallbackReason;
 /// A limit kept in Redis: [`RemoteDecide`] for the layer.
 pub(crate) struct RedisDecider<E, C> {
     state: Arc<RedisDeciderState<C>>,
+    /// The layer's shedding from the bottom, shared with its local fallback.
+    shed: Option<Arc<Shedding>>,
     /// `None` for one global limit.
     extract: Option<E>,
     /// What to do with a request without a key (a keyed limit's, shared with the local one).
@@ -43,9 +45,11 @@ impl<E, C: Clock> RedisDecider<E, C> {
         clock: C,
         extract: Option<E>,
         missing: Option<Arc<MissingKeyPolicy>>,
+        shed: Option<Arc<Shedding>>,
     ) -> Result<Self, ConfigError> {
         Ok(Self {
             state: RedisDeciderState::new(settings, clock)?,
+            shed,
             extract,
             missing,
         })
@@ -88,7 +92,18 @@ where
             state.fell_back(RedisFallbackReason::Unavailable);
             return RemoteStart::Local;
         }
-        if let (RedisTarget::Global, Some(reservation)) = (&target, &state.reservation) {
+        // NOTE: the level's held-back share of the fleet's capacity; the local fallback
+        // notes the level again, harmlessly, if it decides.
+        let held = self.shed.as_deref().map_or(0, |shed| {
+            shed.held_back(
+                level_of(&parts.extensions),
+                settings.capacity,
+                state.clock.now(),
+            )
+        });
+        // NOTE: the reservation's units are for requests with nothing held back; a request
+        // with a share held back asks Redis, which knows what is left.
+        if let (RedisTarget::Global, Some(reservation), 0) = (&target, &state.reservation, held) {
             if let Some(decided) = reservation.decide(state.clock.now(), cost) {
                 refill_ahead(&self.state);
                 let (decision, status, class) = reserved(decided);
@@ -109,12 +124,14 @@ where
         state.mark_asked();
         let mut call = Call {
             cost,
+            held,
             class: KeyClass::Global,
             observed,
             awaited: true,
         };
         let (scripted, namespace) = (&settings.scripted, settings.namespace.as_slice());
         let mut args = ScriptArgs::cost(cost);
+        args.held = held;
         let deadline = tokio::time::Instant::now() + settings.budget;
         let (cmd, overflow) = match target {
             RedisTarget::Global => (
@@ -258,6 +275,7 @@ async fn decide<C: Clock>(
         class = KeyClass::Overflow;
         if let Some((namer, network)) = &overflow {
             let mut args = ScriptArgs::cost(call.cost);
+            args.held = call.held;
             args.may_create = state.may_make_network();
             let name = RedisKeyName::NetworkOverflow(namer.name(network));
             let cmd = command(&settings.scripted, &settings.namespace, &name, args);
@@ -268,11 +286,13 @@ async fn decide<C: Clock>(
             network_made = matches!(reply, ScriptReply::Decided { made: true, .. });
         }
         if reply == ScriptReply::NoSuchKey {
+            let mut args = ScriptArgs::cost(call.cost);
+            args.held = call.held;
             let last = command(
                 &settings.scripted,
                 &settings.namespace,
                 &RedisKeyName::Overflow,
-                ScriptArgs::cost(call.cost),
+                args,
             );
             reply = state
                 .ask(&mut connection, &last, deadline, call)

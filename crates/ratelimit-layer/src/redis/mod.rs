@@ -329,3 +329,6 @@ pub use builder::RedisLayerBuilder;
 pub use key::RedisKey;
 pub use script::RedisAlgorithm;
 pub use store::{RedisStore, RedisStoreBuilder, Unreachable};
+
+#[cfg(test)]
+mod shedding_tests;

@@ -210,6 +210,7 @@ async fn ask_for_batch<C: Clock>(
     };
     let call = Call {
         cost,
+        held: 0,
         class: KeyClass::Global,
         observed,
         awaited,

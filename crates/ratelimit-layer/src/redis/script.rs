@@ -10,6 +10,7 @@ use overload_core::clock::saturating_nanos;
 use crate::algorithm::{
     Decision, Limiter, QuotaStatus, SlidingWindow, SlidingWindowView, TokenBucket,
 };
+use crate::rate_limit::decide::held_decision;
 
 /// The largest integer a double (Lua's only number type in Redis) holds exactly: 2^53.
 const EXACT: u64 = 1 << 53;
@@ -21,9 +22,10 @@ const EXACT: u64 = 1 << 53;
 /// fraction); ARGV[2]: the tolerance B*T, microseconds; ARGV[3]: the cost n, at least 1;
 /// ARGV[4]: `1` when the key may be made if it does not exist, `0` when not (the cap on new
 /// keys); ARGV[5]: how many more units to take for the process's local reservation, if
-/// they are there (0: none); ARGV[6], in this crate's tests only: the time, microseconds,
-/// instead of the server's clock; keys then do not expire, since their times are not the
-/// server's.
+/// they are there (0: none); ARGV[6]: the units the request may not take (its level's
+/// held-back share; 0: none): it is admitted only if `ahead <= tolerance - held * T`;
+/// ARGV[7], in this crate's tests only: the time, microseconds, instead of the server's
+/// clock; keys then do not expire, since their times are not the server's.
 ///
 /// Returns {admitted (1 or 0), retry after (microseconds, rounded up), backlog TAT - now
 /// (microseconds, rounded up), units taken for the reservation, 1 if the key was made},
@@ -38,8 +40,8 @@ const EXACT: u64 = 1 << 53;
 /// than for D.
 pub(crate) const GCRA: &str = r"
 local now
-if ARGV[6] then
-  now = tonumber(ARGV[6])
+if ARGV[7] then
+  now = tonumber(ARGV[7])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -47,6 +49,7 @@ end
 local emission = tonumber(ARGV[1])
 local tolerance = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local limit = tolerance - tonumber(ARGV[6]) * emission
 local stored = redis.call('GET', KEYS[1])
 if not stored and ARGV[4] == '0' then
   return {2, 0, 0, 0, 0}
@@ -60,24 +63,29 @@ elseif tat > now + tolerance then
   stepped = true
 end
 local ahead = tat + cost * emission - now
-if ahead > tolerance then
+if ahead > limit then
   if stepped then
     -- kept, so that the bucket refills from now on, on the clock as it is now
-    if ARGV[6] then
+    if ARGV[7] then
       redis.call('SET', KEYS[1], string.format('%.17g', tat))
     else
       redis.call('SET', KEYS[1], string.format('%.17g', tat), 'PX', math.ceil((tat - now) / 1000) + 1)
     end
   end
-  return {0, math.ceil(ahead - tolerance), math.ceil(tat - now), 0, 0}
+  local wait = ahead - limit
+  if cost * emission > limit then
+    -- cost + held > burst: no backlog is short enough; the time until the bucket is full
+    wait = math.max(tat - now, 1)
+  end
+  return {0, math.ceil(wait), math.ceil(tat - now), 0, 0}
 end
-local extra = math.min(tonumber(ARGV[5]), math.floor((tolerance - ahead) / emission))
+local extra = math.min(tonumber(ARGV[5]), math.floor((limit - ahead) / emission))
 if extra > 0 then
   ahead = ahead + extra * emission
 else
   extra = 0
 end
-if ARGV[6] then
+if ARGV[7] then
   redis.call('SET', KEYS[1], string.format('%.17g', now + ahead))
 else
   redis.call('SET', KEYS[1], string.format('%.17g', now + ahead), 'PX', math.ceil(ahead / 1000) + 1)
@@ -95,7 +103,9 @@ return {1, 0, math.ceil(ahead), extra, made}
 /// KEYS[1]: the key. ARGV[1]: the window w, whole microseconds; ARGV[2]: the quota;
 /// ARGV[3]: the cost n, at least 1; ARGV[4]: `1` when the key may be made, `0` when not;
 /// ARGV[5]: how many more units to take for the local reservation, if they are there;
-/// ARGV[6], in this crate's tests only: the time (keys then do not expire).
+/// ARGV[6]: the units the request may not take (its level's held-back share; 0: none): it
+/// is admitted as a request of `n + held` would be; ARGV[7], in this crate's tests only: the
+/// time (keys then do not expire).
 ///
 /// Admits when `(c + n - 1) * w + left * p < quota * w` (the local rule, in integers that a
 /// double holds exactly: the builder checks `quota * w <= 2^53`); then takes up to ARGV[5]
@@ -111,8 +121,8 @@ return {1, 0, math.ceil(ahead), extra, made}
 /// until the clock is back where it was.
 pub(crate) const SLIDING_WINDOW: &str = r"
 local now
-if ARGV[6] then
-  now = tonumber(ARGV[6])
+if ARGV[7] then
+  now = tonumber(ARGV[7])
 else
   local t = redis.call('TIME')
   now = tonumber(t[1]) * 1000000 + tonumber(t[2])
@@ -120,6 +130,7 @@ end
 local w = tonumber(ARGV[1])
 local quota = tonumber(ARGV[2])
 local cost = tonumber(ARGV[3])
+local held = tonumber(ARGV[6])
 local index = math.floor(now / w)
 local left = w - (now - index * w)
 local s = redis.call('HMGET', KEYS[1], 'i', 'c', 'p')
@@ -149,16 +160,16 @@ elseif index < si then
   si = index
   redis.call('HSET', KEYS[1], 'i', string.format('%d', si))
 end
-if (c + cost - 1) * w + left * p < quota * w then
+if cost + held <= quota and (c + cost + held - 1) * w + left * p < quota * w then
   c = c + cost
-  local extra = math.min(tonumber(ARGV[5]), quota - math.floor(left * p / w) - c)
+  local extra = math.min(tonumber(ARGV[5]), quota - held - math.floor(left * p / w) - c)
   if extra > 0 then
     c = c + extra
   else
     extra = 0
   end
   redis.call('HSET', KEYS[1], 'i', string.format('%d', si), 'c', string.format('%d', c), 'p', string.format('%d', p))
-  if not ARGV[6] then
+  if not ARGV[7] then
     redis.call('PEXPIRE', KEYS[1], math.ceil(2 * w / 1000) + 1)
   end
   return {1, c, p, left, extra, made}
@@ -334,6 +345,8 @@ pub(crate) struct ScriptArgs {
     pub(crate) may_create: bool,
     /// How many more units to take, if they are there, for the local reservation.
     pub(crate) extra: u32,
+    /// The units the request may not take: its level's held-back share (0: none).
+    pub(crate) held: u64,
     /// The time, microseconds, instead of the server's clock: this crate's tests only.
     pub(crate) now_micros: Option<u64>,
 }
@@ -345,6 +358,7 @@ impl ScriptArgs {
             cost,
             may_create: true,
             extra: 0,
+            held: 0,
             now_micros: None,
         }
     }
@@ -373,7 +387,8 @@ impl ScriptedLimit {
             .arg(self.args[1].as_bytes())
             .arg(args.cost)
             .arg(if args.may_create { "1" } else { "0" })
-            .arg(args.extra);
+            .arg(args.extra)
+            .arg(args.held);
         if let Some(now) = args.now_micros {
             cmd.arg(now);
         }
@@ -384,6 +399,19 @@ impl ScriptedLimit {
         &self,
         reply: &Value,
         cost: u32,
+    ) -> Result<ScriptReply, UnexpectedReply> {
+        self.read_reply_held(reply, cost, 0)
+    }
+
+    /// The reply to a request of `cost` that was asked to leave `held` units, read
+    /// strictly; a rejection's wait as [`Limiter::check_holding_back`] gives it locally,
+    /// and at least the window of the levels' activity when no wait lets it in while the
+    /// units stay held (as the local decision's).
+    pub(crate) fn read_reply_held(
+        &self,
+        reply: &Value,
+        cost: u32,
+        held: u64,
     ) -> Result<ScriptReply, UnexpectedReply> {
         let unexpected = || UnexpectedReply(format!("{reply:?}"));
         let Value::Array(items) = reply else {
@@ -448,11 +476,16 @@ impl ScriptedLimit {
                     previous: numbers[2],
                     left: nanos(numbers[3]).min(saturating_nanos(limiter.window())),
                 };
+                let need = u64::from(cost).max(1).saturating_add(held);
                 let decision = if admitted {
                     Decision::Allow
+                } else if need > limiter.quota() {
+                    Decision::Reject {
+                        retry_after: limiter.until_whole(&view),
+                    }
                 } else {
                     Decision::Reject {
-                        retry_after: limiter.retry_after(&view, u64::from(cost).max(1)),
+                        retry_after: limiter.retry_after(&view, need),
                     }
                 };
                 let status = QuotaStatus {
@@ -462,8 +495,15 @@ impl ScriptedLimit {
                 (decision, status)
             }
         };
+        let capacity = match &self.kind {
+            ScriptKind::Gcra {
+                emission,
+                tolerance,
+            } => tolerance / emission,
+            ScriptKind::SlidingWindow(limiter) => limiter.quota(),
+        };
         Ok(ScriptReply::Decided {
-            decision,
+            decision: held_decision(decision, cost, held, capacity),
             status,
             extra,
             made,

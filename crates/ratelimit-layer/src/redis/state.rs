@@ -103,6 +103,8 @@ pub(super) struct RedisDeciderState<C> {
 #[derive(Clone, Copy)]
 pub(super) struct Call {
     pub(super) cost: u32,
+    /// The units the request may not take: its level's held-back share (0: none).
+    pub(super) held: u64,
     pub(super) class: KeyClass,
     /// The health when the request started.
     pub(super) observed: u64,
@@ -223,7 +225,11 @@ impl<C: Clock> RedisDeciderState<C> {
         call: Call,
     ) -> Result<ScriptReply, RedisFallbackReason> {
         let failure = match reply {
-            Ok(Ok(value)) => match self.settings.scripted.read_reply(&value, call.cost) {
+            Ok(Ok(value)) => match self
+                .settings
+                .scripted
+                .read_reply_held(&value, call.cost, call.held)
+            {
                 Ok(reply) => {
                     if !self.script_cached.load(Ordering::Relaxed) {
                         self.script_cached.store(true, Ordering::Relaxed);

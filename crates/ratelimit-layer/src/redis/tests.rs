@@ -281,7 +281,7 @@ async fn scripts_are_loaded_again_after_a_flush() {
 /// had the same flaw for a full window. Now either rejects for at most one emission
 /// interval, or one window.
 ///
-/// The scripts run in a real Redis; the time is the scripts' test argument (ARGV[6]),
+/// The scripts run in a real Redis; the time is the scripts' test argument (ARGV[7]),
 /// which stands for the server's clock: Redis offers no way to move its `TIME` without
 /// moving the machine's clock, which a test must never do.
 #[tokio::test]
