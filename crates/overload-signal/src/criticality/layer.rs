@@ -38,6 +38,8 @@ pub(crate) struct CriticalitySettings {
     default_level: Criticality,
     untrusted_max: Criticality,
     trust: Trust,
+    /// Whether `trust` was set rather than defaulted.
+    trust_set: bool,
     metrics: LazyMetrics<CriticalityMetrics>,
 }
 
@@ -129,6 +131,35 @@ impl CriticalityLayer {
     /// The layer's name: the `name` label of its metrics.
     pub fn name(&self) -> &LayerName {
         self.settings.metrics.name()
+    }
+
+    /// The trust set on the builder, `None` when the layer trusts the default
+    /// ([`Trust::private_networks`]): what lets a setting that covers several layers
+    /// (`ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust`) refuse to replace one
+    /// set here.
+    pub fn trust_setting(&self) -> Option<&Trust> {
+        self.settings.trust_set.then_some(&self.settings.trust)
+    }
+
+    /// The layer with the same settings and name, trusting `trust`'s callers instead.
+    /// Its services made before are left as they were.
+    #[must_use]
+    pub fn with_trust(self, trust: Trust) -> Self {
+        let settings = &*self.settings;
+        Self {
+            settings: Arc::new(CriticalitySettings {
+                default_level: settings.default_level,
+                untrusted_max: settings.untrusted_max,
+                trust,
+                trust_set: true,
+                metrics: LazyMetrics::new(settings.metrics.name().clone()),
+            }),
+        }
+    }
+
+    /// What the layer's services share, for the overload layer that resolves levels too.
+    pub(crate) fn settings(&self) -> &Arc<CriticalitySettings> {
+        &self.settings
     }
 
     /// The level of `request`, as the layer's services set it: what a layer of the user's
@@ -239,6 +270,7 @@ impl CriticalityLayerBuilder {
             settings: Arc::new(CriticalitySettings {
                 default_level: self.default_level,
                 untrusted_max: self.untrusted_max,
+                trust_set: self.trust.is_some(),
                 trust: self.trust.unwrap_or_default(),
                 metrics: LazyMetrics::new(name),
             }),

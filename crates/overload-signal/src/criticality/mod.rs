@@ -78,6 +78,7 @@ mod service;
 mod tests;
 
 pub use current::{CriticalityScope, current, outgoing, scope};
+pub(crate) use layer::CriticalitySettings;
 pub use layer::{CriticalityLayer, CriticalityLayerBuilder};
 pub use reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use service::CriticalityService;

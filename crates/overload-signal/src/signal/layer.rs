@@ -15,6 +15,7 @@ use super::rule::StopRule;
 use super::service::OverloadSignal;
 use super::state::{SignalSettings, SignalState};
 use super::trust::Trust;
+use crate::criticality::{CriticalityLayer, CriticalitySettings};
 use crate::histogram::AttemptHistogram;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
@@ -52,6 +53,8 @@ pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     /// Whose counters count; `None`: the default, not set (kept apart for the same reason,
     /// and so that a second setting is refused).
     trust: Option<Trust>,
+    /// The levels this layer resolves, if any (see [`with_criticality`](Self::with_criticality)).
+    criticality: Option<CriticalityLayer>,
 }
 
 impl OverloadSignalLayer {
@@ -75,6 +78,7 @@ impl OverloadSignalLayer {
             state: Arc::new(SignalState::new(SignalSettings::new())),
             proxies: None,
             trust: None,
+            criticality: None,
         }
     }
 
@@ -143,6 +147,50 @@ impl<C: Clock> OverloadSignalLayer<C> {
         self.proxies = Some(proxies);
         self
     }
+
+    /// The layer resolving each request's [`Criticality`] as `criticality`'s services do
+    /// (the level it claims in `X-Request-Criticality`, capped for callers `criticality`
+    /// does not trust, or its default; a level already in the request's extensions taken
+    /// as it is), in the same pass over the request's headers as its own fields: the level
+    /// is put in the request's extensions for the layers inside (every limit of
+    /// `ratelimit-layer` reads it there), and the inner service runs in it
+    /// ([`criticality::current`](crate::criticality::current)), as behind a
+    /// [`CriticalityLayer`]. `ratelimit-layer`'s `OverloadProtectionLayer` does this with
+    /// the defaults of [`CriticalityLayer::new`] unless told otherwise. Default: none (the
+    /// layer reads the level an outer [`CriticalityLayer`] put in the request, for its
+    /// metrics and its stop rule, and `critical` when there is none).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use overload_signal::criticality::{self, CriticalityLayer};
+    /// use overload_signal::protocol::{Criticality, X_REQUEST_CRITICALITY};
+    /// use overload_signal::OverloadSignalLayer;
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
+    /// let service = layer.layer(service_fn(|request: Request<()>| async move {
+    ///     let level = request.extensions().get::<Criticality>().copied();
+    ///     assert_eq!(level, criticality::current());
+    ///     Ok::<_, Infallible>(Response::new(level))
+    /// }));
+    /// let request = Request::builder().header(X_REQUEST_CRITICALITY, "sheddable").body(()).unwrap();
+    /// let answer = service.oneshot(request).await.unwrap();
+    /// assert_eq!(*answer.body(), Some(Criticality::Sheddable));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_criticality(mut self, criticality: CriticalityLayer) -> Self {
+        self.criticality = Some(criticality);
+        self
+    }
+
+    /// The levels this layer resolves, if any (see [`with_criticality`](Self::with_criticality)).
+    pub fn criticality(&self) -> Option<&CriticalityLayer> {
+        self.criticality.as_ref()
+    }
 }
 
 impl<C: Clock> Clone for OverloadSignalLayer<C> {
@@ -151,6 +199,7 @@ impl<C: Clock> Clone for OverloadSignalLayer<C> {
             state: Arc::clone(&self.state),
             proxies: self.proxies.clone(),
             trust: self.trust.clone(),
+            criticality: self.criticality.clone(),
         }
     }
 }
@@ -163,11 +212,19 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
             .field("rule", &self.state.rule)
             .field("trust", &self.trust)
             .field("trusted_proxies", &self.proxies)
+            .field("criticality", &self.criticality)
             .finish_non_exhaustive()
     }
 }
 
 impl<C: Clock> OverloadSignalLayer<C> {
+    /// The settings of the levels this layer resolves, if any.
+    pub(crate) fn criticality_settings(&self) -> Option<Arc<CriticalitySettings>> {
+        self.criticality
+            .as_ref()
+            .map(|layer| Arc::clone(layer.settings()))
+    }
+
     /// What each service this layer makes holds: the shared state, the proxies, and the
     /// trust (the default when none was set).
     pub(crate) fn service_parts(&self) -> (Arc<SignalState<C>>, Option<TrustedProxies>, Trust) {
@@ -184,7 +241,7 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let (state, proxies, trust) = self.service_parts();
-        OverloadSignal::from_state(inner, state, proxies, trust)
+        OverloadSignal::from_state(inner, state, proxies, trust, self.criticality_settings())
     }
 }
 
@@ -365,6 +422,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
             state: Arc::new(SignalState::new(self.settings)),
             proxies: self.proxies,
             trust: self.trust,
+            criticality: None,
         })
     }
 }
