@@ -262,3 +262,261 @@ async fn the_trust_setting_reaches_both_layers_once() {
         .unwrap();
     assert!(alone.signal().trust().is_some());
 }
+
+mod levels {
+    //! Each request's level, resolved by the protection as users stack it (issue 33).
+
+    use std::sync::{Arc, Mutex};
+
+    use overload_signal::criticality;
+    use overload_signal::protocol::Criticality::{
+        self, Critical, CriticalPlus, Sheddable, SheddablePlus,
+    };
+    use overload_signal::protocol::X_REQUEST_CRITICALITY;
+    use tower::util::MapRequestLayer;
+
+    use super::*;
+
+    /// What a layer or a handler saw of a request: the level in its extensions and the
+    /// current one.
+    type Seen = (Option<Criticality>, Option<Criticality>);
+
+    fn seen_now<B>(req: &Request<B>) -> Seen {
+        (
+            req.extensions().get::<Criticality>().copied(),
+            criticality::current(),
+        )
+    }
+
+    /// A handler that answers with what it saw, on its first poll and after an await.
+    fn echo()
+    -> impl tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone
+    {
+        service_fn(|req: Request<String>| async move {
+            let first = seen_now(&req);
+            tokio::task::yield_now().await;
+            assert_eq!(seen_now(&req), first, "the level holds across awaits");
+            let mut response = Response::new(String::new());
+            response.extensions_mut().insert(first);
+            Ok::<_, Infallible>(response)
+        })
+    }
+
+    /// A request from `peer` claiming `level` (no header for `None`).
+    fn claiming(level: Option<&'static str>, peer: [u8; 4]) -> Request<String> {
+        let mut req = Request::new(String::new());
+        if let Some(level) = level {
+            req.headers_mut()
+                .insert(X_REQUEST_CRITICALITY, http::HeaderValue::from_static(level));
+        }
+        req.extensions_mut()
+            .insert(std::net::SocketAddr::from((peer, 40_000)));
+        req
+    }
+
+    const LOCAL: [u8; 4] = [127, 0, 0, 1];
+    const PUBLIC: [u8; 4] = [203, 0, 113, 9];
+
+    /// A token bucket of `n` tokens that never refills, with a layer before it that notes
+    /// what it saw of each request: what the limit reads.
+    fn probed_limit(
+        n: u32,
+    ) -> (
+        (
+            MapRequestLayer<impl Fn(Request<String>) -> Request<String> + Clone>,
+            RateLimitLayer,
+        ),
+        Arc<Mutex<Vec<Seen>>>,
+    ) {
+        let seen = Arc::new(Mutex::new(Vec::new()));
+        let log = Arc::clone(&seen);
+        let probe = MapRequestLayer::new(move |req: Request<String>| {
+            log.lock().unwrap().push(seen_now(&req));
+            req
+        });
+        let limit = RateLimitLayer::builder(TokenBucket::new(n).unwrap())
+            .clock(FakeClock::new())
+            .build()
+            .unwrap();
+        ((probe, limit), seen)
+    }
+
+    /// What the handler behind `svc` saw of `req`, or `None` when it did not run.
+    async fn handled<S>(svc: &S, req: Request<String>) -> Option<Seen>
+    where
+        S: tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
+    {
+        let response = svc.clone().oneshot(req).await.unwrap();
+        response.extensions().get::<Seen>().copied()
+    }
+
+    /// The level of each request, with the defaults, with and without a deadline layer:
+    /// claimed, capped for a caller on the Internet, the default for junk and for none.
+    #[tokio::test(start_paused = true)]
+    async fn the_handler_and_the_limit_see_the_level_with_the_defaults() {
+        let (limit, seen) = probed_limit(100);
+        let plain = OverloadProtectionLayer::new(limit).layer(echo());
+        let (limit, seen_deadline) = probed_limit(100);
+        let with_deadline = OverloadProtectionLayer::builder(limit)
+            .deadline(DeadlineLayer::new())
+            .build()
+            .unwrap()
+            .layer(echo());
+        let cases = [
+            (Some("sheddable"), LOCAL, Sheddable),
+            (Some("sheddable-plus"), PUBLIC, SheddablePlus),
+            (Some("critical-plus"), LOCAL, CriticalPlus),
+            (Some("critical-plus"), PUBLIC, Critical),
+            (Some("Critical!!"), LOCAL, Critical),
+            (Some(""), PUBLIC, Critical),
+            (None, LOCAL, Critical),
+        ];
+        for (claim, peer, level) in cases {
+            let both = Some((Some(level), Some(level)));
+            assert_eq!(
+                handled(&plain, claiming(claim, peer)).await,
+                both,
+                "{claim:?}"
+            );
+            assert_eq!(
+                handled(&with_deadline, claiming(claim, peer)).await,
+                both,
+                "{claim:?}, with a deadline layer"
+            );
+        }
+        let expected: Vec<Seen> = cases.iter().map(|c| (Some(c.2), Some(c.2))).collect();
+        assert_eq!(*seen.lock().unwrap(), expected, "the limit saw the same");
+        assert_eq!(*seen_deadline.lock().unwrap(), expected);
+        assert_eq!(criticality::current(), None, "nothing left behind");
+    }
+
+    /// A rejected request's level was resolved too: the limit saw it before refusing.
+    #[tokio::test(start_paused = true)]
+    async fn the_level_is_resolved_before_the_limit() {
+        let (limit, seen) = probed_limit(1);
+        let svc = OverloadProtectionLayer::new(limit).layer(echo());
+        assert!(
+            handled(&svc, claiming(Some("sheddable"), LOCAL))
+                .await
+                .is_some()
+        );
+        let rejected = svc
+            .clone()
+            .oneshot(claiming(Some("sheddable-plus"), LOCAL))
+            .await
+            .unwrap();
+        assert_eq!(rejected.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert_eq!(
+            *seen.lock().unwrap(),
+            [
+                (Some(Sheddable), Some(Sheddable)),
+                (Some(SheddablePlus), Some(SheddablePlus))
+            ]
+        );
+    }
+
+    /// The protection's `trust` caps the level of the callers it does not trust, and its
+    /// `criticality` settings are the server's (a default level of its own).
+    #[tokio::test(start_paused = true)]
+    async fn the_protections_trust_caps_untrusted_callers() {
+        let (limit, _) = probed_limit(100);
+        let nobody = OverloadProtectionLayer::builder(limit)
+            .deadline(DeadlineLayer::new())
+            .trust(Trust::nobody())
+            .build()
+            .unwrap();
+        assert!(nobody.criticality().trust_setting().is_some());
+        let svc = nobody.layer(echo());
+        let level = |l| Some((Some(l), Some(l)));
+        assert_eq!(
+            handled(&svc, claiming(Some("critical-plus"), LOCAL)).await,
+            level(Critical)
+        );
+        assert_eq!(
+            handled(&svc, claiming(Some("sheddable-plus"), LOCAL)).await,
+            level(SheddablePlus)
+        );
+
+        let (limit, _) = probed_limit(100);
+        let batch = OverloadProtectionLayer::builder(limit)
+            .criticality(
+                CriticalityLayer::builder()
+                    .default_level(Sheddable)
+                    .untrusted_max(SheddablePlus)
+                    .build()
+                    .unwrap(),
+            )
+            .trust(Trust::everyone())
+            .build()
+            .unwrap();
+        let svc = batch.layer(echo());
+        assert_eq!(
+            handled(&svc, claiming(None, PUBLIC)).await,
+            level(Sheddable)
+        );
+        assert_eq!(
+            handled(&svc, claiming(Some("critical-plus"), PUBLIC)).await,
+            level(CriticalPlus),
+            "everyone is trusted"
+        );
+    }
+
+    /// A level the server's own code put in the request wins over the header.
+    #[tokio::test(start_paused = true)]
+    async fn a_level_already_in_the_request_is_kept() {
+        let (limit, _) = probed_limit(100);
+        let svc = OverloadProtectionLayer::new(limit).layer(echo());
+        let mut req = claiming(Some("critical-plus"), LOCAL);
+        req.extensions_mut().insert(Sheddable);
+        assert_eq!(
+            handled(&svc, req).await,
+            Some((Some(Sheddable), Some(Sheddable)))
+        );
+    }
+
+    /// Settings given twice are refused, not replaced (as the trust and the proxies are).
+    #[test]
+    fn criticality_and_trust_set_twice_are_refused() {
+        let own_trust = CriticalityLayer::builder()
+            .trust(Trust::everyone())
+            .build()
+            .unwrap();
+        let err = OverloadProtectionLayer::builder(())
+            .criticality(own_trust)
+            .trust(Trust::nobody())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "trust");
+        assert!(
+            err.to_string()
+                .contains("criticality layer given to `criticality`"),
+            "{err}"
+        );
+
+        let resolving = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
+        let err = OverloadProtectionLayer::builder(())
+            .signal(resolving.clone())
+            .criticality(CriticalityLayer::new())
+            .build()
+            .unwrap_err();
+        assert_eq!(err.field(), "criticality");
+        assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
+        // Either one alone is kept.
+        let named = CriticalityLayer::builder().name("edge").build().unwrap();
+        let theirs = OverloadProtectionLayer::builder(())
+            .signal(OverloadSignalLayer::new().with_criticality(named.clone()))
+            .build()
+            .unwrap();
+        assert_eq!(theirs.criticality().name().as_str(), "edge");
+        let ours = OverloadProtectionLayer::builder(())
+            .criticality(named)
+            .build()
+            .unwrap();
+        assert_eq!(ours.criticality().name().as_str(), "edge");
+        assert_eq!(
+            ours.signal().criticality().map(|c| c.name().as_str()),
+            Some("edge")
+        );
+        assert!(format!("{ours:?}").contains("criticality: CriticalityLayer"));
+    }
+}
