@@ -148,7 +148,7 @@ impl<C: Clock> OverloadSignalLayer<C> {
         self
     }
 
-    /// The layer resolving each request's [`Criticality`] as `criticality`'s services do
+    /// The layer resolving each request's [`Criticality`](crate::protocol::Criticality) as `criticality`'s services do
     /// (the level it claims in `X-Request-Criticality`, capped for callers `criticality`
     /// does not trust, or its default; a level already in the request's extensions taken
     /// as it is), in the same pass over the request's headers as its own fields: the level

@@ -97,6 +97,7 @@ impl<C: Clock> SignalDeadlineState<C> {
 }
 
 /// What [`SignalDeadlineState::arrive`] read of a request.
+#[derive(Clone, Copy)]
 struct Arrived {
     protocol: Protocol,
     caller: Caller,
@@ -106,18 +107,6 @@ struct Arrived {
     /// Whether the overload layer resolved it (and so sets it in the request and serves the
     /// request in it).
     resolved: bool,
-}
-
-impl Arrived {
-    /// The level the request is served in, when the overload layer resolved it.
-    #[inline(always)]
-    const fn scoped_level(&self) -> Option<Criticality> {
-        if self.resolved {
-            Some(self.level)
-        } else {
-            None
-        }
-    }
 }
 
 impl<C: Clock> fmt::Debug for SignalDeadlineState<C> {
@@ -248,7 +237,6 @@ impl<S, C: Clock> SignalDeadline<S, C> {
         ResBody: Default,
     {
         let shared = &*self.shared;
-        let scoped_level = arrived.scoped_level();
         let Arrived {
             protocol,
             caller,
@@ -256,6 +244,7 @@ impl<S, C: Clock> SignalDeadline<S, C> {
             level,
             resolved,
         } = arrived;
+        let scoped_level = resolved.then_some(level);
         if let Arrival::Open = arrival {
             // NOTE: the common case, in one expression, so that the inner service's future
             // is built where it stays rather than moved through each wrapper in turn

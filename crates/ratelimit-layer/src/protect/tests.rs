@@ -319,6 +319,9 @@ mod levels {
 
     /// A token bucket of `n` tokens that never refills, with a layer before it that notes
     /// what it saw of each request: what the limit reads.
+    // NOTE: the probe's closure type can only be named as `impl Fn`, which a type alias
+    // cannot hold on stable Rust.
+    #[allow(clippy::type_complexity)]
     fn probed_limit(
         n: u32,
     ) -> (
@@ -495,7 +498,7 @@ mod levels {
 
         let resolving = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
         let err = OverloadProtectionLayer::builder(())
-            .signal(resolving.clone())
+            .signal(resolving)
             .criticality(CriticalityLayer::new())
             .build()
             .unwrap_err();
