@@ -169,6 +169,9 @@ pub mod histogram;
 pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
+// NOTE: public as `criticality::{Reserves, RecentLevels}`; a leaf of its own so that the
+// overload layer (`signal`) uses `RecentLevels` without importing `criticality`.
+mod reserves;
 pub mod signal;
 pub mod signal_deadline;
 #[cfg(test)]

@@ -72,15 +72,13 @@
 
 mod current;
 mod layer;
-mod reserves;
 mod service;
 #[cfg(test)]
 mod tests;
 
+pub use crate::reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use current::{CriticalityScope, current, outgoing, scope};
-pub(crate) use layer::CriticalitySettings;
 pub use layer::{CriticalityLayer, CriticalityLayerBuilder};
-pub use reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use service::CriticalityService;
 
 pub use crate::protocol::Criticality;

@@ -9,13 +9,13 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::callers::{self, CallerKey};
+use super::levels::CriticalitySettings;
 use super::peer::PeerIp;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::service::OverloadSignal;
 use super::state::{SignalSettings, SignalState};
 use super::trust::Trust;
-use crate::criticality::{CriticalityLayer, CriticalitySettings};
 use crate::histogram::AttemptHistogram;
 
 /// Applies [`OverloadSignal`] to a service: records every request's attempt counter, turns
@@ -53,8 +53,9 @@ pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     /// Whose counters count; `None`: the default, not set (kept apart for the same reason,
     /// and so that a second setting is refused).
     trust: Option<Trust>,
-    /// The levels this layer resolves, if any (see [`with_criticality`](Self::with_criticality)).
-    criticality: Option<CriticalityLayer>,
+    /// The settings of the levels this layer resolves, if any (see
+    /// `OverloadSignalLayer::with_criticality`, in the `criticality` module).
+    pub(crate) criticality: Option<Arc<CriticalitySettings>>,
 }
 
 impl OverloadSignalLayer {
@@ -147,50 +148,6 @@ impl<C: Clock> OverloadSignalLayer<C> {
         self.proxies = Some(proxies);
         self
     }
-
-    /// The layer resolving each request's [`Criticality`](crate::protocol::Criticality) as `criticality`'s services do
-    /// (the level it claims in `X-Request-Criticality`, capped for callers `criticality`
-    /// does not trust, or its default; a level already in the request's extensions taken
-    /// as it is), in the same pass over the request's headers as its own fields: the level
-    /// is put in the request's extensions for the layers inside (every limit of
-    /// `ratelimit-layer` reads it there), and the inner service runs in it
-    /// ([`criticality::current`](crate::criticality::current)), as behind a
-    /// [`CriticalityLayer`]. `ratelimit-layer`'s `OverloadProtectionLayer` does this with
-    /// the defaults of [`CriticalityLayer::new`] unless told otherwise. Default: none (the
-    /// layer reads the level an outer [`CriticalityLayer`] put in the request, for its
-    /// metrics and its stop rule, and `critical` when there is none).
-    ///
-    /// ```
-    /// use std::convert::Infallible;
-    /// use http::{Request, Response};
-    /// use overload_signal::criticality::{self, CriticalityLayer};
-    /// use overload_signal::protocol::{Criticality, X_REQUEST_CRITICALITY};
-    /// use overload_signal::OverloadSignalLayer;
-    /// use tower::{Layer, ServiceExt, service_fn};
-    ///
-    /// # #[tokio::main(flavor = "current_thread")]
-    /// # async fn main() {
-    /// let layer = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
-    /// let service = layer.layer(service_fn(|request: Request<()>| async move {
-    ///     let level = request.extensions().get::<Criticality>().copied();
-    ///     assert_eq!(level, criticality::current());
-    ///     Ok::<_, Infallible>(Response::new(level))
-    /// }));
-    /// let request = Request::builder().header(X_REQUEST_CRITICALITY, "sheddable").body(()).unwrap();
-    /// let answer = service.oneshot(request).await.unwrap();
-    /// assert_eq!(*answer.body(), Some(Criticality::Sheddable));
-    /// # }
-    /// ```
-    #[must_use]
-    pub fn with_criticality(mut self, criticality: CriticalityLayer) -> Self {
-        self.criticality = Some(criticality);
-        self
-    }
-
-    /// The levels this layer resolves, if any (see [`with_criticality`](Self::with_criticality)).
-    pub fn criticality(&self) -> Option<&CriticalityLayer> {
-        self.criticality.as_ref()
-    }
 }
 
 impl<C: Clock> Clone for OverloadSignalLayer<C> {
@@ -220,9 +177,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
 impl<C: Clock> OverloadSignalLayer<C> {
     /// The settings of the levels this layer resolves, if any.
     pub(crate) fn criticality_settings(&self) -> Option<Arc<CriticalitySettings>> {
-        self.criticality
-            .as_ref()
-            .map(|layer| Arc::clone(layer.settings()))
+        self.criticality.clone()
     }
 
     /// What each service this layer makes holds: the shared state, the proxies, and the

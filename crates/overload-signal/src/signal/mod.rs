@@ -429,6 +429,7 @@ pub(crate) mod callers;
 pub mod future;
 mod ip_net;
 mod layer;
+pub(crate) mod levels;
 mod peer;
 mod proxies;
 mod rejection;

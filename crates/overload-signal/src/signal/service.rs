@@ -9,11 +9,11 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::future::ResponseFuture;
+use super::levels::CriticalitySettings;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::state::{SignalSettings, SignalState};
 use super::trust::Trust;
-use crate::criticality::CriticalitySettings;
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::{Criticality, Protocol, RequestFields};

@@ -19,10 +19,10 @@ use super::rule::StopRule;
 use super::telemetry::{
     ErrorAnswer, SignalMetrics, StopTrigger, log_disengaged, log_engaged, log_unkeyed,
 };
-use crate::criticality::RecentLevels;
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::propagation::{Downstream, Marks};
 use crate::protocol::{self, Criticality, Outcome, Protocol, RequestFields};
+use crate::reserves::RecentLevels;
 
 /// The wait a proxy's answer asks for when its retry layer's throttle refused the call.
 const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);

@@ -7,11 +7,11 @@ use http::{Extensions, HeaderMap, Request, Response};
 use overload_core::clock::{Clock, TokioClock};
 use tower_service::Service;
 
-use crate::criticality::CriticalitySettings;
 use crate::deadline::{self, Arrival, DeadlineState};
 use crate::propagation;
 use crate::protocol::{Criticality, Protocol, RequestFields};
 use crate::signal::callers::Caller;
+use crate::signal::levels::CriticalitySettings;
 use crate::signal::{self, SignalState, TrustedProxies};
 use crate::trust::Trust;
 use crate::{DeadlineLayer, OverloadSignalLayer};

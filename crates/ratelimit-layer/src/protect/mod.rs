@@ -409,7 +409,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
         };
         // NOTE: an overload layer that resolves levels already keeps its settings, unless
         // this builder was given its own: set once, as the trust is.
-        let criticality = match (self.criticality.clone(), signal.criticality()) {
+        let criticality = match (self.criticality, signal.criticality()) {
             (Some(_), Some(theirs)) => {
                 return Err(crate::ConfigError::conflict(
                     "criticality",
@@ -420,7 +420,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
                 ));
             }
             (Some(ours), None) => ours,
-            (None, Some(theirs)) => theirs.clone(),
+            (None, Some(theirs)) => theirs,
             (None, None) => CriticalityLayer::new(),
         };
         let (signal, deadline, criticality) = match self.trust {

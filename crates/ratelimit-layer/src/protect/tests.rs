@@ -517,7 +517,10 @@ mod levels {
             .unwrap();
         assert_eq!(ours.criticality().name().as_str(), "edge");
         assert_eq!(
-            ours.signal().criticality().map(|c| c.name().as_str()),
+            ours.signal()
+                .criticality()
+                .map(|c| c.name().as_str().to_owned())
+                .as_deref(),
             Some("edge")
         );
         assert!(format!("{ours:?}").contains("criticality: CriticalityLayer"));
