@@ -108,8 +108,8 @@
 //!
 //! | name | kind | labels |
 //! |---|---|---|
-//! | `overload_signal_stop_signals_total` | counter | `name`, `scope` (`server`, `caller`) |
-//! | `overload_signal_rejections_passed_total` | counter | `name`, `scope` (`server`, `caller`) |
+//! | `overload_signal_stop_signals_total` | counter | `name`, `scope` (`server`, `caller`), `criticality` (the request's level) |
+//! | `overload_signal_rejections_passed_total` | counter | `name`, `scope` (`server`, `caller`), `criticality` (the request's level) |
 //! | `overload_signal_propagated_total` | counter | `name`, `via` (`marker`, `response`) |
 //! | `overload_signal_deadline_expired_total` | counter | `name`, `when` (`arrival`, `running`) |
 //! | `overload_signal_deadline_expired_queued_seconds` | histogram | `name` |
@@ -169,6 +169,9 @@ pub mod histogram;
 pub mod metric_names;
 pub mod propagation;
 pub mod protocol;
+// NOTE: public as `criticality::{Reserves, RecentLevels}`; a leaf of its own so that the
+// overload layer (`signal`) uses `RecentLevels` without importing `criticality`.
+mod reserves;
 pub mod signal;
 pub mod signal_deadline;
 #[cfg(test)]

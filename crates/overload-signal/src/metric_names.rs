@@ -9,8 +9,8 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller` | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
-//! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller` | rejections passed through because the rule did not fire |
+//! | `overload_signal_stop_signals_total` | counter | `name`; `scope`: `server` or `caller`; `criticality`: the rejected request's level | rejections answered with the stop signal because the decision rule fired, on the whole server's window (`server`) or on the rejected caller's own (`caller`, for a [caller-scoped](crate::signal::RejectionScope) rejection) |
+//! | `overload_signal_rejections_passed_total` | counter | `name`; `scope`: `server` or `caller`; `criticality`: the rejected request's level | rejections passed through because the rule did not fire, or (`server` only) because a lower level's rejections were still passed (see [`signal`](crate::signal#levels)) |
 //! | `overload_signal_propagated_total` | counter | `name`; `via`: `marker` or `response` | downstream stop signals passed up: `marker` when this layer rewrote a failure because the propagation marker was raised, `response` when the handler's response already carried the signal |
 //! | `overload_signal_errors_answered_total` | counter | `name`; `answer`: `stop_signal`, `deadline_exceeded`, `throttled` or `gave_up` | errors of the inner service answered as the protocol says because a downstream call of the request was marked (see [`propagation`](crate::propagation)): the stop signal, `504`, `503` or `502`, in place of a reset connection |
 //! | `overload_signal_deadline_expired_total` | counter | `name`; `when`: `arrival` or `running` | requests a [`DeadlineLayer`](crate::DeadlineLayer) answered with `504` (gRPC `DEADLINE_EXCEEDED`) because their caller's deadline had passed: on `arrival` (the handler never ran), or while `running` (the work was cancelled) |
@@ -23,6 +23,8 @@
 //! | `overload_signal_window_requests` | gauge | `name`; `attempt`: `0`, `1`, `2`, `3+`, `unknown`, `malformed` | requests in the attempt histogram's window, per attempt class |
 //! | `overload_signal_window_retry_share` | gauge | `name` | the window's retry share, 0 when empty |
 //! | `overload_signal_window_retry_pressure` | gauge | `name` | the window's [retry pressure](crate::AttemptSnapshot::retry_pressure) (retries and requests told to stop), 0 when empty |
+//! | `overload_signal_criticality_malformed_total` | counter | `name` | requests whose `X-Request-Criticality` was malformed, served at the default level |
+//! | `overload_signal_criticality_capped_total` | counter | `name` | requests of callers the server does not trust that claimed a level above what they get, served at that level |
 //! | `overload_signal_window_per_caller_pressure` | gauge | `name` | the same with each caller class's weight capped ([`signal`](crate::signal#trust-what-callers-can-and-cannot-do)), 0 when empty |
 //!
 //! [`OverloadSignal`](crate::OverloadSignal) sets the window gauges once per bucket (once a
@@ -33,12 +35,19 @@
 //! [`AttemptSnapshot::export_metrics`](crate::AttemptSnapshot::export_metrics) sets the
 //! same gauges (but the per-caller one) from any snapshot, under a name of your choice.
 
-/// Counter, labels `name` and `scope` (`server` or `caller`): rejections answered with
-/// the stop signal because the decision rule fired.
+/// The label of the request's [`Criticality`](crate::protocol::Criticality) on the metrics
+/// that count requests by level: its values are
+/// [`Criticality::as_str`](crate::protocol::Criticality::as_str) (`sheddable`,
+/// `sheddable-plus`, `critical`, `critical-plus`).
+pub const CRITICALITY_LABEL: &str = "criticality";
+
+/// Counter, labels `name`, `scope` (`server` or `caller`) and `criticality`: rejections
+/// answered with the stop signal because the decision rule fired.
 pub const STOP_SIGNALS: &str = "overload_signal_stop_signals_total";
 
-/// Counter, labels `name` and `scope` (`server` or `caller`): rejections passed through
-/// because the decision rule did not fire.
+/// Counter, labels `name`, `scope` (`server` or `caller`) and `criticality`: rejections
+/// passed through because the decision rule did not fire (or a lower level's rejections
+/// were still passed).
 pub const REJECTIONS_PASSED: &str = "overload_signal_rejections_passed_total";
 
 /// Counter, labels `name` and `via` (`marker` or `response`): downstream stop signals passed

@@ -65,10 +65,27 @@ use std::task::{Context, Poll};
 
 use pin_project_lite::pin_project;
 
+use crate::protocol::Criticality;
+
 /// The marker of the scope being polled on this thread: `OUTSIDE` when none, else
-/// `IN_SCOPE` and the marks raised so far.
+/// `IN_SCOPE` and the marks raised so far; and, in its top bits, the
+/// [criticality](crate::criticality) of the request served there (see [`scope_at`]).
 const OUTSIDE: u8 = 0;
 const IN_SCOPE: u8 = 1;
+/// The bits of the marks ([`Downstream::bit`]).
+const MARKS: u8 = 0b0001_1110;
+/// The bits of the level: 0 for none, else its rank plus one.
+const LEVEL_SHIFT: u32 = 5;
+const LEVEL: u8 = 0b1110_0000;
+
+/// The level bits of `level`.
+#[allow(clippy::cast_possible_truncation)] // a rank is at most 3
+const fn level_bits(level: Option<Criticality>) -> u8 {
+    match level {
+        Some(level) => ((level.rank() + 1) as u8) << LEVEL_SHIFT,
+        None => 0,
+    }
+}
 
 // NOTE: a thread-local with a constant initializer, swapped in for the duration of each poll
 // of a `Scoped` future, as `tokio::task_local!` does, minus what this flag does not need (a
@@ -159,6 +176,8 @@ pin_project! {
         #[pin]
         future: F,
         marks: u8,
+        // The level bits the scope sets (0: it keeps the enclosing scope's).
+        level: u8,
     }
 }
 
@@ -170,9 +189,18 @@ impl<F: Future> Future for Scoped<F> {
     #[inline]
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<F::Output> {
         let this = self.project();
-        let outer = Restore(MARKER.replace(IN_SCOPE | *this.marks));
+        let outer = MARKER.get();
+        // NOTE: a scope without a level of its own keeps the enclosing one's, so that a
+        // service of the handler's own with an overload layer of its own does not hide it.
+        let level = if *this.level == 0 {
+            outer & LEVEL
+        } else {
+            *this.level
+        };
+        MARKER.set(IN_SCOPE | *this.marks | level);
+        let outer = Restore(outer);
         let output = this.future.poll(cx);
-        *this.marks = MARKER.get() & !IN_SCOPE;
+        *this.marks = MARKER.get() & MARKS;
         // The enclosing scope's marker (or none) is put back here, and on a panic too.
         drop(outer);
         output
@@ -200,14 +228,62 @@ impl Drop for Restore {
 ///
 /// Scopes nest: an inner scope hides the outer one while it runs.
 pub const fn scope<F: Future>(future: F) -> Scoped<F> {
-    Scoped { future, marks: 0 }
+    Scoped {
+        future,
+        marks: 0,
+        level: 0,
+    }
+}
+
+/// [`scope`], in which [`criticality::current`](crate::criticality::current) is `level`
+/// too (the lower of it and the level of an enclosing
+/// [`criticality::scope`](crate::criticality::scope)), or that of the enclosing scope when
+/// `level` is `None`.
+///
+/// The overload layer serves each request in it when it resolves the request's level: one
+/// scope, one swap of one thread-local per poll, for the downstream marker and the level.
+pub(crate) const fn scope_at<F: Future>(future: F, level: Option<Criticality>) -> Scoped<F> {
+    Scoped {
+        future,
+        marks: 0,
+        level: level_bits(level),
+    }
+}
+
+/// Runs `f` (a service's `call`, which may read the current level before its future runs)
+/// with `level` as the level of [`scope_at`]; the marker is otherwise left as it is.
+#[inline]
+pub(crate) fn call_at<R>(level: Criticality, f: impl FnOnce() -> R) -> R {
+    /// Puts back the enclosing level when dropped (on a panic too), and keeps the marks
+    /// raised meanwhile: `f` ran in the enclosing scope.
+    struct RestoreLevel(u8);
+    impl Drop for RestoreLevel {
+        fn drop(&mut self) {
+            MARKER.set((MARKER.get() & !LEVEL) | self.0);
+        }
+    }
+    let marker = MARKER.get();
+    let _restore = RestoreLevel(marker & LEVEL);
+    MARKER.set((marker & !LEVEL) | level_bits(Some(level)));
+    f()
+}
+
+/// The level the [`scope_at`] being polled on this thread set (or inherited); `None`
+/// outside any, or in one without a level.
+#[inline]
+pub(crate) fn scoped_level() -> Option<Criticality> {
+    match (MARKER.get() & LEVEL) >> LEVEL_SHIFT {
+        0 => None,
+        bits => Criticality::ALL.get(usize::from(bits) - 1).copied(),
+    }
 }
 
 /// Raises `mark` in the scope the current task is running in. Returns `false` (and does
 /// nothing) outside any scope.
 pub fn mark_downstream(mark: Downstream) -> bool {
     let marker = MARKER.get();
-    if marker == OUTSIDE {
+    // NOTE: the flag, not the whole marker: `call_at` sets a level outside any scope.
+    if marker & IN_SCOPE == OUTSIDE {
         return false;
     }
     MARKER.set(marker | mark.bit());
@@ -224,7 +300,7 @@ pub fn mark_stop_received() -> bool {
 /// The marks of the current scope so far, for code running inside the scope (empty outside
 /// any scope).
 pub fn in_scope_marks() -> Marks {
-    Marks(MARKER.get() & !IN_SCOPE)
+    Marks(MARKER.get() & MARKS)
 }
 
 /// Whether the stop-signal mark of the current scope is raised, for code running inside

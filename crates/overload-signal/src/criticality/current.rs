@@ -16,9 +16,17 @@ pub type CriticalityScope<F> = TaskLocalFuture<Option<Criticality>, F>;
 
 /// The level of the request the current task is serving: the one a
 /// [`CriticalityLayer`](super::CriticalityLayer) (or [`scope`]) set around the code running
-/// now; `None` outside any.
+/// now, or the overload layer when it resolves levels (`ratelimit-layer`'s
+/// `OverloadProtectionLayer` does); the lower of the two when both did (the overload layer
+/// carries its request's level in the scope it already installs for downstream marks, so an
+/// enclosing `scope` of a lower level still wins, as a scope never raises an outer one);
+/// `None` outside any.
 pub fn current() -> Option<Criticality> {
-    CURRENT.try_with(|level| *level).ok().flatten()
+    let task = CURRENT.try_with(|level| *level).ok().flatten();
+    match (task, crate::propagation::scoped_level()) {
+        (Some(task), Some(scoped)) => Some(task.min(scoped)),
+        (task, scoped) => task.or(scoped),
+    }
 }
 
 /// The level a downstream call carries on the wire: the lower of the level `requested` for

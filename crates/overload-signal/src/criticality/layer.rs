@@ -1,15 +1,15 @@
 use std::fmt;
 use std::sync::Arc;
 
-use http::{Extensions, HeaderMap};
-use metrics::Counter;
 use overload_core::ConfigError;
-use overload_core::telemetry::{LayerName, LazyMetrics, MetricSet, NAME_LABEL};
+use overload_core::clock::Clock;
+use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
 
 use super::service::CriticalityService;
-use crate::metric_names;
+use crate::OverloadSignalLayer;
 use crate::protocol::{Criticality, RequestFields};
+use crate::signal::levels::CriticalitySettings;
 use crate::signal::trust::Trust;
 
 /// Sets the [`Criticality`] of every request: the level it claims in
@@ -31,66 +31,6 @@ use crate::signal::trust::Trust;
 #[derive(Clone)]
 pub struct CriticalityLayer {
     settings: Arc<CriticalitySettings>,
-}
-
-/// What every service of a [`CriticalityLayer`] shares.
-pub(crate) struct CriticalitySettings {
-    default_level: Criticality,
-    untrusted_max: Criticality,
-    trust: Trust,
-    metrics: LazyMetrics<CriticalityMetrics>,
-}
-
-impl CriticalitySettings {
-    /// The level of a request with these headers and extensions, of which `fields` says
-    /// which protocol fields it may carry.
-    ///
-    /// NOTE: a level in the extensions comes from the server's own code and is taken as it
-    /// is; a level on the wire is the caller's word, capped unless the caller is trusted.
-    #[inline]
-    pub(crate) fn resolve(
-        &self,
-        headers: &HeaderMap,
-        extensions: &Extensions,
-        fields: RequestFields,
-    ) -> Criticality {
-        if let Some(level) = extensions.get::<Criticality>() {
-            return *level;
-        }
-        let claimed = if fields.may_have(RequestFields::X_REQUEST_CRITICALITY) {
-            let claimed = Criticality::from_headers(headers);
-            if claimed.is_none() && headers.contains_key(crate::protocol::X_REQUEST_CRITICALITY) {
-                self.metrics.get().malformed.increment(1);
-            }
-            claimed
-        } else {
-            None
-        };
-        let level = claimed.unwrap_or(self.default_level);
-        // NOTE: the trust check (an address parse at worst) only when it can change the level.
-        if level > self.untrusted_max && !self.trust.trusts(headers, extensions) {
-            if claimed.is_some() {
-                self.metrics.get().capped.increment(1);
-            }
-            return self.untrusted_max;
-        }
-        level
-    }
-}
-
-/// The layer's metric handles, each labelled with its name.
-struct CriticalityMetrics {
-    malformed: Counter,
-    capped: Counter,
-}
-
-impl MetricSet for CriticalityMetrics {
-    fn register(name: &LayerName) -> Self {
-        Self {
-            malformed: metrics::counter!(metric_names::CRITICALITY_MALFORMED, NAME_LABEL => name.label()),
-            capped: metrics::counter!(metric_names::CRITICALITY_CAPPED, NAME_LABEL => name.label()),
-        }
-    }
 }
 
 impl CriticalityLayer {
@@ -128,7 +68,30 @@ impl CriticalityLayer {
 
     /// The layer's name: the `name` label of its metrics.
     pub fn name(&self) -> &LayerName {
-        self.settings.metrics.name()
+        self.settings.name()
+    }
+
+    /// The trust set on the builder, `None` when the layer trusts the default
+    /// ([`Trust::private_networks`]): what lets a setting that covers several layers
+    /// (`ratelimit-layer`'s `OverloadProtectionLayerBuilder::trust`) refuse to replace one
+    /// set here.
+    pub fn trust_setting(&self) -> Option<&Trust> {
+        self.settings.trust_set.then_some(&self.settings.trust)
+    }
+
+    /// The layer with the same settings and name, trusting `trust`'s callers instead.
+    /// Its services made before are left as they were.
+    #[must_use]
+    pub fn with_trust(self, trust: Trust) -> Self {
+        let settings = &*self.settings;
+        Self {
+            settings: Arc::new(CriticalitySettings::new(
+                settings.name().clone(),
+                settings.default_level,
+                settings.untrusted_max,
+                Some(trust),
+            )),
+        }
     }
 
     /// The level of `request`, as the layer's services set it: what a layer of the user's
@@ -153,6 +116,57 @@ impl CriticalityLayer {
             request.extensions(),
             RequestFields::of(request.headers()),
         )
+    }
+}
+
+// NOTE: the overload layer's methods that take a `CriticalityLayer` live here, so that
+// `signal` never imports `criticality` (which imports `signal`'s trust).
+impl<C: Clock> OverloadSignalLayer<C> {
+    /// The layer resolving each request's [`Criticality`](crate::protocol::Criticality) as `criticality`'s services do
+    /// (the level it claims in `X-Request-Criticality`, capped for callers `criticality`
+    /// does not trust, or its default; a level already in the request's extensions taken
+    /// as it is), in the same pass over the request's headers as its own fields: the level
+    /// is put in the request's extensions for the layers inside (every limit of
+    /// `ratelimit-layer` reads it there), and the inner service runs in it
+    /// ([`criticality::current`](crate::criticality::current)), as behind a
+    /// [`CriticalityLayer`]. `ratelimit-layer`'s `OverloadProtectionLayer` does this with
+    /// the defaults of [`CriticalityLayer::new`] unless told otherwise. Default: none (the
+    /// layer reads the level an outer [`CriticalityLayer`] put in the request, for its
+    /// metrics and its stop rule, and `critical` when there is none).
+    ///
+    /// ```
+    /// use std::convert::Infallible;
+    /// use http::{Request, Response};
+    /// use overload_signal::criticality::{self, CriticalityLayer};
+    /// use overload_signal::protocol::{Criticality, X_REQUEST_CRITICALITY};
+    /// use overload_signal::OverloadSignalLayer;
+    /// use tower::{Layer, ServiceExt, service_fn};
+    ///
+    /// # #[tokio::main(flavor = "current_thread")]
+    /// # async fn main() {
+    /// let layer = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
+    /// let service = layer.layer(service_fn(|request: Request<()>| async move {
+    ///     let level = request.extensions().get::<Criticality>().copied();
+    ///     assert_eq!(level, criticality::current());
+    ///     Ok::<_, Infallible>(Response::new(level))
+    /// }));
+    /// let request = Request::builder().header(X_REQUEST_CRITICALITY, "sheddable").body(()).unwrap();
+    /// let answer = service.oneshot(request).await.unwrap();
+    /// assert_eq!(*answer.body(), Some(Criticality::Sheddable));
+    /// # }
+    /// ```
+    #[must_use]
+    pub fn with_criticality(mut self, criticality: CriticalityLayer) -> Self {
+        self.criticality = Some(criticality.settings);
+        self
+    }
+
+    /// The settings of the levels this layer resolves, if any (see
+    /// [`with_criticality`](Self::with_criticality)): a `CriticalityLayer` that shares them.
+    pub fn criticality(&self) -> Option<CriticalityLayer> {
+        self.criticality.as_ref().map(|settings| CriticalityLayer {
+            settings: Arc::clone(settings),
+        })
     }
 }
 
@@ -236,12 +250,12 @@ impl CriticalityLayerBuilder {
             None => LayerName::default(),
         };
         Ok(CriticalityLayer {
-            settings: Arc::new(CriticalitySettings {
-                default_level: self.default_level,
-                untrusted_max: self.untrusted_max,
-                trust: self.trust.unwrap_or_default(),
-                metrics: LazyMetrics::new(name),
-            }),
+            settings: Arc::new(CriticalitySettings::new(
+                name,
+                self.default_level,
+                self.untrusted_max,
+                self.trust,
+            )),
         })
     }
 }

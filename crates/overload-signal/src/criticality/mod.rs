@@ -31,7 +31,7 @@
 //! jump the queue must not get it: the layer caps the level of a caller it does not trust
 //! at [`untrusted_max`](CriticalityLayerBuilder::untrusted_max) (`critical` by default, so
 //! only trusted callers reach `critical-plus`), the default level included. A caller may
-//! always claim less. Trust is the workspace's one [`Trust`] setting (callers on private
+//! always claim less. Trust is the workspace's one [`Trust`](crate::Trust) setting (callers on private
 //! networks by default); a server that decides levels itself (from an API key's tier, say)
 //! inserts a [`Criticality`] in the request's extensions before this layer, which takes it
 //! as it is.
@@ -72,14 +72,13 @@
 
 mod current;
 mod layer;
-mod reserves;
 mod service;
 #[cfg(test)]
 mod tests;
 
+pub use crate::reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use current::{CriticalityScope, current, outgoing, scope};
 pub use layer::{CriticalityLayer, CriticalityLayerBuilder};
-pub use reserves::{RecentLevels, Reserves, ReservesBuilder};
 pub use service::CriticalityService;
 
 pub use crate::protocol::Criticality;

@@ -6,8 +6,8 @@ use http::Request;
 use tower_service::Service;
 
 use super::current::{CriticalityScope, call_with, enter};
-use super::layer::CriticalitySettings;
 use crate::protocol::RequestFields;
+use crate::signal::levels::CriticalitySettings;
 
 /// Server middleware: sets each request's [`Criticality`](crate::protocol::Criticality) in
 /// its extensions and runs the inner service in it. Made by

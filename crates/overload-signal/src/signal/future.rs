@@ -13,7 +13,7 @@ use super::callers::Caller;
 use super::state::SignalState;
 use crate::error::is_overloaded;
 use crate::propagation::{self, Marks, Scoped};
-use crate::protocol::Protocol;
+use crate::protocol::{Criticality, Protocol};
 use overload_core::clock::{Clock, TokioClock};
 
 pin_project! {
@@ -25,6 +25,7 @@ pin_project! {
         inner: Scoped<F>,
         protocol: Protocol,
         caller: Caller,
+        level: Criticality,
         state: Arc<SignalState<C>>,
     }
 }
@@ -35,12 +36,14 @@ impl<F, C: Clock> ResponseFuture<F, C> {
         inner: Scoped<F>,
         protocol: Protocol,
         caller: Caller,
+        level: Criticality,
         state: Arc<SignalState<C>>,
     ) -> Self {
         Self {
             inner,
             protocol,
             caller,
+            level,
             state,
         }
     }
@@ -50,6 +53,7 @@ impl<F, C: Clock> fmt::Debug for ResponseFuture<F, C> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("ResponseFuture")
             .field("protocol", &self.protocol)
+            .field("level", &self.level)
             .finish_non_exhaustive()
     }
 }
@@ -69,8 +73,13 @@ where
         let marks = propagation::take_marks(this.inner);
         match &mut result {
             Ok(response) => {
-                this.state
-                    .respond(response, *this.protocol, marks.stop_signal(), *this.caller);
+                this.state.respond(
+                    response,
+                    *this.protocol,
+                    marks.stop_signal(),
+                    *this.caller,
+                    *this.level,
+                );
             }
             // NOTE: an error after a downstream call was marked: a proxy's retry layer gave
             // up, was throttled or was told to stop. Answered, never passed on as an error,

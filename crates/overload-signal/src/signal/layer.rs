@@ -9,6 +9,7 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::callers::{self, CallerKey};
+use super::levels::CriticalitySettings;
 use super::peer::PeerIp;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
@@ -52,6 +53,9 @@ pub struct OverloadSignalLayer<C: Clock = TokioClock> {
     /// Whose counters count; `None`: the default, not set (kept apart for the same reason,
     /// and so that a second setting is refused).
     trust: Option<Trust>,
+    /// The settings of the levels this layer resolves, if any (see
+    /// `OverloadSignalLayer::with_criticality`, in the `criticality` module).
+    pub(crate) criticality: Option<Arc<CriticalitySettings>>,
 }
 
 impl OverloadSignalLayer {
@@ -75,6 +79,7 @@ impl OverloadSignalLayer {
             state: Arc::new(SignalState::new(SignalSettings::new())),
             proxies: None,
             trust: None,
+            criticality: None,
         }
     }
 
@@ -151,6 +156,7 @@ impl<C: Clock> Clone for OverloadSignalLayer<C> {
             state: Arc::clone(&self.state),
             proxies: self.proxies.clone(),
             trust: self.trust.clone(),
+            criticality: self.criticality.clone(),
         }
     }
 }
@@ -163,11 +169,17 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
             .field("rule", &self.state.rule)
             .field("trust", &self.trust)
             .field("trusted_proxies", &self.proxies)
+            .field("criticality", &self.criticality)
             .finish_non_exhaustive()
     }
 }
 
 impl<C: Clock> OverloadSignalLayer<C> {
+    /// The settings of the levels this layer resolves, if any.
+    pub(crate) fn criticality_settings(&self) -> Option<Arc<CriticalitySettings>> {
+        self.criticality.clone()
+    }
+
     /// What each service this layer makes holds: the shared state, the proxies, and the
     /// trust (the default when none was set).
     pub(crate) fn service_parts(&self) -> (Arc<SignalState<C>>, Option<TrustedProxies>, Trust) {
@@ -184,7 +196,7 @@ impl<S, C: Clock> Layer<S> for OverloadSignalLayer<C> {
 
     fn layer(&self, inner: S) -> Self::Service {
         let (state, proxies, trust) = self.service_parts();
-        OverloadSignal::from_state(inner, state, proxies, trust)
+        OverloadSignal::from_state(inner, state, proxies, trust, self.criticality_settings())
     }
 }
 
@@ -365,6 +377,7 @@ impl<C: Clock> OverloadSignalLayerBuilder<C> {
             state: Arc::new(SignalState::new(self.settings)),
             proxies: self.proxies,
             trust: self.trust,
+            criticality: None,
         })
     }
 }

@@ -125,6 +125,43 @@
 //! response's [`Rejection`] then says [`StopRetrying`](RejectionKind::StopRetrying), so a
 //! response mapper outside can shape the answer (see [`Rejection`]).
 //!
+//! # Levels
+//!
+//! Every request has a [level of criticality](crate::criticality): the one the layer
+//! resolves itself when given [`CriticalityLayer`](crate::CriticalityLayer) settings
+//! ([`OverloadSignalLayer::with_criticality`]; `ratelimit-layer`'s `OverloadProtectionLayer`
+//! always does), else the one an outer `CriticalityLayer` put in the request's extensions,
+//! else `critical`. The level changes two things:
+//!
+//! - **What is counted.** `overload_signal_stop_signals_total` and
+//!   `overload_signal_rejections_passed_total` carry a `criticality` label: an operator sees
+//!   which levels are told to stop, and which are merely rejected.
+//! - **Who is told to stop first** (the SRE book's rule, that a level is treated worse only
+//!   once every lower one is). A rejection judged on the **whole server's** window is
+//!   answered with the stop signal only if the rule fires **and** no rejection of a lower
+//!   level was passed through plainly within the last window (the histogram's, 10 seconds by
+//!   default). So while `sheddable` rejections still go out as plain `429`s, a `critical`
+//!   rejection is not turned into "stop retrying" either: it passes as a plain rejection (and
+//!   is counted as passed). When a storm starts, the lowest level rejected is told to stop at
+//!   once, each level above it at most one window after the last plain rejection of the
+//!   levels below: the stop signal climbs the levels from the bottom, one window apart at
+//!   most each, and reaches every level in a storm that lasts. Traffic of one level is
+//!   judged exactly as before (nothing below it is ever rejected). The price: in the first
+//!   windows of a storm, retries of the higher levels are still invited; they are the fewest
+//!   (every limit of the workspace rejects a higher level only once the lower ones are shed)
+//!   and their callers' retry budgets still bound them.
+//! - A rejection judged on **one caller's** own window ([`RejectionScope::Caller`]) is not
+//!   held back by other levels: it is about that caller's own retries, and another caller's
+//!   plain `sheddable` rejection says nothing about them (were it otherwise, a caller could
+//!   shield its own storm with a trickle of sheddable requests).
+//!
+//! The layer serves the inner service in the level it resolved
+//! ([`criticality::current`](crate::criticality::current)), carried in the scope it installs
+//! for downstream marks anyway: one swap of one thread-local per poll for both. A level it
+//! resolves is never raised above an enclosing [`criticality::scope`](crate::criticality::scope)
+//! of a lower level (an in-process call made from a sheddable task stays sheddable), though
+//! the request's extensions keep the level its headers gave.
+//!
 //! # Trust: what callers can and cannot do
 //!
 //! The attempt counter comes from the caller and is not authenticated. A caller may send
@@ -392,6 +429,7 @@ pub(crate) mod callers;
 pub mod future;
 mod ip_net;
 mod layer;
+pub(crate) mod levels;
 mod peer;
 mod proxies;
 mod rejection;
@@ -412,5 +450,6 @@ pub use proxies::{ForwardedHeader, TrustedProxies};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;
+pub(crate) use service::level_in;
 pub(crate) use state::SignalState;
 pub use trust::Trust;

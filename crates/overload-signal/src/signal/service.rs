@@ -9,13 +9,21 @@ use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 
 use super::future::ResponseFuture;
+use super::levels::CriticalitySettings;
 use super::proxies::TrustedProxies;
 use super::rule::StopRule;
 use super::state::{SignalSettings, SignalState};
 use super::trust::Trust;
 use crate::histogram::AttemptHistogram;
 use crate::propagation;
-use crate::protocol::Protocol;
+use crate::protocol::{Criticality, Protocol, RequestFields};
+
+/// The level of a request whose level the overload layer does not resolve: the one an outer
+/// layer put in its extensions, else the default.
+#[inline]
+pub(crate) fn level_in(extensions: &http::Extensions) -> Criticality {
+    extensions.get::<Criticality>().copied().unwrap_or_default()
+}
 
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.
@@ -28,6 +36,8 @@ pub struct OverloadSignal<S, C: Clock = TokioClock> {
     state: Arc<SignalState<C>>,
     proxies: Option<TrustedProxies>,
     trust: Trust,
+    /// The levels it resolves, if any.
+    criticality: Option<Arc<CriticalitySettings>>,
 }
 
 impl<S> OverloadSignal<S> {
@@ -44,6 +54,7 @@ impl<S> OverloadSignal<S> {
             Arc::new(SignalState::new(SignalSettings::new())),
             None,
             Trust::default(),
+            None,
         )
     }
 }
@@ -54,12 +65,14 @@ impl<S, C: Clock> OverloadSignal<S, C> {
         state: Arc<SignalState<C>>,
         proxies: Option<TrustedProxies>,
         trust: Trust,
+        criticality: Option<Arc<CriticalitySettings>>,
     ) -> Self {
         Self {
             inner,
             state,
             proxies,
             trust,
+            criticality,
         }
     }
 
@@ -90,6 +103,7 @@ impl<S: Clone, C: Clock> Clone for OverloadSignal<S, C> {
             state: Arc::clone(&self.state),
             proxies: self.proxies.clone(),
             trust: self.trust.clone(),
+            criticality: self.criticality.clone(),
         }
     }
 }
@@ -137,8 +151,21 @@ where
         let caller = self.state.record(&parts, protocol, || {
             trust.trusts(&parts.headers, &parts.extensions)
         });
+        let (level, resolved) = match &self.criticality {
+            Some(criticality) => {
+                let level =
+                    criticality.resolve(&parts.headers, &parts.extensions, RequestFields::ALL);
+                parts.extensions.insert(level);
+                (level, Some(level))
+            }
+            None => (level_in(&parts.extensions), None),
+        };
         let request = Request::from_parts(parts, body);
-        let inner = propagation::scope(self.inner.call(request));
-        ResponseFuture::new(inner, protocol, caller, Arc::clone(&self.state))
+        let inner = match resolved {
+            Some(level) => propagation::call_at(level, || self.inner.call(request)),
+            None => self.inner.call(request),
+        };
+        let inner = propagation::scope_at(inner, resolved);
+        ResponseFuture::new(inner, protocol, caller, level, Arc::clone(&self.state))
     }
 }

@@ -21,7 +21,8 @@ use super::telemetry::{
 };
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::propagation::{Downstream, Marks};
-use crate::protocol::{self, Outcome, Protocol, RequestFields};
+use crate::protocol::{self, Criticality, Outcome, Protocol, RequestFields};
+use crate::reserves::RecentLevels;
 
 /// The wait a proxy's answer asks for when its retry layer's throttle refused the call.
 const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_secs(1);
@@ -45,6 +46,9 @@ pub(crate) struct SignalState<C: Clock = TokioClock> {
     /// The ticker that keeps the gauges true and ends the episode, started by the first
     /// request.
     ticker: Ticker,
+    /// The levels whose server-scoped rejections were passed plainly (not as the stop
+    /// signal) within the histogram's window.
+    passed_levels: RecentLevels,
 }
 
 /// How a layer is put together: what its builder sets.
@@ -104,6 +108,7 @@ impl<C: Clock> SignalState<C> {
             hashing,
             judge_every,
         } = settings;
+        let window = histogram.window();
         Self {
             callers: CallerLedger::new(&histogram, key, hashing),
             judge_every,
@@ -114,6 +119,7 @@ impl<C: Clock> SignalState<C> {
             metrics: LazyMetrics::new(name),
             stopping: Episode::new(),
             ticker: Ticker::new(),
+            passed_levels: RecentLevels::new(window),
         }
     }
 
@@ -262,13 +268,14 @@ impl<C: Clock> SignalState<C> {
         protocol: Protocol,
         downstream_stop: bool,
         caller: Caller,
+        level: Criticality,
     ) {
         // NOTE: every case below is a failure (rejections and stop signals included: 429,
         // 503 and gRPC 8 and 14 are failures), so successes and deliberate 4xx, the admitted
         // path, leave here after a status check, the response not even moved.
         let outcome = Outcome::of_response(protocol, response.status(), response.headers());
         if outcome.is_failure() {
-            self.respond_to_failure(response, protocol, outcome, downstream_stop, caller);
+            self.respond_to_failure(response, protocol, outcome, downstream_stop, caller, level);
         }
     }
 
@@ -283,6 +290,7 @@ impl<C: Clock> SignalState<C> {
         outcome: Outcome,
         downstream_stop: bool,
         caller: Caller,
+        level: Criticality,
     ) {
         if outcome.is_stop_signal() {
             // Already the stop signal: the handler mapped a downstream `Overloaded` itself
@@ -321,11 +329,14 @@ impl<C: Clock> SignalState<C> {
         let bucket = self.histogram.bucket_now();
         let scope = rejection.scope();
         let trigger = match scope {
-            RejectionScope::Server => self.server_is_drowning(bucket),
+            RejectionScope::Server => self.server_is_drowning(bucket, level),
             RejectionScope::Caller => self.caller_is_drowning(bucket, caller),
         };
         let Some(trigger) = trigger else {
-            self.metrics.get().rejection_passed(scope);
+            if scope == RejectionScope::Server {
+                self.passed_levels.note(level, self.histogram.clock().now());
+            }
+            self.metrics.get().rejection_passed(scope, level);
             return;
         };
         tracing::debug!(
@@ -335,7 +346,7 @@ impl<C: Clock> SignalState<C> {
             "rejection under high retry pressure; answering with the stop signal"
         );
         rewrite_as_stop_signal(response, protocol, rejection.into_stop_signal(self.name()));
-        self.metrics.get().stop_signal(scope);
+        self.metrics.get().stop_signal(scope, level);
         if self.stopping.seen(self.histogram.clock().now()) {
             log_engaged(self.name(), trigger, &self.rule);
         }
@@ -395,7 +406,18 @@ impl<C: Clock> SignalState<C> {
 
     /// The rule on the whole server's window: its retry pressure, and the same with each
     /// caller class's weight capped, both above the threshold. What it judged when it fires.
-    fn server_is_drowning(&self, bucket: u64) -> Option<StopTrigger> {
+    ///
+    /// NOTE: the SRE rule for the stop signal: a server-scoped rejection of `level` is not
+    /// turned into the stop signal while a rejection of a lower level was passed plainly
+    /// within the window (see the module docs, "Levels").
+    fn server_is_drowning(&self, bucket: u64, level: Criticality) -> Option<StopTrigger> {
+        if level > Criticality::Sheddable
+            && self
+                .passed_levels
+                .lower_active(level, self.histogram.clock().now())
+        {
+            return None;
+        }
         let window = self.histogram.snapshot_of(bucket);
         // NOTE: the plain rule first: it is cheap, and the per-caller figure is only ever
         // needed when it fires (per-caller accounting can prevent a stop signal, never cause

@@ -8,7 +8,8 @@ use overload_core::telemetry::{Ended, LayerName, MetricSet, NAME_LABEL};
 use super::rejection::RejectionScope;
 use super::rule::StopRule;
 use crate::histogram::{AttemptSnapshot, AttemptWindowGauges};
-use crate::metric_names;
+use crate::metric_names::{self, CRITICALITY_LABEL};
+use crate::protocol::Criticality;
 
 /// What the layer answered in place of an inner service's error (the label `answer` of
 /// `overload_signal_errors_answered_total`).
@@ -45,9 +46,9 @@ impl ErrorAnswer {
 /// and a handle registered before the recorder is installed is a no-op for good. A recorder
 /// installed after the first request does not receive this layer's metrics.
 pub(crate) struct SignalMetrics {
-    /// Indexed by [`RejectionScope`]: server, caller.
-    stop_signals: [Counter; 2],
-    rejections_passed: [Counter; 2],
+    /// Indexed by [`RejectionScope`] (server, caller), then by the level's rank.
+    stop_signals: [[Counter; 4]; 2],
+    rejections_passed: [[Counter; 4]; 2],
     propagated_marker: Counter,
     propagated_response: Counter,
     /// Indexed by [`ErrorAnswer`].
@@ -61,7 +62,14 @@ impl MetricSet for SignalMetrics {
     fn register(name: &LayerName) -> Self {
         let scoped = |metric: &'static str| {
             [RejectionScope::Server, RejectionScope::Caller].map(|scope| {
-                metrics::counter!(metric, NAME_LABEL => name.label(), "scope" => scope.as_str())
+                Criticality::ALL.map(|level| {
+                    metrics::counter!(
+                        metric,
+                        NAME_LABEL => name.label(),
+                        "scope" => scope.as_str(),
+                        CRITICALITY_LABEL => level.as_str()
+                    )
+                })
             })
         };
         let propagated = |via: &'static str| metrics::counter!(metric_names::PROPAGATED, NAME_LABEL => name.label(), "via" => via);
@@ -89,13 +97,14 @@ impl MetricSet for SignalMetrics {
 
 impl SignalMetrics {
     /// A rejection answered with the stop signal because the rule fired.
-    pub(super) fn stop_signal(&self, scope: RejectionScope) {
-        self.stop_signals[scope as usize].increment(1);
+    pub(super) fn stop_signal(&self, scope: RejectionScope, level: Criticality) {
+        self.stop_signals[scope as usize][level.rank()].increment(1);
     }
 
-    /// A rejection passed through because the rule did not fire.
-    pub(super) fn rejection_passed(&self, scope: RejectionScope) {
-        self.rejections_passed[scope as usize].increment(1);
+    /// A rejection passed through because the rule did not fire (or, for a level above
+    /// `sheddable`, because a lower level's rejections were still passed).
+    pub(super) fn rejection_passed(&self, scope: RejectionScope, level: Criticality) {
+        self.rejections_passed[scope as usize][level.rank()].increment(1);
     }
 
     /// A downstream stop signal passed up: `marker` when the layer rewrote a failure,

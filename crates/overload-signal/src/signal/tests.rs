@@ -17,8 +17,9 @@ use super::*;
 use crate::histogram::{AttemptClass, AttemptHistogram};
 use crate::metric_names;
 use crate::propagation;
-use crate::protocol::{self, Attempt, Protocol};
+use crate::protocol::{self, Attempt, Criticality, Protocol};
 
+mod levels_tests;
 mod proxies_tests;
 mod telemetry_tests;
 
@@ -820,13 +821,21 @@ fn metric_values(recorder: &DebuggingRecorder) -> Vec<Metric> {
 }
 
 fn find<'a>(values: &'a [Metric], name: &str, label: Option<(&str, &str)>) -> &'a DebugValue {
+    find_labelled(values, name, label.as_slice())
+}
+
+/// The one metric `name` that carries every label of `wanted`.
+fn find_labelled<'a>(values: &'a [Metric], name: &str, wanted: &[(&str, &str)]) -> &'a DebugValue {
     let found: Vec<_> = values
         .iter()
         .filter(|(n, labels, _)| {
-            n == name && label.is_none_or(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
+            n == name
+                && wanted
+                    .iter()
+                    .all(|(k, v)| labels.iter().any(|(lk, lv)| lk == k && lv == v))
         })
         .collect();
-    assert_eq!(found.len(), 1, "{name} {label:?}: {values:?}");
+    assert_eq!(found.len(), 1, "{name} {wanted:?}: {values:?}");
     &found[0].2
 }
 
@@ -848,7 +857,13 @@ fn respond(
     downstream_stop: bool,
     caller: callers::Caller,
 ) -> Response<Body> {
-    shared.respond(&mut response, protocol, downstream_stop, caller);
+    shared.respond(
+        &mut response,
+        protocol,
+        downstream_stop,
+        caller,
+        Criticality::default(),
+    );
     response
 }
 
@@ -918,26 +933,26 @@ fn decisions_are_counted() {
     });
     let values = metric_values(&recorder);
     assert_eq!(
-        find(
+        find_labelled(
             &values,
             metric_names::REJECTIONS_PASSED,
-            Some(("scope", "server"))
+            &[("scope", "server"), ("criticality", "critical")]
         ),
         &DebugValue::Counter(1)
     );
     assert_eq!(
-        find(
+        find_labelled(
             &values,
             metric_names::STOP_SIGNALS,
-            Some(("scope", "server"))
+            &[("scope", "server"), ("criticality", "critical")]
         ),
         &DebugValue::Counter(2)
     );
     assert_eq!(
-        find(
+        find_labelled(
             &values,
             metric_names::STOP_SIGNALS,
-            Some(("scope", "caller"))
+            &[("scope", "caller"), ("criticality", "critical")]
         ),
         &DebugValue::Counter(1)
     );

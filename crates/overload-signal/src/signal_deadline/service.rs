@@ -9,8 +9,9 @@ use tower_service::Service;
 
 use crate::deadline::{self, Arrival, DeadlineState};
 use crate::propagation;
-use crate::protocol::{Protocol, RequestFields};
+use crate::protocol::{Criticality, Protocol, RequestFields};
 use crate::signal::callers::Caller;
+use crate::signal::levels::CriticalitySettings;
 use crate::signal::{self, SignalState, TrustedProxies};
 use crate::trust::Trust;
 use crate::{DeadlineLayer, OverloadSignalLayer};
@@ -26,13 +27,16 @@ pub(crate) struct SignalDeadlineState<C: Clock> {
     deadline: Arc<DeadlineState>,
     /// Whose deadlines' send times are believed.
     deadline_trust: Trust,
+    /// The levels the overload layer resolves, if any.
+    criticality: Option<Arc<CriticalitySettings>>,
 }
 
 impl<C: Clock> SignalDeadlineState<C> {
-    pub(super) fn new(signal: &OverloadSignalLayer<C>, deadline: &DeadlineLayer) -> Self {
-        let (signal, proxies, signal_trust) = signal.service_parts();
+    pub(super) fn new(signal_layer: &OverloadSignalLayer<C>, deadline: &DeadlineLayer) -> Self {
+        let (signal, proxies, signal_trust) = signal_layer.service_parts();
         let (deadline, deadline_trust) = deadline.service_parts();
         Self {
+            criticality: signal_layer.criticality_settings(),
             signal,
             proxies,
             signal_trust,
@@ -45,14 +49,15 @@ impl<C: Clock> SignalDeadlineState<C> {
 impl<C: Clock> SignalDeadlineState<C> {
     /// What both layers read of a request, with its `parts` when it was taken apart (which
     /// it must be when the overload layer's key reads them): its protocol, its caller as the
-    /// overload layer recorded it, and its deadline.
+    /// overload layer recorded it, its deadline, and its level (resolved when the overload
+    /// layer resolves levels, else read from its extensions).
     #[inline(always)]
     fn arrive(
         &self,
         headers: &HeaderMap,
         extensions: &Extensions,
         parts: Option<&Parts>,
-    ) -> (Protocol, Caller, Arrival) {
+    ) -> Arrived {
         // NOTE: one pass over the header names finds which of the protocol's fields the
         // request carries; both readers below look up only those.
         let fields = RequestFields::of(headers);
@@ -72,8 +77,36 @@ impl<C: Clock> SignalDeadlineState<C> {
         let arrival =
             self.deadline
                 .arrive(headers, extensions, protocol, fields, &self.deadline_trust);
-        (protocol, caller, arrival)
+        // NOTE: the level from the same pass over the header names: no lookup of
+        // `X-Request-Criticality` unless the request carries a header of that length.
+        let (level, resolved) = match &self.criticality {
+            Some(criticality) => {
+                let level = criticality.resolve(headers, extensions, fields);
+                (level, true)
+            }
+            None => (signal::level_in(extensions), false),
+        };
+        Arrived {
+            protocol,
+            caller,
+            arrival,
+            level,
+            resolved,
+        }
     }
+}
+
+/// What [`SignalDeadlineState::arrive`] read of a request.
+#[derive(Clone, Copy)]
+struct Arrived {
+    protocol: Protocol,
+    caller: Caller,
+    arrival: Arrival,
+    /// The request's level.
+    level: Criticality,
+    /// Whether the overload layer resolved it (and so sets it in the request and serves the
+    /// request in it).
+    resolved: bool,
 }
 
 impl<C: Clock> fmt::Debug for SignalDeadlineState<C> {
@@ -158,9 +191,11 @@ where
                 request.extensions_mut().insert(client);
             }
         }
-        let (protocol, caller, arrival) =
-            shared.arrive(request.headers(), request.extensions(), None);
-        self.dispatch(request, protocol, caller, arrival)
+        let arrived = shared.arrive(request.headers(), request.extensions(), None);
+        if arrived.resolved {
+            request.extensions_mut().insert(arrived.level);
+        }
+        self.dispatch(request, arrived)
     }
 }
 
@@ -182,9 +217,11 @@ impl<S, C: Clock> SignalDeadline<S, C> {
         if let Some(proxies) = &shared.proxies {
             proxies.resolve(&mut parts);
         }
-        let (protocol, caller, arrival) =
-            shared.arrive(&parts.headers, &parts.extensions, Some(&parts));
-        self.dispatch(Request::from_parts(parts, body), protocol, caller, arrival)
+        let arrived = shared.arrive(&parts.headers, &parts.extensions, Some(&parts));
+        if arrived.resolved {
+            parts.extensions.insert(arrived.level);
+        }
+        self.dispatch(Request::from_parts(parts, body), arrived)
     }
 
     /// The response future of a request the two layers have read.
@@ -192,9 +229,7 @@ impl<S, C: Clock> SignalDeadline<S, C> {
     fn dispatch<ReqBody, ResBody>(
         &mut self,
         request: Request<ReqBody>,
-        protocol: Protocol,
-        caller: Caller,
-        arrival: Arrival,
+        arrived: Arrived,
     ) -> <Self as Service<Request<ReqBody>>>::Future
     where
         S: Service<Request<ReqBody>, Response = Response<ResBody>>,
@@ -202,30 +237,58 @@ impl<S, C: Clock> SignalDeadline<S, C> {
         ResBody: Default,
     {
         let shared = &*self.shared;
+        let Arrived {
+            protocol,
+            caller,
+            arrival,
+            level,
+            resolved,
+        } = arrived;
+        let scoped_level = resolved.then_some(level);
         if let Arrival::Open = arrival {
             // NOTE: the common case, in one expression, so that the inner service's future
             // is built where it stays rather than moved through each wrapper in turn
             // (every move copies it, the request it may hold included).
+            let inner = &mut self.inner;
             return signal::future::ResponseFuture::new(
-                propagation::scope(deadline::future::ResponseFuture::open(
-                    self.inner.call(request),
-                )),
+                propagation::scope_at(
+                    deadline::future::ResponseFuture::open(if resolved {
+                        propagation::call_at(level, || inner.call(request))
+                    } else {
+                        inner.call(request)
+                    }),
+                    scoped_level,
+                ),
                 protocol,
                 caller,
+                level,
                 Arc::clone(&shared.signal),
             );
         }
-        let inner = deadline::call_arrived(
-            &shared.deadline,
-            &mut self.inner,
-            request,
-            arrival,
-            protocol,
-        );
+        let inner = if resolved {
+            propagation::call_at(level, || {
+                deadline::call_arrived(
+                    &shared.deadline,
+                    &mut self.inner,
+                    request,
+                    arrival,
+                    protocol,
+                )
+            })
+        } else {
+            deadline::call_arrived(
+                &shared.deadline,
+                &mut self.inner,
+                request,
+                arrival,
+                protocol,
+            )
+        };
         signal::future::ResponseFuture::new(
-            propagation::scope(inner),
+            propagation::scope_at(inner, scoped_level),
             protocol,
             caller,
+            level,
             Arc::clone(&shared.signal),
         )
     }

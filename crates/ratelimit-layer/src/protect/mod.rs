@@ -53,6 +53,21 @@
 //!
 //! [`Rejection`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.Rejection.html
 //!
+//! # Each request's level
+//!
+//! The overload layer also resolves each request's criticality, as `overload-signal`'s
+//! `CriticalityLayer` does, before the limit and without a layer of its own: the level the
+//! request claims in `X-Request-Criticality`, capped for callers the protection does not
+//! [trust](OverloadProtectionLayerBuilder::trust) (`critical` at most by default), or
+//! `critical` when it claims none or a malformed one (never an error answer); a
+//! `Criticality` already in the request's extensions is taken as it is. The level goes in
+//! the request's extensions, where the limit inside reads it to shed from the bottom, and
+//! the handler runs in it (`overload_signal::criticality::current()`), so that its
+//! downstream calls through `backoff-layer`'s retry layer carry it. The settings are a
+//! `CriticalityLayer`'s ([`criticality`](OverloadProtectionLayerBuilder::criticality)); it
+//! is read in the same pass over the request's header names as the overload and deadline
+//! layers' fields, and carried in the scope the overload layer installs anyway.
+//!
 //! # Examples
 //!
 //! With the defaults (the default overload layer) around a token bucket, in axum:
@@ -109,7 +124,7 @@ use std::fmt;
 
 use overload_core::clock::{Clock, TokioClock};
 use overload_signal::signal::TrustedProxies;
-use overload_signal::{DeadlineLayer, OverloadSignalLayer, Trust};
+use overload_signal::{CriticalityLayer, DeadlineLayer, OverloadSignalLayer, Trust};
 use tower_layer::{Identity, Layer};
 
 mod slot;
@@ -131,13 +146,17 @@ pub use slot::DeadlineSlot;
 /// Defaults ([`new`](Self::new), [`builder`](Self::builder)): `OverloadSignalLayer::new()`,
 /// whose defaults its docs state (a 10-second window, the stop signal above 5 % retry
 /// pressure over at least 200 requests, callers keyed by the peer address axum, tonic or
-/// hyper put in the request, only marked rejections judged).
+/// hyper put in the request, only marked rejections judged); each request's level resolved
+/// with `CriticalityLayer::new()`'s settings (`critical` when it claims none, untrusted
+/// callers capped at `critical`, callers on private networks trusted).
 ///
 /// [`OverloadSignalLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/signal/struct.OverloadSignalLayer.html
 /// [`DeadlineLayer`]: https://docs.rs/overload-signal/0.1/overload_signal/deadline/struct.DeadlineLayer.html
 #[derive(Clone)]
 pub struct OverloadProtectionLayer<L, C: Clock = TokioClock, D = Identity> {
+    /// NOTE: it carries the criticality settings (`with_criticality`): it resolves levels.
     signal: OverloadSignalLayer<C>,
+    criticality: CriticalityLayer,
     deadline: D,
     limit: L,
 }
@@ -145,8 +164,10 @@ pub struct OverloadProtectionLayer<L, C: Clock = TokioClock, D = Identity> {
 impl<L> OverloadProtectionLayer<L> {
     /// The default overload layer outside `limit`.
     pub fn new(limit: L) -> Self {
+        let criticality = CriticalityLayer::new();
         Self {
-            signal: OverloadSignalLayer::new(),
+            signal: OverloadSignalLayer::new().with_criticality(criticality.clone()),
+            criticality,
             deadline: Identity::new(),
             limit,
         }
@@ -161,6 +182,7 @@ impl<L> OverloadProtectionLayer<L> {
             limit,
             proxies: None,
             trust: None,
+            criticality: None,
         }
     }
 }
@@ -169,6 +191,11 @@ impl<L, C: Clock, D> OverloadProtectionLayer<L, C, D> {
     /// The overload layer, outside; its `histogram()` reads the window.
     pub const fn signal(&self) -> &OverloadSignalLayer<C> {
         &self.signal
+    }
+
+    /// The settings with which the overload layer resolves each request's level.
+    pub const fn criticality(&self) -> &CriticalityLayer {
+        &self.criticality
     }
 
     /// The deadline layer, between the two ([`Identity`] when there is none).
@@ -205,6 +232,7 @@ impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug for OverloadProtectionLa
             .field("signal", &self.signal)
             .field("deadline", &self.deadline)
             .field("limit", &self.limit)
+            .field("criticality", &self.criticality)
             .finish()
     }
 }
@@ -219,6 +247,7 @@ pub struct OverloadProtectionLayerBuilder<L, C: Clock = TokioClock, D = Identity
     limit: L,
     proxies: Option<TrustedProxies>,
     trust: Option<Trust>,
+    criticality: Option<CriticalityLayer>,
 }
 
 impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
@@ -235,6 +264,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             limit: self.limit,
             proxies: self.proxies,
             trust: self.trust,
+            criticality: self.criticality,
         }
     }
 
@@ -252,6 +282,7 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             limit: self.limit,
             proxies: self.proxies,
             trust: self.trust,
+            criticality: self.criticality,
         }
     }
 
@@ -314,6 +345,39 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
         self
     }
 
+    /// How the overload layer resolves each request's level: `criticality`'s settings (its
+    /// default level, its cap for untrusted callers, its trust and its name), applied by the
+    /// overload layer itself (see the [module docs](crate::protect#each-requests-level));
+    /// `criticality` is not stacked as a layer. Default: `CriticalityLayer::new()`
+    /// (`critical` for a request that claims no level, untrusted callers capped at
+    /// `critical`).
+    ///
+    /// [`trust`](Self::trust) set here reaches it too; not together with a trust set on
+    /// `criticality` ([`build`](Self::build) refuses that), nor with an overload layer given
+    /// to [`signal`](Self::signal) that resolves levels already.
+    ///
+    /// ```
+    /// use overload_signal::CriticalityLayer;
+    /// use overload_signal::protocol::Criticality;
+    /// use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
+    ///
+    /// // A batch service: requests that claim nothing are sheddable; nobody outside the
+    /// // trusted networks gets more than sheddable-plus.
+    /// let levels = CriticalityLayer::builder()
+    ///     .default_level(Criticality::Sheddable)
+    ///     .untrusted_max(Criticality::SheddablePlus)
+    ///     .build()?;
+    /// let protection = OverloadProtectionLayer::builder(RateLimitLayer::new(TokenBucket::new(100)?))
+    ///     .criticality(levels)
+    ///     .build()?;
+    /// assert_eq!(protection.criticality().default_level(), Criticality::Sheddable);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// ```
+    pub fn criticality(mut self, criticality: CriticalityLayer) -> Self {
+        self.criticality = Some(criticality);
+        self
+    }
+
     /// Builds the layer.
     ///
     /// # Errors
@@ -321,7 +385,9 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
     /// A [`ConfigError`](crate::ConfigError) of kind `Conflict` on `trusted_proxies` when
     /// they are set here and on the layer given to [`signal`](Self::signal) too, and on
     /// `trust` when it is set here and on the layer given to `signal` or to
-    /// [`deadline`](Self::deadline).
+    /// [`deadline`](Self::deadline) or to [`criticality`](Self::criticality); on
+    /// `criticality` when it is set here and the layer given to `signal` resolves levels
+    /// already.
     pub fn build(self) -> Result<OverloadProtectionLayer<L, C, D>, crate::ConfigError>
     where
         D: DeadlineSlot,
@@ -341,7 +407,23 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
             }
             None => self.signal,
         };
-        let (signal, deadline) = match self.trust {
+        // NOTE: an overload layer that resolves levels already keeps its settings, unless
+        // this builder was given its own: set once, as the trust is.
+        let criticality = match (self.criticality, signal.criticality()) {
+            (Some(_), Some(theirs)) => {
+                return Err(crate::ConfigError::conflict(
+                    "criticality",
+                    format_args!(
+                        "criticality set on this builder and on the overload layer given to \
+                         `signal` ({theirs:?}): set it once"
+                    ),
+                ));
+            }
+            (Some(ours), None) => ours,
+            (None, Some(theirs)) => theirs,
+            (None, None) => CriticalityLayer::new(),
+        };
+        let (signal, deadline, criticality) = match self.trust {
             Some(trust) => {
                 if let Some(theirs) = signal.trust() {
                     return Err(trust_conflict(
@@ -357,15 +439,25 @@ impl<L, C: Clock, D> OverloadProtectionLayerBuilder<L, C, D> {
                         theirs,
                     ));
                 }
+                if let Some(theirs) = criticality.trust_setting() {
+                    return Err(trust_conflict(
+                        &trust,
+                        "criticality layer given to `criticality`",
+                        theirs,
+                    ));
+                }
+                let criticality = criticality.with_trust(trust.clone());
                 (
                     signal.with_trust(trust.clone()),
                     self.deadline.with_trust(trust),
+                    criticality,
                 )
             }
-            None => (signal, self.deadline),
+            None => (signal, self.deadline, criticality),
         };
         Ok(OverloadProtectionLayer {
-            signal,
+            signal: signal.with_criticality(criticality.clone()),
+            criticality,
             deadline,
             limit: self.limit,
         })
@@ -391,274 +483,10 @@ impl<L: fmt::Debug, C: Clock, D: fmt::Debug> fmt::Debug
             .field("limit", &self.limit)
             .field("trusted_proxies", &self.proxies)
             .field("trust", &self.trust)
+            .field("criticality", &self.criticality)
             .finish()
     }
 }
 
 #[cfg(test)]
-mod tests {
-    use std::convert::Infallible;
-
-    use http::{Request, Response, StatusCode};
-    use overload_signal::protocol::{self, Attempt};
-    use overload_signal::{OverloadSignalLayer, StopRule};
-    use tower::{Layer, ServiceBuilder, ServiceExt, service_fn};
-
-    use super::*;
-    use crate::clock::FakeClock;
-    use crate::{RateLimitLayer, TokenBucket};
-
-    /// A retry from a caller on this host (whose counter the default trust counts).
-    fn retry() -> Request<String> {
-        let mut req = Request::new(String::new());
-        Attempt::set(req.headers_mut(), 2);
-        req.extensions_mut()
-            .insert(std::net::SocketAddr::from(([127, 0, 0, 1], 40_000)));
-        req
-    }
-
-    /// One request admitted, ever; the stop signal from the fifth request in the window.
-    fn protection() -> OverloadProtectionLayer<RateLimitLayer> {
-        let limit = RateLimitLayer::builder(TokenBucket::new(1).unwrap())
-            .clock(FakeClock::new())
-            .build()
-            .unwrap();
-        let rule = StopRule::builder()
-            .retry_share(0.1)
-            .min_requests(5)
-            .build()
-            .unwrap();
-        OverloadProtectionLayer::builder(limit)
-            .signal(OverloadSignalLayer::builder().rule(rule).build().unwrap())
-            .build()
-            .unwrap()
-    }
-
-    async fn statuses<S>(svc: S) -> Vec<StatusCode>
-    where
-        S: tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone,
-    {
-        let mut out = Vec::new();
-        for _ in 0..6 {
-            out.push(svc.clone().oneshot(retry()).await.unwrap().status());
-        }
-        out
-    }
-
-    fn hello()
-    -> impl tower::Service<Request<String>, Response = Response<String>, Error = Infallible> + Clone
-    {
-        service_fn(|_: Request<String>| async { Ok::<_, Infallible>(Response::new("hi".into())) })
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn the_overload_layer_is_outside_however_the_stack_nests() {
-        use StatusCode as S;
-        let expected = [
-            S::OK,
-            S::TOO_MANY_REQUESTS,
-            S::TOO_MANY_REQUESTS,
-            S::TOO_MANY_REQUESTS,
-            S::SERVICE_UNAVAILABLE,
-            S::SERVICE_UNAVAILABLE,
-        ];
-        // Directly.
-        assert_eq!(statuses(protection().layer(hello())).await, expected);
-        // In a ServiceBuilder, first or last: it is one layer.
-        let svc = ServiceBuilder::new()
-            .layer(protection())
-            .layer(tower::layer::layer_fn(|s| s))
-            .service(hello());
-        assert_eq!(statuses(svc).await, expected);
-        // The trap it removes: the same two layers, the overload layer inside.
-        let p = protection();
-        let wrong = ServiceBuilder::new()
-            .layer(p.limit().clone())
-            .layer(p.signal().clone())
-            .service(hello());
-        let got = statuses(wrong).await;
-        assert!(!got.contains(&S::SERVICE_UNAVAILABLE), "{got:?}");
-        assert_eq!(
-            p.signal().histogram().snapshot().total(),
-            1,
-            "it saw one request"
-        );
-    }
-
-    #[tokio::test(start_paused = true)]
-    async fn several_limiting_layers_go_in_as_a_tuple() {
-        // An outer limit that rejects nothing, and the token bucket inside it.
-        let p = protection();
-        let both =
-            OverloadProtectionLayer::builder((tower::layer::layer_fn(|s| s), p.limit().clone()))
-                .signal(p.signal().clone())
-                .build()
-                .unwrap();
-        let got = statuses(both.layer(hello())).await;
-        assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
-        let r = both.layer(hello()).oneshot(retry()).await.unwrap();
-        assert!(protocol::is_stop_signal(r.headers()));
-        let _: &OverloadSignalLayer = both.signal();
-    }
-
-    /// With a deadline layer, an expired request is answered `504` between the two: it
-    /// spends no token of the limit, and the overload layer still records it.
-    #[tokio::test(start_paused = true)]
-    async fn a_deadline_layer_goes_between_the_overload_layer_and_the_limit() {
-        use overload_signal::DeadlineLayer;
-        use overload_signal::deadline::RequestDeadline;
-        let p = protection();
-        let with_deadline = OverloadProtectionLayer::builder(p.limit().clone())
-            .signal(p.signal().clone())
-            .deadline(DeadlineLayer::new())
-            .build()
-            .unwrap();
-        let svc = with_deadline.layer(hello());
-        let mut expired = Request::new(String::new());
-        expired
-            .extensions_mut()
-            .insert(RequestDeadline::at(tokio::time::Instant::now()));
-        let r = svc.clone().oneshot(expired).await.unwrap();
-        assert_eq!(r.status(), StatusCode::GATEWAY_TIMEOUT);
-        assert_eq!(p.signal().histogram().snapshot().total(), 1, "recorded");
-        // The limit's only token is still there for a live request.
-        let r = svc.oneshot(Request::new(String::new())).await.unwrap();
-        assert_eq!(r.status(), StatusCode::OK);
-        let _: &DeadlineLayer = with_deadline.deadline();
-        assert!(format!("{with_deadline:?}").contains("deadline: DeadlineLayer"));
-    }
-
-    #[test]
-    fn clone_send_sync_and_debug() {
-        fn assert_traits<T: Clone + Send + Sync + 'static>() {}
-        assert_traits::<OverloadProtectionLayer<RateLimitLayer>>();
-        assert_traits::<OverloadProtectionLayer<RateLimitLayer, TokioClock, DeadlineLayer>>();
-        let d = format!("{:?}", protection());
-        assert!(
-            d.starts_with("OverloadProtectionLayer { signal: OverloadSignalLayer"),
-            "{d}"
-        );
-        assert!(format!("{:?}", OverloadProtectionLayer::builder(())).contains("limit: ()"));
-    }
-
-    /// Regression (issue 30, review item D3): proxies set on this builder silently replaced
-    /// those set on the overload layer given to `signal`.
-    #[test]
-    fn proxies_set_twice_are_refused_not_replaced() {
-        use overload_signal::signal::{ForwardedHeader, TrustedProxies};
-        let proxies = |ip: &str| {
-            TrustedProxies::new(ForwardedHeader::XForwardedFor, [ip.parse().unwrap()]).unwrap()
-        };
-        let signal = OverloadSignalLayer::builder()
-            .trusted_proxies(proxies("10.0.0.2"))
-            .build()
-            .unwrap();
-        let err = OverloadProtectionLayer::builder(())
-            .signal(signal.clone())
-            .trusted_proxies(proxies("10.0.0.3"))
-            .build()
-            .unwrap_err();
-        assert_eq!(err.field(), "trusted_proxies");
-        assert_eq!(err.kind(), crate::ConfigErrorKind::Conflict);
-        assert!(
-            err.to_string().starts_with(
-                "trusted_proxies set on this builder (TrustedProxies { header: XForwardedFor"
-            ) && err
-                .to_string()
-                .contains(") and on the overload layer given to `signal` (")
-                && err.to_string().ends_with("): set them once"),
-            "{err}"
-        );
-        // Either one alone is kept.
-        let theirs = OverloadProtectionLayer::builder(())
-            .signal(signal)
-            .build()
-            .unwrap();
-        assert!(theirs.signal().trusted_proxies().is_some());
-        let ours = OverloadProtectionLayer::builder(())
-            .trusted_proxies(proxies("10.0.0.3"))
-            .build()
-            .unwrap();
-        assert!(ours.signal().trusted_proxies().is_some());
-    }
-
-    /// A layer that may decide in Redis (`RateLimitLayer<Remote>`, here a local limit
-    /// converted to that type, as a program that chooses at run time holds it) goes inside
-    /// the overload layer the same way.
-    #[cfg(feature = "redis")]
-    #[tokio::test(start_paused = true)]
-    async fn a_remote_kind_of_limit_goes_inside_too() {
-        use crate::Remote;
-        fn assert_traits<T: Clone + Send + Sync + 'static>() {}
-        assert_traits::<OverloadProtectionLayer<RateLimitLayer<Remote>>>();
-        let local = protection();
-        let remote: RateLimitLayer<Remote> = local.limit().clone().into();
-        let p = OverloadProtectionLayer::builder(remote)
-            .signal(local.signal().clone())
-            .build()
-            .unwrap();
-        let got = statuses(p.layer(hello())).await;
-        assert_eq!(got.first(), Some(&StatusCode::OK));
-        assert_eq!(got.last(), Some(&StatusCode::SERVICE_UNAVAILABLE));
-    }
-
-    /// The protection's trust reaches both layers, and is refused when one of them has its
-    /// own (issue 31: one trust setting for the server, set once).
-    #[tokio::test(start_paused = true)]
-    async fn the_trust_setting_reaches_both_layers_once() {
-        let limit = || {
-            RateLimitLayer::builder(TokenBucket::new(1).unwrap())
-                .clock(FakeClock::new())
-                .build()
-                .unwrap()
-        };
-        let rule = || {
-            StopRule::builder()
-                .retry_share(0.1)
-                .min_requests(5)
-                .build()
-                .unwrap()
-        };
-        let nobody = OverloadProtectionLayer::builder(limit())
-            .signal(OverloadSignalLayer::builder().rule(rule()).build().unwrap())
-            .deadline(DeadlineLayer::new())
-            .trust(Trust::nobody())
-            .build()
-            .unwrap();
-        assert!(nobody.signal().trust().is_some());
-        assert!(nobody.deadline().trust().is_some());
-        // This host's retries no longer count: plain rejections, never the stop signal.
-        let got = statuses(nobody.layer(hello())).await;
-        assert!(!got.contains(&StatusCode::SERVICE_UNAVAILABLE), "{got:?}");
-
-        let err = OverloadProtectionLayer::builder(limit())
-            .signal(
-                OverloadSignalLayer::builder()
-                    .trust(Trust::everyone())
-                    .build()
-                    .unwrap(),
-            )
-            .trust(Trust::nobody())
-            .build()
-            .unwrap_err();
-        assert_eq!(err.field(), "trust");
-        assert!(err.to_string().contains("set it once"), "{err}");
-        let err = OverloadProtectionLayer::builder(limit())
-            .deadline(
-                DeadlineLayer::builder()
-                    .trust(Trust::everyone())
-                    .build()
-                    .unwrap(),
-            )
-            .trust(Trust::nobody())
-            .build()
-            .unwrap_err();
-        assert_eq!(err.field(), "trust");
-        // Without a deadline layer, the trust goes to the overload layer alone.
-        let alone = OverloadProtectionLayer::builder(limit())
-            .trust(Trust::everyone())
-            .build()
-            .unwrap();
-        assert!(alone.signal().trust().is_some());
-    }
-}
+mod tests;

@@ -85,7 +85,12 @@ async fn two_layers_named_apart_write_two_series() {
             "{metric} {labels:?}"
         );
     }
-    let counter = |name, metric| match value_of(&values, metric, name, &[("scope", "server")]) {
+    let counter = |name, metric| match value_of(
+        &values,
+        metric,
+        name,
+        &[("scope", "server"), ("criticality", "critical")],
+    ) {
         DebugValue::Counter(n) => *n,
         other => panic!("{other:?}"),
     };
@@ -115,19 +120,25 @@ async fn a_recorder_installed_after_the_layer_is_built_sees_every_metric() {
         })
         .collect();
     series.sort();
-    let with = |metric: &str, extra: Option<(&str, &str)>| {
+    let with_all = |metric: &str, extra: &[(&str, &str)]| {
         let mut labels = vec![("name".to_owned(), "default".to_owned())];
-        labels.extend(extra.map(|(k, v)| (k.to_owned(), v.to_owned())));
+        labels.extend(
+            extra
+                .iter()
+                .map(|(k, v)| ((*k).to_owned(), (*v).to_owned())),
+        );
         labels.sort();
         (metric.to_owned(), labels)
     };
+    let with = |metric: &str, extra: Option<(&str, &str)>| with_all(metric, extra.as_slice());
     let mut expected = Vec::new();
     for scope in ["server", "caller"] {
-        expected.push(with(metric_names::STOP_SIGNALS, Some(("scope", scope))));
-        expected.push(with(
-            metric_names::REJECTIONS_PASSED,
-            Some(("scope", scope)),
-        ));
+        // Per level too (issue 33).
+        for level in Criticality::ALL {
+            let labels = [("scope", scope), ("criticality", level.as_str())];
+            expected.push(with_all(metric_names::STOP_SIGNALS, &labels));
+            expected.push(with_all(metric_names::REJECTIONS_PASSED, &labels));
+        }
     }
     for via in ["marker", "response"] {
         expected.push(with(metric_names::PROPAGATED, Some(("via", via))));

@@ -220,6 +220,15 @@ impl RecentLevels {
         })
     }
 
+    /// Whether a level below `level` was seen within the window before `now`.
+    #[inline]
+    pub fn lower_active(&self, level: Criticality, now: u64) -> bool {
+        self.last_seen[..level.rank()].iter().any(|slot| {
+            let seen = slot.load(Ordering::Relaxed);
+            seen != 0 && now.saturating_add(1).saturating_sub(seen) <= self.window
+        })
+    }
+
     /// What `level` may not take of `capacity` at `now`: its [share](Reserves::held_back)
     /// while a higher level is active, else nothing.
     #[inline]
