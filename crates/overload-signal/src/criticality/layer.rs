@@ -146,7 +146,7 @@ impl<C: Clock> OverloadSignalLayer<C> {
     /// # async fn main() {
     /// let layer = OverloadSignalLayer::new().with_criticality(CriticalityLayer::new());
     /// let service = layer.layer(service_fn(|request: Request<()>| async move {
-    ///     let level = request.extensions().get::<Criticality>().copied();
+    ///     let level = Some(Criticality::of(request.extensions()));
     ///     assert_eq!(level, criticality::current());
     ///     Ok::<_, Infallible>(Response::new(level))
     /// }));

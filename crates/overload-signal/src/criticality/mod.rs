@@ -8,8 +8,9 @@
 //!
 //! - [`CriticalityLayer`]: a server layer that reads the level a request claims, caps it
 //!   for callers the server does not [trust](crate::Trust), puts it in the request's
-//!   extensions (where every limit of `ratelimit-layer` reads it) and runs the inner service
-//!   in it. A request without a level, or with a malformed one, gets the server's default,
+//!   extensions (where every limit of `ratelimit-layer` reads it, with
+//!   [`Criticality::of`]: only a level other than `critical` is inserted, since most
+//!   requests carry none) and runs the inner service in it. A request without a level, or with a malformed one, gets the server's default,
 //!   `critical` unless configured; junk is never an error answer.
 //! - [`current`], [`scope`], [`outgoing`]: the level of the request a task serves.
 //!   `backoff-layer`'s retry layer sends [`outgoing`]'s answer on every attempt, so a
@@ -57,7 +58,7 @@
 //!     .layer(layer)
 //!     .service(service_fn(|request: Request<()>| async move {
 //!         // The handler runs in its request's level; so do its downstream calls.
-//!         assert_eq!(request.extensions().get::<Criticality>().copied(), criticality::current());
+//!         assert_eq!(Some(Criticality::of(request.extensions())), criticality::current());
 //!         Ok::<_, Infallible>(Response::new(criticality::current()))
 //!     }));
 //! let sheddable = Request::builder().header(X_REQUEST_CRITICALITY, "sheddable").body(()).unwrap();

@@ -60,7 +60,7 @@ where
             request.extensions(),
             RequestFields::of(request.headers()),
         );
-        request.extensions_mut().insert(level);
+        level.set_in(request.extensions_mut());
         let future = call_with(Some(level), || self.inner.call(request));
         enter(Some(level), future)
     }

@@ -33,7 +33,7 @@ impl Service<Request<()>> for Echo {
 
     fn call(&mut self, request: Request<()>) -> Self::Future {
         let in_call = current();
-        let extension = request.extensions().get::<Criticality>().copied();
+        let extension = Some(Criticality::of(request.extensions()));
         Box::pin(async move {
             tokio::task::yield_now().await;
             Ok(Response::new((in_call, current(), extension)))

@@ -130,6 +130,39 @@ impl Criticality {
             .then_some(first)
     }
 
+    /// The level of a request with these extensions, as the server layers set it: the
+    /// [`Criticality`] in them, or [`Critical`](Self::Critical) when there is none.
+    ///
+    /// The server layers ([`CriticalityLayer`](crate::criticality::CriticalityLayer),
+    /// `ratelimit-layer`'s `OverloadProtectionLayer`) put a level in the extensions only when
+    /// it is not `Critical` ([`set_in`](Self::set_in)): most requests carry no level, and an
+    /// insert into the extensions is most of what carrying one would cost. Read the level
+    /// with this function, not with `extensions.get::<Criticality>()` alone.
+    ///
+    /// ```
+    /// use http::Extensions;
+    /// use overload_signal::protocol::Criticality;
+    ///
+    /// let mut extensions = Extensions::new();
+    /// assert_eq!(Criticality::of(&extensions), Criticality::Critical);
+    /// Criticality::Sheddable.set_in(&mut extensions);
+    /// assert_eq!(Criticality::of(&extensions), Criticality::Sheddable);
+    /// ```
+    #[inline]
+    pub fn of(extensions: &http::Extensions) -> Self {
+        extensions.get::<Self>().copied().unwrap_or(Self::Critical)
+    }
+
+    /// Makes `self` the level [`of`](Self::of) these extensions reads: inserts it, or, for
+    /// [`Critical`](Self::Critical), removes nothing but inserts nothing either unless another
+    /// level is there to replace.
+    #[inline]
+    pub fn set_in(self, extensions: &mut http::Extensions) {
+        if Self::of(extensions) != self {
+            extensions.insert(self);
+        }
+    }
+
     /// Whether `X-Request-Criticality` is present on `headers` but carries no level
     /// [`from_headers`](Self::from_headers) accepts.
     pub fn is_malformed_in(headers: &HeaderMap) -> bool {

@@ -22,7 +22,7 @@ use crate::protocol::{Criticality, Protocol, RequestFields};
 /// layer put in its extensions, else the default.
 #[inline]
 pub(crate) fn level_in(extensions: &http::Extensions) -> Criticality {
-    extensions.get::<Criticality>().copied().unwrap_or_default()
+    Criticality::of(extensions)
 }
 
 /// Server middleware that records attempt counters and answers with the stop signal when
@@ -155,7 +155,7 @@ where
             Some(criticality) => {
                 let level =
                     criticality.resolve(&parts.headers, &parts.extensions, RequestFields::ALL);
-                parts.extensions.insert(level);
+                level.set_in(&mut parts.extensions);
                 (level, Some(level))
             }
             None => (level_in(&parts.extensions), None),

@@ -193,7 +193,7 @@ where
         }
         let arrived = shared.arrive(request.headers(), request.extensions(), None);
         if arrived.resolved {
-            request.extensions_mut().insert(arrived.level);
+            arrived.level.set_in(request.extensions_mut());
         }
         self.dispatch(request, arrived)
     }
@@ -219,7 +219,7 @@ impl<S, C: Clock> SignalDeadline<S, C> {
         }
         let arrived = shared.arrive(&parts.headers, &parts.extensions, Some(&parts));
         if arrived.resolved {
-            parts.extensions.insert(arrived.level);
+            arrived.level.set_in(&mut parts.extensions);
         }
         self.dispatch(Request::from_parts(parts, body), arrived)
     }

@@ -102,11 +102,7 @@ impl<S, C> AdaptiveLimit<S, C> {
     {
         // NOTE: the level the server's criticality layer put in the extensions (it read the
         // header, capped for untrusted callers); none is the default level, `critical`.
-        let level = request
-            .extensions()
-            .get::<Criticality>()
-            .copied()
-            .unwrap_or_default();
+        let level = Criticality::of(request.extensions());
         match self.state.try_admit(level) {
             Some(admitted) => {
                 // NOTE: the guard exists before the inner `call` runs, so that a panic in it

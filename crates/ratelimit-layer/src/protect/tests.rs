@@ -283,7 +283,7 @@ mod levels {
 
     fn seen_now<B>(req: &Request<B>) -> Seen {
         (
-            req.extensions().get::<Criticality>().copied(),
+            Some(Criticality::of(req.extensions())),
             criticality::current(),
         )
     }

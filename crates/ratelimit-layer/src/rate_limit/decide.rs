@@ -75,7 +75,7 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
 /// [`Criticality::default`] (critical) without one.
 #[inline]
 pub(crate) fn level_of(extensions: &Extensions) -> Criticality {
-    extensions.get::<Criticality>().copied().unwrap_or_default()
+    Criticality::of(extensions)
 }
 
 /// How a limit sheds from the bottom: the share of its capacity each level may not take
