@@ -7,20 +7,23 @@ use std::time::Duration;
 use clap::Args;
 use tower::BoxError;
 
+use crate::bench::open_loop::Arrivals;
 use crate::bench::system::{Model, System};
 use crate::duration::parse_duration;
 use crate::process::find_server;
 use crate::spike::figures::RowFigures;
+use crate::spike::simulated::simulate_row;
 use crate::spike::tiers::run_row;
 use crate::spike::{RowSpec, SpikePlan, table};
 
 pub(super) const SPIKE_ABOUT: &str = "\
 The spike experiment. Steady `critical` traffic at half the server's capacity throughout;
 after the warm-up, a `sheddable` spike at ten times the capacity for 30 s; two open-loop
-streams (arrivals at a fixed rate, never waiting for answers), each request given --timeout
-from its scheduled instant. Each row starts its servers fresh on 127.0.0.1 (demo-server
---model M --stack S --abandoned serve; with --tiers 3, three of them chained with
---downstream, the client calling the top one) and runs the load twice:
+streams (Poisson arrivals from --seed, or evenly spaced with --even; never waiting for
+answers), each request given --timeout from its scheduled instant. Each row starts its
+servers fresh on 127.0.0.1 (demo-server --model M --stack S --abandoned serve; with --tiers
+3, three of them chained with --downstream, the client calling the top one) and runs the
+load twice:
 
   class-blind        no X-Request-Criticality: every request is the server's default level,
                      critical, so the limits cannot tell the spike from the steady traffic
@@ -44,7 +47,12 @@ far lower.
 Examples:
   demo-client spike                                  # 8 rows of 40 s: about 6 minutes
   demo-client spike --stacks full --tiers 1          # two rows
-  demo-client spike --spike 10s --spike-factor 5 --warmup 5s";
+  demo-client spike --spike 10s --spike-factor 5 --warmup 5s
+  demo-client spike --simulate                       # one tier, virtual time, seconds
+
+With --simulate, the one-tier rows run in virtual time, in process: demo-server's application
+and middleware called directly under tokio's paused clock (no processes, no connections, no
+CPU contention; a seed gives the same figures).";
 
 /// `demo-client spike`.
 #[derive(Debug, Clone, Args)]
@@ -89,6 +97,21 @@ pub struct SpikeArgs {
     /// counted as dropped.
     #[arg(long, value_name = "N", default_value_t = NonZeroUsize::new(8192).expect("not zero"))]
     pub max_in_flight: NonZeroUsize,
+    /// Run one-tier rows in virtual time, in process (demo-server's application and
+    /// middleware called directly under a paused clock; no processes, no connections) instead
+    /// of against real processes; --tiers 3 is left out (a tier's downstream call is real
+    /// HTTP).
+    #[arg(long)]
+    pub simulate: bool,
+    /// The seed of the arrivals (two Poisson processes, the spike's from the next seed)
+    /// and, with --simulate, of the M/M/c model's service times.
+    #[arg(long, default_value_t = 1)]
+    pub seed: u64,
+    /// Space each stream's arrivals evenly instead of as a Poisson process. Even streams
+    /// lock in phase with a token bucket's refills (every critical arrival comes with
+    /// sheddable ones at the same instant), which skews the class-blind figures.
+    #[arg(long)]
+    pub even: bool,
     /// The demo-server executable [default: next to demo-client].
     #[arg(long = "server-bin", value_name = "PATH")]
     pub server_bin: Option<PathBuf>,
@@ -126,8 +149,21 @@ impl SpikeArgs {
             .and_then(|p| p.spike(self.spike))
             .and_then(|p| p.timeout(self.timeout))
             .and_then(|p| p.max_in_flight(self.max_in_flight.get()))
-            .map_err(|e| e.to_string())?;
-        Ok((plan, RowSpec::all(&self.stacks, &self.tiers)))
+            .map_err(|e| e.to_string())?
+            .spacing(if self.even {
+                Arrivals::Fixed
+            } else {
+                Arrivals::Poisson { seed: self.seed }
+            });
+        let tiers: Vec<usize> = if self.simulate {
+            self.tiers.iter().copied().filter(|&t| t == 1).collect()
+        } else {
+            self.tiers.clone()
+        };
+        if tiers.is_empty() {
+            return Err("--simulate runs one tier: give --tiers 1".to_owned());
+        }
+        Ok((plan, RowSpec::all(&self.stacks, &tiers)))
     }
 
     /// Runs the experiment: every row in turn, a progress line each on stderr, the table
@@ -139,10 +175,17 @@ impl SpikeArgs {
     /// files cannot be written.
     pub async fn run(self) -> Result<(), BoxError> {
         let (plan, rows) = self.plan()?;
-        let server = find_server(self.server_bin.as_deref()).ok_or(
-            "no demo-server next to demo-client; build it (cargo build --release -p demo-server) \
-             or give --server-bin",
-        )?;
+        if self.simulate && self.tiers.contains(&3) {
+            eprintln!("--simulate: one tier only (a tier's downstream call is real HTTP)");
+        }
+        let server = if self.simulate {
+            None
+        } else {
+            Some(find_server(self.server_bin.as_deref()).ok_or(
+                "no demo-server next to demo-client; build it (cargo build --release -p \
+                 demo-server) or give --server-bin",
+            )?)
+        };
         std::fs::create_dir_all(&self.out)?;
         let (max_in_flight, lowered) =
             crate::bench::limits::fit_in_flight(self.max_in_flight.get());
@@ -152,7 +195,14 @@ impl SpikeArgs {
         let plan = plan.max_in_flight(max_in_flight)?;
         let mut figures: Vec<RowFigures> = Vec::with_capacity(rows.len());
         for spec in rows {
-            let row = run_row(&server, self.model, spec, &plan).await?;
+            let row = match &server {
+                Some(server) => run_row(server, self.model, spec, &plan).await?,
+                None => {
+                    let (model, plan, seed) = (self.model, plan.clone(), self.seed);
+                    tokio::task::spawn_blocking(move || simulate_row(model, spec, &plan, seed))
+                        .await??
+                }
+            };
             let [critical, sheddable] = &row.levels;
             let pct = |r: Option<f64>| r.map_or(f64::NAN, |r| r * 100.0);
             eprintln!(
@@ -166,8 +216,9 @@ impl SpikeArgs {
             figures.push(row);
         }
         println!(
-            "# demo-client spike ({} model)\n\n{}",
+            "# demo-client spike ({} model{})\n\n{}",
             self.model,
+            if self.simulate { ", simulated" } else { "" },
             table::markdown(&plan, &figures)
         );
         std::fs::write(self.out.join("spike.csv"), table::csv(&figures))?;
@@ -248,5 +299,10 @@ mod tests {
         assert!(refused(&["--warmup", "1s"]).contains("warm-up"));
         assert!(refused(&["--spike-factor", "0"]).contains("spike factor"));
         assert!(spike(&["--stacks", "nonesuch"]).is_err());
+        let (_, simulated) = spike(&["--simulate"]).unwrap().plan().unwrap();
+        assert!(simulated.iter().all(|r| r.tiers == 1) && simulated.len() == 4);
+        assert!(refused(&["--simulate", "--tiers", "3"]).contains("one tier"));
+        let (even, _) = spike(&["--even"]).unwrap().plan().unwrap();
+        assert_eq!(even.arrivals().len(), 10 * 100 + 30 * 100 + 30 * 2000);
     }
 }

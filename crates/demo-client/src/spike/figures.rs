@@ -6,6 +6,7 @@ use std::time::Duration;
 use overload_signal::protocol::Criticality;
 
 use super::{RowSpec, SPIKE_LEVEL, STEADY_LEVEL, Sample, SpikePlan, UNLOADED_SKIP};
+use crate::bench::open_loop::LATE_AFTER;
 use crate::bench::outcome::Outcome;
 use crate::report::percentile;
 
@@ -24,6 +25,9 @@ pub struct LevelFigures {
     pub failed: u64,
     /// Not sent by the generator (its in-flight cap, or no descriptor or port left).
     pub dropped: u64,
+    /// Sent more than [`LATE_AFTER`] (5 ms) after their scheduled instant: the generator
+    /// fell behind (their latency still counts from the schedule).
+    pub late: u64,
     /// The p99 of the served requests' latency during the spike, from their scheduled
     /// instants; `None` when none was served.
     pub p99: Option<Duration>,
@@ -43,6 +47,7 @@ impl LevelFigures {
             rejected: 0,
             failed: 0,
             dropped: 0,
+            late: 0,
             p99: None,
             unloaded_p99: None,
         };
@@ -58,6 +63,9 @@ impl LevelFigures {
                 continue;
             }
             figures.offered += 1;
+            if sample.lag > LATE_AFTER {
+                figures.late += 1;
+            }
             match sample.outcome {
                 Some(Outcome::Served) => {
                     figures.served += 1;

@@ -12,12 +12,14 @@
 //! request's level. The generator knows which stream each request belongs to in both rows,
 //! so both give figures per level ([`figures`]): the success rate and the p99 of the served
 //! requests during the spike, and the p99 of the `critical` requests before it (unloaded).
-//! [`table`] writes the CSV, the Markdown table and the plot.
+//! [`table`] writes the CSV, the Markdown table and the plot; [`simulated`] runs a one-tier
+//! row in virtual time, in process.
 //!
 //! # Example
 //!
 //! ```
 //! use std::time::Duration;
+//! use demo_client::bench::open_loop::Arrivals;
 //! use demo_client::bench::outcome::{Attempt, Outcome};
 //! use demo_client::spike::{SpikePlan, drive};
 //! use overload_signal::protocol::Criticality;
@@ -27,7 +29,8 @@
 //! // A server of 20 req/s that serves critical requests and sheds the rest.
 //! let plan = SpikePlan::new(20.0)?
 //!     .warmup(Duration::from_secs(2))?
-//!     .spike(Duration::from_secs(1))?;
+//!     .spike(Duration::from_secs(1))?
+//!     .spacing(Arrivals::Fixed);
 //! let samples = drive(&plan, |level, _scheduled| async move {
 //!     if level == Criticality::Critical {
 //!         Attempt::Ended(Outcome::Served)
@@ -57,6 +60,7 @@ use crate::bench::outcome::{Attempt, Outcome};
 use crate::bench::system::System;
 
 pub mod figures;
+pub mod simulated;
 pub mod table;
 pub mod tiers;
 
@@ -93,6 +97,7 @@ pub struct SpikePlan {
     spike: Duration,
     timeout: Duration,
     max_in_flight: usize,
+    arrivals: Arrivals,
 }
 
 fn positive(what: &str, value: f64) -> Result<f64, InvalidSpikePlan> {
@@ -108,7 +113,8 @@ fn positive(what: &str, value: f64) -> Result<f64, InvalidSpikePlan> {
 impl SpikePlan {
     /// The issue's plan against a server of `capacity` requests a second: `critical` at half
     /// of it throughout, a `sheddable` spike at ten times it for 30 s after a 10 s warm-up;
-    /// each request given 2 s from its scheduled instant; at most 8 192 requests in flight.
+    /// each request given 2 s from its scheduled instant; at most 8 192 requests in flight;
+    /// each stream's arrivals a Poisson process (seed 1).
     ///
     /// # Errors
     ///
@@ -122,7 +128,20 @@ impl SpikePlan {
             spike: Duration::from_secs(30),
             timeout: Duration::from_secs(2),
             max_in_flight: 8192,
+            arrivals: Arrivals::Poisson { seed: 1 },
         })
+    }
+
+    /// How each stream's arrivals are spaced. Default: Poisson processes drawn from seed 1
+    /// (the spike's stream from the next seed). Evenly spaced streams lock in phase with a
+    /// token bucket's refills (at 2 000 and 100 req/s every `critical` arrival comes with
+    /// `sheddable` ones at the same instant, just after a token went to them), which skews
+    /// the class-blind figures; Poisson arrivals share the tokens by chance, as real
+    /// clients do.
+    #[must_use]
+    pub fn spacing(mut self, arrivals: Arrivals) -> Self {
+        self.arrivals = arrivals;
+        self
     }
 
     /// The steady `critical` rate as a share of the capacity. Default 0.5.
@@ -245,8 +264,14 @@ impl SpikePlan {
 
     /// Every arrival of the run, in order: its offset from the start and its level.
     pub fn arrivals(&self) -> Vec<(Duration, Criticality)> {
-        let steady = Schedule::new(self.steady(), Arrivals::Fixed).expect("validated rate");
-        let spike = Schedule::new(self.spike_rate(), Arrivals::Fixed).expect("validated rate");
+        let spike_spacing = match self.arrivals {
+            Arrivals::Fixed => Arrivals::Fixed,
+            Arrivals::Poisson { seed } => Arrivals::Poisson {
+                seed: seed.wrapping_add(1),
+            },
+        };
+        let steady = Schedule::new(self.steady(), self.arrivals).expect("validated rate");
+        let spike = Schedule::new(self.spike_rate(), spike_spacing).expect("validated rate");
         let mut all: Vec<_> = steady
             .offsets(self.total())
             .map(|at| (at, STEADY_LEVEL))
@@ -343,6 +368,9 @@ pub struct Sample {
     pub outcome: Option<Outcome>,
     /// From its scheduled instant to its end.
     pub latency: Duration,
+    /// From its scheduled instant to the first poll of its task, when the request really
+    /// started: the generator's own delay (zero for an arrival not sent).
+    pub lag: Duration,
 }
 
 /// Sends every arrival of `plan` ([`SpikePlan::arrivals`]) at its instant, never waiting for
@@ -370,6 +398,7 @@ where
             offset,
             outcome: None,
             latency: Duration::ZERO,
+            lag: Duration::ZERO,
         };
         let Ok(permit) = Arc::clone(&in_flight).try_acquire_owned() else {
             samples.lock().expect("not poisoned")[index] = Some(not_sent);
@@ -378,6 +407,9 @@ where
         let request = send(level, scheduled);
         let samples = Arc::clone(&samples);
         tasks.spawn(async move {
+            // NOTE: measured at the task's first poll: with every core busy a runtime can
+            // hold a spawned task for milliseconds, and that delay is the generator's.
+            let lag = Instant::now().saturating_duration_since(scheduled);
             let attempt = request.await;
             let latency = Instant::now().saturating_duration_since(scheduled);
             drop(permit);
@@ -385,6 +417,7 @@ where
                 Attempt::Ended(outcome) => Sample {
                     outcome: Some(outcome),
                     latency,
+                    lag,
                     ..not_sent
                 },
                 Attempt::NotSent => not_sent,

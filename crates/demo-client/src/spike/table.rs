@@ -10,7 +10,7 @@ use super::figures::{LevelFigures, RowFigures};
 use crate::plot::{self, Line, Panel};
 
 /// The header of [`csv`].
-pub const CSV_HEADER: &str = "row,system,tiers,awareness,level,offered,served,rejected,failed,dropped,\
+pub const CSV_HEADER: &str = "row,system,tiers,awareness,level,offered,served,rejected,failed,dropped,late,\
 success_rate,p99_ms,unloaded_p99_ms,bottom_sheddable,bottom_sheddable_plus,bottom_critical,bottom_critical_plus";
 
 /// The header of [`timeline_csv`].
@@ -26,7 +26,7 @@ fn level_line(row: &RowFigures, f: &LevelFigures) -> String {
         |b| format!("{},{},{},{}", b[0], b[1], b[2], b[3]),
     );
     format!(
-        "\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{bottom}",
+        "\"{}\",{},{},{},{},{},{},{},{},{},{},{},{},{},{bottom}",
         row.spec.label(),
         row.spec.system,
         row.spec.tiers,
@@ -37,6 +37,7 @@ fn level_line(row: &RowFigures, f: &LevelFigures) -> String {
         f.rejected,
         f.failed,
         f.dropped,
+        f.late,
         f.success_rate()
             .map_or_else(String::new, |r| format!("{r:.4}")),
         ms(f.p99),
@@ -106,7 +107,12 @@ pub fn markdown(plan: &SpikePlan, rows: &[RowFigures]) -> String {
         "| row | level | success | p99 (spike) | p99 (unloaded) | ratio | offered | rejected | failed | dropped | bottom tier ran (s / s+ / c / c+) |\n",
     );
     out.push_str("|---|---|---:|---:|---:|---:|---:|---:|---:|---:|---|\n");
+    let (mut late, mut sent) = (0, 0);
     for row in rows {
+        for f in &row.levels {
+            late += f.late;
+            sent += f.offered - f.dropped;
+        }
         let bottom = match (row.spec.tiers, row.bottom_levels) {
             (1, _) => "-".to_owned(),
             (_, Some(b)) => format!("{} / {} / {} / {}", b[0], b[1], b[2], b[3]),
@@ -130,6 +136,12 @@ pub fn markdown(plan: &SpikePlan, rows: &[RowFigures]) -> String {
             );
         }
     }
+    let _ = writeln!(
+        out,
+        "\nThe generator sent {late} of the spike's {sent} requests more than {:?} after \
+         their scheduled instant (their latency counts from the schedule).",
+        crate::bench::open_loop::LATE_AFTER
+    );
     out
 }
 
