@@ -1,5 +1,5 @@
 //! `demo-client spike`'s plumbing against real `demo-server` child processes on 127.0.0.1:
-//! small rates and a few seconds, through the same code as the command (`run_row`), and the
+//! small rates (evenly spaced, so the counts are exact) and a few seconds, through the same code as the command (`run_row`), and the
 //! table, CSVs and plot it writes.
 //!
 //! The server binary is built by `cargo build --workspace --bin demo-server` from this test
@@ -7,6 +7,7 @@
 
 use std::time::Duration;
 
+use demo_client::bench::open_loop::Arrivals;
 use demo_client::bench::system::{Model, System};
 use demo_client::spike::figures::RowFigures;
 use demo_client::spike::tiers::run_row;
@@ -26,7 +27,8 @@ async fn three_short_rows_give_every_figure_of_both_levels() {
         .and_then(|p| p.spike_factor(1.0))
         .and_then(|p| p.warmup(Duration::from_secs(2)))
         .and_then(|p| p.spike(Duration::from_secs(2)))
-        .unwrap();
+        .unwrap()
+        .spacing(Arrivals::Fixed);
     let specs = [
         (1, Awareness::ClassBlind),
         (1, Awareness::Aware),
@@ -58,12 +60,17 @@ async fn three_short_rows_give_every_figure_of_both_levels() {
                 "{row:?}"
             );
         }
-        let unloaded = critical.unloaded_p99.expect("critical served in the warm-up");
+        let unloaded = critical
+            .unloaded_p99
+            .expect("critical served in the warm-up");
         assert!(
             unloaded > Duration::ZERO && unloaded <= plan.timeout_len(),
             "{row:?}"
         );
-        assert_eq!(sheddable.unloaded_p99, None, "no sheddable before the spike");
+        assert_eq!(
+            sheddable.unloaded_p99, None,
+            "no sheddable before the spike"
+        );
         assert!(critical.served > 0 && sheddable.served > 0, "{row:?}");
         assert_eq!(row.served_per_second.len(), 4);
     }
@@ -72,8 +79,13 @@ async fn three_short_rows_give_every_figure_of_both_levels() {
         blind.levels[0].rejected + blind.levels[1].rejected > 0,
         "250 req/s over a limit of 183 req/s sheds some: {blind:?}"
     );
-    assert_eq!(rows[0].bottom_levels.map(|b| b.iter().sum::<u64>() > 0), Some(true));
-    let bottom = rows[2].bottom_levels.expect("the bottom tier's /metrics is read");
+    assert_eq!(
+        rows[0].bottom_levels.map(|b| b.iter().sum::<u64>() > 0),
+        Some(true)
+    );
+    let bottom = rows[2]
+        .bottom_levels
+        .expect("the bottom tier's /metrics is read");
     assert!(
         bottom.iter().sum::<u64>() > 0,
         "the bottom tier ran requests: {bottom:?}"
@@ -89,6 +101,10 @@ async fn three_short_rows_give_every_figure_of_both_levels() {
     assert_eq!(table::csv(&rows).lines().count(), 1 + 3 * 2);
     assert_eq!(table::timeline_csv(&rows).lines().count(), 1 + 3 * 4);
     let svg = table::svg(&plan, &rows);
-    assert_eq!(svg.matches("sheddable spike").count(), 3, "a shaded spike per panel");
+    assert_eq!(
+        svg.matches("sheddable spike").count(),
+        3,
+        "a shaded spike per panel"
+    );
     println!("{markdown}");
 }

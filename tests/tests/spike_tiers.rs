@@ -35,12 +35,21 @@ async fn the_bottom_tier_runs_in_the_level_the_client_sent() {
         );
         for sender in [&sheddable, &plain] {
             for _ in 0..10 {
-                assert_eq!(sender.send().await, Outcome::Served, "a lone request is served");
+                assert_eq!(
+                    sender.send().await,
+                    Outcome::Served,
+                    "a lone request is served"
+                );
             }
         }
         let mut levels = Vec::new();
         for tier in 0..tiers.len() {
-            levels.push(tiers.handler_levels(tier).await.expect("each tier's /metrics"));
+            levels.push(
+                tiers
+                    .handler_levels(tier)
+                    .await
+                    .expect("each tier's /metrics"),
+            );
         }
         levels
     })
