@@ -86,8 +86,8 @@ fn millis(d: Option<Duration>) -> String {
 }
 
 /// The Markdown table: per row and level, the success rate and the served p99 during the
-/// spike, the unloaded p99 and their ratio, the counts, and (with tiers) how many `/api`
-/// requests the bottom tier's handler ran at each level.
+/// spike, the unloaded p99 and their ratio, the counts, and how many `/api` requests the
+/// bottom tier's handler (the only one's, with one tier) ran at each level over the run.
 pub fn markdown(plan: &SpikePlan, rows: &[RowFigures]) -> String {
     let mut out = String::new();
     let _ = writeln!(
@@ -113,11 +113,10 @@ pub fn markdown(plan: &SpikePlan, rows: &[RowFigures]) -> String {
             late += f.late;
             sent += f.offered - f.dropped;
         }
-        let bottom = match (row.spec.tiers, row.bottom_levels) {
-            (1, _) => "-".to_owned(),
-            (_, Some(b)) => format!("{} / {} / {} / {}", b[0], b[1], b[2], b[3]),
-            (_, None) => "not read".to_owned(),
-        };
+        let bottom = row.bottom_levels.map_or_else(
+            || "not read".to_owned(),
+            |b| format!("{} / {} / {} / {}", b[0], b[1], b[2], b[3]),
+        );
         for f in &row.levels {
             let _ = writeln!(
                 out,

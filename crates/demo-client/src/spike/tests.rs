@@ -35,7 +35,7 @@ fn the_plan_has_the_issues_defaults_and_refuses_what_cannot_work() {
     );
     assert!(plan.clone().spike(MS(999)).is_err());
     assert!(plan.clone().timeout(Duration::ZERO).is_err());
-    assert!(plan.clone().max_in_flight(0).is_err());
+    assert!(plan.max_in_flight(0).is_err());
 }
 
 #[test]
@@ -197,7 +197,7 @@ async fn the_table_csv_and_plot_hold_every_row_and_level() {
     let markdown = table::markdown(&plan, &rows);
     assert!(
         markdown.contains(
-            "| full, 1 tier, class-blind | critical | 100.00 % | 20 ms | 20 ms | 1.00x | 10 | 0 | 0 | 0 | - |"
+            "| full, 1 tier, class-blind | critical | 100.00 % | 20 ms | 20 ms | 1.00x | 10 | 0 | 0 | 0 | not read |"
         ),
         "{markdown}"
     );
