@@ -15,7 +15,9 @@ use http::{HeaderValue, Request};
 use overload_signal::protocol::X_REQUEST_CRITICALITY;
 use tower::{BoxError, ServiceExt};
 
-use super::figures::RowFigures;
+use metrics_exporter_prometheus::PrometheusBuilder;
+
+use super::figures::{RowFigures, handler_levels};
 use super::{Awareness, RowSpec, SpikePlan, drive};
 use crate::bench::outcome::{Attempt, Outcome};
 use crate::bench::system::{Model, System};
@@ -48,6 +50,12 @@ pub fn simulate_row(
         .enable_all()
         .start_paused(true)
         .build()?;
+    // NOTE: a recorder of this thread's own, set before the router registers its counters:
+    // the single-threaded runtime runs every task here, so the handler's count of levels
+    // lands in it, as the real server's lands in its `/metrics`.
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let metrics = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
     runtime.block_on(async {
         let latency = match model {
             Model::Mmc => LatencyModel::from(MmcModel::builder().seed(seed).build()?),
@@ -83,6 +91,8 @@ pub fn simulate_row(
             }
         })
         .await;
-        Ok(RowFigures::of(spec, &samples, plan))
+        let mut figures = RowFigures::of(spec, &samples, plan);
+        figures.bottom_levels = handler_levels(&metrics.render());
+        Ok(figures)
     })
 }

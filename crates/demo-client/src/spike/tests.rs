@@ -258,6 +258,13 @@ fn the_simulated_class_blind_spike_sheds_critical_with_the_rest() {
         critical.unloaded_p99.is_some_and(|p| p < MS(400)),
         "{row:?}"
     );
+    // Over the whole run, the one tier's handler ran every request served, each as
+    // `critical` (class-blind: no level on the wire).
+    let levels = row
+        .bottom_levels
+        .expect("the simulated tier's handler levels");
+    let all_served: u64 = row.served_per_second.iter().flatten().sum();
+    assert_eq!(levels, [0, 0, all_served, 0], "{row:?}");
     let again = simulated::simulate_row(crate::bench::system::Model::Mmc, spec, &plan, 7).unwrap();
     assert_eq!(again, row);
     let three = RowSpec { tiers: 3, ..spec };
