@@ -21,9 +21,12 @@ use crate::strategy::Strategy;
 use demo_server::size::parse_size;
 
 mod bench_args;
+mod spike_args;
 
 use bench_args::BENCH_ABOUT;
 pub use bench_args::{BenchArgs, BenchPlan, MAX_LOAD};
+use spike_args::SPIKE_ABOUT;
+pub use spike_args::SpikeArgs;
 
 const RUN_ABOUT: &str = "\
 Send load to a server until Ctrl-C (or --duration), printing one line per second: a
@@ -92,6 +95,12 @@ pub enum Command {
     /// and failed shares, as a table and a CSV.
     #[command(long_about = BENCH_ABOUT)]
     Bench(BenchArgs),
+    /// The spike experiment: steady `critical` traffic at half the capacity, then a
+    /// `sheddable` spike at ten times it; per level, the success rate and p99 during the
+    /// spike, with and without the levels on the wire, through one server or three; a
+    /// table, CSVs and an SVG plot.
+    #[command(long_about = SPIKE_ABOUT)]
+    Spike(SpikeArgs),
 }
 
 /// The clients: how many, how often, how patient.

@@ -22,7 +22,9 @@
 //! - [`report`]: the figures of a run (baseline, recovery time, amplification, latency);
 //! - [`output`]: the CSV and the SVG plots;
 //! - [`plot`]: the dependency-free SVG plotter;
-//! - [`bench`](mod@bench): the goodput benchmark's open-loop load and outcome classification.
+//! - [`bench`](mod@bench): the goodput benchmark's open-loop load and outcome classification;
+//! - [`spike`]: the spike experiment, `critical` traffic through a `sheddable` spike, with
+//!   and without the levels on the wire, against one server or three chained.
 //!
 //! # Feature flags
 //!
@@ -44,6 +46,7 @@ pub mod report;
 pub mod scenario;
 pub mod server;
 pub mod simulate;
+pub mod spike;
 pub mod stack;
 pub mod strategy;
 

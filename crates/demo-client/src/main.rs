@@ -37,6 +37,7 @@ fn main() -> ExitCode {
         Command::PlotDelays(args) => plot_delays(&args),
         Command::Envoy(args) => runtime().and_then(|rt| rt.block_on(envoy(args))),
         Command::Bench(args) => runtime().and_then(|rt| rt.block_on(bench(args))),
+        Command::Spike(args) => runtime().and_then(|rt| rt.block_on(args.run())),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -10,8 +10,10 @@ use axum::extract::State;
 use axum::http::{StatusCode, header};
 use axum::response::{IntoResponse, Response};
 use axum::routing::{MethodRouter, get};
+use metrics::Counter;
 use metrics_exporter_prometheus::PrometheusHandle;
-use overload_signal::protocol::{Protocol, is_stop_signal, stop_signal_response};
+use overload_signal::criticality;
+use overload_signal::protocol::{Criticality, Protocol, is_stop_signal, stop_signal_response};
 use overload_signal::{DeadlineLayer, OverloadSignalLayer, is_overloaded};
 use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer, RateLimitLayer, Remote};
 use tower::util::MapResponseLayer;
@@ -42,6 +44,14 @@ pub mod metric_names {
     /// Histogram (a summary in Prometheus text), seconds: time `/api` requests spent in the
     /// model.
     pub const MODEL_SECONDS: &str = "demo_server_model_seconds";
+    /// Counter of `/api` requests that reached the handler, labelled `criticality`
+    /// (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`): the level the handler
+    /// ran in, as the server stack set it in the task
+    /// ([`overload_signal::criticality::current`]), or `critical`, the protocol's default,
+    /// where no layer set one. The handler never reads the `X-Request-Criticality` header
+    /// itself: this counter shows what the libraries delivered, so a tier behind another
+    /// shows whether its caller's level reached it.
+    pub const HANDLER_CRITICALITY: &str = "demo_server_handler_criticality_total";
 }
 
 /// The default rate limit of `demo-server --stack full` with the `article` (and `instant`)
@@ -373,6 +383,8 @@ struct AppState {
     model: Model,
     downstream: Option<Downstream>,
     metrics: Option<PrometheusHandle>,
+    /// [`metric_names::HANDLER_CRITICALITY`] per level, indexed by [`Criticality::rank`].
+    levels: Arc<[Counter; 4]>,
 }
 
 /// The demo server's routes:
@@ -472,10 +484,16 @@ pub fn app(config: AppConfig) -> Router {
     } else {
         router
     };
+    // NOTE: registered once, when the router is built (after the binary installed its
+    // recorder), not looked up on every request.
+    let levels = Arc::new(Criticality::ALL.map(|level| {
+        metrics::counter!(metric_names::HANDLER_CRITICALITY, "criticality" => level.as_str())
+    }));
     router.with_state(AppState {
         model,
         downstream,
         metrics,
+        levels,
     })
 }
 
@@ -483,6 +501,8 @@ async fn api(State(state): State<AppState>) -> Response {
     // NOTE: whether the work outlives a client that goes away is decided by the connection
     // handling (`server::Abandoned`), not here: a request dropped before this handler first
     // runs never reaches any code in it.
+    let level = criticality::current().unwrap_or_default();
+    state.levels[level.rank()].increment(1);
     let served = state.model.serve().await;
     let took = match served {
         Ok(took) => took,

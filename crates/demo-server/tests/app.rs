@@ -338,3 +338,41 @@ async fn in_the_full_stack_an_expired_request_spends_no_token() {
         "the bucket's one token is left"
     );
 }
+
+/// Issue 33: the handler counts each `/api` request under the level it ran in, the task's
+/// current one (here set by `criticality::scope`, as a server layer does), and under
+/// `critical`, the default, when none is set. The `X-Request-Criticality` header alone, with
+/// no layer to resolve it, is not read by the handler.
+#[tokio::test(start_paused = true)]
+async fn the_handler_counts_requests_by_the_level_it_ran_in() {
+    use overload_signal::criticality;
+    use overload_signal::protocol::{Criticality, X_REQUEST_CRITICALITY};
+
+    let recorder = PrometheusBuilder::new().build_recorder();
+    let handle = recorder.handle();
+    let _local = metrics::set_default_local_recorder(&recorder);
+    let router: Router = app(AppConfig::new(Model::new(LatencyModel::Instant)).metrics(handle));
+    for _ in 0..3 {
+        let scoped =
+            criticality::scope(Criticality::Sheddable, router.clone().oneshot(get("/api")));
+        assert_eq!(scoped.await.unwrap().status(), StatusCode::OK);
+    }
+    let mut with_header = get("/api");
+    with_header.headers_mut().insert(
+        X_REQUEST_CRITICALITY,
+        Criticality::SheddablePlus.header_value(),
+    );
+    assert_eq!(
+        router.clone().oneshot(with_header).await.unwrap().status(),
+        StatusCode::OK
+    );
+    let text = body_text(router.oneshot(get("/metrics")).await.unwrap()).await;
+    for line in [
+        "demo_server_handler_criticality_total{criticality=\"sheddable\"} 3",
+        "demo_server_handler_criticality_total{criticality=\"sheddable-plus\"} 0",
+        "demo_server_handler_criticality_total{criticality=\"critical\"} 1",
+        "demo_server_handler_criticality_total{criticality=\"critical-plus\"} 0",
+    ] {
+        assert!(text.lines().any(|l| l == line), "{line} missing in\n{text}");
+    }
+}

@@ -4,7 +4,7 @@ use std::future::Future;
 use std::time::Duration;
 
 use bytes::Bytes;
-use http::{Request, Uri};
+use http::{HeaderMap, HeaderName, HeaderValue, Request, Uri};
 use http_body_util::{BodyExt, Empty};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
@@ -34,6 +34,7 @@ pub struct HttpSender {
     url: Uri,
     timeout: Duration,
     rejection_body: Option<Bytes>,
+    headers: HeaderMap,
 }
 
 impl HttpSender {
@@ -48,7 +49,16 @@ impl HttpSender {
             url,
             timeout,
             rejection_body: None,
+            headers: HeaderMap::new(),
         }
+    }
+
+    /// Sends `name: value` with every request (the spike experiment's
+    /// `X-Request-Criticality`). Default: no header of the sender's own.
+    #[must_use]
+    pub fn header(mut self, name: HeaderName, value: HeaderValue) -> Self {
+        self.headers.insert(name, value);
+        self
     }
 
     /// Counts a `503` as rejected only when its body is `body` (trimmed), as
@@ -102,11 +112,13 @@ impl HttpSender {
         let client = self.client.clone();
         let url = self.url.clone();
         let rejection_body = self.rejection_body.clone();
+        let headers = self.headers.clone();
         async move {
             let failed = Attempt::Ended(Outcome::Failed);
-            let Ok(request) = Request::get(url).body(Empty::new()) else {
+            let Ok(mut request) = Request::get(url).body(Empty::new()) else {
                 return failed;
             };
+            request.headers_mut().extend(headers);
             let response = match client.request(request).await {
                 Ok(response) => response,
                 Err(e) if is_local_exhaustion(&e) => return Attempt::NotSent,
@@ -162,7 +174,8 @@ mod tests {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
     /// A server on 127.0.0.1 that answers by path: `/ok` 200, `/shed` 503, `/bad` 500,
-    /// `/slow` 200 after 1 s; keep-alive.
+    /// `/slow` 200 after 1 s, `/sheddable` 200 with `x-request-criticality: sheddable` and
+    /// 500 without; keep-alive.
     async fn server() -> std::net::SocketAddr {
         let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
         let addr = listener.local_addr().unwrap();
@@ -178,7 +191,12 @@ mod tests {
                         let request = String::from_utf8_lossy(&buf[..n]).into_owned();
                         let status = if request.starts_with("GET /shed ") {
                             "503 Service Unavailable"
-                        } else if request.starts_with("GET /bad ") {
+                        } else if request.starts_with("GET /bad ")
+                            || (request.starts_with("GET /sheddable ")
+                                && !request
+                                    .to_ascii_lowercase()
+                                    .contains("\r\nx-request-criticality: sheddable\r\n"))
+                        {
                             "500 Internal Server Error"
                         } else {
                             if request.starts_with("GET /slow ") {
@@ -214,6 +232,22 @@ mod tests {
         let closed = free_port().unwrap();
         let refused = HttpSender::new(format!("http://{closed}/ok").parse().unwrap(), timeout);
         assert_eq!(refused.send().await, Outcome::Failed);
+    }
+
+    /// Issue 33: a header given to the sender goes out with every request.
+    #[tokio::test]
+    async fn the_senders_header_goes_out_with_every_request() {
+        let addr = server().await;
+        let url: Uri = format!("http://{addr}/sheddable").parse().unwrap();
+        let bare = HttpSender::new(url, Duration::from_secs(1));
+        assert_eq!(bare.send().await, Outcome::Failed, "no header: 500");
+        let with_level = bare.header(
+            HeaderName::from_static("x-request-criticality"),
+            HeaderValue::from_static("sheddable"),
+        );
+        for _ in 0..2 {
+            assert_eq!(with_level.send().await, Outcome::Served);
+        }
     }
 
     /// Review M2: the timeout runs from the scheduled instant. A request scheduled 1 s ago
