@@ -452,7 +452,22 @@ async fn metrics_are_registered_on_first_use_and_carry_the_name() {
         counters,
         [
             (format!("{RETRIES_ALLOWED}{{name=payments}}"), 2),
-            (format!("{RETRIES_REFUSED}{{name=payments}}"), 3)
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=critical-plus}}"),
+                0
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=critical}}"),
+                3
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=sheddable-plus}}"),
+                0
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=sheddable}}"),
+                0
+            ),
         ]
     );
     assert_eq!(RetryBudget::new().name(), "default");

@@ -575,9 +575,20 @@ fn refusals_and_the_probability_are_reported_by_name_and_destination() {
         seen.insert(format!("{}{labels:?}", key.key().name()), value);
     }
     assert_eq!(
-        seen.get("backoff_layer_throttle_refused_total[\"name=inventory\"]"),
+        seen.get(
+            "backoff_layer_throttle_refused_total[\"name=inventory\", \"criticality=critical\"]"
+        ),
         Some(&DebugValue::Counter(refused))
     );
+    for level in ["sheddable", "sheddable-plus", "critical-plus"] {
+        assert_eq!(
+            seen.get(&format!(
+                "backoff_layer_throttle_refused_total[\"name=inventory\", \"criticality={level}\"]"
+            )),
+            Some(&DebugValue::Counter(0)),
+            "{level}"
+        );
+    }
     assert_eq!(
         seen.get("backoff_layer_throttle_untracked_total[\"name=inventory\"]"),
         Some(&DebugValue::Counter(0))
