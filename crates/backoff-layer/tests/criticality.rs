@@ -15,7 +15,9 @@ use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
 use overload_signal::CriticalityLayer;
 use overload_signal::criticality;
-use overload_signal::protocol::Criticality::{self, Critical, CriticalPlus, Sheddable, SheddablePlus};
+use overload_signal::protocol::Criticality::{
+    self, Critical, CriticalPlus, Sheddable, SheddablePlus,
+};
 use overload_signal::protocol::X_REQUEST_CRITICALITY;
 use support::{MS, Mock, status};
 use tower::{Layer, ServiceExt, service_fn};
@@ -118,12 +120,7 @@ async fn a_downstream_call_carries_its_request_level_on_every_attempt_without_ha
 #[tokio::test(start_paused = true)]
 async fn a_handler_asking_for_a_higher_level_sends_its_own() {
     let mock = downstream();
-    let seen = levels_downstream(
-        Some("sheddable-plus"),
-        Ask::Extension(CriticalPlus),
-        &mock,
-    )
-    .await;
+    let seen = levels_downstream(Some("sheddable-plus"), Ask::Extension(CriticalPlus), &mock).await;
     assert_eq!(seen, three(SheddablePlus));
     // The same written by hand in the header: never believed above the request's level.
     let mock = downstream();
@@ -138,7 +135,11 @@ async fn a_handler_asking_for_a_lower_level_sends_it_lower() {
     assert_eq!(seen, three(Sheddable));
     let mock = downstream();
     let seen = levels_downstream(Some("critical"), Ask::Header("SHEDDABLE_PLUS"), &mock).await;
-    assert_eq!(seen, three(SheddablePlus), "parsed, and written in its wire form");
+    assert_eq!(
+        seen,
+        three(SheddablePlus),
+        "parsed, and written in its wire form"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -153,7 +154,9 @@ async fn outside_any_request_a_call_carries_what_it_asks_for_or_nothing() {
             .unwrap()
             .layer(mock.clone());
         async move {
-            let mut call = Request::get("http://downstream/").body(Empty::<Bytes>::new()).unwrap();
+            let mut call = Request::get("http://downstream/")
+                .body(Empty::<Bytes>::new())
+                .unwrap();
             match ask {
                 Ask::Nothing => {}
                 Ask::Extension(level) => {
@@ -172,7 +175,11 @@ async fn outside_any_request_a_call_carries_what_it_asks_for_or_nothing() {
     assert_eq!(carried(&mock), vec![None; 3], "no level, no header");
     let mock = downstream();
     send(&mock, Ask::Extension(CriticalPlus)).await;
-    assert_eq!(carried(&mock), three(CriticalPlus), "nothing above it to cap it");
+    assert_eq!(
+        carried(&mock),
+        three(CriticalPlus),
+        "nothing above it to cap it"
+    );
     let mock = downstream();
     send(&mock, Ask::Header("urgent")).await;
     assert_eq!(carried(&mock), vec![None; 3], "junk is not sent on");
@@ -182,7 +189,11 @@ async fn outside_any_request_a_call_carries_what_it_asks_for_or_nothing() {
     assert_eq!(carried(&mock), three(SheddablePlus));
     let mock = downstream();
     criticality::scope(SheddablePlus, send(&mock, Ask::Header("urgent"))).await;
-    assert_eq!(carried(&mock), three(SheddablePlus), "junk replaced by the level");
+    assert_eq!(
+        carried(&mock),
+        three(SheddablePlus),
+        "junk replaced by the level"
+    );
 }
 
 /// A tonic generated client through `for_tonic`: its requests' metadata is the header, and

@@ -31,8 +31,8 @@ fn client(down: &Arc<AtomicBool>) -> Client {
         .seeds(Seeds::from_seed(33))
         .build()
         .unwrap();
-    BoxCloneService::new(layer.layer(service_fn(
-        move |_: Request<ReplayBody<Empty<Bytes>>>| {
+    BoxCloneService::new(
+        layer.layer(service_fn(move |_: Request<ReplayBody<Empty<Bytes>>>| {
             let status = if down.load(Ordering::Relaxed) {
                 503
             } else {
@@ -43,8 +43,8 @@ fn client(down: &Arc<AtomicBool>) -> Client {
                 *response.status_mut() = StatusCode::from_u16(status).unwrap();
                 Ok::<_, Infallible>(response)
             }
-        },
-    )))
+        })),
+    )
 }
 
 /// One request of `level`: `true` if the throttle refused it.
@@ -117,7 +117,9 @@ async fn in_an_outage_sheddable_requests_are_refused_before_critical_ones() {
     let client = client(&down);
     // NOTE: the first request starts the ticker: one to another destination now, so the
     // ticks fall on whole slots from here, 5 ms before each slot's first request.
-    let mut warm_up = Request::get("http://other.test/").body(Empty::new()).unwrap();
+    let mut warm_up = Request::get("http://other.test/")
+        .body(Empty::new())
+        .unwrap();
     warm_up.extensions_mut().insert(Critical);
     client.clone().oneshot(warm_up).await.unwrap();
     // 20 s of outage: 100 slots.
@@ -158,7 +160,10 @@ async fn in_an_outage_sheddable_requests_are_refused_before_critical_ones() {
     down.store(false, Ordering::Relaxed);
     let steps = drive(&client, 10).await;
     for step in &steps {
-        assert!(Step::rate(step.sheddable) >= Step::rate(step.critical), "{step:?}");
+        assert!(
+            Step::rate(step.sheddable) >= Step::rate(step.critical),
+            "{step:?}"
+        );
         assert!(
             step.critical.0 == 0 || step.sheddable.0 == step.sheddable.1,
             "{step:?}"
@@ -176,7 +181,12 @@ async fn in_an_outage_sheddable_requests_are_refused_before_critical_ones() {
 #[tokio::test(start_paused = true)]
 async fn one_level_is_throttled_exactly_as_the_default() {
     let mut runs = Vec::new();
-    for level in [None, Some(Sheddable), Some(Critical), Some(Criticality::CriticalPlus)] {
+    for level in [
+        None,
+        Some(Sheddable),
+        Some(Critical),
+        Some(Criticality::CriticalPlus),
+    ] {
         let down = Arc::new(AtomicBool::new(true));
         let client = client(&down);
         let start = Instant::now();

@@ -94,6 +94,26 @@ const LOGS_EPISODES: bool = !cfg!(loom);
 /// after its last deposit or withdrawal. [`deposit`](Budget::deposit) and
 /// [`withdraw`](Budget::withdraw) without a level are `critical`'s.
 ///
+/// ```
+/// use backoff_layer::budget::{Budget, RetryBudget};
+/// use overload_signal::criticality::Reserves;
+/// use overload_signal::protocol::Criticality::{Critical, Sheddable};
+///
+/// // No ratio: the floor alone, 10 retries in the window.
+/// let budget = RetryBudget::builder().ratio(0.0).build()?;
+/// budget.deposit_at(Critical);
+/// // Critical is active: sheddable takes only the half above its reserve...
+/// assert_eq!((0..10).filter(|_| budget.withdraw_at(Sheddable)).count(), 5);
+/// // ...and critical the rest.
+/// assert_eq!((0..10).filter(|_| budget.withdraw_at(Critical)).count(), 5);
+///
+/// // Without reserves, levels share the allowance as one.
+/// let flat = RetryBudget::builder().ratio(0.0).reserves(Reserves::none()).build()?;
+/// flat.deposit_at(Critical);
+/// assert_eq!((0..12).filter(|_| flat.withdraw_at(Sheddable)).count(), 10);
+/// # Ok::<(), backoff_layer::ConfigError>(())
+/// ```
+///
 /// # Sharing and cost
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`

@@ -209,7 +209,10 @@ mod tests {
         // Half sheddable, half critical, 90 %: every sheddable refused, 80 % of critical.
         let levels = split(p, [50, 0, 50, 0]);
         assert_eq!(levels[0], PROBABILITY_ONE);
-        assert_eq!(levels[1], PROBABILITY_ONE, "not seen, below a refused level");
+        assert_eq!(
+            levels[1], PROBABILITY_ONE,
+            "not seen, below a refused level"
+        );
         assert!((from_units(levels[2]) - 0.8).abs() < 1e-6);
         assert_eq!(levels[3], 0, "not seen, above every refusal");
         // 30 % with half sheddable: only sheddable, at 60 %.

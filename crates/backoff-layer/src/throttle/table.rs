@@ -91,7 +91,9 @@ impl LevelCounts {
 
     /// Refusals of every level together.
     pub(crate) fn refusals(&self) -> u64 {
-        self.refusals.iter().fold(0, |sum, &n| sum.saturating_add(n))
+        self.refusals
+            .iter()
+            .fold(0, |sum, &n| sum.saturating_add(n))
     }
 
     /// Each level's requests: attempts sent and requests refused.
@@ -242,8 +244,7 @@ impl DestinationTable {
     /// in `rule::PROBABILITY_ONE` units.
     #[inline]
     pub(crate) fn probability(&self, ticket: ThrottleTicket) -> u64 {
-        self.states[ticket.index()].level_probability[ticket.level.rank()]
-            .load(Ordering::Relaxed)
+        self.states[ticket.index()].level_probability[ticket.level.rank()].load(Ordering::Relaxed)
     }
 
     /// Counts an attempt's outcome for its level, unless the ticket's slot was released
