@@ -672,7 +672,7 @@ fn refusals_are_counted_by_level() {
         .name("levels")
         .ratio(0.0)
         .min_retries_per_sec(1)
-        .clock(clock.clone())
+        .clock(clock)
         .build()
         .unwrap();
     let recorder = DebuggingRecorder::new();

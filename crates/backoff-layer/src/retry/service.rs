@@ -155,6 +155,7 @@ where
 }
 
 /// What [`Retry::call`] decided for a request it sent, kept by its future for the retries.
+#[derive(Clone, Copy, Debug)]
 pub(crate) struct Sent {
     /// The deadline and how each attempt carries it.
     pub(crate) timing: Timing,
