@@ -19,8 +19,8 @@ use tokio::time::{Instant, Sleep, sleep_until};
 use tower_service::Service;
 
 use super::config::RetryConfig;
-use super::deadline::{OnWire, attempt_window};
-use super::service::{Sent, set_level};
+use super::deadline::{OnWire, Timing, attempt_window};
+use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
 use crate::BoxError;
 use crate::adapter::Adapter;
@@ -73,6 +73,17 @@ pin_project! {
         // The output was returned.
         Done,
     }
+}
+
+/// What `Retry::call` decided for a request it sent, kept by its future for the retries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    /// The deadline and how each attempt carries it.
+    pub(crate) timing: Timing,
+    /// Where the throttle counts the attempts' outcomes.
+    pub(crate) ticket: Option<ThrottleTicket>,
+    /// The level every attempt carries in `X-Request-Criticality` (`None`: no header).
+    pub(crate) level: Option<Criticality>,
 }
 
 /// Per-request bookkeeping, apart from the pinned parts.

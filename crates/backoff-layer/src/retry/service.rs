@@ -5,19 +5,17 @@ use std::task::{Context, Poll};
 
 use http::{Request, Response};
 use http_body::Body;
-use overload_signal::criticality;
-use overload_signal::protocol::{
-    Attempt, Criticality, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ENVOY_ATTEMPT_COUNT, X_REQUEST_CRITICALITY,
-};
+use overload_signal::protocol::{Attempt, GRPC_PREVIOUS_RPC_ATTEMPTS, X_ENVOY_ATTEMPT_COUNT};
 use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::Timing;
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Sent};
+use super::level::{outgoing_level, set_level};
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
-use crate::throttle::{Target, ThrottleTicket};
+use crate::throttle::Target;
 
 /// Retries requests to the inner service; see the [crate docs](crate).
 ///
@@ -151,49 +149,6 @@ where
             level: on_wire,
         };
         ResponseFuture::new(future, span, config, retry, source, sent)
-    }
-}
-
-/// What [`Retry::call`] decided for a request it sent, kept by its future for the retries.
-#[derive(Clone, Copy, Debug)]
-pub(crate) struct Sent {
-    /// The deadline and how each attempt carries it.
-    pub(crate) timing: Timing,
-    /// Where the throttle counts the attempts' outcomes.
-    pub(crate) ticket: Option<ThrottleTicket>,
-    /// The level every attempt carries in `X-Request-Criticality` (`None`: no header).
-    pub(crate) level: Option<Criticality>,
-}
-
-/// The level a request's attempts carry downstream: the one its caller asked for (a
-/// [`Criticality`] in its extensions, or else an `X-Request-Criticality` written by hand),
-/// never above the level of the request being served ([`criticality::outgoing`]); `None`
-/// when there is neither.
-///
-/// NOTE: a hand-written header that carries no level (junk, or two levels) is removed: the
-/// layer writes a level it resolved or none, so a server never counts it as malformed.
-#[inline]
-fn outgoing_level(parts: &mut http::request::Parts) -> Option<Criticality> {
-    let requested = match parts.extensions.get::<Criticality>() {
-        Some(level) => Some(*level),
-        // NOTE: no look-up at all on a request without headers.
-        None if !parts.headers.is_empty() && parts.headers.contains_key(X_REQUEST_CRITICALITY) => {
-            let claimed = Criticality::from_headers(&parts.headers);
-            if claimed.is_none() {
-                parts.headers.remove(X_REQUEST_CRITICALITY);
-            }
-            claimed
-        }
-        None => None,
-    };
-    criticality::outgoing(requested)
-}
-
-/// Writes `level` in an attempt's `X-Request-Criticality` (replacing any value), or nothing.
-#[inline]
-pub(crate) fn set_level(headers: &mut http::HeaderMap, level: Option<Criticality>) {
-    if let Some(level) = level {
-        headers.insert(X_REQUEST_CRITICALITY, level.header_value());
     }
 }
 
