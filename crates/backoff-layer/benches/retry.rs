@@ -21,6 +21,8 @@ use futures_util::task::noop_waker_ref;
 use http::{Request, Response};
 use http_body::Body;
 use http_body_util::{Empty, Full};
+use overload_signal::criticality;
+use overload_signal::protocol::Criticality;
 use tower::{Layer, Service, ServiceExt};
 
 /// An inner service that reads the whole request body (as a client would send it) and
@@ -111,6 +113,26 @@ fn happy_path(c: &mut Criterion) {
     });
     g.bench_function("retry_timeout_deadline", |b| {
         b.iter(|| now(timed.clone().oneshot(black_box(get()))).unwrap());
+    });
+    // A request asking for a level of criticality (issue 33): the level written in
+    // `X-Request-Criticality`, and the throttle and budget deciding by it.
+    g.bench_function("retry_defaults_with_level", |b| {
+        b.iter(|| {
+            let mut request = get();
+            request.extensions_mut().insert(Criticality::Sheddable);
+            now(defaults.clone().oneshot(black_box(request))).unwrap()
+        });
+    });
+    // The same request sent from a task serving a request of a level (a handler behind
+    // `CriticalityLayer`): the level read from the task-local scope too.
+    g.bench_function("retry_defaults_in_scope", |b| {
+        b.iter(|| {
+            now(criticality::scope(
+                Criticality::Critical,
+                defaults.clone().oneshot(black_box(get())),
+            ))
+            .unwrap()
+        });
     });
     g.finish();
 

@@ -40,6 +40,10 @@
 //!   failing, most of its requests fail at once with [`Throttled`], never sent, and a few
 //!   probe it, so a failed server is not buried under work its callers gave up on; a
 //!   destination that accepts at least half of what it is sent is never refused anything;
+//! - **criticality on the wire and shed from the bottom**: every attempt carries
+//!   `X-Request-Criticality` (gRPC metadata alike) with the level its request may claim, a
+//!   handler's calls inheriting its own request's level; the throttle and the budget refuse
+//!   lower levels first. See [Criticality](#criticality);
 //! - **an operator can tell layers apart**: every metric carries the layer's
 //!   [`name`](RetryBuilder::name), and a state change (the budget refusing retries, the
 //!   downstream saying stop) is logged once when it begins and once when it ends.
@@ -215,6 +219,32 @@
 //! call ends with [`GiveUpReason::Deadline`] (`DEADLINE_EXCEEDED` through the tonic
 //! adapter). Each attempt carries what is left of it, never more than the caller gave: a
 //! caller's `grpc-timeout` is rewritten on every attempt, never copied.
+//! # Criticality
+//!
+//! Every attempt carries `X-Request-Criticality` (the same name in gRPC metadata: a tonic
+//! request's metadata is its headers) with the level
+//! [`criticality::outgoing`](overload_signal::criticality::outgoing) gives for what the
+//! request asks: a [`Criticality`](overload_signal::protocol::Criticality) in its
+//! extensions, or else an `X-Request-Criticality` written by hand; never above the level of
+//! the request being served (a handler behind `overload-signal`'s `CriticalityLayer`), so a
+//! handler's downstream calls carry its request's level with no code, and a call may ask for
+//! a lower level, never a higher one. With neither (no level asked, no request served), no
+//! header is sent; a hand-written value that is not a level is removed. Retries carry the
+//! same level as the first attempt.
+//!
+//! The same level, `critical` when none, is what the layer's limits shed by, from the
+//! bottom:
+//!
+//! - the [throttle](throttle#levels-of-criticality) refuses every lower-level request to a
+//!   failing destination before it refuses a higher one (it places its refusals on the
+//!   lowest levels first, sending in total what its rule decides);
+//! - the [retry budget](budget::RetryBudget#levels-of-criticality) lets a lower level
+//!   draw only from the allowance above a reserve while a higher level is active, so in a
+//!   storm `sheddable` retries stop before `critical` ones.
+//!
+//! A client whose requests are all of one level is throttled and budgeted exactly as
+//! without levels.
+//!
 //! # What is retried
 //!
 //! The [`classify::DefaultClassifier`]: connect errors and timeouts, and `429`, `502`, `503`
@@ -305,8 +335,8 @@
 //! | `backoff_layer_stop_signals_total` | counter | `name` | failures carrying the stop signal |
 //! | `backoff_layer_retry_delay_seconds` | histogram | `name` | the wait before each retry |
 //! | `backoff_layer_budget_retries_allowed_total` | counter | `name` (the budget's) | retries the [`RetryBudget`](budget::RetryBudget) let through |
-//! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's) | retries the budget refused |
-//! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's) | requests the client-side throttle refused, never sent |
+//! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's), `criticality` (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`: the request's level) | retries the budget refused |
+//! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's), `criticality` (the request's level, as above) | requests the client-side throttle refused, never sent |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
 //! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled; `destination="(other)"` for every destination beyond the first 32 throttled |
 //!

@@ -112,18 +112,29 @@ async fn counters_by_name_and_reason() {
             "backoff_layer_budget_retries_allowed_total{name=default}",
             2,
         ),
-        (
-            "backoff_layer_budget_retries_refused_total{name=default}",
-            0,
-        ),
         // The layer's own throttle's counters, registered on the first request too: nothing
         // refused (a destination failing this little is never throttled), every destination
         // tracked.
-        ("backoff_layer_throttle_refused_total{name=default}", 0),
         ("backoff_layer_throttle_untracked_total{name=default}", 0),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))
+    // The refusal counters, one series per level of criticality, all at zero.
+    .chain(
+        ["sheddable", "sheddable-plus", "critical", "critical-plus"]
+            .into_iter()
+            .flat_map(|level| {
+                [
+                    format!(
+                        "backoff_layer_budget_retries_refused_total{{name=default}}{{criticality={level}}}"
+                    ),
+                    format!(
+                        "backoff_layer_throttle_refused_total{{name=default}}{{criticality={level}}}"
+                    ),
+                ]
+            })
+            .map(|k| (k, 0)),
+    )
     .collect();
     assert_eq!(counters, expected);
     assert_eq!(delays, [0.1, 0.1]);

@@ -57,11 +57,23 @@ fn series(
         // A histogram: the number of waits recorded, one per retry.
         ("backoff_layer_retry_delay_seconds", retries),
         ("backoff_layer_budget_retries_allowed_total", budget_allowed),
-        ("backoff_layer_budget_retries_refused_total", budget_refused),
     ]
     .into_iter()
     .map(|(metric, n)| (format!("{metric}{{name={name}}}"), n))
     .collect();
+    // Refusals by level: these requests carry none, so they are `critical`'s.
+    for level in LEVELS {
+        out.insert(
+            format!(
+                "backoff_layer_budget_retries_refused_total{{name={name}}}{{criticality={level}}}"
+            ),
+            if level == "critical" {
+                budget_refused
+            } else {
+                0
+            },
+        );
+    }
     for (reason, n) in [
         ("max_attempts", gave_up_max_attempts),
         ("budget", gave_up_budget),
@@ -81,14 +93,21 @@ fn series(
 /// [`series`] and the counters of the layer's own throttle, at zero: nothing refused,
 /// every destination tracked.
 fn with_throttle(mut series: BTreeMap<String, u64>, name: &str) -> BTreeMap<String, u64> {
-    for metric in [
-        "backoff_layer_throttle_refused_total",
-        "backoff_layer_throttle_untracked_total",
-    ] {
-        series.insert(format!("{metric}{{name={name}}}"), 0);
+    series.insert(
+        format!("backoff_layer_throttle_untracked_total{{name={name}}}"),
+        0,
+    );
+    for level in LEVELS {
+        series.insert(
+            format!("backoff_layer_throttle_refused_total{{name={name}}}{{criticality={level}}}"),
+            0,
+        );
     }
     series
 }
+
+/// The `criticality` label's values: the refusal counters have one series per level.
+const LEVELS: [&str; 4] = ["sheddable", "sheddable-plus", "critical", "critical-plus"];
 
 /// Two retry layers in one process, 10 requests each, one downstream failing: two series
 /// per metric, told apart by `name`, each with its own layer's counts, the budgets' included

@@ -61,7 +61,7 @@
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
 //! | `backoff_layer_budget_retries_allowed_total` | counter | `name` | withdrawals that succeeded: retries the budget let through |
-//! | `backoff_layer_budget_retries_refused_total` | counter | `name` | withdrawals that were refused: retries the budget stopped |
+//! | `backoff_layer_budget_retries_refused_total` | counter | `name`, `criticality` | withdrawals that were refused: retries the budget stopped, by the level of the request (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`; [`withdraw`](Budget::withdraw) without a level counts as `critical`) |
 //!
 //! First attempts are not counted here: they happen on every request, and the retry layer's
 //! own request metrics already count them.

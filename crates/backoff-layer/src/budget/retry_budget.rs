@@ -7,6 +7,8 @@ use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use overload_core::window::Window;
+use overload_signal::criticality::{RecentLevels, Reserves};
+use overload_signal::protocol::Criticality;
 
 use super::contract::Budget;
 use super::telemetry::{RetryBudgetMetrics, refusing_began, refusing_ended};
@@ -65,6 +67,53 @@ const LOGS_EPISODES: bool = !cfg!(loom);
 ///   tens, which is most of a deposit's cost; slots then start up to one kernel tick (1 to
 ///   10 ms) late, and paused time no longer moves the budget.
 ///
+/// # Levels of criticality
+///
+/// The retry layer tells the budget each request's [`Criticality`] (the level it carries on
+/// the wire, `critical` when none), and the budget sheds retries from the bottom: a level
+/// draws only from the allowance above its [reserve](RetryBudgetBuilder::reserves) while a
+/// higher level deposited or withdrew in the last window:
+///
+/// ```text
+/// retries + 1 <= allowance - share(level) * allowance      (a higher level active)
+/// retries + 1 <= allowance                                  (otherwise)
+/// ```
+///
+/// where `allowance` is the right-hand side above and `retries` counts every level's.
+/// With the default [`Reserves`] (`sheddable` 0.5, `sheddable-plus` 0.25, `critical` 0.1,
+/// `critical-plus` 0), in a storm a client's `sheddable` retries stop once half the
+/// allowance is spent, its `critical` ones at 90 %, and `critical-plus` takes the rest.
+///
+/// What this guarantees: **while a lower level's retry is granted, no higher level's retry
+/// is refused** at the same moment (a higher level's reserve is smaller: shares fall with the
+/// level, as [`Reserves`] enforces), and a client whose requests are all of one level (or a
+/// budget with [`Reserves::none()`]) is limited exactly as without levels. It does not hold
+/// across time: a `sheddable` retry granted early in a window spends allowance a later
+/// `critical` retry may miss; the reserve bounds what lower levels can spend to
+/// `1 - share` of the allowance. A level counts as active for one window (10 s by default)
+/// after its last deposit or withdrawal. [`deposit`](Budget::deposit) and
+/// [`withdraw`](Budget::withdraw) without a level are `critical`'s.
+///
+/// ```
+/// use backoff_layer::budget::{Budget, RetryBudget};
+/// use overload_signal::criticality::Reserves;
+/// use overload_signal::protocol::Criticality::{Critical, Sheddable};
+///
+/// // No ratio: the floor alone, 10 retries in the window.
+/// let budget = RetryBudget::builder().ratio(0.0).build()?;
+/// budget.deposit_at(Critical);
+/// // Critical is active: sheddable takes only the half above its reserve...
+/// assert_eq!((0..10).filter(|_| budget.withdraw_at(Sheddable)).count(), 5);
+/// // ...and critical the rest.
+/// assert_eq!((0..10).filter(|_| budget.withdraw_at(Critical)).count(), 5);
+///
+/// // Without reserves, levels share the allowance as one.
+/// let flat = RetryBudget::builder().ratio(0.0).reserves(Reserves::none()).build()?;
+/// flat.deposit_at(Critical);
+/// assert_eq!((0..12).filter(|_| flat.withdraw_at(Sheddable)).count(), 10);
+/// # Ok::<(), backoff_layer::ConfigError>(())
+/// ```
+///
 /// # Sharing and cost
 ///
 /// One `RetryBudget` is meant to be shared by every clone of a client, behind an `Arc`
@@ -104,6 +153,10 @@ pub struct RetryBudget<C: Clock = TokioClock> {
     /// Refusing retries: begins at a refusal, ends once a whole window has passed without
     /// one (every refusal has then left the window).
     refusing: Episode,
+    /// The share of the allowance each level may not take while a higher one is active.
+    reserves: Reserves,
+    /// Which levels deposited or withdrew in the last window.
+    recent: RecentLevels,
 }
 
 impl RetryBudget {
@@ -176,6 +229,11 @@ impl<C: Clock> RetryBudget<C> {
         self.min_retries_per_sec
     }
 
+    /// The share of the allowance each level may not take while a higher level is active.
+    pub fn reserves(&self) -> Reserves {
+        self.reserves
+    }
+
     /// The budget's name: the label `name` of its metrics and the field `name` of its logs.
     pub fn name(&self) -> &str {
         self.metrics.name().as_str()
@@ -212,7 +270,18 @@ impl<C: Clock> RetryBudget<C> {
 impl<C: Clock> Budget for RetryBudget<C> {
     #[inline]
     fn deposit(&self) {
+        self.deposit_at(Criticality::default());
+    }
+
+    #[inline]
+    fn withdraw(&self) -> bool {
+        self.withdraw_at(Criticality::default())
+    }
+
+    #[inline]
+    fn deposit_at(&self, level: Criticality) {
         let now = self.window.clock().now();
+        self.recent.note(level, now);
         self.window.add(self.window.slot_at(now), DEPOSITS, 1);
         // NOTE: the first deposit is the first request: the counters are registered then,
         // at zero, so they exist before the first retry. Later, one atomic load.
@@ -224,14 +293,25 @@ impl<C: Clock> Budget for RetryBudget<C> {
         }
     }
 
-    fn withdraw(&self) -> bool {
+    fn withdraw_at(&self, level: Criticality) -> bool {
         let now = self.window.clock().now();
         let slot = self.window.slot_at(now);
+        self.recent.note(level, now);
+        // NOTE: whether a share is held back is decided once, before the compare-and-swap
+        // loop (`RecentLevels::held_back` split in two): it reads other atomics than the
+        // window's, and a retry of the loop must not change its mind on them.
+        let reserved = self.reserves.share(level) > 0.0 && self.recent.higher_active(level, now);
         // NOTE: the window calls this with the withdrawals exact as of the moment the retry
         // is granted (it re-checks if another withdrawal got in first): never an overdraw.
         let granted = self.window.try_take(slot, |counts| {
-            u128::from(counts.taken() + 1) * u128::from(SCALE)
-                <= self.earned(counts.added(DEPOSITS))
+            let earned = self.earned(counts.added(DEPOSITS));
+            let held = if reserved {
+                let capacity = u64::try_from(earned).unwrap_or(u64::MAX);
+                u128::from(self.reserves.held_back(level, capacity))
+            } else {
+                0
+            };
+            u128::from(counts.taken() + 1) * u128::from(SCALE) <= earned - held
         });
         let metrics = self.metrics.get();
         if granted {
@@ -240,7 +320,7 @@ impl<C: Clock> Budget for RetryBudget<C> {
                 self.end_refusing(now);
             }
         } else {
-            metrics.refused.increment(1);
+            metrics.refused[level.rank()].increment(1);
             if LOGS_EPISODES && self.refusing.seen(now) {
                 refusing_began(self.metrics.name(), self.ratio, self.window.window());
             }
@@ -274,6 +354,7 @@ pub struct RetryBudgetBuilder<C: Clock = TokioClock> {
     window: Duration,
     slots: u32,
     min_retries_per_sec: u32,
+    reserves: Reserves,
     clock: C,
 }
 
@@ -287,6 +368,7 @@ impl RetryBudgetBuilder {
             window: RetryBudget::DEFAULT_WINDOW,
             slots: RetryBudget::DEFAULT_SLOTS,
             min_retries_per_sec: RetryBudget::DEFAULT_MIN_RETRIES_PER_SEC,
+            reserves: Reserves::new(),
             clock: TokioClock::new(),
         }
     }
@@ -337,6 +419,16 @@ impl<C: Clock> RetryBudgetBuilder<C> {
         self
     }
 
+    /// The share of the allowance each level of [`Criticality`] may not take while a higher
+    /// level deposited or withdrew in the last window. Default: [`Reserves::new()`]
+    /// (`sheddable` 0.5, `sheddable-plus` 0.25, `critical` 0.1, `critical-plus` 0);
+    /// [`Reserves::none()`] makes every level draw from the whole allowance. See
+    /// [Levels of criticality](RetryBudget#levels-of-criticality).
+    pub const fn reserves(mut self, reserves: Reserves) -> Self {
+        self.reserves = reserves;
+        self
+    }
+
     /// The budget's name: the label `name` of its metrics
     /// (`backoff_layer_budget_retries_allowed_total{name="..."}`) and the field `name` of
     /// its logs. Name a budget you share between layers, or build for one downstream, after
@@ -357,6 +449,7 @@ impl<C: Clock> RetryBudgetBuilder<C> {
             window: self.window,
             slots: self.slots,
             min_retries_per_sec: self.min_retries_per_sec,
+            reserves: self.reserves,
             clock,
         }
     }
@@ -436,6 +529,8 @@ impl<C: Clock> RetryBudgetBuilder<C> {
             floor_units,
             metrics: LazyMetrics::new(name),
             refusing: Episode::new(),
+            reserves: self.reserves,
+            recent: RecentLevels::new(self.window),
         })
     }
 }
@@ -448,6 +543,7 @@ impl<C: Clock> fmt::Debug for RetryBudgetBuilder<C> {
             .field("window", &self.window)
             .field("slots", &self.slots)
             .field("min_retries_per_sec", &self.min_retries_per_sec)
+            .field("reserves", &self.reserves)
             .finish_non_exhaustive()
     }
 }

@@ -10,6 +10,8 @@ use proptest::prelude::*;
 
 use super::telemetry::{RETRIES_ALLOWED, RETRIES_REFUSED};
 use super::*;
+use overload_signal::criticality::Reserves;
+use overload_signal::protocol::Criticality;
 
 fn budget(ratio: f64, window: Duration, slots: u32, floor: u32) -> RetryBudget {
     RetryBudget::builder()
@@ -452,7 +454,22 @@ async fn metrics_are_registered_on_first_use_and_carry_the_name() {
         counters,
         [
             (format!("{RETRIES_ALLOWED}{{name=payments}}"), 2),
-            (format!("{RETRIES_REFUSED}{{name=payments}}"), 3)
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=critical-plus}}"),
+                0
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=critical}}"),
+                3
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=sheddable-plus}}"),
+                0
+            ),
+            (
+                format!("{RETRIES_REFUSED}{{name=payments}}{{criticality=sheddable}}"),
+                0
+            ),
         ]
     );
     assert_eq!(RetryBudget::new().name(), "default");
@@ -493,4 +510,201 @@ proptest! {
         prop_assert_eq!(drain(&b) as u64, expected);
         prop_assert!(!b.withdraw());
     }
+}
+
+/// A budget on a fake clock, with `reserves`: ratio 0.2, 10 s in 10 slots, floor 1 per
+/// second.
+fn levelled(clock: &FakeClock, reserves: Reserves) -> RetryBudget<FakeClock> {
+    RetryBudget::builder()
+        .ratio(0.2)
+        .reserves(reserves)
+        .clock(clock.clone())
+        .build()
+        .unwrap()
+}
+
+/// One step of a client's life: time passes, a request's first attempt, a retry.
+#[derive(Clone, Copy, Debug)]
+enum Step {
+    Wait(u64),
+    Deposit,
+    Withdraw,
+}
+
+fn steps() -> impl Strategy<Value = Vec<Step>> {
+    prop::collection::vec(
+        prop_oneof![
+            1 => (1u64..3_000).prop_map(Step::Wait),
+            3 => Just(Step::Deposit),
+            2 => Just(Step::Withdraw),
+        ],
+        1..600,
+    )
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(64))]
+
+    /// A client whose requests are all of one level is limited exactly as without levels:
+    /// the same decision at every withdrawal as a budget without reserves, and as the
+    /// calls without a level, whichever the level.
+    #[test]
+    fn one_level_is_limited_exactly_as_without_levels(steps in steps(), rank in 0usize..4) {
+        let level = Criticality::ALL[rank];
+        let clock = FakeClock::new();
+        let with_levels = levelled(&clock, Reserves::new());
+        let without = levelled(&clock, Reserves::none());
+        let plain = levelled(&clock, Reserves::new());
+        for (i, step) in steps.into_iter().enumerate() {
+            match step {
+                Step::Wait(ms) => clock.advance(Duration::from_millis(ms)),
+                Step::Deposit => {
+                    with_levels.deposit_at(level);
+                    without.deposit_at(level);
+                    plain.deposit();
+                }
+                Step::Withdraw => {
+                    let decided = with_levels.withdraw_at(level);
+                    prop_assert_eq!(decided, without.withdraw_at(level), "step {}", i);
+                    prop_assert_eq!(decided, plain.withdraw(), "step {}", i);
+                }
+            }
+        }
+    }
+
+    /// Mixed levels without reserves: every level draws from the whole allowance, as one.
+    #[test]
+    fn without_reserves_levels_change_nothing(steps in steps(), seed in any::<u64>()) {
+        let clock = FakeClock::new();
+        let mixed = levelled(&clock, Reserves::none());
+        let plain = levelled(&clock, Reserves::none());
+        use rand::Rng;
+        let mut rng = crate::backoff::Seeds::from_seed(seed).rng();
+        for step in steps {
+            let level = Criticality::ALL[rng.random_range(0..4)];
+            match step {
+                Step::Wait(ms) => clock.advance(Duration::from_millis(ms)),
+                Step::Deposit => {
+                    mixed.deposit_at(level);
+                    plain.deposit();
+                }
+                Step::Withdraw => prop_assert_eq!(mixed.withdraw_at(level), plain.withdraw()),
+            }
+        }
+    }
+}
+
+/// A storm: 100 requests a second, half `sheddable` and half `critical`, every one failing
+/// and asking for a retry, one of each level in turn. The `sheddable` retries stop first:
+/// at every moment a `critical` retry is refused, the `sheddable` retry just before it was
+/// refused too; over the storm, `critical` gets far more retries.
+#[test]
+fn in_a_storm_sheddable_retries_stop_before_critical_ones() {
+    use Criticality::{Critical, Sheddable};
+    let clock = FakeClock::new();
+    let b = levelled(&clock, Reserves::new());
+    let (mut granted, mut refused) = ([0u32; 4], [0u32; 4]);
+    let mut first_refusal = [None; 4];
+    for ms in (0..30_000u64).step_by(20) {
+        clock.set(Duration::from_millis(ms));
+        // Two first attempts and two retries every 20 ms.
+        b.deposit_at(Sheddable);
+        b.deposit_at(Critical);
+        let sheddable = b.withdraw_at(Sheddable);
+        let critical = b.withdraw_at(Critical);
+        assert!(
+            critical || !sheddable,
+            "at {ms} ms a critical retry was refused right after a sheddable one was granted"
+        );
+        for (level, ok) in [(Sheddable, sheddable), (Critical, critical)] {
+            if ok {
+                granted[level.rank()] += 1;
+            } else {
+                refused[level.rank()] += 1;
+                first_refusal[level.rank()].get_or_insert(ms);
+            }
+        }
+    }
+    let (s, c) = (Sheddable.rank(), Critical.rank());
+    assert!(
+        first_refusal[s] < first_refusal[c],
+        "sheddable first: {first_refusal:?}"
+    );
+    // The allowance (0.2 * 100 + 1 per second = 21 retries a second) split: critical may
+    // take up to 90 % of it, sheddable only what is left below 50 %.
+    assert!(
+        granted[c] > 3 * granted[s],
+        "granted {granted:?}, refused {refused:?}"
+    );
+    // Together they still spend the allowance: about 21 a second for 30 s.
+    let total = granted[s] + granted[c];
+    assert!((560..=680).contains(&total), "{total}");
+}
+
+/// The reserve holds only while a higher level is active: once `critical` has sent nothing
+/// for a window, `sheddable` draws from the whole allowance again.
+#[test]
+fn a_reserve_lapses_a_window_after_the_higher_level_went_quiet() {
+    use Criticality::{Critical, Sheddable};
+    let clock = FakeClock::new();
+    let b = RetryBudget::builder()
+        .ratio(0.0)
+        .min_retries_per_sec(1)
+        .clock(clock.clone())
+        .build()
+        .unwrap();
+    b.deposit_at(Critical);
+    // The floor: 10 retries in the window; sheddable may take 5 while critical is active.
+    let taken = (0..10).filter(|_| b.withdraw_at(Sheddable)).count();
+    assert_eq!(taken, 5);
+    assert!(b.withdraw_at(Critical), "critical takes the reserve");
+    // 10 s later critical's note has aged out of the window, and so have the withdrawals.
+    clock.advance(Duration::from_secs(11));
+    let taken = (0..12).filter(|_| b.withdraw_at(Sheddable)).count();
+    assert_eq!(taken, 10, "the whole allowance");
+}
+
+#[test]
+fn refusals_are_counted_by_level() {
+    use Criticality::{Critical, Sheddable};
+    let clock = FakeClock::new();
+    let b = RetryBudget::builder()
+        .name("levels")
+        .ratio(0.0)
+        .min_retries_per_sec(1)
+        .clock(clock)
+        .build()
+        .unwrap();
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    metrics::with_local_recorder(&recorder, || {
+        b.deposit_at(Critical);
+        for _ in 0..8 {
+            b.withdraw_at(Sheddable); // 5 granted, 3 refused
+        }
+        for _ in 0..7 {
+            b.withdraw_at(Critical); // 5 granted (no level above it), 2 refused
+        }
+    });
+    let refused: std::collections::BTreeMap<String, u64> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == RETRIES_REFUSED)
+        .map(|(key, _, _, value)| {
+            let DebugValue::Counter(n) = value else {
+                panic!("a counter")
+            };
+            let level = key
+                .key()
+                .labels()
+                .find(|l| l.key() == "criticality")
+                .map(|l| l.value().to_owned())
+                .unwrap();
+            (level, n)
+        })
+        .collect();
+    assert_eq!(refused["sheddable"], 3);
+    assert_eq!(refused["critical"], 2);
+    assert_eq!(refused["sheddable-plus"] + refused["critical-plus"], 0);
 }

@@ -11,7 +11,7 @@ use std::time::{Duration, SystemTime};
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use overload_signal::propagation::{self, Downstream};
-use overload_signal::protocol::{self, Attempt, GrpcPushback, Outcome, Protocol};
+use overload_signal::protocol::{self, Attempt, Criticality, GrpcPushback, Outcome, Protocol};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -20,6 +20,7 @@ use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
+use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
 use crate::BoxError;
 use crate::adapter::Adapter;
@@ -74,6 +75,17 @@ pin_project! {
     }
 }
 
+/// What `Retry::call` decided for a request it sent, kept by its future for the retries.
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Sent {
+    /// The deadline and how each attempt carries it.
+    pub(crate) timing: Timing,
+    /// Where the throttle counts the attempts' outcomes.
+    pub(crate) ticket: Option<ThrottleTicket>,
+    /// The level every attempt carries in `X-Request-Criticality` (`None`: no header).
+    pub(crate) level: Option<Criticality>,
+}
+
 /// Per-request bookkeeping, apart from the pinned parts.
 struct RetryState<B> {
     config: Arc<RetryConfig>,
@@ -101,6 +113,9 @@ struct RetryState<B> {
     /// Where the throttle counts this request's outcomes; `None` without a throttle (or for
     /// a destination it has no room for).
     ticket: Option<ThrottleTicket>,
+    /// The level every attempt carries in `X-Request-Criticality` (`None`: no header); the
+    /// budget sheds retries by it (absent: `critical`).
+    level: Option<Criticality>,
 }
 
 /// What to do with an attempt's outcome.
@@ -139,9 +154,13 @@ where
         config: Arc<RetryConfig>,
         retry: Option<(Parts, S)>,
         body: BodySource<B>,
-        timing: Timing,
-        ticket: Option<ThrottleTicket>,
+        sent: Sent,
     ) -> Self {
+        let Sent {
+            timing,
+            ticket,
+            level,
+        } = sent;
         let (template, service) = retry.unzip();
         let (first_end, timer_is_deadline) = match timing.window {
             Some((at, is_deadline)) => (Some(at), is_deadline),
@@ -160,6 +179,7 @@ where
             backoff_origin: 0,
             rng: None,
             ticket,
+            level,
         };
         Self {
             state: State::Called { future, span },
@@ -198,6 +218,7 @@ where
             backoff_origin: 0,
             rng: None,
             ticket: None,
+            level: None,
         };
         Self {
             state,
@@ -332,7 +353,7 @@ impl<B> RetryState<B> {
         let Some(at) = at else {
             return give_up(self, GiveUpReason::Deadline);
         };
-        if !config.budget.withdraw() {
+        if !config.budget.withdraw_at(self.level.unwrap_or_default()) {
             return give_up(self, GiveUpReason::BudgetExhausted);
         }
 
@@ -358,6 +379,7 @@ impl<B> RetryState<B> {
         };
         let mut parts = template.clone();
         Attempt::set(&mut parts.headers, self.attempts);
+        set_level(&mut parts.headers, self.level);
         let window = now.and_then(|now| {
             attempt_window(
                 &self.config,

@@ -6,6 +6,7 @@ mod config;
 mod deadline;
 pub mod future;
 mod layer;
+mod level;
 mod service;
 mod stop;
 mod telemetry;

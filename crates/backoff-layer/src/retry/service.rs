@@ -10,7 +10,8 @@ use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::Timing;
-use super::future::ResponseFuture;
+use super::future::{ResponseFuture, Sent};
+use super::level::{outgoing_level, set_level};
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
@@ -78,10 +79,14 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = Arc::clone(&self.config);
         let (mut parts, body) = request.into_parts();
+        // The level every attempt carries on the wire, and the one the throttle and the
+        // budget shed by (absent: `critical`, the protocol's default).
+        let on_wire = outgoing_level(&mut parts);
+        let level = on_wire.unwrap_or_default();
         // The client-side throttle decides first: a refused request is never sent, earns
         // nothing in the budget and fails at once.
         let ticket = match &config.throttle {
-            Some(throttle) => match throttle.admit(Target::of(&parts)) {
+            Some(throttle) => match throttle.admit_at(Target::of(&parts), level) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
                     let refused = A::throttled(refused);
@@ -124,8 +129,9 @@ where
             return ResponseFuture::not_sent(config);
         }
         Attempt::set(&mut parts.headers, 0);
+        set_level(&mut parts.headers, on_wire);
 
-        config.budget.deposit();
+        config.budget.deposit_at(level);
         let metrics = config.metrics();
         metrics.requests.increment(1);
         metrics.attempts.increment(1);
@@ -137,7 +143,12 @@ where
             self.inner
                 .call(Request::from_parts(parts, A::attempt_body(body)))
         };
-        ResponseFuture::new(future, span, config, retry, source, timing, ticket)
+        let sent = Sent {
+            timing,
+            ticket,
+            level: on_wire,
+        };
+        ResponseFuture::new(future, span, config, retry, source, sent)
     }
 }
 

@@ -8,6 +8,7 @@ use http::Uri;
 use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
+use overload_signal::protocol::Criticality;
 
 use crate::backoff::Seeds;
 use crate::throttle::refused::Throttled;
@@ -167,9 +168,20 @@ impl Throttle {
         self.shared.probability(Target::uri(uri))
     }
 
+    /// Decides whether a request of `level` to `target` is sent (see `ThrottleShared::admit`).
     #[inline]
+    pub(crate) fn admit_at(
+        &self,
+        target: Target<'_>,
+        level: Criticality,
+    ) -> Result<Option<ThrottleTicket>, Throttled> {
+        self.shared.admit(target, level)
+    }
+
+    /// [`admit_at`](Self::admit_at) for a request of the default level (`critical`).
+    #[cfg(all(test, not(loom)))]
     pub(crate) fn admit(&self, target: Target<'_>) -> Result<Option<ThrottleTicket>, Throttled> {
-        self.shared.admit(target)
+        self.admit_at(target, Criticality::default())
     }
 
     #[inline]

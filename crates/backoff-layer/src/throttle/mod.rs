@@ -65,6 +65,42 @@
 //! second. Below half, the throttle sends roughly `sqrt(2 * accepted * offered)`: more than
 //! the book's `2 * accepted`, as it does not count what it refused.
 //!
+//! # Levels of criticality
+//!
+//! A destination's probability `p` says how much of what its clients offer it is sent; the
+//! throttle chooses **which** requests by their [`Criticality`] (the level the retry layer
+//! sends on the wire, `critical` when none), from the bottom. At each slot it reads how many
+//! requests of each level the destination was offered in the newest slot that had any
+//! (attempts sent and requests refused), and places the `p * offered` refusals on the lowest
+//! level first: `sheddable` is refused outright before any `sheddable-plus` request is
+//! refused, and so on up. A level with requests of its own gets the probability that makes
+//! its share; a level not seen in the slot is refused outright when a level above it is
+//! refused at all, and not at all otherwise (until the next slot sees it).
+//!
+//! ```text
+//! refusals = p * (n_sheddable + n_sheddable_plus + n_critical + n_critical_plus)
+//! p_level  = min(1, refusals left after the lower levels / n_level)
+//! ```
+//!
+//! What this guarantees, between two ticks (a decision holds for a slot of 200 ms):
+//!
+//! - **while a request of a level is sent, no request of a higher level is refused**: a
+//!   level's probability is below 1 only when every higher level's is 0;
+//! - **the same throttle**: the rule, its window, its threshold, its cap and its
+//!   forgiveness read the outcomes of every level together, and the expected number refused
+//!   is `p` times the offered load as without levels; the probes that see a destination
+//!   come back are its highest levels' requests;
+//! - **one level is throttled exactly as without levels**: a client whose requests are all
+//!   of one level draws each request against `p` itself, with the same random draws, decision
+//!   by decision.
+//!
+//! What it does not: the mix is the newest slot's, so a level that appears in a slot is
+//! decided as "not seen" until the next tick (up to 200 ms); and between destinations
+//! nothing is shared (each has its own mix). There is no setting: the order of the levels
+//! is the protocol's, and the rule sends no more and no less than without them.
+//!
+//! [`Criticality`]: overload_signal::protocol::Criticality
+//!
 //! # What counts
 //!
 //! For each attempt sent (first attempts and retries), its [outcome in the workspace's
@@ -101,8 +137,8 @@
 //! sees the whole load of each destination.
 //!
 //! The table is fixed at the first request: `max_destinations` (256) slots in buckets of 8,
-//! about 300 bytes each with the tick's window and names (a 256-destination throttle takes
-//! about 75 KiB, allocated on its first request). A destination takes a free slot of its
+//! about 310 bytes each with the tick's window, mix of levels and names (a 256-destination
+//! throttle takes about 80 KiB, allocated on its first request). A destination takes a free slot of its
 //! bucket, found by a keyed hash of its scheme, host and port (and route or key). **Beyond
 //! the bound**, a destination whose bucket holds 8 others is sent **without throttling**
 //! (it fails open: never refused, never counted), counted in
@@ -181,8 +217,9 @@
 //! webhook, a forward proxy): so only the first `max_labelled_destinations` (32) destinations
 //! throttled get a gauge series of their own, kept for the life of the throttle; every later
 //! one is reported in one shared series, `destination="(other)"`, which shows the highest
-//! refusal probability among them. A throttle has at most 35 series, however many
-//! destinations it sees: 32 gauges, `(other)` and its two counters
+//! refusal probability among them. A throttle has at most 38 series, however many
+//! destinations it sees: 32 gauges, `(other)` and its five counters (one refused counter
+//! per level, and the untracked one)
 //! ([`ThrottleBuilder::max_labelled_destinations`] changes the 32). Logs still name every
 //! destination, once when its throttling begins and once when it ends.
 //!
@@ -192,7 +229,7 @@
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
-//! | `backoff_layer_throttle_refused_total` | counter | `name` | requests refused locally, not sent |
+//! | `backoff_layer_throttle_refused_total` | counter | `name`, `criticality` (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`) | requests refused locally, not sent, by the request's level |
 //! | `backoff_layer_throttle_probability` | gauge | `name`, `destination` (`http://10.0.0.7:8080`, or `(other)`) | the destination's refusal probability, 0 when it is not throttled; for `(other)`, the highest among the destinations without a series of their own |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` | requests to a destination the table had no room for, sent without throttling |
 //!
@@ -206,8 +243,9 @@
 //! # Cost and concurrency
 //!
 //! A request to a destination that is not throttled costs a keyed hash of its scheme, host
-//! and port, one cache line of keys, one load of its probability, and one `fetch_add` for
-//! its outcome; no lock, no allocation, no clock read. Only the first request to a new
+//! and port, one cache line of keys, one load of its level's probability, and one
+//! `fetch_add` for its outcome (on its level's counter); no lock, no allocation, no clock
+//! read. Only the first request to a new
 //! destination allocates (its name, for the gauge), and only a throttled destination's
 //! requests draw a random number. The window's slots are closed by a ticker task that the
 //! first request spawns on its tokio runtime and that ends with the throttle; it takes the

@@ -74,6 +74,45 @@ impl ThrottleRule {
     }
 }
 
+/// Shares a destination's refusal probability `probability` among the levels of
+/// criticality, from the bottom, given how many requests each level offered (`offered`,
+/// indexed by rank; attempts sent and requests refused): the refusals the probability
+/// stands for, `probability * total`, go to the lowest level first, and to a level only once
+/// every lower level is refused outright. Returns each level's probability.
+///
+/// - **One level, or no mix known**: that level's probability is `probability` itself,
+///   exactly (and so is every level's when no level offered anything).
+/// - **Strict order**: a level whose probability is below 1 has every higher level at 0;
+///   a level that offered nothing is refused outright when a level above it is refused at
+///   all, and not at all otherwise.
+/// - The expected refusals are the same as one probability for all: the throttle sends as
+///   much as the rule decides, it only chooses which.
+pub(crate) fn split(probability: u64, offered: [u64; 4]) -> [u64; 4] {
+    let total: u128 = offered.iter().map(|&n| u128::from(n)).sum();
+    if probability == 0 || total == 0 {
+        return [probability; 4];
+    }
+    let one = u128::from(PROBABILITY_ONE);
+    // The refusals to place, in PROBABILITY_ONE units of requests.
+    let mut left = u128::from(probability.min(PROBABILITY_ONE)) * total;
+    let mut levels = [0; 4];
+    for (level, &n) in levels.iter_mut().zip(&offered) {
+        let n = u128::from(n);
+        *level = if n == 0 {
+            if left > 0 { PROBABILITY_ONE } else { 0 }
+        } else if left >= n * one {
+            left -= n * one;
+            PROBABILITY_ONE
+        } else {
+            // NOTE: below `one`: `left < n * one`.
+            let share = (left / n) as u64;
+            left = 0;
+            share
+        };
+    }
+    levels
+}
+
 /// `probability` (within 0..=1) in [`PROBABILITY_ONE`] units.
 pub(crate) fn to_units(probability: f64) -> u64 {
     // NOTE: the float-to-int cast saturates and maps NaN to 0.
@@ -156,7 +195,60 @@ mod tests {
         assert!(!RULE.forgives(counts(10, 10)));
     }
 
+    #[test]
+    fn refusals_go_to_the_lowest_levels_first() {
+        let p = to_units(0.9);
+        // One level: its probability is the destination's, exactly, whichever level.
+        for rank in 0..4 {
+            let mut offered = [0; 4];
+            offered[rank] = 37;
+            assert_eq!(split(p, offered)[rank], p);
+        }
+        assert_eq!(split(p, [0; 4]), [p; 4], "no mix known: as one level");
+        assert_eq!(split(0, [5, 5, 5, 5]), [0; 4]);
+        // Half sheddable, half critical, 90 %: every sheddable refused, 80 % of critical.
+        let levels = split(p, [50, 0, 50, 0]);
+        assert_eq!(levels[0], PROBABILITY_ONE);
+        assert_eq!(
+            levels[1], PROBABILITY_ONE,
+            "not seen, below a refused level"
+        );
+        assert!((from_units(levels[2]) - 0.8).abs() < 1e-6);
+        assert_eq!(levels[3], 0, "not seen, above every refusal");
+        // 30 % with half sheddable: only sheddable, at 60 %.
+        let levels = split(to_units(0.3), [50, 0, 50, 0]);
+        assert!((from_units(levels[0]) - 0.6).abs() < 1e-6);
+        assert_eq!(levels[1..], [0, 0, 0]);
+    }
+
     proptest! {
+        #[test]
+        fn a_level_is_refused_only_once_every_lower_one_is_refused_outright(
+            p in 0.0f64..1.0,
+            offered in proptest::array::uniform4(0u64..1_000),
+        ) {
+            let units = to_units(p);
+            let levels = split(units, offered);
+            prop_assume!(offered.iter().any(|&n| n > 0), "no mix: every level at `units`");
+            for (lower, higher) in (0..4).zip(1..4) {
+                prop_assert!(levels[lower] >= levels[higher]);
+                if levels[lower] < PROBABILITY_ONE {
+                    prop_assert!(levels[higher..].iter().all(|&q| q == 0), "{levels:?}");
+                }
+            }
+            // The same refusals in expectation, within rounding (one unit per level).
+            let total: u128 = offered.iter().map(|&n| u128::from(n)).sum();
+            if total > 0 {
+                let placed: u128 = levels
+                    .iter()
+                    .zip(&offered)
+                    .map(|(&q, &n)| u128::from(q) * u128::from(n))
+                    .sum();
+                let wanted = u128::from(units) * total;
+                prop_assert!(placed <= wanted && wanted - placed <= total, "{placed} {wanted}");
+            }
+        }
+
         #[test]
         fn the_probability_stays_within_its_bounds(
             accepts in 0u64..1_000_000,

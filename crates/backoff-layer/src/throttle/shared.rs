@@ -8,6 +8,7 @@ use std::time::Duration;
 
 use overload_core::clock::Clock;
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
+use overload_signal::protocol::Criticality;
 
 use crate::backoff::Seeds;
 use crate::throttle::refused::Throttled;
@@ -131,10 +132,14 @@ impl ThrottleShared {
     /// Decides whether a request to `target` is sent: `Ok(Some(ticket))` to record its
     /// attempts' outcomes with, `Ok(None)` for a destination the table has no room for
     /// (sent, not throttled), or `Err` when the throttle refuses it.
+    ///
+    /// `level` is the request's: the probability it is refused with is its level's share
+    /// of the destination's (see `rule::split`).
     #[inline]
     pub(crate) fn admit(
         self: &Arc<Self>,
         target: Target<'_>,
+        level: Criticality,
     ) -> Result<Option<ThrottleTicket>, Throttled> {
         let state = self.state();
         self.ticker.start(
@@ -150,7 +155,8 @@ impl ThrottleShared {
                 Some(ticket) => ticket,
                 None => return Ok(None),
             },
-        };
+        }
+        .at(level);
         let probability = state.table.probability(ticket);
         if probability == 0 {
             return Ok(Some(ticket));
@@ -196,7 +202,7 @@ impl ThrottleShared {
     ) -> Result<Option<ThrottleTicket>, Throttled> {
         if self.seeds.next_seed() >> 32 < probability {
             state.table.refused(ticket);
-            self.metrics.get().refused.increment(1);
+            self.metrics.get().refused[ticket.level().rank()].increment(1);
             return Err(Throttled::new(from_units(probability)));
         }
         Ok(Some(ticket))
@@ -218,7 +224,9 @@ impl ThrottleShared {
         state
             .table
             .find(self.keys.key(target))
-            .map_or(0.0, |ticket| from_units(state.table.probability(ticket)))
+            .map_or(0.0, |ticket| {
+                from_units(state.table.probability_at(ticket.index()))
+            })
     }
 
     /// One tick at the clock's time: see [`TickState::run`].

@@ -28,6 +28,10 @@
 
 use crate::throttle::rule::SentCounts;
 use overload_core::sync::{AtomicU64, Ordering};
+use overload_signal::protocol::Criticality;
+
+/// The levels of criticality, one counter each: indexed by `Criticality::rank()`.
+pub(crate) const LEVELS: usize = Criticality::ALL.len();
 
 /// Ways per bucket: the keys of a bucket fill one 64-byte cache line.
 pub(crate) const WAYS: usize = 8;
@@ -38,32 +42,72 @@ struct DestinationBucket {
     keys: [AtomicU64; WAYS],
 }
 
-/// The counters of one slot since the last tick, and its refusal probability, on cache
-/// lines of their own.
+/// The counters of one slot since the last tick, by level, and its refusal probabilities,
+/// on cache lines of their own (120 bytes: one 128-byte block).
 #[repr(align(128))]
 struct DestinationState {
-    accepts: AtomicU64,
-    failures: AtomicU64,
-    refusals: AtomicU64,
-    /// In `rule::PROBABILITY_ONE` units.
+    /// Outcomes by the level of the request that sent the attempt (indexed by rank): one
+    /// `fetch_add` per attempt, as without levels; the rule reads their sums.
+    accepts: [AtomicU64; LEVELS],
+    failures: [AtomicU64; LEVELS],
+    /// Refusals by level: two levels' 32-bit counts per word, each saturating.
+    refusals: [AtomicU64; LEVELS / 2],
+    /// The destination's refusal probability as the rule decided it, in
+    /// `rule::PROBABILITY_ONE` units.
     probability: AtomicU64,
+    /// The probability a request of each level is refused: the destination's, shared
+    /// among the levels from the bottom (`rule::split`).
+    level_probability: [AtomicU64; LEVELS],
 }
 
 impl DestinationState {
     fn new() -> Self {
         Self {
-            accepts: AtomicU64::new(0),
-            failures: AtomicU64::new(0),
-            refusals: AtomicU64::new(0),
+            accepts: std::array::from_fn(|_| AtomicU64::new(0)),
+            failures: std::array::from_fn(|_| AtomicU64::new(0)),
+            refusals: std::array::from_fn(|_| AtomicU64::new(0)),
             probability: AtomicU64::new(0),
+            level_probability: std::array::from_fn(|_| AtomicU64::new(0)),
         }
     }
 }
 
-/// A request's hold on its destination's slot: where to record its attempts' outcomes.
+/// What one slot's requests did since the last tick, by level (indexed by rank).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub(crate) struct LevelCounts {
+    /// Outcomes of the attempts sent.
+    pub(crate) sent: [SentCounts; LEVELS],
+    /// Requests refused.
+    pub(crate) refusals: [u64; LEVELS],
+}
+
+impl LevelCounts {
+    /// The outcomes of every level together: what the rule reads.
+    pub(crate) fn sent(&self) -> SentCounts {
+        self.sent
+            .iter()
+            .fold(SentCounts::default(), |sum, &c| sum.add(c))
+    }
+
+    /// Refusals of every level together.
+    pub(crate) fn refusals(&self) -> u64 {
+        self.refusals
+            .iter()
+            .fold(0, |sum, &n| sum.saturating_add(n))
+    }
+
+    /// Each level's requests: attempts sent and requests refused.
+    pub(crate) fn offered(&self) -> [u64; LEVELS] {
+        std::array::from_fn(|rank| self.sent[rank].sent().saturating_add(self.refusals[rank]))
+    }
+}
+
+/// A request's hold on its destination's slot: where to record its attempts' outcomes, and
+/// the level they count for.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub(crate) struct ThrottleTicket {
     index: u32,
+    level: Criticality,
     key: u64,
 }
 
@@ -71,6 +115,18 @@ impl ThrottleTicket {
     /// The slot's index in the table.
     pub(crate) const fn index(self) -> usize {
         self.index as usize
+    }
+
+    /// The level the ticket's outcomes count for.
+    pub(crate) const fn level(self) -> Criticality {
+        self.level
+    }
+
+    /// The same hold, for a request of `level` (a ticket is `critical`'s until then).
+    #[inline]
+    pub(crate) const fn at(mut self, level: Criticality) -> Self {
+        self.level = level;
+        self
     }
 }
 
@@ -137,6 +193,7 @@ impl DestinationTable {
         ThrottleTicket {
             // NOTE: the builder bounds the capacity far below `u32::MAX`.
             index: (bucket * WAYS + way) as u32,
+            level: Criticality::Critical,
             key,
         }
     }
@@ -183,31 +240,42 @@ impl DestinationTable {
         (key == ticket.key).then(|| &self.states[index])
     }
 
-    /// The refusal probability of the ticket's destination, in `rule::PROBABILITY_ONE`
-    /// units.
+    /// The probability that a request of the ticket's level to its destination is refused,
+    /// in `rule::PROBABILITY_ONE` units.
     #[inline]
     pub(crate) fn probability(&self, ticket: ThrottleTicket) -> u64 {
-        self.states[ticket.index()]
-            .probability
-            .load(Ordering::Relaxed)
+        self.states[ticket.index()].level_probability[ticket.level.rank()].load(Ordering::Relaxed)
     }
 
-    /// Counts an attempt's outcome, unless the ticket's slot was released meanwhile.
+    /// Counts an attempt's outcome for its level, unless the ticket's slot was released
+    /// meanwhile.
     #[inline]
     pub(crate) fn record(&self, ticket: ThrottleTicket, outcome: ThrottleOutcome) {
         if let Some(state) = self.holds(ticket) {
-            let counter = match outcome {
+            let counters = match outcome {
                 ThrottleOutcome::Accepted => &state.accepts,
                 ThrottleOutcome::Failed => &state.failures,
             };
-            counter.fetch_add(1, Ordering::Relaxed);
+            counters[ticket.level.rank()].fetch_add(1, Ordering::Relaxed);
         }
     }
 
-    /// Counts a request the throttle refused.
+    /// Counts a request of the ticket's level the throttle refused.
     pub(crate) fn refused(&self, ticket: ThrottleTicket) {
         if let Some(state) = self.holds(ticket) {
-            state.refusals.fetch_add(1, Ordering::Relaxed);
+            let rank = ticket.level.rank();
+            let shift = 32 * (rank % 2);
+            // NOTE: a saturating add within the level's half of the word: a count never
+            // spills into its neighbour's (a compare-and-swap loop, on the refusing path
+            // only).
+            let _ = state.refusals[rank / 2].fetch_update(
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+                |word| {
+                    let count = (word >> shift) & u64::from(u32::MAX);
+                    (count < u64::from(u32::MAX)).then(|| word + (1 << shift))
+                },
+            );
         }
     }
 
@@ -216,27 +284,55 @@ impl DestinationTable {
         self.buckets[index / WAYS].keys[index % WAYS].load(Ordering::Acquire)
     }
 
-    /// Takes slot `index`'s outcomes and refusals since the previous call, leaving zero.
-    /// For the tick.
+    /// Takes slot `index`'s outcomes and refusals since the previous call, every level
+    /// together, leaving zero. For the tick.
     pub(crate) fn take(&self, index: usize) -> (SentCounts, u64) {
-        let state = &self.states[index];
-        let sent = SentCounts {
-            accepts: state.accepts.swap(0, Ordering::Relaxed),
-            failures: state.failures.swap(0, Ordering::Relaxed),
-        };
-        (sent, state.refusals.swap(0, Ordering::Relaxed))
+        let counts = self.take_levels(index);
+        (counts.sent(), counts.refusals())
     }
 
-    /// The probability stored in slot `index`. For the tick.
+    /// Takes slot `index`'s outcomes and refusals since the previous call, by level,
+    /// leaving zero. For the tick.
+    pub(crate) fn take_levels(&self, index: usize) -> LevelCounts {
+        let state = &self.states[index];
+        let words = [
+            state.refusals[0].swap(0, Ordering::Relaxed),
+            state.refusals[1].swap(0, Ordering::Relaxed),
+        ];
+        LevelCounts {
+            sent: std::array::from_fn(|rank| SentCounts {
+                accepts: state.accepts[rank].swap(0, Ordering::Relaxed),
+                failures: state.failures[rank].swap(0, Ordering::Relaxed),
+            }),
+            refusals: std::array::from_fn(|rank| {
+                (words[rank / 2] >> (32 * (rank % 2))) & u64::from(u32::MAX)
+            }),
+        }
+    }
+
+    /// The probability the rule decided for slot `index`'s destination. For the tick.
     pub(crate) fn probability_at(&self, index: usize) -> u64 {
         self.states[index].probability.load(Ordering::Relaxed)
     }
 
-    /// Stores slot `index`'s new probability. For the tick.
+    /// The probability of each level of slot `index`'s destination. For the tick.
+    pub(crate) fn level_probabilities_at(&self, index: usize) -> [u64; LEVELS] {
+        let state = &self.states[index];
+        std::array::from_fn(|rank| state.level_probability[rank].load(Ordering::Relaxed))
+    }
+
+    /// Stores slot `index`'s new probability, the same for every level.
     pub(crate) fn set_probability(&self, index: usize, probability: u64) {
-        self.states[index]
-            .probability
-            .store(probability, Ordering::Relaxed);
+        self.set_probabilities(index, probability, [probability; LEVELS]);
+    }
+
+    /// Stores slot `index`'s new probability and each level's. For the tick.
+    pub(crate) fn set_probabilities(&self, index: usize, probability: u64, levels: [u64; LEVELS]) {
+        let state = &self.states[index];
+        state.probability.store(probability, Ordering::Relaxed);
+        for (slot, level) in state.level_probability.iter().zip(levels) {
+            slot.store(level, Ordering::Relaxed);
+        }
     }
 
     /// Frees slot `index` if it still holds `key`: its counters and probability are reset

@@ -5,6 +5,7 @@ use std::time::Duration;
 
 use metrics::{Counter, Gauge, counter, gauge};
 use overload_core::telemetry::{Ended, LayerName, MetricSet, NAME_LABEL};
+use overload_signal::protocol::Criticality;
 
 /// Metric: requests refused by the throttle (not sent).
 pub(crate) const REFUSED: &str = "backoff_layer_throttle_refused_total";
@@ -15,16 +16,26 @@ pub(crate) const PROBABILITY: &str = "backoff_layer_throttle_probability";
 /// The label naming a destination (`http://10.0.0.7:8080`).
 pub(crate) const DESTINATION_LABEL: &str = "destination";
 
+/// The label naming a request's level of criticality (`Criticality::as_str`).
+pub(crate) const CRITICALITY_LABEL: &str = "criticality";
+
 /// A throttle's counters, registered on its first request.
 pub(crate) struct ThrottleMetrics {
-    pub(crate) refused: Counter,
+    /// Refusals by the request's level (indexed by `rank()`).
+    pub(crate) refused: [Counter; 4],
     pub(crate) untracked: Counter,
 }
 
 impl MetricSet for ThrottleMetrics {
     fn register(name: &LayerName) -> Self {
         Self {
-            refused: counter!(REFUSED, NAME_LABEL => name.label()),
+            refused: Criticality::ALL.map(|level| {
+                counter!(
+                    REFUSED,
+                    NAME_LABEL => name.label(),
+                    CRITICALITY_LABEL => level.as_str(),
+                )
+            }),
             untracked: counter!(UNTRACKED, NAME_LABEL => name.label()),
         }
     }

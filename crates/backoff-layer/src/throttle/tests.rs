@@ -575,9 +575,20 @@ fn refusals_and_the_probability_are_reported_by_name_and_destination() {
         seen.insert(format!("{}{labels:?}", key.key().name()), value);
     }
     assert_eq!(
-        seen.get("backoff_layer_throttle_refused_total[\"name=inventory\"]"),
+        seen.get(
+            "backoff_layer_throttle_refused_total[\"name=inventory\", \"criticality=critical\"]"
+        ),
         Some(&DebugValue::Counter(refused))
     );
+    for level in ["sheddable", "sheddable-plus", "critical-plus"] {
+        assert_eq!(
+            seen.get(&format!(
+                "backoff_layer_throttle_refused_total[\"name=inventory\", \"criticality={level}\"]"
+            )),
+            Some(&DebugValue::Counter(0)),
+            "{level}"
+        );
+    }
     assert_eq!(
         seen.get("backoff_layer_throttle_untracked_total[\"name=inventory\"]"),
         Some(&DebugValue::Counter(0))
@@ -789,4 +800,91 @@ async fn the_ticker_closes_slots_by_itself() {
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
     assert!(t.probability(&to) <= 0.0);
+}
+
+/// A client sending one level is throttled exactly as the rule alone decides, request by
+/// request: every decision is the draw of the same seeds against the destination's
+/// probability (refused when a draw falls below it, no draw at 0), whichever the level.
+#[test]
+fn one_level_is_decided_exactly_as_the_rule_alone() {
+    use overload_signal::protocol::Criticality;
+
+    use super::rule::to_units;
+
+    for level in Criticality::ALL {
+        let clock = FakeClock::new();
+        let t = throttle(&clock);
+        // The same seeds as the throttle's: what it draws, the test draws.
+        let draws = Seeds::from_seed(7);
+        let to = uri("http://flaky:80/");
+        let mut next_tick = SLOT;
+        let (mut refused, mut sent) = (0, 0);
+        for i in 0..4_000u64 {
+            let now = Duration::from_millis(5 * i + 1);
+            clock.set(now);
+            if now >= next_tick {
+                t.tick();
+                next_tick += SLOT;
+            }
+            let probability = to_units(t.probability(&to));
+            let expected = probability != 0 && draws.next_seed() >> 32 < probability;
+            match t.admit_at(Target::uri(&to), level) {
+                Ok(ticket) => {
+                    assert!(!expected, "{level} request {i}: sent, the rule refuses it");
+                    sent += 1;
+                    // Down for 10 s, then up again.
+                    let outcome = if i < 2_000 { Failed } else { Accepted };
+                    t.record(ticket.unwrap(), Some(outcome));
+                }
+                Err(_) => {
+                    assert!(expected, "{level} request {i}: refused, the rule sends it");
+                    refused += 1;
+                }
+            }
+        }
+        assert!(refused > 1_000 && sent > 2_000, "{level}: {refused} {sent}");
+    }
+}
+
+/// Two levels to one failing destination, on the fake clock: once throttling begins, every
+/// `sheddable` request is refused while `critical` ones still go (the destination's
+/// probability, 0.9, is placed on the lower level first), and the total sent is the rule's.
+#[test]
+fn mixed_levels_are_refused_from_the_bottom() {
+    use overload_signal::protocol::Criticality::{Critical, Sheddable};
+
+    let clock = FakeClock::new();
+    let t = throttle(&clock);
+    let to = uri("http://down:80/");
+    let mut next_tick = SLOT;
+    let mut per_slot = Vec::new();
+    let mut slot = [[0u32; 2]; 2]; // [level][refused, offered]
+    for i in 0..2_000u64 {
+        let now = Duration::from_millis(5 * i + 1);
+        clock.set(now);
+        if now >= next_tick {
+            t.tick();
+            next_tick += SLOT;
+            per_slot.push(slot);
+            slot = [[0; 2]; 2];
+        }
+        for (n, level) in [Sheddable, Critical].into_iter().enumerate() {
+            slot[n][1] += 1;
+            match t.admit_at(Target::uri(&to), level) {
+                Ok(ticket) => t.record(ticket.unwrap(), Some(Failed)),
+                Err(_) => slot[n][0] += 1,
+            }
+        }
+    }
+    let throttled: Vec<_> = per_slot.iter().filter(|s| s[0][0] + s[1][0] > 0).collect();
+    assert!(throttled.len() >= 40, "{}", throttled.len());
+    for s in &throttled[1..] {
+        assert_eq!(s[0][0], s[0][1], "every sheddable refused: {s:?}");
+        assert!(s[1][0] < s[1][1], "critical requests still go: {s:?}");
+    }
+    let (refused, offered) = throttled[1..].iter().fold((0, 0), |(r, o), s| {
+        (r + s[0][0] + s[1][0], o + s[0][1] + s[1][1])
+    });
+    let share = f64::from(refused) / f64::from(offered);
+    assert!((0.86..=0.94).contains(&share), "{share}");
 }

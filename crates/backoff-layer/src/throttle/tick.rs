@@ -17,8 +17,8 @@ use std::time::Duration;
 use metrics::Gauge;
 use overload_core::telemetry::LayerName;
 
-use crate::throttle::rule::{SentCounts, ThrottleRule, from_units};
-use crate::throttle::table::DestinationTable;
+use crate::throttle::rule::{SentCounts, ThrottleRule, from_units, split};
+use crate::throttle::table::{DestinationTable, LEVELS};
 use crate::throttle::telemetry::{
     OTHER_DESTINATIONS, probability_gauge, throttling_began, throttling_ended,
 };
@@ -76,6 +76,9 @@ struct SlotView {
     series: Series,
     /// When the current throttling began, in the clock's nanoseconds.
     throttling_since: Option<u64>,
+    /// Requests by level (attempts sent and requests refused) in the newest slot of time
+    /// that had any: how the destination's probability is shared among the levels.
+    mix: [u64; LEVELS],
 }
 
 /// The tick's state; see the [module docs](self).
@@ -176,7 +179,12 @@ impl TickState {
                 };
                 self.ring[index * self.slots..(index + 1) * self.slots].fill(SlotCounts::default());
             }
-            let (newest, refusals) = table.take(index);
+            let counts = table.take_levels(index);
+            let (newest, refusals) = (counts.sent(), counts.refusals());
+            let offered = counts.offered();
+            if offered.iter().any(|&n| n > 0) {
+                self.views[index].mix = offered;
+            }
             let ring = &mut self.ring[index * self.slots..(index + 1) * self.slots];
             let closed = ((slot - 1) % slots) as usize;
             for skipped in 1..elapsed.min(slots) {
@@ -195,11 +203,14 @@ impl TickState {
                 .fold(SentCounts::default(), |sum, c| sum.add(c.counts()));
             let before = table.probability_at(index);
             let after = rule.probability(window, before);
-            if after != before {
-                table.set_probability(index, after);
-                if TELEMETRY {
-                    other_changed |= self.report_change(index, before, after, now, name);
-                }
+            // NOTE: the levels' probabilities follow the mix of every slot, not only a new
+            // probability; one level (or no mix yet) gets `after` itself.
+            let levels = split(after, self.views[index].mix);
+            if after != before || levels != table.level_probabilities_at(index) {
+                table.set_probabilities(index, after, levels);
+            }
+            if TELEMETRY && after != before {
+                other_changed |= self.report_change(index, before, after, now, name);
             }
             report.updated += 1;
 
