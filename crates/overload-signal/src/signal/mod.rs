@@ -450,6 +450,5 @@ pub use proxies::{ForwardedHeader, TrustedProxies};
 pub use rejection::{Rejection, RejectionKind, RejectionScope};
 pub use rule::{StopRule, StopRuleBuilder};
 pub use service::OverloadSignal;
-pub(crate) use service::level_in;
 pub(crate) use state::SignalState;
 pub use trust::Trust;

@@ -18,13 +18,6 @@ use crate::histogram::AttemptHistogram;
 use crate::propagation;
 use crate::protocol::{Criticality, Protocol, RequestFields};
 
-/// The level of a request whose level the overload layer does not resolve: the one an outer
-/// layer put in its extensions, else the default.
-#[inline]
-pub(crate) fn level_in(extensions: &http::Extensions) -> Criticality {
-    Criticality::of(extensions)
-}
-
 /// Server middleware that records attempt counters and answers with the stop signal when
 /// the fleet is drowning in retries or a downstream call received it.
 ///
@@ -158,7 +151,7 @@ where
                 level.set_in(&mut parts.extensions);
                 (level, Some(level))
             }
-            None => (level_in(&parts.extensions), None),
+            None => (Criticality::of(&parts.extensions), None),
         };
         let request = Request::from_parts(parts, body);
         let inner = match resolved {

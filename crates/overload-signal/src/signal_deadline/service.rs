@@ -84,7 +84,7 @@ impl<C: Clock> SignalDeadlineState<C> {
                 let level = criticality.resolve(headers, extensions, fields);
                 (level, true)
             }
-            None => (signal::level_in(extensions), false),
+            None => (Criticality::of(extensions), false),
         };
         Arrived {
             protocol,

@@ -5,7 +5,6 @@
 use std::sync::Arc;
 use std::time::Duration;
 
-use http::Extensions;
 use http::request::Parts;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::{LazyMetrics, LogThrottle};
@@ -68,14 +67,6 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
     /// see the same levels.
     #[cfg(feature = "redis")]
     fn shedding(&self) -> Option<Arc<Shedding>>;
-}
-
-/// A request's criticality: the [`Criticality`] in its extensions (put there by
-/// `CriticalityLayer`, which reads the header with its trust cap), or
-/// [`Criticality::default`] (critical) without one.
-#[inline]
-pub(crate) fn level_of(extensions: &Extensions) -> Criticality {
-    Criticality::of(extensions)
 }
 
 /// How a limit sheds from the bottom: the share of its capacity each level may not take
@@ -173,7 +164,7 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
-        self.decide_unread(cost, level_of(&parts.extensions), status_on_allow)
+        self.decide_unread(cost, Criticality::of(&parts.extensions), status_on_allow)
     }
 
     #[inline]
@@ -223,7 +214,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
         cost: u32,
         status_on_allow: bool,
     ) -> Option<(Decision, Option<QuotaStatus>, KeyClass)> {
-        let level = level_of(&parts.extensions);
+        let level = Criticality::of(&parts.extensions);
         let capacity = self.map.limiter().capacity();
         match self.extract.extract(parts) {
             // NOTE: a borrowed key (a header's bytes) is looked up in place; only a key seen

@@ -17,7 +17,6 @@ use overload_signal::signal::{Rejection, RejectionKind, RejectionScope};
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use super::decide::level_of;
 use super::response::{exceeds_capacity, missing_key, rejection};
 use super::state::RateLimitState;
 use crate::algorithm::{Decision, QuotaStatus};
@@ -192,7 +191,7 @@ where
     S: Service<Request<ReqBody>, Response = Response<ResBody>>,
     ResBody: Default,
 {
-    let level = level_of(&parts.extensions);
+    let level = Criticality::of(&parts.extensions);
     match decided {
         Some((Decision::Allow, status, _)) => {
             let fields = admit(state, status, level);
@@ -265,7 +264,7 @@ fn refuse<B: Default>(
         remaining: 0,
         reset: state.window,
     });
-    state.rejected(class, level_of(&parts.extensions), retry_after);
+    state.rejected(class, Criticality::of(&parts.extensions), retry_after);
     rejection(state, protocol, retry_after, status, class)
 }
 
@@ -275,7 +274,7 @@ fn refuse<B: Default>(
 #[cold]
 #[inline(never)]
 fn too_heavy<B: Default>(state: &RateLimitState, parts: &Parts, class: KeyClass) -> Response<B> {
-    let level = level_of(&parts.extensions);
+    let level = Criticality::of(&parts.extensions);
     state.metrics.get().rejected(class, level).increment(1);
     tracing::debug!(
         name = %state.name(),

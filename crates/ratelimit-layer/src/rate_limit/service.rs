@@ -9,7 +9,6 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::decide::level_of;
 use super::future::admit;
 #[cfg(feature = "redis")]
 use super::future::{AwaitingDecision, RemoteResponseFuture};
@@ -18,6 +17,7 @@ use super::future::{ResponseFuture, respond};
 use super::remote_decision::RemoteStart;
 use super::state::RateLimitState;
 use crate::algorithm::Decision;
+use overload_signal::protocol::Criticality;
 
 /// A [`RateLimit`] (or [`RateLimitLayer`](crate::RateLimitLayer)) whose limit is decided in
 /// `call`, in this process: every limit but one kept in Redis. The default.
@@ -108,7 +108,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         self.state.on_request();
         let state = &*self.state;
-        let level = level_of(request.extensions());
+        let level = Criticality::of(request.extensions());
         if let Some((cost, decided)) = state.decide_unread(level) {
             // NOTE: a limit that reads nothing of the request decides it whole: taking it
             // apart and putting it back together would copy it twice. The admitted path in
@@ -146,7 +146,7 @@ where
         self.state.on_request();
         // NOTE: only without a remote decider (`unread_cost` is `None` with one): a
         // `RateLimitLayer<Local>` converted to `Remote`, Redis not configured.
-        let level = level_of(request.extensions());
+        let level = Criticality::of(request.extensions());
         if let Some((cost, decided)) = self.state.decide_unread(level) {
             // NOTE: as for a `Local` limit: decided whole, the admitted path in one
             // expression.

@@ -21,12 +21,13 @@ use super::state::{Call, OVERFLOW_QUIET, RedisDeciderState, RedisSettings};
 use crate::algorithm::Limiter;
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, network_of};
-use crate::rate_limit::decide::{MissingKeyPolicy, Shedding, level_of};
+use crate::rate_limit::decide::{MissingKeyPolicy, Shedding};
 use crate::rate_limit::remote_decision::{
     RemoteDecide, RemoteDecision, RemoteFallback, RemoteOutcome, RemoteStart,
 };
 use crate::remote_health::RemoteHealth;
 use crate::telemetry::RedisFallbackReason;
+use overload_signal::protocol::Criticality;
 
 /// A limit kept in Redis: [`RemoteDecide`] for the layer.
 pub(crate) struct RedisDecider<E, C> {
@@ -96,7 +97,7 @@ where
         // notes the level again, harmlessly, if it decides.
         let held = self.shed.as_deref().map_or(0, |shed| {
             shed.held_back(
-                level_of(&parts.extensions),
+                Criticality::of(&parts.extensions),
                 settings.capacity,
                 state.clock.now(),
             )
