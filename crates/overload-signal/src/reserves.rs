@@ -11,7 +11,8 @@ use crate::protocol::Criticality;
 
 /// The share of a limit's capacity that each level may not take, left for the levels above
 /// it: a request of level `c` is admitted only while, once it is, at least
-/// `share(c) × capacity` is still free. Shares fall with the level and the top level's is
+/// `share(c) × capacity` is still free (in whole units, rounded up: a quarter of a burst of
+/// 5 holds 2 units back, not 1). Shares fall with the level and the top level's is
 /// zero, so a lower level is always refused before a higher one: this is the SRE rule "while
 /// a lower level is still admitted, no higher level is rejected" in the form of Envoy's
 /// per-priority thresholds and Netflix's partitioned limits.
@@ -48,6 +49,20 @@ use crate::protocol::Criticality;
 pub struct Reserves {
     /// By [`Criticality::rank`].
     shares: [f64; 4],
+    /// The same shares in billionths, for exact integer rounding: `0.1 × 30` is
+    /// `3.0000000000000004` in `f64`, which rounded up would hold back 4 units, not 3.
+    parts: [u64; 4],
+}
+
+/// The denominator of [`Reserves`]'s `parts`.
+const PARTS: u64 = 1_000_000_000;
+
+/// `share` in billionths, rounded to the nearest (`share` checked to be in `[0, 1)`).
+fn parts_of(share: f64) -> u64 {
+    // NOTE: share is in [0, 1), so the product is in [0, 1e9] and the cast is exact.
+    #[allow(clippy::cast_possible_truncation, clippy::cast_sign_loss)]
+    let parts = (share * PARTS as f64).round() as u64;
+    parts.min(PARTS - 1)
 }
 
 impl Reserves {
@@ -55,12 +70,16 @@ impl Reserves {
     pub const fn new() -> Self {
         Self {
             shares: [0.5, 0.25, 0.1, 0.0],
+            parts: [PARTS / 2, PARTS / 4, PARTS / 10, 0],
         }
     }
 
     /// No share held back from any level: the limit is blind to levels.
     pub const fn none() -> Self {
-        Self { shares: [0.0; 4] }
+        Self {
+            shares: [0.0; 4],
+            parts: [0; 4],
+        }
     }
 
     /// A builder that starts from the defaults.
@@ -75,16 +94,14 @@ impl Reserves {
         self.shares[level.rank()]
     }
 
-    /// How much of `capacity` `level` may not take: its share, rounded down.
+    /// How much of `capacity` `level` may not take: its share, rounded up to a whole unit
+    /// (so that "at least `share × capacity` free" holds in whole units), at most
+    /// `capacity`. A share of zero holds nothing back.
     pub fn held_back(&self, level: Criticality, capacity: u64) -> u64 {
-        // NOTE: f64 holds every capacity a limit accepts to within a unit; the cast saturates.
-        #[allow(
-            clippy::cast_possible_truncation,
-            clippy::cast_sign_loss,
-            clippy::cast_precision_loss
-        )]
-        let held = (capacity as f64 * self.share(level)) as u64;
-        held.min(capacity)
+        let parts = u128::from(self.parts[level.rank()]);
+        let held = (u128::from(capacity) * parts).div_ceil(u128::from(PARTS));
+        // NOTE: parts < PARTS, so held <= capacity and fits in a u64.
+        u64::try_from(held).map_or(capacity, |held| held.min(capacity))
     }
 
     /// Whether every level's share is zero.
@@ -166,6 +183,7 @@ impl ReservesBuilder {
         }
         Ok(Reserves {
             shares: self.shares,
+            parts: self.shares.map(parts_of),
         })
     }
 }
@@ -300,6 +318,50 @@ mod tests {
         assert!(Reserves::none().is_none() && !Reserves::new().is_none());
         let huge = Reserves::new().held_back(Critical, u64::MAX);
         assert!((u64::MAX / 11..=u64::MAX / 9).contains(&huge), "{huge}");
+    }
+
+    /// Regression: the share was rounded down, so a burst of 5 held 2 units back from
+    /// `sheddable` (40 %, under its 50 %) and 0 from `critical` (under its 10 %): on the
+    /// article model's bucket a `critical` stream at 60 % of the rate was refused 8.6 % of
+    /// the time during a `sheddable` spike.
+    #[test]
+    fn a_share_is_held_back_in_whole_units_rounded_up_and_exactly() {
+        let reserves = Reserves::new();
+        assert_eq!(reserves.held_back(Sheddable, 5), 3, "2.5 rounded up");
+        assert_eq!(reserves.held_back(SheddablePlus, 5), 2, "1.25 rounded up");
+        assert_eq!(reserves.held_back(Critical, 5), 1, "0.5 rounded up");
+        assert_eq!(reserves.held_back(CriticalPlus, 5), 0);
+        // Whole products stay whole: 0.1 × 30 is 3.0000000000000004 in f64.
+        assert_eq!(reserves.held_back(Critical, 30), 3);
+        assert_eq!(reserves.held_back(Critical, 40), 4);
+        assert_eq!(reserves.held_back(Sheddable, 100), 50);
+        // Never the whole capacity but for a capacity of one, where a lower level waits
+        // while a higher one is active.
+        assert_eq!(reserves.held_back(Sheddable, 1), 1);
+        assert_eq!(reserves.held_back(Sheddable, 0), 0);
+        let thirds = Reserves::builder()
+            .share(Sheddable, 1.0 / 3.0)
+            .share(SheddablePlus, 1.0 / 3.0)
+            .share(Critical, 0.0)
+            .build()
+            .unwrap();
+        assert_eq!(thirds.held_back(Sheddable, 3), 1);
+        assert_eq!(thirds.held_back(Sheddable, 300), 100);
+        assert_eq!(thirds.held_back(Critical, 300), 0);
+        let almost_all = Reserves::builder()
+            .share(Sheddable, 0.999_999_999_9)
+            .build()
+            .unwrap();
+        let huge = almost_all.held_back(Sheddable, u64::MAX);
+        assert!(
+            (u64::MAX - u64::MAX / 999_999_999..u64::MAX).contains(&huge),
+            "{huge}"
+        );
+        assert_eq!(
+            almost_all.held_back(Sheddable, 10),
+            10,
+            "9.99999999 rounded up"
+        );
     }
 
     #[test]

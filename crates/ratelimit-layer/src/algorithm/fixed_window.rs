@@ -27,7 +27,7 @@ use super::validate::{non_zero, positive_nanos};
 /// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
 /// active (seen within the last 10 seconds), a level `c` is admitted only while the
 /// window's count stays at or under `quota − share(c) × quota` (the held-back units rounded
-/// down). The levels below `c` then stop at `quota − share(c − 1) × quota`, so level `c`
+/// up). The levels below `c` then stop at `quota − share(c − 1) × quota`, so level `c`
 /// and above together can use at least the `share(c − 1) × quota` units they leave in
 /// each window, whatever the lower levels send; level `c` itself up to the difference
 /// `(share(c − 1) − share(c)) × quota`. It does not hold in a window where the lower

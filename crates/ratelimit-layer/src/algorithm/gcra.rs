@@ -32,7 +32,7 @@ use super::validate::{non_zero, positive_nanos};
 /// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
 /// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
 /// active (seen within the last 10 seconds), a level `c` stops taking at `share(c) × burst`
-/// units left (rounded down). So level `c` and above, sending together under the rate with
+/// units left (rounded up). So level `c` and above, sending together under the rate with
 /// bursts within the share the level below leaves (`(share(c − 1) − share(c)) × burst`
 /// units), are never rejected, whatever the lower levels send: the lower levels never take
 /// the bucket below `share(c − 1) × burst`, and below it the refill is theirs alone. It

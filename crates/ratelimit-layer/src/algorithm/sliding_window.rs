@@ -35,7 +35,7 @@ use super::validate::{non_zero, positive_nanos};
 /// With criticality ([`RateLimitBuilder::reserves`](crate::RateLimitBuilder::reserves),
 /// through [`check_holding_back`](Limiter::check_holding_back)): while a higher level is
 /// active (seen within the last 10 seconds), a level `c` is admitted as a request of its
-/// cost plus `share(c) × quota` units (rounded down) would be: it stops where the estimate
+/// cost plus `share(c) × quota` units (rounded up) would be: it stops where the estimate
 /// `r` leaves that share. The levels below `c` then stop where the estimate leaves
 /// `share(c − 1) × quota`, so level `c` and above together can use about that share of
 /// each sliding window, whatever the lower levels send; level `c` itself about

@@ -355,7 +355,7 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> RateLimitBuilder<L, C, E> {
     /// For every request the layer notes its level in a `RecentLevels` of its own (which
     /// levels came within the last 10 seconds, `RecentLevels::DEFAULT_WINDOW`), then admits
     /// a request of level `c` only if, once its cost is taken, at least `share(c) ×
-    /// capacity` units (rounded down) are still free, and only while a higher level has been
+    /// capacity` units (rounded up) are still free, and only while a higher level has been
     /// seen within the window; otherwise it is rejected like any other (`429` with
     /// `Retry-After` and the `RateLimit` fields), and nothing is taken. Traffic of one level
     /// is therefore limited exactly as with `Reserves::none()`. A keyed limit has one
