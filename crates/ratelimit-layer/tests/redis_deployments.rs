@@ -6,16 +6,21 @@
 //! `RedisCluster`), and fails, never skips, when it cannot.
 
 mod redis_support;
+mod support;
 
 use std::time::Duration;
 
 use http::{Request, StatusCode};
 use metrics_util::debugging::DebuggingRecorder;
+use ratelimit_layer::redis::RedisLayerBuilder;
 use ratelimit_layer::redis::RedisStore;
-use ratelimit_layer::redis::testing::RedisCluster;
+use ratelimit_layer::redis::testing::{RedisCluster, RedisServer};
 use ratelimit_layer::{RateLimitLayer, SlidingWindow};
 use redis_support::{Certificates, GENEROUS, Svc, hourly, ok, read, send};
+use support::Logs;
+use tokio::time::Instant;
 use tower::{Layer, ServiceExt};
+use tracing::Level;
 
 /// A regression test of the trial's finding: pointed at one node of a 3-master Cluster,
 /// 996 to 1 000 decisions of 1 000 were made locally (keys on the other nodes answer
@@ -87,6 +92,117 @@ async fn a_cluster_decides_keys_on_every_node_from_one_seed() {
             .unwrap();
         assert!(size > 10, "master {master} holds {size} keys");
     }
+}
+
+/// Regression (a fleet's servers stayed on their local share after a Cluster failover, to
+/// the end of the run, in 1 run of 3 to 7 of demo-server's fleet test): redis-rs's Cluster
+/// client gives up on a command itself after the response timeout, an instant before the
+/// probe's own timer does, and the probe took that error for an answer, so a Cluster
+/// connection that had stopped answering was never replaced. Under a failover, redis-rs
+/// 1.2's Cluster client can stop answering for good (its task waits for a lock that a
+/// request it no longer polls holds): the server then stayed local while the Cluster
+/// served the key again.
+///
+/// A Cluster of 3 masters without replicas (so that none takes over), frozen whole
+/// (SIGSTOP): decisions time out and turn Redis away; the probe must replace the silent
+/// connection within the stated bound, a recheck interval and a response timeout after
+/// Redis was turned away. Thawed, the layer is back on Redis.
+#[tokio::test(flavor = "current_thread")]
+async fn a_silent_cluster_connection_is_replaced_by_the_probe() {
+    let (logs, _guard) = Logs::capture();
+    let cluster = RedisCluster::start(3, 0);
+    let response_timeout = Duration::from_millis(300);
+    let store = RedisStore::cluster_builder([&cluster.urls()[0]])
+        .response_timeout(response_timeout)
+        .build()
+        .unwrap();
+    store.ping().await.unwrap();
+    let svc = Svc::new(
+        RateLimitLayer::builder(hourly(1_000_000))
+            .redis(store)
+            .budget(Duration::from_millis(100))
+            .build()
+            .unwrap()
+            .layer(ok()),
+    );
+    for _ in 0..5 {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+    }
+    assert!(logs.at(Level::WARN, "Redis cannot decide").is_empty());
+
+    let frozen = Frozen::new(cluster.nodes());
+    let started = Instant::now();
+    let away = loop {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+        if !logs.at(Level::WARN, "Redis cannot decide").is_empty() {
+            break Instant::now();
+        }
+        assert!(
+            started.elapsed() < Duration::from_secs(5),
+            "Redis frozen for 5 s and not turned away"
+        );
+    };
+    let replaced = loop {
+        if !logs
+            .at(Level::INFO, "a new connection replaces it")
+            .is_empty()
+        {
+            break away.elapsed();
+        }
+        assert!(
+            away.elapsed() < Duration::from_secs(5),
+            "the silent Cluster connection was not replaced within 5 s of Redis away"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    drop(frozen);
+    let bound = RedisLayerBuilder::DEFAULT_RECHECK_INTERVAL + response_timeout;
+    println!("the silent connection replaced {replaced:?} after Redis was turned away");
+    assert!(
+        replaced <= bound,
+        "replaced {replaced:?} after Redis was turned away, beyond the stated {bound:?}"
+    );
+    let thawed = Instant::now();
+    while logs.at(Level::INFO, "Redis answers again").is_empty() {
+        assert_eq!(send(&svc).await.status(), StatusCode::OK);
+        assert!(
+            thawed.elapsed() < Duration::from_secs(5),
+            "not back on Redis 5 s after the Cluster was thawed"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+/// Nodes frozen (SIGSTOP) while this lives, thawed (SIGCONT) when dropped, whatever
+/// happens: a failed assertion never leaves a node frozen for the test's other servers.
+struct Frozen<'a>(&'a [RedisServer]);
+
+impl<'a> Frozen<'a> {
+    fn new(nodes: &'a [RedisServer]) -> Self {
+        for node in nodes {
+            assert!(signal(node, "-STOP"), "the node is frozen");
+        }
+        Self(nodes)
+    }
+}
+
+impl Drop for Frozen<'_> {
+    fn drop(&mut self) {
+        for node in self.0 {
+            // NOTE: no assertion here: a panic while a failed assertion unwinds aborts.
+            let _ = signal(node, "-CONT");
+        }
+    }
+}
+
+/// Sends a signal (`-STOP`, `-CONT`) to a node: whether it was sent.
+fn signal(server: &RedisServer, name: &str) -> bool {
+    server.pid().is_some_and(|pid| {
+        std::process::Command::new("kill")
+            .args([name, &pid.to_string()])
+            .status()
+            .is_ok_and(|status| status.success())
+    })
 }
 
 /// CRC16 (XMODEM), as a Redis Cluster hashes a key to its slot (`CRC16(key) mod 16384`).

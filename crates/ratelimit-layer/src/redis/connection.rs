@@ -72,8 +72,9 @@ pub(crate) enum RedisTopology {
         seeds: Vec<ConnectionInfo>,
         /// The nodes the Cluster said it has, last time it was asked (`CLUSTER SLOTS`):
         /// seeds too for a connection made anew, so that a replacement does not depend on
-        /// the given seeds alone (one of which may be the node that was lost).
-        known: Mutex<Vec<(String, u16)>>,
+        /// the given seeds alone (one of which may be the node that was lost). Asked by
+        /// every connection made, and by the probe when Redis answers it again.
+        known: Arc<Mutex<Vec<(String, u16)>>>,
         make: ClusterClientMaker,
         config: ClusterConfig,
     },
@@ -144,33 +145,57 @@ impl RedisTopology {
     /// Keeps the nodes a Cluster's `CLUSTER SLOTS` reply names, for the connections made
     /// anew; nothing for one node, or a reply of another shape.
     pub(crate) fn learn_nodes(&self, reply: &Value) {
-        let Self::Cluster { known, .. } = self else {
+        if let Self::Cluster { known, .. } = self {
+            learn_nodes(known, reply);
+        }
+    }
+
+    /// For a Cluster connection just made: asks it for the Cluster's nodes, in a task of
+    /// its own, so that the connection that may replace it later reaches the nodes the
+    /// Cluster has, and not only the seeds given; the first request under load never
+    /// leaves time for a probe to ask. Nothing for one node. Within the client's own
+    /// response timeout (a Cluster client gives up on a command after it).
+    fn ask_nodes(&self, connection: &RedisConnection) {
+        let (Self::Cluster { known, .. }, RedisConnection::Cluster(cluster)) = (self, connection)
+        else {
             return;
         };
-        let Value::Array(ranges) = reply else {
-            return;
-        };
-        let mut nodes = Vec::new();
-        for range in ranges {
-            let Value::Array(range) = range else { continue };
-            for node in range.iter().skip(2) {
-                let Value::Array(node) = node else { continue };
-                if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
-                    (node.first(), node.get(1))
-                {
-                    let (Ok(host), Ok(port)) = (std::str::from_utf8(host), u16::try_from(*port))
-                    else {
-                        continue;
-                    };
-                    if !host.is_empty() && !nodes.iter().any(|(h, p)| h == host && *p == port) {
-                        nodes.push((host.to_owned(), port));
-                    }
+        let known = Arc::clone(known);
+        let mut cluster = cluster.clone();
+        tokio::spawn(async move {
+            let slots = redis::cmd("CLUSTER").arg("SLOTS").to_owned();
+            if let Ok(reply) = cluster.req_packed_command(&slots).await {
+                learn_nodes(&known, &reply);
+            }
+        });
+    }
+}
+
+/// Keeps the nodes a `CLUSTER SLOTS` reply names in `known`; nothing for a reply of another
+/// shape, or one that names none.
+fn learn_nodes(known: &Mutex<Vec<(String, u16)>>, reply: &Value) {
+    let Value::Array(ranges) = reply else {
+        return;
+    };
+    let mut nodes = Vec::new();
+    for range in ranges {
+        let Value::Array(range) = range else { continue };
+        for node in range.iter().skip(2) {
+            let Value::Array(node) = node else { continue };
+            if let (Some(Value::BulkString(host)), Some(Value::Int(port))) =
+                (node.first(), node.get(1))
+            {
+                let (Ok(host), Ok(port)) = (std::str::from_utf8(host), u16::try_from(*port)) else {
+                    continue;
+                };
+                if !host.is_empty() && !nodes.iter().any(|(h, p)| h == host && *p == port) {
+                    nodes.push((host.to_owned(), port));
                 }
             }
         }
-        if !nodes.is_empty() {
-            *known.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
-        }
+    }
+    if !nodes.is_empty() {
+        *known.lock().unwrap_or_else(PoisonError::into_inner) = nodes;
     }
 }
 
@@ -243,6 +268,7 @@ impl RedisConnections {
             return Ok((current.connection.clone(), current.generation));
         }
         let connection = self.target.connect_lazily()?;
+        self.target.ask_nodes(&connection);
         *slot = Some(Current {
             connection: connection.clone(),
             generation: 0,
@@ -262,6 +288,7 @@ impl RedisConnections {
             }
         }
         let connection = self.target.connect_lazily()?;
+        self.target.ask_nodes(&connection);
         let next = generation.wrapping_add(1);
         *slot = Some(Current {
             connection: connection.clone(),

@@ -66,7 +66,9 @@
 //!   so one slot), follows `MOVED` and `ASK`, and reads the slot map again when a master is
 //!   lost and a replica promoted. Tested with 3 masters and a replica each: a master killed
 //!   under load, each process fell back for 2 to 3 s (back within 0.3 s of the replica
-//!   being promoted), then shared the limit again.
+//!   being promoted, within one response timeout when the Cluster client had stopped
+//!   answering), then shared the limit again; the bound is under [When Redis is slow, away,
+//!   or silent](#when-redis-is-slow-away-or-silent).
 //! - **TLS**: `rediss://`, verified against the system's roots or a CA you give
 //!   ([`RedisStoreBuilder::ca_certificate`]), with a client certificate
 //!   ([`RedisStoreBuilder::client_certificate`]) where the service asks for one. Checks
@@ -219,6 +221,20 @@
 //!   proxy of the tests' own). The kernel watches too: TCP keepalive (10 s idle, a probe
 //!   every 5 s, 3 unanswered) and on Linux `TCP_USER_TIMEOUT` (10 s) drop a connection whose
 //!   packets vanish.
+//! - **A Cluster failover** (a master lost, its replica promoted): the Cluster takes about
+//!   twice its `cluster-node-timeout` to promote the replica (15 s is Redis's default;
+//!   2 to 2.7 s with 1 s in the tests), and the lost master's keys fall back meanwhile. Once
+//!   the Cluster serves the key's slot again, a process is back on Redis within
+//!   `recheck_interval + 3 × response_timeout`: **3.5 s with the defaults** (typically one
+//!   response timeout). That holds even when redis-rs's Cluster client has stopped
+//!   answering for good, which redis-rs 1.2's can under a failover (its task waits for a
+//!   lock that a request it no longer polls holds): a probe left unanswered for the
+//!   response timeout, by its own timer or by the client's, replaces the client with one
+//!   made from the seeds and every node the Cluster named (each connection asks `CLUSTER
+//!   SLOTS` once made), and asks the new one at once. The bound assumes the new client
+//!   reaches the Cluster within the response timeout: a lost node whose address is silent
+//!   (a host gone, rather than a process) costs it up to
+//!   [`connect_timeout`](RedisStoreBuilder::connect_timeout), and a probe more.
 //! - **A failure that comes late** does not undo a return: the health has a generation per
 //!   change, and a request that started before Redis came back (and times out after)
 //!   leaves it up.

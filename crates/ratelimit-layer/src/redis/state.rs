@@ -487,7 +487,8 @@ impl<C: Clock> RedisDeciderState<C> {
     /// Asks Redis about the key whose decision failed (`EXISTS`, which goes to that key's
     /// node in a Cluster), or `PING`s it: an answer within the response timeout brings it
     /// back (the decisions' budget then judges whether it is fast enough). A connection
-    /// that does not answer within the response timeout is replaced at once (a black hole),
+    /// that does not answer within the response timeout (by this probe's timer, or by a
+    /// Cluster client's own) is replaced at once (a black hole, a Cluster client stuck),
     /// and the new one asked.
     pub(super) async fn probe(&self) {
         let observed = self.health.observe();
@@ -536,11 +537,19 @@ impl<C: Clock> RedisDeciderState<C> {
                     }
                     return;
                 }
-                Ok(Err(e)) => {
+                Ok(Err(e)) if !e.is_timeout() => {
                     self.probe_failed(RedisFallbackReason::Error, &e, observed);
                     return;
                 }
-                Err(_elapsed) => RedisError::from((
+                // NOTE: redis-rs's Cluster client times a command out itself, after the
+                // same response timeout: both timers end within the same millisecond, and
+                // the command, polled first, nearly always reports the client's. That error
+                // is the silence this probe looks for, not an answer, and replaces the
+                // connection as this probe's own timeout does. A Cluster client may stop
+                // answering for good (redis-rs 1.2, under a failover: its task can wait
+                // forever for a lock that a request it no longer polls holds), and only a
+                // new one helps.
+                Ok(Err(_)) | Err(_) => RedisError::from((
                     ErrorKind::Io,
                     "no answer within the response timeout: connection replaced",
                     format!("{response_timeout:?}"),

@@ -42,9 +42,10 @@ use super::connection::{
 ///   for one. Certificate checks cannot be turned off (`#insecure` is refused).
 ///
 /// A connection that stops answering without breaking (a black hole: a failover that moved
-/// the address, a firewall or a proxy that drops the flow silently) is found by the layer's
-/// probe and replaced within [`response_timeout`](RedisStoreBuilder::response_timeout); see
-/// the [module docs](super) for the bound. Every socket has TCP keepalive (10 s idle, then a
+/// the address, a firewall or a proxy that drops the flow silently), or a Cluster client
+/// that stops answering (redis-rs's can, under a failover), is found by the layer's probe
+/// and replaced within [`response_timeout`](RedisStoreBuilder::response_timeout); see the
+/// [module docs](super) for the bounds. Every socket has TCP keepalive (10 s idle, then a
 /// probe every 5 s, dropped after 3 unanswered) and, on Linux, `TCP_USER_TIMEOUT` of 10 s.
 ///
 /// ```
@@ -294,8 +295,10 @@ impl RedisStoreBuilder {
 
     /// How long a command may go unanswered before the connection is taken for dead and
     /// replaced by a new one (a black hole: the address moved, or the flow is dropped
-    /// silently). Default: one second ([`RedisStore::DEFAULT_RESPONSE_TIMEOUT`]). Decisions
-    /// do not wait for it: each has its own budget; the layer's probe does.
+    /// silently; a Cluster client that stopped answering). Default: one second
+    /// ([`RedisStore::DEFAULT_RESPONSE_TIMEOUT`]). Decisions do not wait for it: each has its
+    /// own budget; the layer's probe does. A Cluster client gives up on a command after it
+    /// too.
     pub const fn response_timeout(mut self, timeout: Duration) -> Self {
         self.response_timeout = timeout;
         self
@@ -470,7 +473,7 @@ impl RedisStoreBuilder {
             .set_response_timeout(self.response_timeout);
         Ok(RedisTopology::Cluster {
             seeds: infos,
-            known: Mutex::new(Vec::new()),
+            known: Arc::new(Mutex::new(Vec::new())),
             make,
             config,
         })
