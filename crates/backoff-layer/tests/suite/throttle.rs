@@ -4,7 +4,7 @@
 //! A downstream serves requests at 100 per second (one every 10 ms); what it answers
 //! depends on the request's destination and on the test's switch.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

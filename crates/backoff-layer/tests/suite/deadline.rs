@@ -3,7 +3,7 @@
 //! caller's own deadline bounds the retry loop: no attempt after it, no wait past it, never
 //! more time on the wire than the caller gave.
 
-mod support;
+use crate::support;
 
 use std::error::Error as _;
 use std::time::{Duration, SystemTime};

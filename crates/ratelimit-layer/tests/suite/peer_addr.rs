@@ -20,7 +20,7 @@ use ratelimit_layer::{OverloadProtectionLayer, RateLimitLayer, TokenBucket};
 use tower::ServiceExt;
 use tracing::Level;
 
-mod support;
+use crate::support;
 use support::Logs;
 
 /// What another major version of axum puts in a request: a `ConnectInfo` of its own type,

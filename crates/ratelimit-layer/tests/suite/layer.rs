@@ -17,7 +17,7 @@ use ratelimit_layer::{
 use tower::util::BoxService;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
-mod support;
+use crate::support;
 
 type Calls = Arc<AtomicUsize>;
 

@@ -5,7 +5,7 @@
 //! Each test installs its recorder and log capture for its own thread (a `current_thread`
 //! runtime under paused time), so the tests of this binary do not see each other's.
 
-mod support;
+use crate::support;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;

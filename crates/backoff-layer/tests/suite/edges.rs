@@ -1,7 +1,7 @@
 //! The client's promises at the edges (issue 12): each test pins one way the retry layer used
 //! to break them, under paused time around the scripted mock.
 
-mod support;
+use crate::support;
 
 use std::error::Error as _;
 use std::io::ErrorKind;

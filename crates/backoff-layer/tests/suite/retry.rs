@@ -1,6 +1,6 @@
 //! Behaviour of the retry layer around a scripted mock service, under paused time.
 
-mod support;
+use crate::support;
 
 use std::io::ErrorKind;
 use std::pin::pin;

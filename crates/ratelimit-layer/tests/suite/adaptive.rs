@@ -17,7 +17,7 @@ use tokio::sync::{Notify, Semaphore};
 use tokio::time::Instant;
 use tower::{Layer, Service, ServiceBuilder, ServiceExt, service_fn};
 
-mod support;
+use crate::support;
 
 /// A service that answers only when `release` is notified, counting calls.
 fn held(

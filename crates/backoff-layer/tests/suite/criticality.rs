@@ -3,7 +3,7 @@
 //! claim (the handler's own, or a lower one it asks for; never a higher one), with no code in
 //! the handler.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::net::SocketAddr;

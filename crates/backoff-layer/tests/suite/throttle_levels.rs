@@ -2,7 +2,7 @@
 //! a downstream fails for 20 s while a client sends it `sheddable` and `critical` requests,
 //! one of each every 10 ms; the layer's own ticker decides every 200 ms of virtual time.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::sync::Arc;

@@ -2,7 +2,7 @@
 //! default route timeout) when no response head has come, never cuts a response body, and
 //! never tells a gRPC server that deadline.
 
-mod support;
+use crate::support;
 
 use std::convert::Infallible;
 use std::error::Error as _;
