@@ -1,0 +1,298 @@
+//! A real `reqwest::Client` behind `backoff-layer`'s whole client stack (the `reqwest`
+//! feature, issue 35), against a real axum server on 127.0.0.1: what reaches the wire, and
+//! what the caller gets.
+//!
+//! Real time, not paused: reqwest's connections and axum's server run on the runtime's
+//! I/O driver, and paused time auto-advances whenever the runtime waits on I/O, which would
+//! fire the layer's timers (backoff, deadline) while a response is on its way. The waits
+//! are the layer's defaults (100 ms, then 200 ms, jittered) or a 1 s `Retry-After`, so each
+//! test takes at most about a second.
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime};
+
+use axum::Router;
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{HeaderMap, StatusCode};
+use axum::response::{IntoResponse, Response};
+use backoff_layer::reqwest::Reqwest;
+use backoff_layer::{GiveUpReason, RetryInfo, RetryLayer, is_overloaded, is_throttled};
+use overload_signal::protocol::WireDeadline;
+use tokio::net::TcpListener;
+use tokio::time::Instant;
+use tower::{Layer, ServiceExt};
+
+/// What the server saw of one attempt.
+#[derive(Clone, Debug)]
+struct Seen {
+    at: Instant,
+    headers: HeaderMap,
+    body: Bytes,
+}
+
+/// What the server answers the `n`th attempt (from 0) with.
+type Script = fn(usize) -> Response;
+
+#[derive(Clone)]
+struct Server {
+    seen: Arc<Mutex<Vec<Seen>>>,
+    script: Script,
+}
+
+async fn record(State(server): State<Server>, headers: HeaderMap, body: Bytes) -> Response {
+    let n = {
+        let mut seen = server.seen.lock().unwrap();
+        seen.push(Seen {
+            at: Instant::now(),
+            headers,
+            body,
+        });
+        seen.len() - 1
+    };
+    (server.script)(n)
+}
+
+/// An axum server on 127.0.0.1, port 0, answering by `script`; its URL and its log.
+async fn serve(script: Script) -> (String, Arc<Mutex<Vec<Seen>>>) {
+    let seen = Arc::<Mutex<Vec<Seen>>>::default();
+    let app = Router::new().fallback(record).with_state(Server {
+        seen: Arc::clone(&seen),
+        script,
+    });
+    let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let addr = listener.local_addr().unwrap();
+    tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
+    (format!("http://{addr}/api"), seen)
+}
+
+fn unavailable_then_ok(n: usize) -> Response {
+    if n < 2 {
+        StatusCode::SERVICE_UNAVAILABLE.into_response()
+    } else {
+        (StatusCode::OK, "hello").into_response()
+    }
+}
+
+fn attempts_on_the_wire(seen: &[Seen]) -> Vec<String> {
+    seen.iter()
+        .map(|s| s.headers["x-request-attempt"].to_str().unwrap().to_owned())
+        .collect()
+}
+
+/// The README's example, as it is there but for the URL, run against a real server.
+#[tokio::test]
+async fn the_readme_example_retries_through_reqwest() -> Result<(), backoff_layer::BoxError> {
+    let (url, seen) = serve(unavailable_then_ok).await;
+    // --- the README's example, from here ---
+    use backoff_layer::{RetryLayer, reqwest::Reqwest};
+    use tower::{Layer, ServiceExt};
+
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(url).body(reqwest::Body::from(""))?;
+    let response = reqwest::Response::from(client.clone().oneshot(request).await?);
+    println!("{}", response.text().await?);
+    // --- to here ---
+    assert_eq!(attempts_on_the_wire(&seen.lock().unwrap()), ["0", "1", "2"]);
+    Ok(())
+}
+
+#[tokio::test]
+async fn every_attempt_carries_its_number_and_the_caller_sees_the_success() {
+    let (url, seen) = serve(unavailable_then_ok).await;
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(url)
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 200);
+    let info = *response.extensions().get::<RetryInfo>().unwrap();
+    assert_eq!(info.attempts, 3);
+    assert_eq!(info.gave_up, None);
+    let response = reqwest::Response::from(response);
+    assert_eq!(response.text().await.unwrap(), "hello");
+    // `X-Request-Attempt` counts from 0: the first attempt, then the two retries.
+    assert_eq!(attempts_on_the_wire(&seen.lock().unwrap()), ["0", "1", "2"]);
+}
+
+#[tokio::test]
+async fn the_stop_signal_is_never_retried() {
+    let (url, seen) = serve(|_| {
+        (
+            StatusCode::SERVICE_UNAVAILABLE,
+            [("x-overloaded", "stop-retrying")],
+        )
+            .into_response()
+    })
+    .await;
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(url)
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    let err = client.oneshot(request).await.unwrap_err();
+    assert!(is_overloaded(&*err), "{err:?}");
+    assert_eq!(seen.lock().unwrap().len(), 1, "one attempt, no retry");
+}
+
+/// A destination that fails everything: within a second the throttle refuses most of its
+/// requests locally (its window closes slots every 200 ms), and a refusal never reaches it.
+#[tokio::test]
+async fn the_throttle_refuses_locally_after_failures() {
+    let (url, seen) = serve(|_| StatusCode::SERVICE_UNAVAILABLE.into_response()).await;
+    // One attempt per request: the throttle, not the retries, is what is tested.
+    let layer = RetryLayer::builder().max_attempts(1).build().unwrap();
+    let client = layer.layer(Reqwest::new(reqwest::Client::new()));
+    let start = Instant::now();
+    let (mut sent, mut refused, mut refused_later, mut later) = (0, 0, 0, 0);
+    // 100 requests a second for 2 s, one after the other.
+    while start.elapsed() < Duration::from_secs(2) {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        let second_half = start.elapsed() >= Duration::from_secs(1);
+        later += usize::from(second_half);
+        let request = http::Request::get(url.as_str())
+            .body(reqwest::Body::from(""))
+            .unwrap();
+        let began = Instant::now();
+        match client.clone().oneshot(request).await {
+            Ok(response) => {
+                assert_eq!(response.status(), 503);
+                sent += 1;
+            }
+            Err(err) if is_throttled(&*err) => {
+                // Refused locally: no round trip (a generous bound for a loaded machine).
+                assert!(began.elapsed() < Duration::from_millis(50));
+                refused += 1;
+                refused_later += usize::from(second_half);
+            }
+            Err(err) => panic!("unexpected error: {err:?}"),
+        }
+    }
+    assert_eq!(
+        seen.lock().unwrap().len(),
+        sent,
+        "refusals never reach the wire"
+    );
+    assert!(
+        refused_later * 2 >= later,
+        "in the second second, {refused_later} of {later} refused ({sent} sent, {refused} refused in all)"
+    );
+}
+
+#[tokio::test]
+async fn every_attempt_carries_the_deadline_left() {
+    let (url, seen) = serve(unavailable_then_ok).await;
+    let layer = RetryLayer::builder()
+        .deadline(Duration::from_secs(5))
+        .build()
+        .unwrap();
+    let client = layer.layer(Reqwest::new(reqwest::Client::new()));
+    let before = SystemTime::now();
+    let request = http::Request::get(url)
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    assert_eq!(client.oneshot(request).await.unwrap().status(), 200);
+    let seen = seen.lock().unwrap();
+    assert_eq!(seen.len(), 3);
+    let mut last = Duration::MAX;
+    for attempt in seen.iter() {
+        let wire = WireDeadline::from_headers(&attempt.headers)
+            .unwrap()
+            .expect("X-Request-Deadline on every attempt");
+        assert!(wire.sent() >= before - Duration::from_secs(1));
+        assert!(wire.timeout() <= Duration::from_secs(5));
+        assert!(wire.timeout() > Duration::from_secs(3), "{wire:?}");
+        assert!(wire.timeout() < last, "what is left shrinks: {wire:?}");
+        last = wire.timeout();
+    }
+}
+
+#[tokio::test]
+async fn retry_after_is_waited_for_within_the_cap() {
+    let (url, seen) = serve(|n| {
+        if n == 0 {
+            (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "1")]).into_response()
+        } else {
+            StatusCode::OK.into_response()
+        }
+    })
+    .await;
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(url.as_str())
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    assert_eq!(client.oneshot(request).await.unwrap().status(), 200);
+    {
+        let seen = seen.lock().unwrap();
+        assert_eq!(seen.len(), 2);
+        let waited = seen[1].at - seen[0].at;
+        assert!(waited >= Duration::from_secs(1), "waited {waited:?}");
+    }
+
+    // Above the cap (2 s here): given up on at once, the failure returned.
+    let (url, seen) =
+        serve(|_| (StatusCode::SERVICE_UNAVAILABLE, [("retry-after", "60")]).into_response()).await;
+    let layer = RetryLayer::builder()
+        .max_retry_after(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    let client = layer.layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(url)
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    let response = client.oneshot(request).await.unwrap();
+    assert_eq!(response.status(), 503);
+    let info = response.extensions().get::<RetryInfo>().unwrap();
+    assert_eq!(info.gave_up, Some(GiveUpReason::RetryAfterTooLong));
+    assert_eq!(seen.lock().unwrap().len(), 1);
+}
+
+#[tokio::test]
+async fn a_streaming_body_is_replayed_byte_for_byte() {
+    let (url, seen) = serve(unavailable_then_ok).await;
+    let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = ["stream", "ed ", "body"]
+        .into_iter()
+        .map(|c| Ok(http_body::Frame::data(Bytes::from(c))))
+        .collect();
+    let body = reqwest::Body::wrap(http_body_util::StreamBody::new(futures_util::stream::iter(
+        chunks,
+    )));
+    // reqwest itself cannot clone it, so its own retry and reqwest-retry send it once.
+    let probe = reqwest::Request::try_from(
+        http::Request::put(url.as_str())
+            .body(reqwest::Body::wrap(http_body_util::StreamBody::new(
+                futures_util::stream::iter(
+                    Vec::<Result<http_body::Frame<Bytes>, std::io::Error>>::new(),
+                ),
+            )))
+            .unwrap(),
+    )
+    .unwrap();
+    assert!(probe.try_clone().is_none());
+
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::put(url).body(body).unwrap();
+    assert_eq!(client.oneshot(request).await.unwrap().status(), 200);
+    let seen = seen.lock().unwrap();
+    assert_eq!(attempts_on_the_wire(&seen), ["0", "1", "2"]);
+    for attempt in seen.iter() {
+        assert_eq!(attempt.body, "streamed body");
+    }
+}
+
+#[tokio::test]
+async fn connection_refused_is_retried_and_given_up_on() {
+    // A port nobody listens on: bound, then closed.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = listener.local_addr().unwrap();
+    drop(listener);
+    let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
+    let request = http::Request::get(format!("http://{addr}/"))
+        .body(reqwest::Body::from(""))
+        .unwrap();
+    let err = client.oneshot(request).await.unwrap_err();
+    let gave_up = err
+        .downcast_ref::<backoff_layer::GaveUp>()
+        .unwrap_or_else(|| panic!("expected GaveUp, got {err:?}"));
+    assert_eq!(gave_up.reason(), GiveUpReason::MaxAttempts);
+    assert_eq!(gave_up.attempts(), 3);
+}
