@@ -82,17 +82,34 @@ fn attempts_on_the_wire(seen: &[Seen]) -> Vec<String> {
 
 /// The README's example, as it is there but for the URL, run against a real server.
 #[tokio::test]
-async fn the_readme_example_retries_through_reqwest() -> Result<(), backoff_layer::BoxError> {
+async fn the_readme_example_retries_through_reqwest_middleware()
+-> Result<(), Box<dyn std::error::Error>> {
     let (url, seen) = serve(unavailable_then_ok).await;
     // --- the README's example, from here ---
+    use backoff_layer::reqwest::RetryMiddleware;
+
+    let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+        .with(RetryMiddleware::new())
+        .build();
+    let text = client.get(url).send().await?.text().await?;
+    // --- to here ---
+    assert_eq!(text, "hello");
+    assert_eq!(attempts_on_the_wire(&seen.lock().unwrap()), ["0", "1", "2"]);
+    Ok(())
+}
+
+/// The Tower form of the same: the layer over `Reqwest`, as the `reqwest` module's docs
+/// show it.
+#[tokio::test]
+async fn the_tower_form_retries_through_reqwest() -> Result<(), backoff_layer::BoxError> {
+    let (url, seen) = serve(unavailable_then_ok).await;
     use backoff_layer::{RetryLayer, reqwest::Reqwest};
     use tower::{Layer, ServiceExt};
 
     let client = RetryLayer::new().layer(Reqwest::new(reqwest::Client::new()));
     let request = http::Request::get(url).body(reqwest::Body::from(""))?;
     let response = reqwest::Response::from(client.clone().oneshot(request).await?);
-    println!("{}", response.text().await?);
-    // --- to here ---
+    assert_eq!(response.text().await?, "hello");
     assert_eq!(attempts_on_the_wire(&seen.lock().unwrap()), ["0", "1", "2"]);
     Ok(())
 }
@@ -295,4 +312,155 @@ async fn connection_refused_is_retried_and_given_up_on() {
         .unwrap_or_else(|| panic!("expected GaveUp, got {err:?}"));
     assert_eq!(gave_up.reason(), GiveUpReason::MaxAttempts);
     assert_eq!(gave_up.attempts(), 3);
+}
+
+mod through_reqwest_middleware {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use backoff_layer::reqwest::RetryMiddleware;
+    use std::future::Future;
+    use std::pin::Pin;
+
+    use reqwest_middleware::{ClientBuilder, ClientWithMiddleware, Next};
+
+    type BoxFuture<'a, T> = Pin<Box<dyn Future<Output = T> + Send + 'a>>;
+
+    use super::*;
+
+    fn client(layer: RetryLayer) -> ClientWithMiddleware {
+        ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::from(layer))
+            .build()
+    }
+
+    static RUNS: AtomicUsize = AtomicUsize::new(0);
+
+    /// A middleware that counts its runs.
+    fn counted<'a>(
+        request: reqwest::Request,
+        extensions: &'a mut http::Extensions,
+        next: Next<'a>,
+    ) -> BoxFuture<'a, reqwest_middleware::Result<reqwest::Response>> {
+        RUNS.fetch_add(1, Ordering::Relaxed);
+        next.run(request, extensions)
+    }
+
+    /// A middleware after ours runs once per attempt: each attempt is the rest of the chain.
+    #[tokio::test]
+    async fn each_attempt_runs_the_middlewares_after_it() {
+        let (url, seen) = serve(unavailable_then_ok).await;
+        let client = ClientBuilder::new(reqwest::Client::new())
+            .with(RetryMiddleware::new())
+            .with(counted)
+            .build();
+        let response = client.get(url).send().await.unwrap();
+        assert_eq!(response.status(), 200);
+        assert_eq!(
+            response.extensions().get::<RetryInfo>().unwrap().attempts,
+            3
+        );
+        assert_eq!(RUNS.load(Ordering::Relaxed), 3);
+        assert_eq!(attempts_on_the_wire(&seen.lock().unwrap()), ["0", "1", "2"]);
+    }
+
+    #[tokio::test]
+    async fn the_stop_signal_is_an_error_the_caller_can_match() {
+        let (url, seen) = serve(|_| {
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                [("x-overloaded", "stop-retrying")],
+            )
+                .into_response()
+        })
+        .await;
+        let err = client(RetryLayer::new()).get(url).send().await.unwrap_err();
+        assert!(
+            matches!(err, reqwest_middleware::Error::Middleware(_)),
+            "{err:?}"
+        );
+        assert!(is_overloaded(&err), "{err:?}");
+        assert_eq!(seen.lock().unwrap().len(), 1, "one attempt, no retry");
+    }
+
+    #[tokio::test]
+    async fn a_streaming_body_is_replayed() {
+        let (url, seen) = serve(unavailable_then_ok).await;
+        let chunks: Vec<Result<http_body::Frame<Bytes>, std::io::Error>> = ["a ", "stream"]
+            .into_iter()
+            .map(|c| Ok(http_body::Frame::data(Bytes::from(c))))
+            .collect();
+        let body = reqwest::Body::wrap(http_body_util::StreamBody::new(
+            futures_util::stream::iter(chunks),
+        ));
+        let response = client(RetryLayer::new())
+            .put(url)
+            .body(body)
+            .send()
+            .await
+            .unwrap();
+        assert_eq!(response.status(), 200);
+        let seen = seen.lock().unwrap();
+        assert_eq!(attempts_on_the_wire(&seen), ["0", "1", "2"]);
+        assert!(seen.iter().all(|s| s.body == "a stream"));
+    }
+
+    /// reqwest's own error, after the layer gave up, is in the chain under the `GaveUp`.
+    #[tokio::test]
+    async fn errors_keep_their_kind() {
+        let closed = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        let url = format!("http://{}/", closed.local_addr().unwrap());
+        drop(closed);
+        let gave_up = |err: &reqwest_middleware::Error| {
+            let chain = std::iter::successors(Some(err as &dyn std::error::Error), |e| e.source());
+            let mut gave_up = None;
+            let mut connect = false;
+            for e in chain {
+                gave_up = gave_up.or(e
+                    .downcast_ref::<backoff_layer::GaveUp>()
+                    .map(|g| (g.reason(), g.attempts())));
+                connect |= e
+                    .downcast_ref::<reqwest::Error>()
+                    .is_some_and(reqwest::Error::is_connect);
+            }
+            assert!(connect, "reqwest's connect error in the chain: {err:?}");
+            gave_up.unwrap_or_else(|| panic!("expected GaveUp in the chain, got {err:?}"))
+        };
+        let err = client(RetryLayer::new())
+            .get(url.as_str())
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(gave_up(&err), (GiveUpReason::MaxAttempts, 3));
+
+        // POST is not retried: one attempt.
+        let err = client(RetryLayer::new())
+            .post(url)
+            .send()
+            .await
+            .unwrap_err();
+        assert_eq!(gave_up(&err), (GiveUpReason::NotRetryable, 1));
+    }
+
+    /// reqwest's own timeout (`ClientBuilder::timeout`) is retried through the middleware.
+    #[tokio::test]
+    async fn a_reqwest_timeout_is_retried() {
+        // Accepts, never answers.
+        let silent = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let url = format!("http://{}/", silent.local_addr().unwrap());
+        let reqwest = reqwest::Client::builder()
+            .timeout(Duration::from_millis(50))
+            .build()
+            .unwrap();
+        let client = ClientBuilder::new(reqwest)
+            .with(RetryMiddleware::new())
+            .build();
+        let err = client.get(url).send().await.unwrap_err();
+        let gave_up = std::iter::successors(Some(&err as &dyn std::error::Error), |e| e.source())
+            .find_map(|e| e.downcast_ref::<backoff_layer::GaveUp>())
+            .unwrap_or_else(|| panic!("expected GaveUp in the chain, got {err:?}"));
+        assert_eq!(gave_up.reason(), GiveUpReason::MaxAttempts);
+        assert_eq!(gave_up.attempts(), 3);
+        assert!(backoff_layer::classify::is_timeout(&err));
+        drop(silent);
+    }
 }

@@ -60,6 +60,11 @@ use tower_service::Service;
 
 use crate::BoxError;
 
+#[cfg(feature = "reqwest-middleware")]
+mod middleware;
+#[cfg(feature = "reqwest-middleware")]
+pub use middleware::RetryMiddleware;
+
 /// A [`reqwest::Client`](::reqwest::Client) as a Tower service of `http::Request<B>`, for
 /// [`RetryLayer`](crate::RetryLayer) to wrap; see the [module docs](self).
 ///
