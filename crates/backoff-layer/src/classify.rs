@@ -383,10 +383,20 @@ pub fn is_timeout(error: &(dyn Error + 'static)) -> bool {
     })
 }
 
+/// Whether `e` is reqwest's, and reqwest says it is a timeout (its timeout error is a type
+/// of its own, not an `io::Error`).
 #[cfg(feature = "reqwest")]
-use crate::reqwest::{
-    is_connect_error as is_reqwest_connect_error, is_timeout as is_reqwest_timeout,
-};
+fn is_reqwest_timeout(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<::reqwest::Error>()
+        .is_some_and(::reqwest::Error::is_timeout)
+}
+
+/// Whether `e` is reqwest's, and reqwest says it is a connect error.
+#[cfg(feature = "reqwest")]
+fn is_reqwest_connect_error(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<::reqwest::Error>()
+        .is_some_and(::reqwest::Error::is_connect)
+}
 
 #[cfg(not(feature = "reqwest"))]
 fn is_reqwest_timeout(_: &(dyn Error + 'static)) -> bool {

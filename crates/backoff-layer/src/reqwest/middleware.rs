@@ -13,7 +13,8 @@ use reqwest_middleware::{Middleware, Next};
 use tower_layer::Layer;
 use tower_service::Service;
 
-use crate::{BoxError, RetryLayer};
+use crate::error::BoxError;
+use crate::retry::RetryLayer;
 
 /// The retry layer as a [`reqwest_middleware::Middleware`], for a
 /// `reqwest_middleware::ClientWithMiddleware` (the `reqwest-middleware` feature): the way

@@ -58,7 +58,7 @@ use http_body::Body;
 use pin_project_lite::pin_project;
 use tower_service::Service;
 
-use crate::BoxError;
+use crate::error::BoxError;
 
 #[cfg(feature = "reqwest-middleware")]
 mod middleware;
@@ -160,20 +160,6 @@ impl Future for ResponseFuture {
             },
         }
     }
-}
-
-/// Whether `error` is reqwest's, and reqwest says it is a connect error.
-pub(crate) fn is_connect_error(error: &(dyn std::error::Error + 'static)) -> bool {
-    error
-        .downcast_ref::<::reqwest::Error>()
-        .is_some_and(::reqwest::Error::is_connect)
-}
-
-/// Whether `error` is reqwest's, and reqwest says it is a timeout.
-pub(crate) fn is_timeout(error: &(dyn std::error::Error + 'static)) -> bool {
-    error
-        .downcast_ref::<::reqwest::Error>()
-        .is_some_and(::reqwest::Error::is_timeout)
 }
 
 #[cfg(test)]
