@@ -377,6 +377,9 @@
 //!   as the layer's inner service, so a reqwest user gets the whole stack (streaming bodies
 //!   replayed too); reqwest's connect errors and timeouts count as such. It enables no
 //!   reqwest feature (TLS and the rest stay the user's choice).
+//! - `reqwest-middleware` (off by default; enables `reqwest`): `reqwest::RetryMiddleware`,
+//!   the layer as a `reqwest_middleware::Middleware` for a `ClientWithMiddleware`, the way
+//!   `reqwest-retry`'s users compose.
 
 pub mod adapter;
 pub mod backoff;

@@ -1,15 +1,38 @@
-//! A [`reqwest::Client`](::reqwest::Client) under the retry layer (the `reqwest` feature).
+//! A [`reqwest::Client`] behind the retry layer (the `reqwest` and
+//! `reqwest-middleware` features).
 //!
-//! [`Reqwest`] makes a `reqwest::Client` a Tower service of `http::Request<B>` to
-//! `http::Response<reqwest::Body>`, so [`RetryLayer`](crate::RetryLayer) wraps it with
-//! nothing changed: backoff with jitter, the retry budget, the client-side throttle,
+//! Two forms, one stack: backoff with jitter, the retry budget, the client-side throttle,
 //! `X-Request-Attempt`, `X-Request-Deadline` on the wire, `Retry-After` honoured up to
 //! [`max_retry_after`](crate::RetryBuilder::max_retry_after), the stop signal, and body
-//! replay, exactly as the [crate docs](crate) list them for any other client.
+//! replay, exactly as the [crate docs](crate) list them for any other client:
+//!
+//! - `RetryMiddleware` (the `reqwest-middleware` feature): a
+//!   `reqwest_middleware::Middleware`, for a `ClientWithMiddleware`, which is how
+//!   `reqwest-retry`'s users compose; requests are made as with reqwest itself
+//!   (`client.get(url).send()`). The fewest lines:
+//!
+//! ```no_run
+//! # #[cfg(feature = "reqwest-middleware")]
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use backoff_layer::reqwest::RetryMiddleware;
+//!
+//! let client = reqwest_middleware::ClientBuilder::new(reqwest::Client::new())
+//!     .with(RetryMiddleware::new())
+//!     .build();
+//! let text = client.get("http://127.0.0.1:8070/api").send().await?.text().await?;
+//! # let _ = text;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! - [`Reqwest`] (the `reqwest` feature): a `reqwest::Client` as a Tower service of
+//!   `http::Request<B>` to `http::Response<reqwest::Body>`, so [`RetryLayer`](crate::RetryLayer)
+//!   wraps it with nothing changed, in a `ServiceBuilder` with any other Tower layer, with
+//!   no dependency on `reqwest-middleware`.
 //!
 //! # Example
 //!
-//! With every default of the layer (see the [crate docs](crate#defaults)):
+//! The Tower form, with every default of the layer (see the [crate docs](crate#defaults)):
 //!
 //! ```no_run
 //! # async fn run() -> Result<(), backoff_layer::BoxError> {
@@ -27,7 +50,7 @@
 //! `client` is `Clone` (a `reqwest::Client` is an `Arc` inside, the layer's state too):
 //! clone it per request or per task, as `oneshot` above does. A response converts into a
 //! `reqwest::Response` (`reqwest::Response::from`) for `text()`, `json()` and the rest;
-//! its extensions carry the layer's [`RetryInfo`](crate::RetryInfo).
+//! its extensions carry the layer's [`RetryInfo`](crate::RetryInfo), with either form.
 //!
 //! # Body replay, streams included
 //!
@@ -41,7 +64,7 @@
 //!
 //! # Errors
 //!
-//! The service's error is reqwest's own [`reqwest::Error`](::reqwest::Error); the layer
+//! The service's error is reqwest's own [`reqwest::Error`]; the layer
 //! retries its connect errors and timeouts (`is_connect()`, `is_timeout()`: see
 //! [`classify::is_connect_error`](crate::classify::is_connect_error) and
 //! [`classify::is_timeout`](crate::classify::is_timeout)), and returns the
@@ -65,7 +88,7 @@ mod middleware;
 #[cfg(feature = "reqwest-middleware")]
 pub use middleware::RetryMiddleware;
 
-/// A [`reqwest::Client`](::reqwest::Client) as a Tower service of `http::Request<B>`, for
+/// A [`reqwest::Client`] as a Tower service of `http::Request<B>`, for
 /// [`RetryLayer`](crate::RetryLayer) to wrap; see the [module docs](self).
 ///
 /// It is always ready (reqwest pools connections itself), and answers with
