@@ -273,7 +273,8 @@ async fn a_streaming_body_is_replayed_byte_for_byte() {
     let body = reqwest::Body::wrap(http_body_util::StreamBody::new(futures_util::stream::iter(
         chunks,
     )));
-    // reqwest itself cannot clone it, so its own retry and reqwest-retry send it once.
+    // reqwest cannot clone it: its own retry sends it once, and reqwest-retry (0.9) fails
+    // it before sending ("Request object is not cloneable").
     let probe = reqwest::Request::try_from(
         http::Request::put(url.as_str())
             .body(reqwest::Body::wrap(http_body_util::StreamBody::new(

@@ -54,18 +54,19 @@
 //!
 //! # Body replay, streams included
 //!
-//! reqwest's own retry and `reqwest-retry` can retry a request only when its body can be
-//! cloned (`reqwest::Request::try_clone`), which a streaming body
-//! (`reqwest::Body::wrap_stream`, `Body::wrap`) cannot: such requests are sent once. Under
-//! the retry layer, a body of any kind, a stream included, is kept as it streams, up to the
-//! layer's [`body_limit`](crate::RetryBuilder::body_limit) (64 KiB by default), and sent
-//! again byte for byte; a larger body is sent once and never retried
+//! reqwest's own retry (0.13's `retry` policy) and `reqwest-retry` need a body they can
+//! clone (`reqwest::Body::try_clone`), which a streaming body (`reqwest::Body::wrap_stream`,
+//! `Body::wrap`) is not: reqwest sends such a request once and never retries it, and
+//! `reqwest-retry` (0.9) fails it before sending anything ("Request object is not
+//! cloneable"). Under the retry layer, a body of any kind, a stream included, is kept as it
+//! streams, up to the layer's [`body_limit`](crate::RetryBuilder::body_limit) (64 KiB by
+//! default), and sent again byte for byte; a larger body is sent once and never retried
 //! ([`GiveUpReason::BodyNotReplayable`](crate::GiveUpReason::BodyNotReplayable)).
 //!
 //! # Errors
 //!
-//! The service's error is reqwest's own [`reqwest::Error`]; the layer
-//! retries its connect errors and timeouts (`is_connect()`, `is_timeout()`: see
+//! The service's error is reqwest's own [`reqwest::Error`]; the layer retries its connect
+//! errors and timeouts (`is_connect()`, `is_timeout()`: see
 //! [`classify::is_connect_error`](crate::classify::is_connect_error) and
 //! [`classify::is_timeout`](crate::classify::is_timeout)), and returns the
 //! [outcomes](crate#outcomes) the crate docs list, boxed. A request whose URI is not an
