@@ -34,13 +34,12 @@ mod tests {
     use overload_core::clock::{SystemWallClock, WallClock};
     use tower::ServiceExt;
 
-    use super::*;
     use crate::client::{AttemptCounter, CollectLayer, DemoBody};
     use crate::record::Recorder;
-    use crate::stack::client_stack;
+    use crate::stack::network_stack;
     use crate::strategy::Strategy;
 
-    /// `full` over reqwest against a real server failing twice: three attempts on the
+    /// `full-reqwest` (the `full` layer over reqwest) against a real server failing twice: three attempts on the
     /// wire, numbered, and the success returned; the stack's recorder counts them.
     #[tokio::test]
     async fn full_runs_over_reqwest() {
@@ -62,15 +61,17 @@ mod tests {
         tokio::spawn(async move { axum::serve(listener, app).await.unwrap() });
 
         let recorder = Recorder::new();
-        let stack = client_stack(
-            reqwest_transport(1).unwrap(),
-            Strategy::Full,
+        // `full-reqwest`: the strategy the scenario's runs name for this stack.
+        let stack = network_stack(
+            Strategy::FullReqwest,
+            1,
             Duration::from_secs(2),
             CollectLayer::DEFAULT_MAX_BODY,
             1,
             &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
             &recorder,
-        );
+        )
+        .unwrap();
         let mut request = Request::get(format!("http://{addr}/api"))
             .body(DemoBody::default())
             .unwrap();
