@@ -343,12 +343,14 @@ fn chain<'a>(error: &'a (dyn Error + 'static)) -> impl Iterator<Item = &'a (dyn 
 /// hyper-util's legacy client reports connect errors with the operating system's
 /// `std::io::Error` as the source, so this recognises them without depending on hyper-util.
 /// With the `tonic` feature, tonic's `ConnectError` (any failure while a `Channel`
-/// connects) counts too. A connect error is always safe to retry: the server never saw the
+/// connects) counts too; with the `reqwest` feature, a `reqwest::Error` whose
+/// `is_connect()` holds. A connect error is always safe to retry: the server never saw the
 /// request.
 pub fn is_connect_error(error: &(dyn Error + 'static)) -> bool {
     use std::io::ErrorKind;
     chain(error).any(|e| {
         is_tonic_connect_error(e)
+            || is_reqwest_connect_error(e)
             || e.downcast_ref::<std::io::Error>().is_some_and(|io| {
                 matches!(
                     io.kind(),
@@ -365,7 +367,8 @@ pub fn is_connect_error(error: &(dyn Error + 'static)) -> bool {
 /// [`AttemptTimedOut`], an [`std::io::Error`] of kind `TimedOut`, (with the `tower`
 /// feature, on by default) `tower::timeout::error::Elapsed`, or (with the `tonic` feature)
 /// tonic's `TimeoutExpired`, which a `Channel` returns when a call outlives its
-/// `grpc-timeout` or the endpoint's timeout.
+/// `grpc-timeout` or the endpoint's timeout, or (with the `reqwest` feature) a
+/// `reqwest::Error` whose `is_timeout()` holds.
 ///
 /// It looks through a [`GaveUp`]: a request a retry layer gave up on after a
 /// timeout is a timeout. Whether it may be retried is another question: see [`is_final`].
@@ -376,7 +379,33 @@ pub fn is_timeout(error: &(dyn Error + 'static)) -> bool {
                 .is_some_and(|io| io.kind() == std::io::ErrorKind::TimedOut)
             || is_tower_elapsed(e)
             || is_tonic_timeout(e)
+            || is_reqwest_timeout(e)
     })
+}
+
+/// Whether `e` is reqwest's, and reqwest says it is a timeout (its timeout error is a type
+/// of its own, not an `io::Error`).
+#[cfg(feature = "reqwest")]
+fn is_reqwest_timeout(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<::reqwest::Error>()
+        .is_some_and(::reqwest::Error::is_timeout)
+}
+
+/// Whether `e` is reqwest's, and reqwest says it is a connect error.
+#[cfg(feature = "reqwest")]
+fn is_reqwest_connect_error(e: &(dyn Error + 'static)) -> bool {
+    e.downcast_ref::<::reqwest::Error>()
+        .is_some_and(::reqwest::Error::is_connect)
+}
+
+#[cfg(not(feature = "reqwest"))]
+fn is_reqwest_timeout(_: &(dyn Error + 'static)) -> bool {
+    false
+}
+
+#[cfg(not(feature = "reqwest"))]
+fn is_reqwest_connect_error(_: &(dyn Error + 'static)) -> bool {
+    false
 }
 
 #[cfg(feature = "tonic")]

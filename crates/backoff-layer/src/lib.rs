@@ -373,6 +373,13 @@
 //!   tonic's `TimeoutExpired` counts as a timeout and its `ConnectError` as a connect error.
 //!   Off by default because only tonic users should pay for tonic; it enables no tonic
 //!   feature of its own.
+//! - `reqwest` (off by default): [`reqwest::Reqwest`](crate::reqwest), a `reqwest::Client`
+//!   as the layer's inner service, so a reqwest user gets the whole stack (streaming bodies
+//!   replayed too); reqwest's connect errors and timeouts count as such. It enables no
+//!   reqwest feature (TLS and the rest stay the user's choice).
+//! - `reqwest-middleware` (off by default; enables `reqwest`): `reqwest::RetryMiddleware`,
+//!   the layer as a `reqwest_middleware::Middleware` for a `ClientWithMiddleware`, the way
+//!   `reqwest-retry`'s users compose.
 
 pub mod adapter;
 pub mod backoff;
@@ -383,6 +390,8 @@ mod error;
 #[cfg(feature = "tonic")]
 mod grpc;
 mod outcome;
+#[cfg(feature = "reqwest")]
+pub mod reqwest;
 mod retry;
 pub mod throttle;
 

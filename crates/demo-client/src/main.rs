@@ -14,7 +14,6 @@ use demo_client::cli::{
     BenchArgs, Cli, Command, EnvoyArgs, FleetArgs, PlotDelaysArgs, RunArgs, ScenarioArgs,
     SimulateArgs,
 };
-use demo_client::client::http_transport;
 use demo_client::drive::Progress;
 use demo_client::load::{spawn_clients, status_line};
 use demo_client::output::{RunRecord, delays_svg};
@@ -23,7 +22,7 @@ use demo_client::record::{Recorder, Second};
 use demo_client::report::{Table, percentile};
 use demo_client::scenario::{RealRun, Target, real_run, write_outputs};
 use demo_client::simulate::{SimulatedRun, simulate_run};
-use demo_client::stack::client_stack;
+use demo_client::stack::network_stack;
 use overload_core::clock::{SystemWallClock, WallClock};
 use tower::BoxError;
 
@@ -73,15 +72,15 @@ async fn run(args: RunArgs) -> Result<(), BoxError> {
     let timeout = args.load.attempt_timeout()?;
     let every = args.report_every()?;
     let recorder = Recorder::new();
-    let stack = client_stack(
-        http_transport(load.clients()),
+    let stack = network_stack(
         args.strategy,
+        load.clients(),
         timeout,
         args.load.max_body,
         load.seed(),
         &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
-    );
+    )?;
     eprintln!(
         "{} clients, think time {:?} (about {:.0} req/s), timeout {timeout:?}, strategy {}, to {}; Ctrl-C stops",
         load.clients(),

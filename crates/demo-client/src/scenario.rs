@@ -18,7 +18,6 @@ use overload_core::clock::{SystemWallClock, WallClock};
 use tokio::task::JoinHandle;
 use tower::BoxError;
 
-use crate::client::http_transport;
 use crate::drive::{PauseGuard, Progress, drive_phases, parse_gauge};
 use crate::experiment::{RunSpec, Timing};
 use crate::load::{LoadConfig, spawn_clients};
@@ -26,7 +25,7 @@ use crate::output::{RunRecord, outage_svg, write_csv};
 use crate::process::{Pausable, ServerProcess, SpawnError};
 use crate::record::{Event, Recorder};
 use crate::report::{RunReport, Table};
-use crate::stack::client_stack;
+use crate::stack::network_stack;
 
 /// The gauge `demo-server` exposes on `/metrics` with the highest number of requests inside
 /// its model since the previous scrape.
@@ -122,16 +121,15 @@ pub async fn real_run(
     let load = LoadConfig::new(run.clients, run.think_time, url, run.seed)?;
 
     let recorder = Recorder::new();
-    let transport = http_transport(run.clients.get());
-    let stack = client_stack(
-        transport,
+    let stack = network_stack(
         spec.strategy,
+        run.clients.get(),
         run.timeout,
         run.max_body,
         run.seed,
         &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
-    );
+    )?;
     let clients = spawn_clients(&stack, &load, &recorder);
     let sampler = spawn_sampler(vec![metrics_url], recorder.clone());
 

@@ -36,6 +36,7 @@ use crate::load::{LoadConfig, spawn_clients};
 use crate::output::RunRecord;
 use crate::record::{Event, Recorder};
 use crate::stack::client_stack;
+use crate::strategy::Strategy;
 
 /// How often the model's concurrency peak is sampled in a simulated run: every 100 ms.
 pub const SAMPLE_EVERY: Duration = Duration::from_millis(100);
@@ -86,12 +87,18 @@ impl Pause for Process {
 ///
 /// # Errors
 ///
-/// When the runtime cannot be built or the pause switch fails.
+/// When the runtime cannot be built or the pause switch fails, or for `full-reqwest`, which
+/// needs a real network.
 pub fn simulate_run(
     spec: RunSpec,
     run: &SimulatedRun,
     progress: &mut Progress,
 ) -> Result<RunRecord, BoxError> {
+    if spec.strategy == Strategy::FullReqwest {
+        return Err(
+            "full-reqwest runs over the network only: use `scenario`, not `simulate`".into(),
+        );
+    }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .start_paused(true)

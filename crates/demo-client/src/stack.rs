@@ -101,7 +101,7 @@ pub fn retry_layer(
             CarriedDelay::article_program(),
             seeds,
         )),
-        Strategy::Full | Strategy::FullNoThrottle => {
+        Strategy::Full | Strategy::FullNoThrottle | Strategy::FullReqwest => {
             // NOTE: the retry layer's own attempt timeout is what goes on the wire; the stack's
             // tower timeout under it still ends each attempt (1 ms sooner, so it always fires
             // first and `Record` counts the timeout), as under the other strategies.
@@ -172,6 +172,49 @@ where
                 .service(attempt),
         ),
     }
+}
+
+/// The client stack of `strategy` over the network: hyper-util's client
+/// ([`http_transport`](crate::client::http_transport)), or for `full-reqwest` a
+/// `reqwest::Client` (`client::reqwest_transport`, the `reqwest` feature), keeping up to
+/// `max_idle` idle connections; the other arguments as [`client_stack`]'s.
+///
+/// # Errors
+///
+/// `full-reqwest` in a build without the `reqwest` feature, or reqwest failing to build its
+/// client.
+pub fn network_stack(
+    strategy: Strategy,
+    max_idle: usize,
+    timeout: Duration,
+    max_body: usize,
+    seed: u64,
+    wall: &Arc<dyn WallClock>,
+    recorder: &Recorder,
+) -> Result<DemoService, BoxError> {
+    if strategy == Strategy::FullReqwest {
+        #[cfg(feature = "reqwest")]
+        return Ok(client_stack(
+            crate::client::reqwest_transport(max_idle)?,
+            strategy,
+            timeout,
+            max_body,
+            seed,
+            wall,
+            recorder,
+        ));
+        #[cfg(not(feature = "reqwest"))]
+        return Err("full-reqwest needs demo-client built with the `reqwest` feature".into());
+    }
+    Ok(client_stack(
+        crate::client::http_transport(max_idle),
+        strategy,
+        timeout,
+        max_body,
+        seed,
+        wall,
+        recorder,
+    ))
 }
 
 #[cfg(test)]
@@ -250,6 +293,28 @@ mod tests {
             .unwrap();
         req.extensions_mut().insert(AttemptCounter::new());
         req
+    }
+
+    /// Without the `reqwest` feature, `full-reqwest` is refused with a reason, not run over
+    /// hyper-util's client under reqwest's name.
+    #[cfg(not(feature = "reqwest"))]
+    #[tokio::test]
+    async fn full_reqwest_needs_the_feature() {
+        let recorder = Recorder::new();
+        let made = |s| {
+            network_stack(
+                s,
+                1,
+                Duration::from_secs(2),
+                MAX_BODY,
+                1,
+                &system(),
+                &recorder,
+            )
+        };
+        let err = made(Strategy::FullReqwest).expect_err("refused");
+        assert!(err.to_string().contains("`reqwest` feature"), "{err}");
+        assert!(made(Strategy::Full).is_ok());
     }
 
     #[test]
@@ -412,7 +477,7 @@ mod tests {
             stack.oneshot(request()).await.unwrap();
             let seen = seen.lock().unwrap().clone();
             match strategy {
-                Strategy::Full | Strategy::FullNoThrottle => {
+                Strategy::Full | Strategy::FullNoThrottle | Strategy::FullReqwest => {
                     let d = WireDeadline::parse(seen[0].as_ref().expect("a deadline")).unwrap();
                     assert_eq!(d.timeout(), Duration::from_millis(2001));
                 }

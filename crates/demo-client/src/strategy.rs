@@ -31,16 +31,21 @@ pub enum Strategy {
     /// `full` without the client-side throttle (`RetryBuilder::no_throttle`): the client
     /// stack before it existed, for comparison.
     FullNoThrottle,
+    /// `full` over a `reqwest::Client` instead of hyper-util's (the `reqwest` feature:
+    /// [`client::reqwest_transport`](crate::client)): the same retry layer, for a row
+    /// through reqwest. Real network runs only; the simulation refuses it.
+    FullReqwest,
 }
 
 impl Strategy {
     /// Every strategy.
-    pub const ALL: [Strategy; 5] = [
+    pub const ALL: [Strategy; 6] = [
         Strategy::Fixed,
         Strategy::Exponential,
         Strategy::ExponentialProgram,
         Strategy::Full,
         Strategy::FullNoThrottle,
+        Strategy::FullReqwest,
     ];
 
     /// The name used on the command line.
@@ -51,6 +56,7 @@ impl Strategy {
             Strategy::ExponentialProgram => "exponential-program",
             Strategy::Full => "full",
             Strategy::FullNoThrottle => "full-no-throttle",
+            Strategy::FullReqwest => "full-reqwest",
         }
     }
 }
@@ -69,8 +75,8 @@ impl fmt::Display for UnknownStrategy {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "unknown strategy {:?}: expected fixed, exponential, exponential-program, full or \
-             full-no-throttle",
+            "unknown strategy {:?}: expected fixed, exponential, exponential-program, full, \
+             full-no-throttle or full-reqwest",
             self.0
         )
     }
@@ -101,8 +107,8 @@ mod tests {
         let err = "Full".parse::<Strategy>().unwrap_err();
         assert_eq!(
             err.to_string(),
-            "unknown strategy \"Full\": expected fixed, exponential, exponential-program, full \
-             or full-no-throttle"
+            "unknown strategy \"Full\": expected fixed, exponential, exponential-program, full, \
+             full-no-throttle or full-reqwest"
         );
     }
 }

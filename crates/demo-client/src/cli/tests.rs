@@ -58,7 +58,10 @@ fn bad_values_are_explained() {
         .unwrap_err()
         .to_string();
     assert!(
-        err.contains("expected fixed, exponential, exponential-program, full or"),
+        err.contains(
+            "expected fixed, exponential, exponential-program, full, full-no-throttle or \
+             full-reqwest"
+        ),
         "{err}"
     );
     let err = parse(&["run", "--clients", "0"]).unwrap_err().to_string();

@@ -18,12 +18,16 @@
 //! - [`loopback`]: in the simulation, the transport is [`Loopback`] instead, an in-process
 //!   hop to a server that can be stopped like a process ([`Gate`]) and that keeps working on a
 //!   request after its client gave up, or not ([`Abandoned`]);
-//! - [`budget`]: [`CountingBudget`] wraps a retry budget to count its refusals.
+//! - [`budget`]: [`CountingBudget`] wraps a retry budget to count its refusals;
+//! - `reqwest_transport` (the `reqwest` feature): the same stack over a `reqwest::Client`,
+//!   a peer of [`http_transport`] for the experiment's rows through reqwest.
 
 pub mod attempts;
 pub mod budget;
 pub mod loopback;
 pub mod naive;
+#[cfg(feature = "reqwest")]
+pub mod reqwest_transport;
 pub mod transport;
 
 pub use attempts::{
@@ -32,6 +36,8 @@ pub use attempts::{
 pub use budget::CountingBudget;
 pub use loopback::{Abandoned, Gate, Loopback, LoopbackFuture};
 pub use naive::{CarriedDelay, NaiveRetry, NaiveRetryFuture, NaiveRetryLayer, ThinkTime};
+#[cfg(feature = "reqwest")]
+pub use reqwest_transport::reqwest_transport;
 pub use transport::{
     BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, TransportBody,
     http_transport,

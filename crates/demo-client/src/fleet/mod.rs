@@ -29,7 +29,6 @@ pub use haproxy::{
 };
 pub use survivors::{FleetRecord, Survivor, SurvivorTable};
 
-use crate::client::http_transport;
 use crate::drive::{PauseGuard, Progress, drive_phases};
 use crate::experiment::{RunSpec, Timing};
 use crate::load::{LoadConfig, spawn_clients};
@@ -37,7 +36,7 @@ use crate::output::RunRecord;
 use crate::process::ServerProcess;
 use crate::record::Recorder;
 use crate::scenario::{metrics_url, spawn_sampler};
-use crate::stack::client_stack;
+use crate::stack::network_stack;
 
 /// The number of servers in the fleet: three, the smallest fleet in which losing one leaves
 /// neighbours to take its load.
@@ -107,15 +106,15 @@ pub async fn fleet_run(
         .collect::<Result<Vec<_>, _>>()?;
 
     let recorder = Recorder::new();
-    let stack = client_stack(
-        http_transport(run.clients.get()),
+    let stack = network_stack(
         spec.strategy,
+        run.clients.get(),
         run.timeout,
         run.max_body,
         run.seed,
         &(Arc::new(SystemWallClock) as Arc<dyn WallClock>),
         &recorder,
-    );
+    )?;
     let clients = spawn_clients(&stack, &load, &recorder);
     // NOTE: the concurrency column sums the survivors' (the stopped server cannot answer).
     let sampler = spawn_sampler(server_metrics[1..].to_vec(), recorder.clone());
