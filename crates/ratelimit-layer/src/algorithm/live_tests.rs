@@ -127,7 +127,7 @@ fn a_key_older_than_the_history_converts_from_the_oldest_kept() {
 #[test]
 fn setting_the_parameters_in_force_changes_nothing() {
     let clock = FakeClock::new();
-    let (live, handle) = LiveTokenBucket::new(bucket(10, 5), clock.clone());
+    let (live, handle) = LiveTokenBucket::new(bucket(10, 5), clock);
     handle.set_rate(10).unwrap();
     handle.set(bucket(10, 5));
     assert_eq!(handle.params.load().generation, 0);
@@ -142,7 +142,7 @@ fn changes_under_contention_never_exceed_the_bound() {
     // Threads take units while the rate is lowered from 1 000 to 1 per second at 0: no
     // more than the burst is ever admitted at that instant.
     let clock = FakeClock::new();
-    let (live, handle) = LiveTokenBucket::new(bucket(1_000, 100), clock.clone());
+    let (live, handle) = LiveTokenBucket::new(bucket(1_000, 100), clock);
     let state = LiveTokenBucketState::default();
     let admitted = AtomicU64::new(0);
     std::thread::scope(|s| {
