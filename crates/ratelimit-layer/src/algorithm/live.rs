@@ -117,7 +117,7 @@ impl Snapshot {
 ///
 /// ```
 /// use std::time::Duration;
-/// use ratelimit_layer::clock::FakeClock;
+/// use ratelimit_layer::clock::{Clock, FakeClock};
 /// use ratelimit_layer::{Limiter, TokenBucket};
 /// use ratelimit_layer::algorithm::LiveTokenBucket;
 ///

@@ -24,5 +24,6 @@ mod decided_whole;
 mod in_axum;
 mod in_tonic;
 mod layer;
+mod live_limits;
 mod peer_addr;
 mod properties;
