@@ -5,7 +5,11 @@ use std::sync::{Arc, Mutex};
 
 use metrics_util::debugging::{DebugValue, DebuggingRecorder};
 
+use std::time::Duration;
+
+use super::limits::parse_duration;
 use super::*;
+use crate::algorithm::TokenBucket;
 
 const FILE: &str = r#"
 tenant_header = "x-tenant"

@@ -10,7 +10,7 @@ use std::time::Duration;
 use overload_core::telemetry::NAME_LABEL;
 use sha2::{Digest, Sha256};
 
-use super::{Limits, LimitsFileError};
+use super::limits::{Limits, LimitsFileError};
 
 /// The counter of reloads: [`metric_names::LIMITS_RELOADS`](crate::metric_names::LIMITS_RELOADS).
 pub const RELOADS_TOTAL: &str = crate::metric_names::LIMITS_RELOADS;
