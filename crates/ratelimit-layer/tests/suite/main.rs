@@ -15,6 +15,7 @@
 mod support;
 
 mod adaptive;
+mod adaptive_bounds;
 mod adaptive_criticality;
 mod adaptive_held;
 mod adaptive_safety;
