@@ -284,6 +284,7 @@ pub mod algorithm;
 pub mod config;
 pub mod key;
 pub mod keyed;
+pub mod limits_file;
 pub mod metric_names;
 pub mod protect;
 mod rate_limit;

@@ -17,6 +17,7 @@
 //! | `ratelimit_layer_adaptive_latency_seconds` | gauge | `name` | its last window's latency percentile |
 //! | `ratelimit_layer_adaptive_held_total` | counter | `name` | requests the adaptive limit released for being in flight longer than their bound (`release_after`) |
 //! | `ratelimit_layer_adaptive_held_running` | gauge | `name` | those released requests still running (they count toward `max_limit`) |
+//! | `ratelimit_layer_limits_reloads_total` | counter | `name`, `result` (`applied`, `refused`, `unreadable`) | changes of a limits file seen by [`limits_file::Reloader`](crate::limits_file::Reloader): applied, or refused (an error in the file, or the file unreadable) with the limits in force kept |
 //!
 //! Every metric carries the label `name`
 //! ([`NAME_LABEL`](overload_core::telemetry::NAME_LABEL)): the name of the layer that wrote
@@ -105,3 +106,9 @@ pub const ADAPTIVE_HELD: &str = "ratelimit_layer_adaptive_held_total";
 /// [`max_limit`](crate::AdaptiveLimitBuilder::max_limit) with those in flight: near it, the
 /// service is piling up work that never ends.
 pub const ADAPTIVE_HELD_RUNNING: &str = "ratelimit_layer_adaptive_held_running";
+
+/// Counter, labels `name` and `result` (`applied`, `refused`, `unreadable`): changes of a
+/// [limits file](crate::limits_file) seen by its
+/// [`Reloader`](crate::limits_file::Reloader), each counted once: applied, or refused (an
+/// error in the file, or the file cannot be read) with the limits in force kept.
+pub const LIMITS_RELOADS: &str = "ratelimit_layer_limits_reloads_total";

@@ -160,6 +160,15 @@ impl GradientController {
     }
 
     /// The limit in force.
+    /// Puts the bounds `min..=max` in force (`1 <= min <= max`), clamping the limit into
+    /// them; returns the limit in force.
+    pub(super) fn set_bounds(&mut self, min: usize, max: usize) -> usize {
+        self.settings.min_limit = min;
+        self.settings.max_limit = max;
+        self.limit = self.limit.clamp(min as f64, max as f64);
+        self.limit()
+    }
+
     pub(super) fn limit(&self) -> usize {
         to_limit(self.limit, &self.settings)
     }

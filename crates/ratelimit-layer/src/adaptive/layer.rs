@@ -5,6 +5,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use overload_core::ConfigError;
 use overload_core::clock::{Clock, TokioClock};
 use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
@@ -200,6 +201,40 @@ impl<C: Clock> AdaptiveLimitLayer<C> {
     /// ```
     pub fn status(&self) -> Status {
         self.state.status()
+    }
+
+    /// Changes the bounds the limit moves within, while the layer serves: the limit in
+    /// force is clamped into `min..=max` at once, the windows that follow move it within
+    /// them, and `max` is the new ceiling of the requests in flight and released together.
+    /// Every clone of the layer, and every service it made, sees the change.
+    ///
+    /// ```
+    /// use ratelimit_layer::AdaptiveLimitLayer;
+    ///
+    /// let layer = AdaptiveLimitLayer::builder().initial_limit(50).build()?;
+    /// layer.set_bounds(5, 30)?;
+    /// assert_eq!(layer.status().limit, 30);
+    /// assert!(layer.set_bounds(10, 9).is_err());
+    /// # Ok::<(), ratelimit_layer::ConfigError>(())
+    /// ```
+    ///
+    /// # Errors
+    ///
+    /// `min` is zero (kind `OutOfRange`), or `max` is below `min` (kind `Conflict`), as
+    /// [`AdaptiveLimitBuilder::build`](super::AdaptiveLimitBuilder::build) refuses them;
+    /// nothing changes.
+    pub fn set_bounds(&self, min: usize, max: usize) -> Result<(), ConfigError> {
+        if min == 0 {
+            return Err(ConfigError::out_of_range("min_limit", min, "at least 1"));
+        }
+        if max < min {
+            return Err(ConfigError::conflict(
+                "max_limit",
+                format_args!("max_limit ({max}) must not be below min_limit ({min})"),
+            ));
+        }
+        self.state.set_bounds(min, max);
+        Ok(())
     }
 }
 

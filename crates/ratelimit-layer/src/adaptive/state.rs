@@ -39,7 +39,8 @@ pub(crate) struct AdaptiveLimitState<C> {
     /// Requests admitted and neither completed nor released.
     in_flight: AtomicUsize,
     /// The ceiling of the limit, and of the requests in flight and released together.
-    max_limit: usize,
+    /// Changed by [`set_bounds`](Self::set_bounds).
+    max_limit: AtomicUsize,
     /// Requests by generation of admission, and those released for being held too long.
     held: HeldRequests,
     /// How long a request may be in flight before it is released (clock nanoseconds): the
@@ -140,7 +141,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
         Self {
             limit: AtomicUsize::new(controller.limit()),
             in_flight: AtomicUsize::new(0),
-            max_limit: settings.max_limit,
+            max_limit: AtomicUsize::new(settings.max_limit),
             held: HeldRequests::new(now),
             release_after: AtomicU64::new(release_after),
             fixed_release_after,
@@ -329,7 +330,10 @@ impl<C: Clock> AdaptiveLimitState<C> {
         let limit = self.limit.load(Ordering::Relaxed);
         // NOTE: released requests no longer count toward the limit, but they still run: a
         // service that never answers must not take an unbounded pile of them.
-        let ceiling = self.max_limit.saturating_sub(self.held.released());
+        let ceiling = self
+            .max_limit
+            .load(Ordering::Relaxed)
+            .saturating_sub(self.held.released());
         let held_back = self.levels.held_back(level, limit, now);
         let open = (limit - held_back).min(ceiling);
         let admitted = self
@@ -613,6 +617,20 @@ impl<C: Clock> AdaptiveLimitState<C> {
     }
 
     /// A reading for people and tests.
+    /// Puts the bounds `min..=max` in force (validated by the caller): the limit is clamped
+    /// into them now, and the next windows move it within them.
+    pub(super) fn set_bounds(&self, min: usize, max: usize) {
+        let mut controller = self.lock_controller();
+        let before = controller.limit();
+        let limit = controller.set_bounds(min, max);
+        self.max_limit.store(max, Ordering::Relaxed);
+        if limit != before {
+            // NOTE: as when a window moves the limit: the next window measures this one.
+            self.sample_floor.store(self.clock.now(), Ordering::Relaxed);
+        }
+        self.limit.store(limit, Ordering::Relaxed);
+    }
+
     pub(super) fn status(&self) -> Status {
         let controller = self.lock_controller();
         Status {

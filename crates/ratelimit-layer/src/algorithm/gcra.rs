@@ -69,15 +69,15 @@ pub struct TokenBucket {
     period: Duration,
     burst: u32,
     /// `T`, nanoseconds per unit.
-    emission: u64,
+    pub(super) emission: u64,
     /// `B * T`, nanoseconds.
-    tolerance: u64,
+    pub(super) tolerance: u64,
 }
 
 /// The state of one [`TokenBucket`] key: its theoretical arrival time, in one atomic word.
 #[derive(Debug, Default)]
 pub struct TokenBucketState {
-    tat: AtomicU64,
+    pub(super) tat: AtomicU64,
 }
 
 impl TokenBucket {

@@ -38,12 +38,16 @@
 mod fixed_window;
 mod gcra;
 mod limiter;
+mod live;
+mod live_window;
 mod sliding_window;
 mod validate;
 
 pub use fixed_window::{FixedWindow, FixedWindowBuilder, FixedWindowState};
 pub use gcra::{TokenBucket, TokenBucketBuilder, TokenBucketState};
 pub use limiter::{Decision, Limiter, QuotaStatus};
+pub use live::{HISTORY, LiveTokenBucket, LiveTokenBucketState, TokenBucketHandle, carry_over};
+pub use live_window::{LiveWindow, WindowAlgorithm, WindowHandle};
 #[cfg(feature = "redis")]
 pub(crate) use sliding_window::SlidingWindowView;
 pub use sliding_window::{SlidingWindow, SlidingWindowBuilder, SlidingWindowState};

@@ -15,6 +15,7 @@
 mod support;
 
 mod adaptive;
+mod adaptive_bounds;
 mod adaptive_criticality;
 mod adaptive_held;
 mod adaptive_safety;
@@ -24,5 +25,6 @@ mod decided_whole;
 mod in_axum;
 mod in_tonic;
 mod layer;
+mod live_limits;
 mod peer_addr;
 mod properties;

@@ -350,6 +350,26 @@ fn the_limit_stays_within_its_bounds() {
 }
 
 #[test]
+fn bounds_set_while_tracking_hold_for_the_windows_that_follow() {
+    let mut c = tracking(100);
+    assert_eq!(
+        c.set_bounds(25, 30),
+        25,
+        "the limit rises to the new minimum"
+    );
+    for i in 1..20 {
+        let u = c.on_window(i * 100 * MS, window(100, 1000));
+        assert!((25..=30).contains(&u.limit), "{}", u.limit);
+    }
+    assert_eq!(c.limit(), 30, "grows to the new maximum, no further");
+    assert_eq!(
+        c.set_bounds(1, 10),
+        10,
+        "falls to a lowered maximum at once"
+    );
+}
+
+#[test]
 fn probe_jitter_spreads_servers() {
     let due = |seed| {
         let mut s = settings();

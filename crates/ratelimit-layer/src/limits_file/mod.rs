@@ -1,0 +1,66 @@
+//! Limits per route and per tenant from a TOML file, validated whole, and reloaded when it
+//! changes ([`LimitsWatcher`]).
+//!
+//! # The file
+//!
+//! ```toml
+//! # The header whose value names the tenant (optional; needed by `[tenant.*]`).
+//! tenant_header = "x-tenant"
+//!
+//! # The limit of a request that no tenant and no route below names. Required.
+//! [default]
+//! rate = 100        # units per period; required, at least 1
+//! period = "1s"     # optional, default "1s"; units ns, us, ms, s, m, h
+//! burst = 100       # optional, default the rate
+//!
+//! # Routes: `exact` (the whole path) or `prefix` (the path starts with it), one of the two.
+//! # An exact route wins over every prefix; among prefixes the longest wins.
+//! [[route]]
+//! prefix = "/api/"
+//! rate = 50
+//! burst = 10
+//!
+//! [[route]]
+//! exact = "/health"
+//! rate = 1000
+//!
+//! # Tenants, by the value of `tenant_header`. A tenant's limit wins over the routes'.
+//! [tenant.acme]
+//! rate = 1000
+//! burst = 200
+//! ```
+//!
+//! Why TOML: it is the format Rust users read every day (`Cargo.toml`), it has comments,
+//! and it has no indentation to get wrong. Every error names the file, the line and the
+//! column, and what is wrong; a file with any error is refused whole ([`Limits::load`]).
+//!
+//! ```
+//! use ratelimit_layer::limits_file::Limits;
+//!
+//! let limits = Limits::parse("limits.toml", r#"
+//!     tenant_header = "x-tenant"
+//!     [default]
+//!     rate = 100
+//!     [[route]]
+//!     prefix = "/api/"
+//!     rate = 50
+//!     [tenant.acme]
+//!     rate = 1000
+//! "#)?;
+//! assert_eq!(limits.limit_for("/api/items", None).rate(), 50);
+//! assert_eq!(limits.limit_for("/api/items", Some("acme")).rate(), 1000);
+//! assert_eq!(limits.limit_for("/", Some("other")).rate(), 100);
+//!
+//! let err = Limits::parse("limits.toml", "[default]\nrate = 0\n").unwrap_err();
+//! assert_eq!(err.to_string(), "limits.toml:2:8: [default]: rate must be at least 1, got 0");
+//! # Ok::<(), ratelimit_layer::limits_file::LimitsFileError>(())
+//! ```
+
+mod limits;
+mod watch;
+
+pub use limits::{Limits, LimitsFileError};
+pub use watch::{LimitsWatcher, RELOADS_TOTAL, ReloadOutcome, Reloader};
+
+#[cfg(test)]
+mod tests;
