@@ -107,9 +107,48 @@ impl<C: Clock> OverloadSignalLayer<C> {
         &self.state.histogram
     }
 
-    /// The rule this layer decides with.
-    pub fn rule(&self) -> &StopRule {
-        &self.state.rule
+    /// The rule this layer decides with now: the builder's, or the last one given to
+    /// [`set_rule`](Self::set_rule).
+    pub fn rule(&self) -> StopRule {
+        **self.state.rule.load()
+    }
+
+    /// Replaces the rule while serving, for this layer and every clone of it and every
+    /// service it made: the next rejection is judged by `rule`. Nothing else changes: the
+    /// histogram keeps its window of attempts, the caller ledger its classes, and a stop
+    /// signal episode in progress goes on or ends by the new rule's verdict on the next
+    /// rejection. A decision in progress finishes with the rule it started with.
+    ///
+    /// The rule is already checked by its builder; to change one setting, start from the rule
+    /// in force with [`StopRule::to_builder`]. The change is logged at `INFO` with the old and
+    /// the new settings.
+    ///
+    /// ```
+    /// use overload_signal::{OverloadSignalLayer, StopRule};
+    ///
+    /// let layer = OverloadSignalLayer::new();
+    /// let served = layer.clone(); // e.g. moved into the server's stack
+    ///
+    /// // Raise the threshold from 5 % to 10 % of retries, keeping the other settings.
+    /// layer.set_rule(layer.rule().to_builder().retry_share(0.10).build()?);
+    /// assert_eq!(served.rule().retry_share(), 0.10);
+    /// assert_eq!(served.rule().min_requests(), StopRule::DEFAULT_MIN_REQUESTS);
+    /// # Ok::<(), overload_core::ConfigError>(())
+    /// ```
+    pub fn set_rule(&self, rule: StopRule) {
+        let old = self.state.rule.swap(Arc::new(rule));
+        if *old != rule {
+            tracing::info!(
+                name = self.state.name().as_str(),
+                old.retry_share = old.retry_share(),
+                old.min_requests = old.min_requests(),
+                old.sustain = old.sustain(),
+                retry_share = rule.retry_share(),
+                min_requests = rule.min_requests(),
+                sustain = rule.sustain(),
+                "stop rule changed"
+            );
+        }
     }
 
     /// The layer's name: the `name` label of its metrics and the `name` field of its logs.
@@ -166,7 +205,7 @@ impl<C: Clock> fmt::Debug for OverloadSignalLayer<C> {
         f.debug_struct("OverloadSignalLayer")
             .field("name", self.state.name())
             .field("histogram", &self.state.histogram)
-            .field("rule", &self.state.rule)
+            .field("rule", &self.rule())
             .field("trust", &self.trust)
             .field("trusted_proxies", &self.proxies)
             .field("criticality", &self.criticality)

@@ -126,6 +126,22 @@ impl StopRule {
         StopRuleBuilder { rule: Self::new() }
     }
 
+    /// A builder that starts from this rule's settings: to change one of them, e.g. the
+    /// threshold of the rule a layer is using
+    /// ([`OverloadSignalLayer::set_rule`](crate::OverloadSignalLayer::set_rule)).
+    ///
+    /// ```
+    /// use overload_signal::StopRule;
+    ///
+    /// let strict = StopRule::builder().min_requests(1000).build()?;
+    /// let raised = strict.to_builder().retry_share(0.10).build()?;
+    /// assert_eq!((raised.retry_share(), raised.min_requests()), (0.10, 1000));
+    /// # Ok::<(), overload_core::ConfigError>(())
+    /// ```
+    pub const fn to_builder(self) -> StopRuleBuilder {
+        StopRuleBuilder { rule: self }
+    }
+
     /// The retry-share threshold: the rule fires strictly above it.
     pub const fn retry_share(&self) -> f64 {
         self.retry_share

@@ -77,8 +77,8 @@ impl<S, C: Clock> OverloadSignal<S, C> {
     }
 
     /// The rule this middleware decides with.
-    pub fn rule(&self) -> &StopRule {
-        &self.state.rule
+    pub fn rule(&self) -> StopRule {
+        **self.state.rule.load()
     }
 
     /// The name of the layer this middleware belongs to (`"default"` for
@@ -107,7 +107,7 @@ impl<S: fmt::Debug, C: Clock> fmt::Debug for OverloadSignal<S, C> {
             .field("inner", &self.inner)
             .field("name", self.state.name())
             .field("histogram", &self.state.histogram)
-            .field("rule", &self.state.rule)
+            .field("rule", &self.rule())
             .field("trusted_proxies", &self.proxies)
             .field("trust", &self.trust)
             .finish()

@@ -5,6 +5,7 @@
 
 use std::sync::Arc;
 
+use arc_swap::ArcSwap;
 use http::header::CONTENT_LENGTH;
 use http::request::Parts;
 use http::{Extensions, HeaderMap, Response};
@@ -31,7 +32,9 @@ const THROTTLED_RETRY_AFTER: std::time::Duration = std::time::Duration::from_sec
 /// ledger, and what the layer reports.
 pub(crate) struct SignalState<C: Clock = TokioClock> {
     pub(crate) histogram: AttemptHistogram<C>,
-    pub(crate) rule: StopRule,
+    /// The rule in force: replaced whole by `OverloadSignalLayer::set_rule`, loaded once per
+    /// judged rejection so that one decision sees one rule.
+    pub(crate) rule: ArcSwap<StopRule>,
     pub(super) callers: CallerLedger<C>,
     /// Whether rejections without a [`Rejection`] marker are judged too.
     pub(super) judge_every: bool,
@@ -114,7 +117,7 @@ impl<C: Clock> SignalState<C> {
             judge_every,
             unkeyed: LogThrottle::new(UNKEYED_LOG_INTERVAL),
             histogram,
-            rule,
+            rule: ArcSwap::from_pointee(rule),
             exported: AtomicU64::new(0),
             metrics: LazyMetrics::new(name),
             stopping: Episode::new(),
@@ -327,10 +330,11 @@ impl<C: Clock> SignalState<C> {
             None => return,
         };
         let bucket = self.histogram.bucket_now();
+        let rule = **self.rule.load();
         let scope = rejection.scope();
         let trigger = match scope {
-            RejectionScope::Server => self.server_is_drowning(bucket, level),
-            RejectionScope::Caller => self.caller_is_drowning(bucket, caller),
+            RejectionScope::Server => self.server_is_drowning(&rule, bucket, level),
+            RejectionScope::Caller => self.caller_is_drowning(&rule, bucket, caller),
         };
         let Some(trigger) = trigger else {
             if scope == RejectionScope::Server {
@@ -348,9 +352,9 @@ impl<C: Clock> SignalState<C> {
         rewrite_as_stop_signal(response, protocol, rejection.into_stop_signal(self.name()));
         self.metrics.get().stop_signal(scope, level);
         if self.stopping.seen(self.histogram.clock().now()) {
-            log_engaged(self.name(), trigger, &self.rule);
+            log_engaged(self.name(), trigger, &rule);
         }
-        if self.rule.sustain() && !caller.retry {
+        if rule.sustain() && !caller.retry {
             // NOTE: the retry this answer holds back keeps the pressure up (see
             // `StopRule::sustain`); a retry is already counted as one.
             self.histogram.record_stopped_in(bucket);
@@ -410,7 +414,12 @@ impl<C: Clock> SignalState<C> {
     /// NOTE: the SRE rule for the stop signal: a server-scoped rejection of `level` is not
     /// turned into the stop signal while a rejection of a lower level was passed plainly
     /// within the window (see the module docs, "Levels").
-    fn server_is_drowning(&self, bucket: u64, level: Criticality) -> Option<StopTrigger> {
+    fn server_is_drowning(
+        &self,
+        rule: &StopRule,
+        bucket: u64,
+        level: Criticality,
+    ) -> Option<StopTrigger> {
         if level > Criticality::Sheddable
             && self
                 .passed_levels
@@ -422,21 +431,24 @@ impl<C: Clock> SignalState<C> {
         // NOTE: the plain rule first: it is cheap, and the per-caller figure is only ever
         // needed when it fires (per-caller accounting can prevent a stop signal, never cause
         // one).
-        let fires = self.rule.should_stop(&window)
-            && self
-                .callers
-                .per_caller_fires(&self.rule, bucket, window.total());
+        let fires = rule.should_stop(&window)
+            && self.callers.per_caller_fires(rule, bucket, window.total());
         fires.then(|| StopTrigger {
             scope: RejectionScope::Server,
             requests: window.total(),
-            retry_share: self.rule.judged_share(&window).unwrap_or(0.0),
+            retry_share: rule.judged_share(&window).unwrap_or(0.0),
         })
     }
 
     /// The rule on the rejected caller's own class. What it judged when it fires.
-    fn caller_is_drowning(&self, bucket: u64, caller: Caller) -> Option<StopTrigger> {
+    fn caller_is_drowning(
+        &self,
+        rule: &StopRule,
+        bucket: u64,
+        caller: Caller,
+    ) -> Option<StopTrigger> {
         let (requests, pressure) = self.callers.class_pressure(bucket, caller);
-        self.rule.fires(requests, pressure).then(|| StopTrigger {
+        rule.fires(requests, pressure).then(|| StopTrigger {
             scope: RejectionScope::Caller,
             requests,
             retry_share: pressure.unwrap_or(0.0),

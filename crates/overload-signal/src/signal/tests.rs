@@ -20,6 +20,7 @@ use crate::propagation;
 use crate::protocol::{self, Attempt, Criticality, Protocol};
 
 mod levels_tests;
+mod live_rule_tests;
 mod proxies_tests;
 mod telemetry_tests;
 
@@ -791,7 +792,7 @@ fn layer_and_service_are_clone_send_sync() {
 #[test]
 fn get_ref_get_mut_into_inner() {
     let mut svc = OverloadSignal::new(7u8);
-    assert_eq!(svc.rule(), &StopRule::new());
+    assert_eq!(svc.rule(), StopRule::new());
     assert_eq!(svc.histogram().window(), Duration::from_secs(10));
     assert_eq!(*svc.get_ref(), 7);
     *svc.get_mut() = 8;

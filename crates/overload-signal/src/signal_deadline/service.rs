@@ -114,7 +114,7 @@ impl<C: Clock> fmt::Debug for SignalDeadlineState<C> {
         f.debug_struct("SignalDeadlineState")
             .field("name", self.signal.name())
             .field("histogram", &self.signal.histogram)
-            .field("rule", &self.signal.rule)
+            .field("rule", &**self.signal.rule.load())
             .field("trusted_proxies", &self.proxies)
             .field("trust", &self.signal_trust)
             .field("deadline", &self.deadline)
