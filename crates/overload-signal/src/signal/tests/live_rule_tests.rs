@@ -30,9 +30,10 @@ async fn a_new_threshold_judges_the_next_rejection_and_keeps_the_window() {
 
     // Raised above the storm's pressure (its retries and the retries its stop signals held
     // back, about two thirds), through a clone: the very next rejection is plain.
-    handle.set_rule(handle.rule().to_builder().retry_share(0.9).build().unwrap());
-    assert_eq!(layer.rule().retry_share(), 0.9);
-    assert_eq!(svc.rule().retry_share(), 0.9);
+    let raised = handle.rule().to_builder().retry_share(0.9).build().unwrap();
+    handle.set_rule(raised);
+    assert_eq!(layer.rule(), rule(0.9, 20));
+    assert_eq!(svc.rule(), raised);
     assert_eq!(
         layer.rule().min_requests(),
         20,
