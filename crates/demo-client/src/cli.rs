@@ -149,8 +149,8 @@ pub struct RunArgs {
     /// The URL every request goes to.
     #[arg(long, default_value = crate::load::DEFAULT_URL)]
     pub url: Uri,
-    /// How clients retry: fixed, exponential, exponential-program, full, full-no-throttle or
-    /// full-reqwest.
+    /// How clients retry: fixed, exponential, exponential-program, full, full-no-throttle,
+    /// full-reqwest or reqwest-default.
     ///
     /// `fixed` (every 100 ms), `exponential` (the article's backoff, from 100 ms) and
     /// `exponential-program` (the article's program: the backoff grows from the think time
@@ -158,7 +158,9 @@ pub struct RunArgs {
     /// attempt header, the stop signal retried too. `full` is backoff-layer's retry layer: 3
     /// attempts, a retry budget, the attempt header, no retry after a stop signal, and the
     /// client-side throttle; `full-no-throttle` is the same without the throttle;
-    /// `full-reqwest` is `full` over a `reqwest::Client` (a build with the `reqwest` feature).
+    /// `full-reqwest` is `full` over a `reqwest::Client`, and `reqwest-default` a
+    /// `reqwest::Client` retrying with reqwest's own policy (2 retries, a 20 % budget, no
+    /// wait), both in a build with the `reqwest` feature.
     #[arg(long, default_value = "full")]
     pub strategy: Strategy,
     /// Stop after this long instead of at Ctrl-C.

@@ -92,7 +92,7 @@ impl fmt::Display for InvalidRunSpec {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         write!(
             f,
-            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential, exponential-program, full, full-no-throttle or full-reqwest and a stack of full, adaptive, deadline or none (e.g. fixed:none)",
+            "invalid run {:?}: write it as STRATEGY:STACK, with a strategy of fixed, exponential, exponential-program, full, full-no-throttle, full-reqwest or reqwest-default and a stack of full, adaptive, deadline or none (e.g. fixed:none)",
             self.0
         )
     }

@@ -87,17 +87,22 @@ impl Pause for Process {
 ///
 /// # Errors
 ///
-/// When the runtime cannot be built or the pause switch fails, or for `full-reqwest`, which
-/// needs a real network.
+/// When the runtime cannot be built or the pause switch fails, or for `full-reqwest` and
+/// `reqwest-default`, which need a real network.
 pub fn simulate_run(
     spec: RunSpec,
     run: &SimulatedRun,
     progress: &mut Progress,
 ) -> Result<RunRecord, BoxError> {
-    if spec.strategy == Strategy::FullReqwest {
-        return Err(
-            "full-reqwest runs over the network only: use `scenario`, not `simulate`".into(),
-        );
+    if matches!(
+        spec.strategy,
+        Strategy::FullReqwest | Strategy::ReqwestDefault
+    ) {
+        return Err(format!(
+            "{} runs over the network only: use `scenario`, not `simulate`",
+            spec.strategy
+        )
+        .into());
     }
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()

@@ -11,6 +11,8 @@
 //! | `exponential-program` | [`NaiveRetry`](crate::client::NaiveRetry), carrying the think time | the think time just slept x2.7 (about 27 s), then x2.7 each, jitter 0.1 fed back, at most 10 min | no limit | none | none | the article's program |
 //! | `full` | `backoff-layer`'s [`RetryLayer`] | 100 ms, x2, normal jitter 0.1, at most 15 min; `Retry-After` as a lower bound | 3 | retries at most 10% of requests in 10 s | per destination, `backoff-layer`'s defaults | the article, the paper, the SRE book |
 //! | `full-no-throttle` | the same | the same | 3 | the same | none | `full` before the throttle |
+//! | `full-reqwest` | the same as `full`, over a `reqwest::Client` | the same | 3 | the same | the same | `full` through reqwest |
+//! | `reqwest-default` | none: reqwest 0.13's own retry, in the transport | none | 3 | retries at most 20 % extra load in 10 s | none | a reqwest user's setup |
 //!
 //! `full` also sends, with every attempt, how long it waits for it: `X-Request-Deadline`
 //! with the per-attempt timeout (the retry layer's own, set to the stack's), so that a server
@@ -73,8 +75,10 @@ pub type DemoService = BoxCloneSyncService<Request<DemoBody>, Response<DemoBody>
 pub enum StrategyRetry {
     /// The article's clients, `fixed`, `exponential` and `exponential-program`.
     Naive(NaiveRetryLayer),
-    /// `full` and `full-no-throttle`: `backoff-layer`'s retry layer.
+    /// `full`, `full-no-throttle` and `full-reqwest`: `backoff-layer`'s retry layer.
     Full(RetryLayer),
+    /// `reqwest-default`: no retry layer; the transport (reqwest) retries on its own.
+    Transport,
 }
 
 /// The retry layer of `strategy`, its jitter seeded by `seed`, its budget refusals (for
@@ -101,6 +105,7 @@ pub fn retry_layer(
             CarriedDelay::article_program(),
             seeds,
         )),
+        Strategy::ReqwestDefault => StrategyRetry::Transport,
         Strategy::Full | Strategy::FullNoThrottle | Strategy::FullReqwest => {
             // NOTE: the retry layer's own attempt timeout is what goes on the wire; the stack's
             // tower timeout under it still ends each attempt (1 ms sooner, so it always fires
@@ -171,6 +176,11 @@ where
                 .map_request(|r: Request<_>| r.map(Either::Left))
                 .service(attempt),
         ),
+        StrategyRetry::Transport => BoxCloneSyncService::new(
+            ServiceBuilder::new()
+                .map_request(|r: Request<DemoBody>| r.map(Either::Right))
+                .service(attempt),
+        ),
     }
 }
 
@@ -192,19 +202,33 @@ pub fn network_stack(
     wall: &Arc<dyn WallClock>,
     recorder: &Recorder,
 ) -> Result<DemoService, BoxError> {
-    if strategy == Strategy::FullReqwest {
+    if matches!(strategy, Strategy::FullReqwest | Strategy::ReqwestDefault) {
         #[cfg(feature = "reqwest")]
-        return Ok(client_stack(
-            crate::client::reqwest_transport(max_idle)?,
-            strategy,
-            timeout,
-            max_body,
-            seed,
-            wall,
-            recorder,
-        ));
+        return Ok(if strategy == Strategy::FullReqwest {
+            client_stack(
+                crate::client::reqwest_transport(max_idle)?,
+                strategy,
+                timeout,
+                max_body,
+                seed,
+                wall,
+                recorder,
+            )
+        } else {
+            client_stack(
+                crate::client::reqwest_default_transport(max_idle, recorder)?,
+                strategy,
+                timeout,
+                max_body,
+                seed,
+                wall,
+                recorder,
+            )
+        });
         #[cfg(not(feature = "reqwest"))]
-        return Err("full-reqwest needs demo-client built with the `reqwest` feature".into());
+        return Err(
+            format!("{strategy} needs demo-client built with the `reqwest` feature").into(),
+        );
     }
     Ok(client_stack(
         crate::client::http_transport(max_idle),
@@ -312,8 +336,11 @@ mod tests {
                 &recorder,
             )
         };
-        let err = made(Strategy::FullReqwest).expect_err("refused");
-        assert!(err.to_string().contains("`reqwest` feature"), "{err}");
+        for strategy in [Strategy::FullReqwest, Strategy::ReqwestDefault] {
+            let err = made(strategy).expect_err("refused");
+            assert!(err.to_string().contains("`reqwest` feature"), "{err}");
+            assert!(err.to_string().starts_with(strategy.name()), "{err}");
+        }
         assert!(made(Strategy::Full).is_ok());
     }
 
@@ -481,7 +508,10 @@ mod tests {
                     let d = WireDeadline::parse(seen[0].as_ref().expect("a deadline")).unwrap();
                     assert_eq!(d.timeout(), Duration::from_millis(2001));
                 }
-                Strategy::Fixed | Strategy::Exponential | Strategy::ExponentialProgram => {
+                Strategy::Fixed
+                | Strategy::Exponential
+                | Strategy::ExponentialProgram
+                | Strategy::ReqwestDefault => {
                     assert_eq!(seen, [None]);
                 }
             }

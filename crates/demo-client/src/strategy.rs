@@ -35,17 +35,24 @@ pub enum Strategy {
     /// [`client::reqwest_transport`](crate::client)): the same retry layer, for a row
     /// through reqwest. Real network runs only; the simulation refuses it.
     FullReqwest,
+    /// A `reqwest::Client` retrying on its own (the `reqwest` feature:
+    /// `client::reqwest_default_transport`), under no retry layer of ours: reqwest 0.13's
+    /// retry policy with its defaults (at most 2 retries, a 20 % budget over 10 s, no wait
+    /// between attempts), retrying what `full` retries. No attempt header, no deadline, no
+    /// stop signal, no throttle. Real network runs only; the simulation refuses it.
+    ReqwestDefault,
 }
 
 impl Strategy {
     /// Every strategy.
-    pub const ALL: [Strategy; 6] = [
+    pub const ALL: [Strategy; 7] = [
         Strategy::Fixed,
         Strategy::Exponential,
         Strategy::ExponentialProgram,
         Strategy::Full,
         Strategy::FullNoThrottle,
         Strategy::FullReqwest,
+        Strategy::ReqwestDefault,
     ];
 
     /// The name used on the command line.
@@ -57,6 +64,7 @@ impl Strategy {
             Strategy::Full => "full",
             Strategy::FullNoThrottle => "full-no-throttle",
             Strategy::FullReqwest => "full-reqwest",
+            Strategy::ReqwestDefault => "reqwest-default",
         }
     }
 }
@@ -76,7 +84,7 @@ impl fmt::Display for UnknownStrategy {
         write!(
             f,
             "unknown strategy {:?}: expected fixed, exponential, exponential-program, full, \
-             full-no-throttle or full-reqwest",
+             full-no-throttle, full-reqwest or reqwest-default",
             self.0
         )
     }
@@ -108,7 +116,7 @@ mod tests {
         assert_eq!(
             err.to_string(),
             "unknown strategy \"Full\": expected fixed, exponential, exponential-program, full, \
-             full-no-throttle or full-reqwest"
+             full-no-throttle, full-reqwest or reqwest-default"
         );
     }
 }

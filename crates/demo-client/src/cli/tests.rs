@@ -59,8 +59,8 @@ fn bad_values_are_explained() {
         .to_string();
     assert!(
         err.contains(
-            "expected fixed, exponential, exponential-program, full, full-no-throttle or \
-             full-reqwest"
+            "expected fixed, exponential, exponential-program, full, full-no-throttle, \
+             full-reqwest or reqwest-default"
         ),
         "{err}"
     );

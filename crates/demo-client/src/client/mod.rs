@@ -20,7 +20,8 @@
 //!   request after its client gave up, or not ([`Abandoned`]);
 //! - [`budget`]: [`CountingBudget`] wraps a retry budget to count its refusals;
 //! - `reqwest_transport` (the `reqwest` feature): the same stack over a `reqwest::Client`,
-//!   a peer of [`http_transport`] for the experiment's rows through reqwest.
+//!   a peer of [`http_transport`] for the experiment's rows through reqwest; and
+//!   `reqwest_default_transport`, a `reqwest::Client` retrying with reqwest's own policy.
 
 pub mod attempts;
 pub mod budget;
@@ -37,7 +38,7 @@ pub use budget::CountingBudget;
 pub use loopback::{Abandoned, Gate, Loopback, LoopbackFuture};
 pub use naive::{CarriedDelay, NaiveRetry, NaiveRetryFuture, NaiveRetryLayer, ThinkTime};
 #[cfg(feature = "reqwest")]
-pub use reqwest_transport::reqwest_transport;
+pub use reqwest_transport::{ReqwestDefault, reqwest_default_transport, reqwest_transport};
 pub use transport::{
     BodyTooLong, Collect, CollectFuture, CollectLayer, DemoBody, HttpTransport, TransportBody,
     http_transport,
