@@ -4,6 +4,7 @@
 
 mod config;
 mod deadline;
+mod destinations;
 pub mod future;
 mod layer;
 mod level;
