@@ -137,6 +137,9 @@ async fn destinations_past_the_bound_are_counted_in_other() {
     assert_eq!(recorded_outcomes(&recorded), expected);
 }
 
+/// A script, whether the caller gets an answer, effective and actual `[success, failure]`.
+type Case = (Vec<Reply>, bool, [u64; 2], [u64; 2]);
+
 /// A request given up on is one effective failure, whatever its attempts were: three
 /// `503`s (max attempts), a refused connection each time (an error), the stop signal (one
 /// attempt, never retried), a `500` (a failure the classifier does not retry). A `404` is
@@ -144,7 +147,9 @@ async fn destinations_past_the_bound_are_counted_in_other() {
 /// counts it.
 #[tokio::test(start_paused = true)]
 async fn what_counts_as_a_failure_and_what_as_a_success() {
-    let cases: [(Vec<Reply>, bool, [u64; 2], [u64; 2]); 5] = [
+    // The script, whether the caller gets an answer (not an error), and the effective and
+    // actual `[success, failure]` counts.
+    let cases: [Case; 5] = [
         (vec![status(503)], true, [0, 1], [0, 3]),
         (
             vec![Reply::Io(std::io::ErrorKind::ConnectionRefused)],
