@@ -20,11 +20,11 @@
 //! label), once.
 
 use std::fmt;
-use std::sync::{Mutex, OnceLock, PoisonError};
+use std::sync::{OnceLock, PoisonError};
 
 use http::Uri;
 use metrics::{Counter, counter};
-use overload_core::sync::{AtomicBool, AtomicU64, Ordering};
+use overload_core::sync::{AtomicBool, AtomicU64, Mutex, Ordering};
 use overload_core::telemetry::{LayerName, NAME_LABEL};
 
 use crate::throttle::{DestinationKeys, Target, ThrottleScope, server_address};
@@ -243,7 +243,7 @@ impl fmt::Debug for DestinationSeries {
     }
 }
 
-#[cfg(test)]
+#[cfg(all(test, not(loom)))]
 mod tests {
     use super::*;
 
@@ -292,5 +292,62 @@ mod tests {
         assert_eq!(own.len(), 32);
         assert_eq!(*series.claimed.lock().unwrap(), 32);
         assert!(series.full.load(Ordering::Relaxed));
+    }
+}
+
+/// Model tests under loom: `RUSTFLAGS="--cfg loom" cargo test -p backoff-layer --lib
+/// --release loom`.
+#[cfg(all(test, loom))]
+mod loom_tests {
+    use loom::sync::Arc;
+    use loom::thread;
+
+    use super::*;
+
+    fn uri(s: &str) -> Uri {
+        s.parse().unwrap()
+    }
+
+    /// Two requests to a new destination at once: one slot, both told the same, and the
+    /// slot's counters are there for whichever reads it first.
+    #[test]
+    fn loom_two_requests_to_a_new_destination_share_one_series() {
+        loom::model(|| {
+            let series = Arc::new(DestinationSeries::new(LayerName::default(), 2));
+            let other = Arc::clone(&series);
+            let t = thread::spawn(move || {
+                let index = other.index(&uri("http://a.test/"));
+                assert!(other.slots[index.0 as usize].counters.get().is_some());
+                index
+            });
+            let mine = series.index(&uri("http://a.test/"));
+            assert!(series.slots[mine.0 as usize].counters.get().is_some());
+            assert_eq!(t.join().unwrap(), mine);
+            assert_ne!(mine, SeriesIndex::OTHER);
+            assert_eq!(*series.claimed.lock().unwrap(), 1);
+            assert!(!series.full.load(Ordering::Relaxed));
+        });
+    }
+
+    /// Room for one: two new destinations at once, one gets it, the other `(other)`, and
+    /// the bound is exact.
+    #[test]
+    fn loom_the_bound_holds_when_two_destinations_race_for_the_last_slot() {
+        loom::model(|| {
+            let series = Arc::new(DestinationSeries::new(LayerName::default(), 1));
+            let other = Arc::clone(&series);
+            let t = thread::spawn(move || other.index(&uri("http://b.test/")));
+            let a = series.index(&uri("http://a.test/"));
+            let b = t.join().unwrap();
+            assert!(
+                (a == SeriesIndex::OTHER) != (b == SeriesIndex::OTHER),
+                "exactly one has a series of its own: {a:?} {b:?}"
+            );
+            assert_eq!(*series.claimed.lock().unwrap(), 1);
+            assert!(series.full.load(Ordering::Relaxed));
+            // The winner keeps its series; the loser stays in `(other)`.
+            assert_eq!(series.index(&uri("http://a.test/")), a);
+            assert_eq!(series.index(&uri("http://b.test/")), b);
+        });
     }
 }

@@ -11,9 +11,11 @@ use crate::support;
 
 use std::collections::BTreeMap;
 use std::convert::Infallible;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 
 use backoff_layer::backoff::{Fixed, Seeds};
-use backoff_layer::{ReplayBody, RetryBuilder, RetryLayer};
+use backoff_layer::{ReplayBody, RetryBuilder, RetryLayer, is_throttled};
 use bytes::Bytes;
 use http::{Request, Response, StatusCode};
 use http_body_util::Empty;
@@ -64,7 +66,7 @@ fn outcomes(server: &str, effective: [u64; 2], actual: [u64; 2]) -> BTreeMap<Str
 /// Only the outcome series of what was recorded.
 fn recorded_outcomes(recorded: &Recorded) -> BTreeMap<String, u64> {
     recorded
-        .snapshot()
+        .counters()
         .into_iter()
         .filter(|(key, _)| key.starts_with(REQUESTS) || key.starts_with(ATTEMPTS))
         .collect()
@@ -200,6 +202,45 @@ async fn a_request_not_sent_is_an_effective_failure_without_attempts() {
     assert_eq!(
         recorded_outcomes(&recorded),
         outcomes("example.test", [0, 1], [0, 0])
+    );
+}
+
+/// A destination failing every attempt, behind the layer's own client-side throttle: one
+/// request every 10 ms for 5 s. Every request is an effective failure, the ones the throttle
+/// refused (never sent) included; the actual failures are exactly the attempts sent.
+#[tokio::test(start_paused = true)]
+async fn requests_the_throttle_refused_are_effective_failures_without_attempts() {
+    let recorded = Recorded::install();
+    let sent = Arc::new(AtomicU64::new(0));
+    let service = RetryLayer::builder()
+        .name("api")
+        .seeds(Seeds::from_seed(35))
+        .build()
+        .unwrap()
+        .layer(service_fn({
+            let sent = Arc::clone(&sent);
+            move |_: Req| {
+                sent.fetch_add(1, Ordering::Relaxed);
+                async { Ok::<_, Infallible>(respond(503)) }
+            }
+        }));
+    let mut tasks = tokio::task::JoinSet::new();
+    for _ in 0..500 {
+        let service = service.clone();
+        tasks.spawn(async move { service.oneshot(get("http://down.test/")).await });
+        tokio::time::sleep(10 * MS).await;
+    }
+    let mut refused = 0;
+    while let Some(done) = tasks.join_next().await {
+        if done.unwrap().is_err_and(|e| is_throttled(&*e)) {
+            refused += 1;
+        }
+    }
+    assert!(refused > 250, "the throttle refused {refused} of 500");
+    let sent = sent.load(Ordering::Relaxed);
+    assert_eq!(
+        recorded_outcomes(&recorded),
+        outcomes("down.test", [0, 500], [0, sent])
     );
 }
 
