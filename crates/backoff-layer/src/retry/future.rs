@@ -6,12 +6,12 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use overload_signal::propagation::{self, Downstream};
-use overload_signal::protocol::{self, Attempt, Criticality, GrpcPushback, Outcome, Protocol};
+use overload_signal::protocol::{Attempt, Criticality, Outcome, Protocol};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -21,6 +21,7 @@ use tower_service::Service;
 use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
 use super::destinations::SeriesIndex;
+use super::hint::{ServerHint, server_hint};
 use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
 use crate::BoxError;
@@ -505,37 +506,6 @@ fn gave_up_below<ResBody>(response: &Response<ResBody>) -> bool {
         .extensions()
         .get::<RetryInfo>()
         .is_some_and(|info| info.gave_up.is_some())
-}
-
-/// The wait a server asked for, and whether a gRPC pushback asked for it.
-#[derive(Clone, Copy, Debug)]
-struct ServerHint {
-    wait: Duration,
-    pushback: bool,
-}
-
-/// A server's `Retry-After` or (non-negative) `grpc-retry-pushback-ms`, whichever is longer.
-fn server_hint(headers: &HeaderMap) -> Option<ServerHint> {
-    let retry_after = protocol::retry_after(headers, SystemTime::now());
-    let pushback = match protocol::grpc_pushback(headers) {
-        Some(GrpcPushback::Delay(d)) => Some(d),
-        _ => None,
-    };
-    match (retry_after, pushback) {
-        (Some(r), Some(p)) if r > p => Some(ServerHint {
-            wait: r,
-            pushback: false,
-        }),
-        (_, Some(p)) => Some(ServerHint {
-            wait: p,
-            pushback: true,
-        }),
-        (Some(r), None) => Some(ServerHint {
-            wait: r,
-            pushback: false,
-        }),
-        (None, None) => None,
-    }
 }
 
 impl<S, B, A, ResBody> Future for ResponseFuture<S, B, A>

@@ -6,6 +6,7 @@ mod config;
 mod deadline;
 mod destinations;
 pub mod future;
+mod hint;
 mod layer;
 mod level;
 mod service;
