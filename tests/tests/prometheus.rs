@@ -375,6 +375,20 @@ async fn a_real_prometheus_scrapes_demo_server_and_every_dashboard_query_returns
             );
         }
     }
+    // The top tier's retry layer counts its effective and actual outcomes per destination:
+    // the bottom tier, named by its address (host and port).
+    for metric in [
+        "backoff_layer_request_outcomes_total",
+        "backoff_layer_attempt_outcomes_total",
+    ] {
+        let series = query(&client, prometheus, metric).await;
+        assert!(
+            series
+                .iter()
+                .any(|s| s["metric"]["server_address"] == bottom.to_string().as_str()),
+            "{metric} has no series for server_address=\"{bottom}\": {series:?}"
+        );
+    }
     let uri = format!("http://{prometheus}/api/v1/rules?type=alert");
     let (_, rules) = get(&client, &uri).await.expect("the rules API answers");
     assert!(rules.contains("TowerOverloadStopSignal"), "{rules}");

@@ -117,6 +117,7 @@
 //! | [`budget`](RetryBuilder::budget) | a [`RetryBudget`](budget::RetryBudget), named after the layer: retries at most 10% of first attempts over 10 s, plus 1 per second | paper, SRE book |
 //! | [`classifier`](RetryBuilder::classifier) | [`DefaultClassifier`](classify::DefaultClassifier) | RFC 9110, Envoy, .NET, gRPC |
 //! | [`body_limit`](RetryBuilder::body_limit) | 64 KiB | linkerd |
+//! | [`max_destination_series`](RetryBuilder::max_destination_series) | 32 destinations with outcome series of their own, the rest in `(other)` | the throttle's gauges |
 //! | [`throttle`](RetryBuilder::throttle) | a [`Throttle`](throttle::Throttle) named after the layer: per destination, 2 s window, K = 2, at most 90 % refused; [`no_throttle`](RetryBuilder::no_throttle) removes it | the SRE book, gRPC-Go, Envoy; see [`throttle`] |
 //!
 //! [`RetryBuilder`] says more about each, with its associated constant.
@@ -324,7 +325,12 @@
 //! `backoff_layer_throttle_probability` is registered the first time it is throttled, for
 //! at most 32 destinations per throttle, the rest sharing one series (see the
 //! [throttle's metrics](throttle#metrics)): a layer's series are bounded whatever
-//! destinations it reaches.
+//! destinations it reaches. A destination's four outcome series
+//! (`backoff_layer_request_outcomes_total`, `backoff_layer_attempt_outcomes_total`) are
+//! registered on its first request, for the first
+//! [`max_destination_series`](RetryBuilder::max_destination_series) (32) destinations of
+//! the layer, the rest sharing `server_address="(other)"` (see [Effective and
+//! actual](#effective-and-actual)).
 //!
 //! | name | kind | labels | meaning |
 //! |---|---|---|---|
@@ -334,11 +340,58 @@
 //! | `backoff_layer_gave_up_total` | counter | `name`, `reason` | give-ups, `reason`: `max_attempts`, `budget`, `deadline`, `body_not_replayable`, `not_retryable`, `retry_after_too_long` |
 //! | `backoff_layer_stop_signals_total` | counter | `name` | failures carrying the stop signal |
 //! | `backoff_layer_retry_delay_seconds` | histogram | `name` | the wait before each retry |
+//! | `backoff_layer_request_outcomes_total` | counter | `name`, `server_address`, `outcome` (`success`, `failure`) | **effective**: requests by the outcome their caller got, after every retry, counted when the caller gets it |
+//! | `backoff_layer_attempt_outcomes_total` | counter | `name`, `server_address`, `outcome` (`success`, `failure`) | **actual**: attempts by their own outcome, counted when it comes back |
 //! | `backoff_layer_budget_retries_allowed_total` | counter | `name` (the budget's) | retries the [`RetryBudget`](budget::RetryBudget) let through |
 //! | `backoff_layer_budget_retries_refused_total` | counter | `name` (the budget's), `criticality` (`sheddable`, `sheddable-plus`, `critical`, `critical-plus`: the request's level) | retries the budget refused |
 //! | `backoff_layer_throttle_refused_total` | counter | `name` (the throttle's), `criticality` (the request's level, as above) | requests the client-side throttle refused, never sent |
 //! | `backoff_layer_throttle_untracked_total` | counter | `name` (the throttle's) | requests to destinations the throttle had no room for, sent unthrottled |
 //! | `backoff_layer_throttle_probability` | gauge | `name` (the throttle's), `destination` (`http://10.0.0.7:8080`: scheme, host and port) | a destination's refusal probability; registered the first time it is throttled; `destination="(other)"` for every destination beyond the first 32 throttled |
+//!
+//! ## Effective and actual
+//!
+//! What the callers of a destination saw beside what the wire carried, as Linkerd's
+//! `linkerd viz routes -o wide` shows `EFFECTIVE_SUCCESS` and `EFFECTIVE_RPS` beside
+//! `ACTUAL_SUCCESS` and `ACTUAL_RPS`. An effective success ratio near 1 over an actual one
+//! of 0.6 is a destination failing 40 % of its attempts whose failures the retries hide; the
+//! ratio of the two rates (actual over effective) is the load the retries add. The
+//! `ops/prometheus` rules record both per `name` and `server_address`.
+//!
+//! - **Destination**: the request URI's scheme, host and port, as the client-side
+//!   throttle's (whatever the throttle's scope, and with the throttle off), never the user
+//!   information, path or query. Label `server_address`: OpenTelemetry's `server.address`
+//!   as a Prometheus label, the host (lower case) with `:port` when the port is not the
+//!   scheme's default (`api.internal`, `10.0.0.7:8080`, `[::1]:3000`); `(no authority)`
+//!   for a URI without one (a tonic client not built `with_origin`). The scheme is not in
+//!   the label: `http://a` and `https://a` are one series.
+//! - **Bounded**: the first 32 destinations a layer sends to
+//!   ([`RetryBuilder::max_destination_series`], 0 to 1 024) get series of their own, kept
+//!   for the layer's life; every later one is counted in `server_address="(other)"`. A
+//!   layer has at most `4 * (32 + 1)` of these series and a fixed table (64 slots), whatever
+//!   URLs its users send it.
+//! - **An attempt's success** is what the layer's classifier would not retry and that is
+//!   not a failure: an answer that is not a failure in the protocol's [outcomes
+//!   table](https://docs.rs/overload-signal/latest/overload_signal/protocol/index.html#outcomes)
+//!   (a failure is a `429`, a `5xx`, or a gRPC server failure or capacity code such as
+//!   `UNAVAILABLE` or `INTERNAL` in the response's head), that the classifier calls final.
+//!   So a `200`, a `304`, a `404` and a gRPC `NOT_FOUND` are successes (as Linkerd counts
+//!   them, a client error is the caller's), and so is a gRPC call whose status comes in
+//!   trailers (the destination took the call); a `500` (final
+//!   by default) is a failure; so are every retryable answer (`429`, `502`, `503`, `504`,
+//!   and what a classifier of your own retries), every error (a timeout, a refused
+//!   connection), the stop signal, and what a retry layer below gave up on.
+//! - **A request's success** is its last attempt's, when the layer returns it as is: a
+//!   request whose retryable failure was given up on (retries exhausted, the budget, the
+//!   deadline, ...) is one failure, whatever its attempts were; so is a request the
+//!   throttle refused (no attempt), one whose caller's deadline had passed (no attempt),
+//!   and one ended by the stop signal (passed up or honoured only).
+//! - **Not counted**: a request whose future its caller dropped, and its attempt in
+//!   flight: their outcome never came. Over a window, `backoff_layer_attempt_outcomes_total`
+//!   falls short of `backoff_layer_attempts_total` by the attempts in flight or dropped.
+//!
+//! Cost: a keyed hash of the destination (the throttle's) and a probe of the layer's table
+//! per request, one counter increment per attempt and per request; a new destination takes
+//! a lock once, to register its series.
 //!
 //! # Logs
 //!

@@ -116,6 +116,24 @@ async fn counters_by_name_and_reason() {
         // refused (a destination failing this little is never throttled), every destination
         // tracked.
         ("backoff_layer_throttle_untracked_total{name=default}", 0),
+        // Effective and actual outcomes of `http://example.test/`: every request failed
+        // (given up on, or the stop signal), and so did every one of their 6 attempts.
+        (
+            "backoff_layer_request_outcomes_total{name=default}{server_address=example.test}{outcome=failure}",
+            4,
+        ),
+        (
+            "backoff_layer_request_outcomes_total{name=default}{server_address=example.test}{outcome=success}",
+            0,
+        ),
+        (
+            "backoff_layer_attempt_outcomes_total{name=default}{server_address=example.test}{outcome=failure}",
+            6,
+        ),
+        (
+            "backoff_layer_attempt_outcomes_total{name=default}{server_address=example.test}{outcome=success}",
+            0,
+        ),
     ]
     .into_iter()
     .map(|(k, v)| (k.to_owned(), v))

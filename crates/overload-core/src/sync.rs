@@ -11,6 +11,14 @@ pub use loom::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 #[cfg(not(loom))]
 pub use std::sync::atomic::{AtomicBool, AtomicU64, AtomicUsize, Ordering};
 
+/// The lock of a cold path beside lock-free reads (a table whose slots are claimed under it
+/// and read without it): loom's under `cfg(loom)`, so a model thread that waits for it
+/// yields to the one holding it instead of blocking the model.
+#[cfg(loom)]
+pub use loom::sync::Mutex;
+#[cfg(not(loom))]
+pub use std::sync::Mutex;
+
 /// A number that stays the same for the calling thread and differs between threads, for
 /// picking the stripe a thread writes to.
 ///

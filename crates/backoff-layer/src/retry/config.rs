@@ -7,6 +7,7 @@ use std::time::Duration;
 use overload_core::clock::{Clock, TokioClock, WallClock};
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 
+use super::destinations::DestinationSeries;
 use super::telemetry::{RetryMetrics, STOP_SIGNAL_QUIET, stop_signals_began, stop_signals_ended};
 use crate::backoff::{Backoff, Seeds};
 use crate::budget::Budget;
@@ -43,6 +44,9 @@ pub(crate) struct RetryConfig {
     /// The layer's name and its metric handles, registered on the first request; read
     /// through [`RetryConfig::metrics`].
     pub(crate) metrics: LazyMetrics<RetryMetrics>,
+    /// Effective and actual outcomes per destination, registered per destination on its
+    /// first request.
+    pub(crate) destinations: DestinationSeries,
     /// Failures carrying the stop signal: begins at the first, ends after
     /// [`STOP_SIGNAL_QUIET`] without one.
     pub(crate) stop_signals: Episode,
@@ -112,6 +116,7 @@ impl fmt::Debug for RetryConfig {
             .field("body_limit", &self.body_limit)
             .field("stop_signals", &self.stop_signal_policy)
             .field("throttle", &self.throttle)
+            .field("max_destination_series", &self.destinations.max())
             .finish_non_exhaustive()
     }
 }

@@ -6,12 +6,12 @@ use std::marker::PhantomData;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll, ready};
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use http::request::Parts;
 use http::{HeaderMap, Request, Response};
 use overload_signal::propagation::{self, Downstream};
-use overload_signal::protocol::{self, Attempt, Criticality, GrpcPushback, Outcome, Protocol};
+use overload_signal::protocol::{Attempt, Criticality, Outcome, Protocol};
 use pin_project_lite::pin_project;
 use rand::SeedableRng;
 use rand::rngs::SmallRng;
@@ -20,6 +20,8 @@ use tower_service::Service;
 
 use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
+use super::destinations::SeriesIndex;
+use super::hint::{ServerHint, server_hint};
 use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
 use crate::BoxError;
@@ -84,6 +86,8 @@ pub(crate) struct Sent {
     pub(crate) ticket: Option<ThrottleTicket>,
     /// The level every attempt carries in `X-Request-Criticality` (`None`: no header).
     pub(crate) level: Option<Criticality>,
+    /// Where the request's and its attempts' outcomes are counted.
+    pub(crate) series: SeriesIndex,
 }
 
 /// Per-request bookkeeping, apart from the pinned parts.
@@ -116,6 +120,9 @@ struct RetryState<B> {
     /// The level every attempt carries in `X-Request-Criticality` (`None`: no header); the
     /// budget sheds retries by it (absent: `critical`).
     level: Option<Criticality>,
+    /// Where the outcomes are counted, and whether the last attempt's was a success.
+    series: SeriesIndex,
+    success: bool,
 }
 
 /// What to do with an attempt's outcome.
@@ -130,8 +137,9 @@ enum Next<R> {
 enum AttemptVerdict {
     /// A failure carrying the stop signal.
     Stop,
-    /// Final by the classifier: returned as it is (with its `RetryInfo`).
-    Final,
+    /// Final by the classifier: returned as it is (with its `RetryInfo`); a success when
+    /// it is an answer that is not a failure.
+    Final(bool),
     /// Final because a retry layer below already gave up on it: returned untouched.
     GivenUpBelow,
     /// Given up on now, for this reason.
@@ -160,6 +168,7 @@ where
             timing,
             ticket,
             level,
+            series,
         } = sent;
         let (template, service) = retry.unzip();
         let (first_end, timer_is_deadline) = match timing.window {
@@ -180,6 +189,8 @@ where
             rng: None,
             ticket,
             level,
+            series,
+            success: false,
         };
         Self {
             state: State::Called { future, span },
@@ -194,18 +205,18 @@ where
 
     /// The future of a request whose caller's deadline had passed before it reached the
     /// layer: it ends with [`GiveUpReason::Deadline`] and nothing is sent.
-    pub(crate) fn not_sent(config: Arc<RetryConfig>) -> Self {
-        Self::unsent(State::NotSent, config)
+    pub(crate) fn not_sent(config: Arc<RetryConfig>, series: SeriesIndex) -> Self {
+        Self::unsent(State::NotSent, config, series)
     }
 
     /// The future of a request the throttle refused: it resolves at once to `error`.
     #[cold]
-    pub(crate) fn refused(config: Arc<RetryConfig>, error: BoxError) -> Self {
-        Self::unsent(State::Refused { error: Some(error) }, config)
+    pub(crate) fn refused(config: Arc<RetryConfig>, error: BoxError, series: SeriesIndex) -> Self {
+        Self::unsent(State::Refused { error: Some(error) }, config, series)
     }
 
     /// A future that sends nothing and ends in `state`.
-    fn unsent(state: State<S::Future>, config: Arc<RetryConfig>) -> Self {
+    fn unsent(state: State<S::Future>, config: Arc<RetryConfig>, series: SeriesIndex) -> Self {
         let retry = RetryState {
             config,
             template: None,
@@ -219,6 +230,8 @@ where
             rng: None,
             ticket: None,
             level: None,
+            series,
+            success: false,
         };
         Self {
             state,
@@ -274,7 +287,7 @@ impl<B> RetryState<B> {
                 } else if answer.is_failure() && self.deadline_passed() {
                     AttemptVerdict::GiveUp(GiveUpReason::Deadline)
                 } else if classifier.classify_response(status, headers) == Classification::Final {
-                    AttemptVerdict::Final
+                    AttemptVerdict::Final(!answer.is_failure())
                 } else if gave_up_below(response) {
                     AttemptVerdict::GivenUpBelow
                 } else {
@@ -288,16 +301,21 @@ impl<B> RetryState<B> {
                 } else if self.deadline_passed() {
                     AttemptVerdict::GiveUp(GiveUpReason::Deadline)
                 } else if classifier.classify_error(&**e) == Classification::Final {
-                    AttemptVerdict::Final
+                    AttemptVerdict::Final(false)
                 } else {
                     AttemptVerdict::Retryable(None)
                 }
             }
         };
+        self.success = matches!(verdict, AttemptVerdict::Final(true));
+        self.config.destinations.attempt(self.series, self.success);
         let hint = match verdict {
             AttemptVerdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
-            AttemptVerdict::Final => return Next::Return(self.finish::<A, _>(outcome, None)),
-            AttemptVerdict::GivenUpBelow => return Next::Return(outcome),
+            AttemptVerdict::Final(_) => return Next::Return(self.finish::<A, _>(outcome, None)),
+            AttemptVerdict::GivenUpBelow => {
+                self.config.destinations.request(self.series, false);
+                return Next::Return(outcome);
+            }
             AttemptVerdict::GiveUp(reason) => {
                 return Next::Return(self.finish::<A, _>(outcome, Some(reason)));
             }
@@ -401,6 +419,7 @@ impl<B> RetryState<B> {
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Result<Response<ResBody>, BoxError> {
         self.config.stop_signal_seen();
+        self.config.destinations.request(self.series, false);
         match self.config.stop_signal_policy {
             StopSignals::PassUp => {
                 propagation::mark_downstream(Downstream::StopSignal);
@@ -442,6 +461,10 @@ impl<B> RetryState<B> {
         outcome: Result<Response<ResBody>, BoxError>,
         gave_up: Option<GiveUpReason>,
     ) -> Result<Response<ResBody>, BoxError> {
+        // NOTE: an answer reaches here without a reason only as a final verdict, whose
+        // success `next` has just noted.
+        let success = gave_up.is_none() && outcome.is_ok() && self.success;
+        self.config.destinations.request(self.series, success);
         if let Some(reason) = gave_up {
             if let Some(counter) = self.config.metrics().gave_up(reason) {
                 counter.increment(1);
@@ -485,37 +508,6 @@ fn gave_up_below<ResBody>(response: &Response<ResBody>) -> bool {
         .is_some_and(|info| info.gave_up.is_some())
 }
 
-/// The wait a server asked for, and whether a gRPC pushback asked for it.
-#[derive(Clone, Copy, Debug)]
-struct ServerHint {
-    wait: Duration,
-    pushback: bool,
-}
-
-/// A server's `Retry-After` or (non-negative) `grpc-retry-pushback-ms`, whichever is longer.
-fn server_hint(headers: &HeaderMap) -> Option<ServerHint> {
-    let retry_after = protocol::retry_after(headers, SystemTime::now());
-    let pushback = match protocol::grpc_pushback(headers) {
-        Some(GrpcPushback::Delay(d)) => Some(d),
-        _ => None,
-    };
-    match (retry_after, pushback) {
-        (Some(r), Some(p)) if r > p => Some(ServerHint {
-            wait: r,
-            pushback: false,
-        }),
-        (_, Some(p)) => Some(ServerHint {
-            wait: p,
-            pushback: true,
-        }),
-        (Some(r), None) => Some(ServerHint {
-            wait: r,
-            pushback: false,
-        }),
-        (None, None) => None,
-    }
-}
-
 impl<S, B, A, ResBody> Future for ResponseFuture<S, B, A>
 where
     A: Adapter<B>,
@@ -556,6 +548,8 @@ where
                                 Err(Box::new(AttemptTimedOut::new()));
                             if *this.timer_is_deadline {
                                 this.retry.observe(None, timed_out.as_ref().err());
+                                let retry = &this.retry;
+                                retry.config.destinations.attempt(retry.series, false);
                                 this.state.set(State::Done);
                                 return Poll::Ready(
                                     this.retry

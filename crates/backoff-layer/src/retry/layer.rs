@@ -9,6 +9,7 @@ use overload_core::telemetry::{Episode, LayerName, LazyMetrics};
 use tower_layer::Layer;
 
 use super::config::RetryConfig;
+use super::destinations::DestinationSeries;
 use super::service::Retry;
 use super::stop::StopSignals;
 use super::telemetry::STOP_SIGNAL_QUIET;
@@ -129,6 +130,15 @@ impl RetryLayer {
     /// the retry budget's default window. Not a setting: see the crate docs' Logs section.
     pub const STOP_SIGNAL_QUIET: Duration = STOP_SIGNAL_QUIET;
 
+    /// Default number of destinations with `backoff_layer_request_outcomes_total` and
+    /// `backoff_layer_attempt_outcomes_total` series of their own: 32, the first 32 the
+    /// layer sends to; the rest share `server_address="(other)"`. The same as the
+    /// throttle's gauges ([`Throttle::DEFAULT_MAX_LABELLED_DESTINATIONS`]).
+    pub const DEFAULT_MAX_DESTINATION_SERIES: usize = 32;
+
+    /// The largest [`RetryBuilder::max_destination_series`] accepted: 1 024.
+    pub const MAX_DESTINATION_SERIES: usize = 1_024;
+
     /// A layer with every default; see [`RetryBuilder`] for what they are.
     pub fn new() -> Self {
         Self::builder().finish(LayerName::default())
@@ -148,6 +158,7 @@ impl RetryLayer {
             classifier: None,
             grpc_retryable_codes: None,
             body_limit: Self::DEFAULT_BODY_LIMIT,
+            max_destination_series: Self::DEFAULT_MAX_DESTINATION_SERIES,
             seeds: None,
             stop_signals: StopSignals::PassUp,
             throttle: ThrottleChoice::Default,
@@ -227,6 +238,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// | [`classifier`](Self::classifier) | [`DefaultClassifier`]: connect errors, timeouts, 429, 502, 503, 504; idempotent methods, `Idempotency-Key` or gRPC | RFC 9110, Envoy, .NET, gRPC |
 /// | [`grpc_retryable_codes`](Self::grpc_retryable_codes) | `RESOURCE_EXHAUSTED` (8), `UNAVAILABLE` (14) | gRPC's retry design (A6) |
 /// | [`body_limit`](Self::body_limit) | 64 KiB | linkerd |
+/// | [`max_destination_series`](Self::max_destination_series) | 32 destinations with outcome series of their own, the rest in `(other)` | the throttle's gauges |
 /// | [`seeds`](Self::seeds) | [`Seeds::from_os()`] | |
 /// | [`throttle`](Self::throttle) | a [`Throttle`] with its defaults, named after the layer: per destination, 2 s window, K = 2, at most 90 % refused; [`no_throttle`](Self::no_throttle) turns it off | the SRE book, Envoy, gRPC-Go; see [`throttle`](crate::throttle) |
 /// | [`stop_signals`](Self::stop_signals) | [`StopSignals::PassUp`]: a downstream's stop signal is honoured and passed up to the server's callers | this workspace's protocol, inside one organisation |
@@ -238,6 +250,7 @@ impl<S, A> Layer<S> for RetryLayer<A> {
 /// - `max_attempts` is at least 1 (1 turns retries off);
 /// - `deadline`, if set, is greater than zero;
 /// - `attempt_timeout`, if set, is greater than zero;
+/// - `max_destination_series` is within 0..=1 024;
 /// - every code in `grpc_retryable_codes` is a gRPC status other than `OK` (1..=16), and
 ///   `grpc_retryable_codes` is not set together with a `classifier` of your own;
 /// - a setting is not both given and turned off (`deadline` with `no_deadline`, `throttle`
@@ -257,6 +270,7 @@ pub struct RetryBuilder {
     classifier: Option<Arc<dyn Classify>>,
     grpc_retryable_codes: Option<GrpcCodes>,
     body_limit: usize,
+    max_destination_series: usize,
     seeds: Option<Arc<Seeds>>,
     wall: Option<Arc<dyn WallClock>>,
     stop_signals: StopSignals,
@@ -326,6 +340,7 @@ impl fmt::Debug for RetryBuilder {
             .field("classifier", &self.classifier)
             .field("grpc_retryable_codes", &self.grpc_retryable_codes)
             .field("body_limit", &self.body_limit)
+            .field("max_destination_series", &self.max_destination_series)
             .field("stop_signals", &self.stop_signals)
             .field("throttle", &self.throttle)
             .finish_non_exhaustive()
@@ -469,6 +484,19 @@ impl RetryBuilder {
         self
     }
 
+    /// How many destinations get outcome series of their own
+    /// (`backoff_layer_request_outcomes_total` and `backoff_layer_attempt_outcomes_total`,
+    /// label `server_address`): the first ones the layer sends to, kept for the layer's
+    /// life; every later one is counted in `server_address="(other)"`. So a layer records at
+    /// most `4 * (max_destination_series + 1)` of these series whatever URLs it is given
+    /// (a webhook sender, a forward proxy). `0` counts every destination in `(other)`.
+    /// Within 0..=1 024. Default: 32 ([`RetryLayer::DEFAULT_MAX_DESTINATION_SERIES`]), as
+    /// the throttle's gauges.
+    pub const fn max_destination_series(mut self, max_destination_series: usize) -> Self {
+        self.max_destination_series = max_destination_series;
+        self
+    }
+
     /// Where each request's random generator gets its seed. Default: [`Seeds::from_os()`],
     /// keyed by the operating system's generator; tests pass [`Seeds::from_seed`] to make
     /// delays reproducible.
@@ -546,6 +574,13 @@ impl RetryBuilder {
                 return Err(ConfigError::out_of_range(field, zero, "greater than zero"));
             }
         }
+        if self.max_destination_series > RetryLayer::MAX_DESTINATION_SERIES {
+            return Err(ConfigError::out_of_range(
+                "max_destination_series",
+                self.max_destination_series,
+                "within 0..=1024",
+            ));
+        }
         if let Some(codes) = self.grpc_retryable_codes {
             codes.check()?;
             if let Some(classifier) = &self.classifier {
@@ -600,6 +635,7 @@ impl RetryBuilder {
                 seeds,
                 stop_signal_policy: self.stop_signals,
                 throttle,
+                destinations: DestinationSeries::new(name.clone(), self.max_destination_series),
                 metrics: LazyMetrics::new(name),
                 stop_signals: Episode::new(),
                 clock: TokioClock::new(),

@@ -4,7 +4,9 @@
 
 mod config;
 mod deadline;
+mod destinations;
 pub mod future;
+mod hint;
 mod layer;
 mod level;
 mod service;

@@ -83,14 +83,17 @@ where
         // budget shed by (absent: `critical`, the protocol's default).
         let on_wire = outgoing_level(&mut parts);
         let level = on_wire.unwrap_or_default();
+        // Where the request's effective outcome and its attempts' actual ones are counted.
+        let series = config.destinations.index(&parts.uri);
         // The client-side throttle decides first: a refused request is never sent, earns
         // nothing in the budget and fails at once.
         let ticket = match &config.throttle {
             Some(throttle) => match throttle.admit_at(Target::of(&parts), level) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
+                    config.destinations.request(series, false);
                     let refused = A::throttled(refused);
-                    return ResponseFuture::refused(config, refused);
+                    return ResponseFuture::refused(config, refused, series);
                 }
             },
             None => None,
@@ -126,7 +129,7 @@ where
             // No attempt after the deadline: the caller's had passed already.
             config.metrics().requests.increment(1);
             config.end_quiet_episodes();
-            return ResponseFuture::not_sent(config);
+            return ResponseFuture::not_sent(config, series);
         }
         Attempt::set(&mut parts.headers, 0);
         set_level(&mut parts.headers, on_wire);
@@ -147,6 +150,7 @@ where
             timing,
             ticket,
             level: on_wire,
+            series,
         };
         ResponseFuture::new(future, span, config, retry, source, sent)
     }

@@ -283,5 +283,5 @@ pub use refused::{Throttled, is_throttled};
 pub use scope::{ThrottleKey, ThrottleScope};
 
 pub(crate) use evidence::{of_error, of_outcome};
-pub(crate) use scope::Target;
+pub(crate) use scope::{DestinationKeys, Target, server_address};
 pub(crate) use table::ThrottleTicket;

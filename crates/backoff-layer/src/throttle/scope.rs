@@ -206,6 +206,32 @@ impl DestinationKeys {
     }
 }
 
+/// The `server_address` of `uri`'s destination, for the retry layer's series per
+/// destination: the host (lower case, never the user information), with `:port` when the
+/// URI names a port other than its scheme's ([`default_port`]), as OpenTelemetry's
+/// `server.address` and `server.port` would print together (`api.internal`,
+/// `10.0.0.7:8080`, `[::1]:3000`); `(no authority)` for a URI without one. Cut at 256
+/// bytes, as a throttle's label is.
+pub(crate) fn server_address(uri: &Uri) -> String {
+    let Some(authority) = uri.authority() else {
+        return "(no authority)".to_owned();
+    };
+    let mut address = authority.host().to_ascii_lowercase();
+    let scheme = uri.scheme_str().unwrap_or("http");
+    if let Some(port) = authority.port_u16().filter(|&p| p != default_port(scheme)) {
+        address.push(':');
+        address.push_str(&port.to_string());
+    }
+    if address.len() > MAX_LABEL {
+        let mut end = MAX_LABEL;
+        while !address.is_char_boundary(end) {
+            end -= 1;
+        }
+        address.truncate(end);
+    }
+    address
+}
+
 /// The port a scheme implies: 443 for `https` and `wss`, 80 otherwise.
 fn default_port(scheme: &str) -> u16 {
     if scheme.eq_ignore_ascii_case("https") || scheme.eq_ignore_ascii_case("wss") {
@@ -311,6 +337,21 @@ mod tests {
         assert_eq!(&*by_host.label(Target::of(&k1)), "http://a:1 [users.get]");
         // A key is the same whatever the path, in the route scope too.
         assert_eq!(by_route.key(Target::of(&k1)), by_route.key(Target::of(&k2)));
+    }
+
+    #[test]
+    fn server_addresses_leave_the_default_port_out() {
+        let address = |s: &str| server_address(&s.parse().unwrap());
+        assert_eq!(address("http://API.example/x"), "api.example");
+        assert_eq!(address("http://api.example:80/x"), "api.example");
+        assert_eq!(address("https://api.example:443/x"), "api.example");
+        assert_eq!(address("https://api.example:80/x"), "api.example:80");
+        assert_eq!(address("http://10.0.0.7:8080/x"), "10.0.0.7:8080");
+        assert_eq!(address("http://[::1]:3000/"), "[::1]:3000");
+        assert_eq!(address("http://user:secret@host.test/"), "host.test");
+        assert_eq!(address("/relative"), "(no authority)");
+        let long = format!("http://{}:1/", "h".repeat(400));
+        assert_eq!(address(&long).len(), MAX_LABEL);
     }
 
     #[test]

@@ -16,6 +16,7 @@ mod deadline;
 mod default_deadline;
 mod e2e;
 mod edges;
+mod outcomes;
 mod retry;
 mod retry_multiplication;
 mod telemetry;

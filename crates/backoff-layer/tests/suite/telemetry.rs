@@ -106,6 +106,30 @@ fn with_throttle(mut series: BTreeMap<String, u64>, name: &str) -> BTreeMap<Stri
     series
 }
 
+/// `series` and the effective and actual outcomes of the layer `name`'s requests to
+/// `http://example.test/` (`[success, failure]` each).
+fn with_outcomes(
+    mut series: BTreeMap<String, u64>,
+    name: &str,
+    effective: [u64; 2],
+    actual: [u64; 2],
+) -> BTreeMap<String, u64> {
+    for (metric, counts) in [
+        ("backoff_layer_request_outcomes_total", effective),
+        ("backoff_layer_attempt_outcomes_total", actual),
+    ] {
+        for (outcome, n) in ["success", "failure"].into_iter().zip(counts) {
+            series.insert(
+                format!(
+                    "{metric}{{name={name}}}{{server_address=example.test}}{{outcome={outcome}}}"
+                ),
+                n,
+            );
+        }
+    }
+    series
+}
+
 /// The `criticality` label's values: the refusal counters have one series per level.
 const LEVELS: [&str; 4] = ["sheddable", "sheddable-plus", "critical", "critical-plus"];
 
@@ -139,12 +163,15 @@ async fn two_layers_are_told_apart_by_name() {
         let failed = search.clone().oneshot(get()).await.unwrap();
         assert_eq!(failed.status(), StatusCode::SERVICE_UNAVAILABLE);
     }
-    let mut expected = with_throttle(series("payments", 10, 10, 0, 0, 0, 0, 0), "payments");
+    let payments = with_throttle(series("payments", 10, 10, 0, 0, 0, 0, 0), "payments");
+    let mut expected = with_outcomes(payments, "payments", [10, 0], [10, 0]);
     // The failing layer's default budget: 10% of its first attempts plus a floor of 10 per
     // 10 s window. Requests 1 to 5 take their two retries each (10, the floor) and give up
     // on max attempts; requests 6 to 9 are refused their first retry; the 10th deposit
     // earns one more retry (10 * 0.1), the 10th request's first, and its second is refused.
-    expected.extend(series("search", 10, 21, 0, 5, 5, 11, 5));
+    // Every request of it failed, and every one of its 21 attempts.
+    let search = series("search", 10, 21, 0, 5, 5, 11, 5);
+    expected.extend(with_outcomes(search, "search", [0, 10], [0, 21]));
     assert_eq!(recorded.snapshot(), expected);
 }
 
@@ -160,7 +187,12 @@ async fn a_recorder_installed_after_the_layer_sees_every_metric() {
     service.oneshot(get()).await.unwrap();
     assert_eq!(
         recorded.snapshot(),
-        with_throttle(series("default", 1, 1, 0, 0, 0, 0, 0), "default")
+        with_outcomes(
+            with_throttle(series("default", 1, 1, 0, 0, 0, 0, 0), "default"),
+            "default",
+            [1, 0],
+            [1, 0]
+        )
     );
 }
 

@@ -335,6 +335,24 @@ impl Recorded {
         }
         out
     }
+
+    /// Every counter's value, whatever else was recorded (a throttle's gauges).
+    pub fn counters(&self) -> std::collections::BTreeMap<String, u64> {
+        use metrics_util::debugging::DebugValue;
+
+        let mut out = std::collections::BTreeMap::new();
+        for (key, _, _, value) in self.snapshotter.snapshot().into_vec() {
+            if let DebugValue::Counter(n) = value {
+                let key = key.key();
+                let mut name = key.name().to_owned();
+                for label in key.labels() {
+                    name.push_str(&format!("{{{}={}}}", label.key(), label.value()));
+                }
+                out.insert(name, n);
+            }
+        }
+        out
+    }
 }
 
 /// Keeps tracing's per-callsite interest right while tests run in parallel: the interest is

@@ -100,6 +100,11 @@ fn defaults_are_the_documented_ones() {
     );
     assert_eq!(c.max_retry_after, Duration::from_secs(30));
     assert_eq!(c.max_retry_after, RetryLayer::DEFAULT_MAX_RETRY_AFTER);
+    assert_eq!(c.destinations.max(), 32);
+    assert_eq!(
+        c.destinations.max(),
+        RetryLayer::DEFAULT_MAX_DESTINATION_SERIES
+    );
     let throttle = c.throttle.as_ref().expect("throttled by default");
     assert_eq!(throttle.name(), "default", "named after the layer");
     assert_eq!(throttle.window(), Throttle::DEFAULT_WINDOW);
