@@ -22,6 +22,7 @@ use super::config::RetryConfig;
 use super::deadline::{OnWire, Timing, attempt_window};
 use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
+use super::trace::{self, WaitCause};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
@@ -76,7 +77,7 @@ pin_project! {
 }
 
 /// What `Retry::call` decided for a request it sent, kept by its future for the retries.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Sent {
     /// The deadline and how each attempt carries it.
     pub(crate) timing: Timing,
@@ -84,6 +85,8 @@ pub(crate) struct Sent {
     pub(crate) ticket: Option<ThrottleTicket>,
     /// The level every attempt carries in `X-Request-Criticality` (`None`: no header).
     pub(crate) level: Option<Criticality>,
+    /// The request's span (see `trace`).
+    pub(crate) span: tracing::Span,
 }
 
 /// Per-request bookkeeping, apart from the pinned parts.
@@ -116,6 +119,8 @@ struct RetryState<B> {
     /// The level every attempt carries in `X-Request-Criticality` (`None`: no header); the
     /// budget sheds retries by it (absent: `critical`).
     level: Option<Criticality>,
+    /// The request's span, parent of the attempts' (see `trace`).
+    span: tracing::Span,
 }
 
 /// What to do with an attempt's outcome.
@@ -160,6 +165,7 @@ where
             timing,
             ticket,
             level,
+            span: request_span,
         } = sent;
         let (template, service) = retry.unzip();
         let (first_end, timer_is_deadline) = match timing.window {
@@ -180,6 +186,7 @@ where
             rng: None,
             ticket,
             level,
+            span: request_span,
         };
         Self {
             state: State::Called { future, span },
@@ -194,18 +201,22 @@ where
 
     /// The future of a request whose caller's deadline had passed before it reached the
     /// layer: it ends with [`GiveUpReason::Deadline`] and nothing is sent.
-    pub(crate) fn not_sent(config: Arc<RetryConfig>) -> Self {
-        Self::unsent(State::NotSent, config)
+    pub(crate) fn not_sent(config: Arc<RetryConfig>, span: tracing::Span) -> Self {
+        Self::unsent(State::NotSent, config, span)
     }
 
     /// The future of a request the throttle refused: it resolves at once to `error`.
     #[cold]
     pub(crate) fn refused(config: Arc<RetryConfig>, error: BoxError) -> Self {
-        Self::unsent(State::Refused { error: Some(error) }, config)
+        Self::unsent(
+            State::Refused { error: Some(error) },
+            config,
+            tracing::Span::none(),
+        )
     }
 
     /// A future that sends nothing and ends in `state`.
-    fn unsent(state: State<S::Future>, config: Arc<RetryConfig>) -> Self {
+    fn unsent(state: State<S::Future>, config: Arc<RetryConfig>, span: tracing::Span) -> Self {
         let retry = RetryState {
             config,
             template: None,
@@ -219,6 +230,7 @@ where
             rng: None,
             ticket: None,
             level: None,
+            span,
         };
         Self {
             state,
@@ -297,7 +309,10 @@ impl<B> RetryState<B> {
         let hint = match verdict {
             AttemptVerdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
             AttemptVerdict::Final => return Next::Return(self.finish::<A, _>(outcome, None)),
-            AttemptVerdict::GivenUpBelow => return Next::Return(outcome),
+            AttemptVerdict::GivenUpBelow => {
+                trace::record_request(&self.span, &outcome, self.attempts, None);
+                return Next::Return(outcome);
+            }
             AttemptVerdict::GiveUp(reason) => {
                 return Next::Return(self.finish::<A, _>(outcome, Some(reason)));
             }
@@ -354,16 +369,14 @@ impl<B> RetryState<B> {
             return give_up(self, GiveUpReason::Deadline);
         };
         if !config.budget.withdraw_at(self.level.unwrap_or_default()) {
+            trace::budget_refused(&self.span, self.attempts);
             return give_up(self, GiveUpReason::BudgetExhausted);
         }
 
         self.next_body = Some(body);
         config.metrics().retry_delay.record(delay.as_secs_f64());
-        tracing::debug!(
-            attempt = self.attempts,
-            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            "retrying after a retryable failure"
-        );
+        let cause = WaitCause::of(backoff, hint.map(|h| (h.wait, h.pushback)));
+        trace::wait(&self.span, delay, cause, self.attempts);
         drop(give_up); // the outcome it holds is not returned: the retry replaces it
         Next::Retry(at)
     }
@@ -401,10 +414,11 @@ impl<B> RetryState<B> {
         outcome: Result<Response<ResBody>, BoxError>,
     ) -> Result<Response<ResBody>, BoxError> {
         self.config.stop_signal_seen();
-        match self.config.stop_signal_policy {
+        let policy = self.config.stop_signal_policy;
+        trace::stop_signal(&self.span, &outcome, self.attempts, policy);
+        match policy {
             StopSignals::PassUp => {
                 propagation::mark_downstream(Downstream::StopSignal);
-                tracing::debug!(attempts = self.attempts, "stop signal received");
                 let headers = match outcome {
                     Ok(response) => response.into_parts().0.headers,
                     Err(_) => HeaderMap::new(),
@@ -415,10 +429,6 @@ impl<B> RetryState<B> {
                 // NOTE: never the stop-signal mark: the overload layer above would answer
                 // our caller with the signal whatever the handler returns.
                 propagation::mark_downstream(Downstream::GaveUp);
-                tracing::debug!(
-                    attempts = self.attempts,
-                    "stop signal received; honoured, not passed up"
-                );
                 let info = RetryInfo {
                     attempts: self.attempts,
                     gave_up: Some(GiveUpReason::StopSignal),
@@ -446,7 +456,7 @@ impl<B> RetryState<B> {
             if let Some(counter) = self.config.metrics().gave_up(reason) {
                 counter.increment(1);
             }
-            tracing::debug!(attempts = self.attempts, %reason, "giving up");
+            trace::gave_up(&self.span, self.attempts, reason);
             // NOTE: a server layer above (the overload layer) answers the caller from these
             // marks when this error reaches it, instead of letting it reset the connection.
             propagation::mark_downstream(match reason {
@@ -457,6 +467,7 @@ impl<B> RetryState<B> {
                 _ => Downstream::GaveUp,
             });
         }
+        trace::record_request(&self.span, &outcome, self.attempts, gave_up);
         let info = RetryInfo {
             attempts: self.attempts,
             gave_up,
@@ -555,6 +566,7 @@ where
                             let timed_out: Result<Response<ResBody>, BoxError> =
                                 Err(Box::new(AttemptTimedOut::new()));
                             if *this.timer_is_deadline {
+                                trace::record_outcome(span, &timed_out);
                                 this.retry.observe(None, timed_out.as_ref().err());
                                 this.state.set(State::Done);
                                 return Poll::Ready(
@@ -566,6 +578,7 @@ where
                             timed_out
                         }
                     };
+                    trace::record_outcome(span, &outcome);
                     match this.retry.next::<A, _>(outcome) {
                         Next::Return(output) => {
                             this.state.set(State::Done);
@@ -626,7 +639,7 @@ where
                     let metrics = this.retry.config.metrics();
                     metrics.attempts.increment(1);
                     metrics.retries.increment(1);
-                    let span = tracing::debug_span!("attempt", attempt);
+                    let span = trace::retry_span(&this.retry.span, &this.retry.template, attempt);
                     let future = {
                         let _entered = span.enter();
                         service.call(request.map(A::attempt_body))

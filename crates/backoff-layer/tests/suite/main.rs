@@ -21,3 +21,4 @@ mod retry_multiplication;
 mod telemetry;
 mod throttle;
 mod throttle_levels;
+mod traces;
