@@ -250,7 +250,14 @@ fn refuse<B: Default>(
     refused: Option<(Duration, Option<QuotaStatus>, KeyClass)>,
 ) -> Response<B> {
     let protocol = Protocol::of_headers(&parts.headers);
+    let level = Criticality::of(&parts.extensions);
     let Some((retry_after, status, class)) = refused else {
+        tracing::debug!(
+            name = %state.name(),
+            decision = RejectionKind::MissingKey.as_str(),
+            criticality = level.as_str(),
+            "request rejected: no key"
+        );
         let mut response = missing_key(protocol);
         response.extensions_mut().insert(
             Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
@@ -264,7 +271,16 @@ fn refuse<B: Default>(
         remaining: 0,
         reset: state.window,
     });
-    state.rejected(class, Criticality::of(&parts.extensions), retry_after);
+    state.rejected(class, level, retry_after);
+    // NOTE: on the request's span (the caller's current one); never the key itself.
+    tracing::debug!(
+        name = %state.name(),
+        decision = RejectionKind::RateLimited.as_str(),
+        key_class = class.as_str(),
+        criticality = level.as_str(),
+        retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
+        "request rejected: over the rate limit"
+    );
     rejection(state, protocol, retry_after, status, class)
 }
 
@@ -281,6 +297,7 @@ fn too_heavy<B: Default>(state: &RateLimitState, parts: &Parts, class: KeyClass)
         key_class = class.as_str(),
         criticality = level.as_str(),
         capacity = state.capacity,
+        decision = RejectionKind::ExceedsCapacity.as_str(),
         "request cost exceeds the limit's capacity"
     );
     exceeds_capacity(state, Protocol::of_headers(&parts.headers))
