@@ -2,10 +2,10 @@
 //! named and attributed after OpenTelemetry's HTTP client conventions (see the crate docs'
 //! "Traces" for the table).
 //!
-//! Everything here is at `DEBUG` and costs a check of a cached callsite interest when no
-//! subscriber wants it: field values are computed only inside the span macros (which
-//! evaluate them only when the span is enabled), and every `record_*` returns at once on a
-//! disabled span. Nothing allocates: the URL is formatted by the subscriber, through a
+//! Everything here is at `DEBUG` and costs a check of the global maximum level when no
+//! subscriber takes `DEBUG` (then a cached callsite interest when one takes it elsewhere):
+//! the target's fields are computed only past that check, and every `record_*` returns at
+//! once on a disabled span. Nothing allocates: the URL is formatted by the subscriber, through a
 //! `Display` that borrows the request's URI.
 
 use std::error::Error;
@@ -16,8 +16,8 @@ use http::request::Parts;
 use http::{Response, Uri};
 use overload_signal::is_overloaded;
 use overload_signal::protocol::{GRPC_STATUS, Outcome, Protocol};
-use tracing::Span;
-use tracing::field::{Empty, display};
+use tracing::field::Empty;
+use tracing::{Level, Span};
 
 use super::stop::StopSignals;
 use crate::BoxError;
@@ -114,6 +114,16 @@ impl<'a> Target<'a> {
     }
 }
 
+impl Target<'_> {
+    /// `rpc.system`, `rpc.service` and `rpc.method`: all three for gRPC, none otherwise.
+    fn rpc_fields(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
+        match self.rpc {
+            Some((service, method)) => (Some("grpc"), Some(service), Some(method)),
+            None => (None, None, None),
+        }
+    }
+}
+
 /// `url.full` as OpenTelemetry asks it to be: without the user and password an authority
 /// may carry, and with the value of every query parameter replaced by `REDACTED` (query
 /// strings carry tokens, signatures and keys; their names are kept).
@@ -154,99 +164,83 @@ impl fmt::Display for UrlFull<'_> {
 /// attempts below).
 #[inline]
 pub(crate) fn request_span(parts: &Parts) -> Span {
-    let span = tracing::debug_span!(
+    // NOTE: the convention asks for the target's attributes at the span's creation (a
+    // sampler may read them): computed only when some subscriber takes `DEBUG` at all.
+    if !tracing::level_enabled!(Level::DEBUG) {
+        return Span::none();
+    }
+    let target = Target::of(parts);
+    tracing::debug_span!(
         "retry",
-        otel.name = Empty,
+        otel.name = target.name,
         otel.kind = "internal",
-        http.request.method = Empty,
-        server.address = Empty,
-        server.port = Empty,
-        url.full = Empty,
+        http.request.method = target.method,
+        server.address = target.address,
+        server.port = target.port,
+        url.full = target.url.map(display),
         http.response.status_code = Empty,
         "error.type" = Empty,
         rpc.grpc.status_code = Empty,
         retry.attempts = Empty,
         retry.gave_up = Empty,
-    );
-    if !span.is_disabled() {
-        record_target(&span, parts);
-    }
-    span
+    )
 }
 
 /// The span of the first attempt (`http.request.resend_count` absent, as the convention
 /// asks), a child of the request's span.
 #[inline]
 pub(crate) fn first_attempt_span(request: &Span, parts: &Parts) -> Span {
-    let span = tracing::debug_span!(
+    if !tracing::level_enabled!(Level::DEBUG) {
+        return Span::none();
+    }
+    let target = Target::of(parts);
+    let (rpc_system, rpc_service, rpc_method) = target.rpc_fields();
+    tracing::debug_span!(
         parent: request,
         "attempt",
         attempt = 0u32,
-        otel.name = Empty,
+        otel.name = target.name,
         otel.kind = "client",
-        http.request.method = Empty,
-        server.address = Empty,
-        server.port = Empty,
-        url.full = Empty,
-        rpc.system = Empty,
-        rpc.service = Empty,
-        rpc.method = Empty,
+        http.request.method = target.method,
+        server.address = target.address,
+        server.port = target.port,
+        url.full = target.url.map(display),
+        rpc.system = rpc_system,
+        rpc.service = rpc_service,
+        rpc.method = rpc_method,
         http.response.status_code = Empty,
         "error.type" = Empty,
         rpc.grpc.status_code = Empty,
-    );
-    if !span.is_disabled() {
-        record_target(&span, parts);
-    }
-    span
+    )
 }
 
 /// The span of retry number `resend_count` (1 for the first retry), a child of the
-/// request's span.
+/// request's span; `parts` are the request's.
 pub(crate) fn retry_span(request: &Span, parts: &Option<Parts>, resend_count: u32) -> Span {
-    let Some(parts) = parts else {
-        // NOTE: never: a retry is decided only with the request's parts to rebuild it from.
+    // NOTE: `parts` are always there: a retry is decided only with the request's parts.
+    let (true, Some(parts)) = (tracing::level_enabled!(Level::DEBUG), parts) else {
         return Span::none();
     };
-    let span = tracing::debug_span!(
+    let target = Target::of(parts);
+    let (rpc_system, rpc_service, rpc_method) = target.rpc_fields();
+    tracing::debug_span!(
         parent: request,
         "attempt",
         attempt = resend_count,
-        otel.name = Empty,
+        otel.name = target.name,
         otel.kind = "client",
-        http.request.method = Empty,
-        server.address = Empty,
-        server.port = Empty,
-        url.full = Empty,
-        rpc.system = Empty,
-        rpc.service = Empty,
-        rpc.method = Empty,
+        http.request.method = target.method,
+        server.address = target.address,
+        server.port = target.port,
+        url.full = target.url.map(display),
+        rpc.system = rpc_system,
+        rpc.service = rpc_service,
+        rpc.method = rpc_method,
         http.request.resend_count = resend_count,
         http.response.status_code = Empty,
         "error.type" = Empty,
         rpc.grpc.status_code = Empty,
-    );
-    if !span.is_disabled() {
-        record_target(&span, parts);
-    }
-    span
-}
-
-/// Records the request's target on an enabled span (a field the span does not declare is
-/// skipped).
-#[cold]
-fn record_target(span: &Span, parts: &Parts) {
-    let target = Target::of(parts);
-    span.record("otel.name", target.name);
-    span.record("http.request.method", target.method);
-    span.record("server.address", target.address);
-    span.record("server.port", target.port);
-    span.record("url.full", target.url.map(display));
-    if let Some((service, method)) = target.rpc {
-        span.record("rpc.system", "grpc");
-        span.record("rpc.service", service);
-        span.record("rpc.method", method);
-    }
+    )
 }
 
 /// Records an attempt's (or the request's last) outcome: the status, the gRPC status in

@@ -272,15 +272,6 @@ fn refuse<B: Default>(
         reset: state.window,
     });
     state.rejected(class, level, retry_after);
-    // NOTE: on the request's span (the caller's current one); never the key itself.
-    tracing::debug!(
-        name = %state.name(),
-        decision = RejectionKind::RateLimited.as_str(),
-        key_class = class.as_str(),
-        criticality = level.as_str(),
-        retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
-        "request rejected: over the rate limit"
-    );
     rejection(state, protocol, retry_after, status, class)
 }
 
