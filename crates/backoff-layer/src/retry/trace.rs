@@ -57,7 +57,7 @@ impl WaitCause {
 }
 
 /// What the spans say of a request's target, borrowed from its parts.
-struct Target<'a> {
+struct SpanTarget<'a> {
     method: &'a str,
     /// `server.address`: the URI's host, brackets of an IPv6 literal taken off.
     address: Option<&'a str>,
@@ -71,7 +71,7 @@ struct Target<'a> {
     name: &'a str,
 }
 
-impl<'a> Target<'a> {
+impl<'a> SpanTarget<'a> {
     fn of(parts: &'a Parts) -> Self {
         let uri = &parts.uri;
         let address = uri
@@ -114,7 +114,7 @@ impl<'a> Target<'a> {
     }
 }
 
-impl Target<'_> {
+impl SpanTarget<'_> {
     /// `rpc.system`, `rpc.service` and `rpc.method`: all three for gRPC, none otherwise.
     fn rpc_fields(&self) -> (Option<&str>, Option<&str>, Option<&str>) {
         match self.rpc {
@@ -169,7 +169,7 @@ pub(crate) fn request_span(parts: &Parts) -> Span {
     if !tracing::level_enabled!(Level::DEBUG) {
         return Span::none();
     }
-    let target = Target::of(parts);
+    let target = SpanTarget::of(parts);
     tracing::debug_span!(
         "retry",
         otel.name = target.name,
@@ -193,7 +193,7 @@ pub(crate) fn first_attempt_span(request: &Span, parts: &Parts) -> Span {
     if !tracing::level_enabled!(Level::DEBUG) {
         return Span::none();
     }
-    let target = Target::of(parts);
+    let target = SpanTarget::of(parts);
     let (rpc_system, rpc_service, rpc_method) = target.rpc_fields();
     tracing::debug_span!(
         parent: request,
@@ -221,7 +221,7 @@ pub(crate) fn retry_span(request: &Span, parts: &Option<Parts>, resend_count: u3
     let (true, Some(parts)) = (tracing::level_enabled!(Level::DEBUG), parts) else {
         return Span::none();
     };
-    let target = Target::of(parts);
+    let target = SpanTarget::of(parts);
     let (rpc_system, rpc_service, rpc_method) = target.rpc_fields();
     tracing::debug_span!(
         parent: request,
@@ -403,7 +403,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let target = Target::of(&parts);
+        let target = SpanTarget::of(&parts);
         assert_eq!(target.address, Some("::1"));
         assert_eq!(target.port, Some(443));
         assert_eq!(target.rpc, Some(("pkg.Svc", "Call")));
@@ -412,7 +412,7 @@ mod tests {
             .body(())
             .unwrap()
             .into_parts();
-        let target = Target::of(&parts);
+        let target = SpanTarget::of(&parts);
         assert_eq!((target.address, target.port), (None, None));
         assert!(target.url.is_none());
         assert_eq!(target.name, "POST");
