@@ -1,7 +1,8 @@
-//! The server layers' decisions on the request's span (issue 35): a rate limit's rejection
-//! and the overload layer's stop signal are events of the span the request is served in
-//! (here one the test opens around each request, as tower-http's `TraceLayer` does), and
-//! the admitted path records none. No client address or key appears in them.
+//! The server layers' decisions on the request's span (issue 35): a rate limit's
+//! rejection, the overload layer's stop signal and the deadline layer's expiry are events
+//! of the span the request is served in (here one the test opens around each request, as
+//! tower-http's `TraceLayer` does), and the admitted path records none. No client address
+//! or key appears in them.
 //!
 //! Each test installs its subscriber for its own thread (a `current_thread` runtime), so
 //! the tests of this binary do not see each other's spans.
@@ -237,4 +238,38 @@ async fn the_overload_layers_stop_signal_is_an_event_of_the_requests_span() {
     assert_eq!(decisions[1].fields["status"], "503 Service Unavailable");
     assert_private(&decisions);
     held.iter().for_each(tokio::task::JoinHandle::abort);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_request_expired_on_arrival_is_an_event_of_the_requests_span() {
+    use overload_signal::{DeadlineLayer, RequestDeadline};
+    use tokio::time::{Duration, Instant};
+
+    let (capture, _guard) = ServerCapture::install();
+    let server: Server = BoxCloneService::new(
+        ServiceBuilder::new()
+            .layer(DeadlineLayer::new())
+            .service(hello()),
+    );
+    let mut live = request(0);
+    live.extensions_mut()
+        .insert(RequestDeadline::after(Duration::from_millis(300)));
+    let (served, first) = serve(&server, &capture, live).await;
+    assert_eq!(served.status(), StatusCode::OK);
+    assert!(
+        capture.decisions_of(first).is_empty(),
+        "a live request records nothing"
+    );
+
+    let mut late = request(0);
+    late.extensions_mut()
+        .insert(RequestDeadline::at(Instant::now()));
+    let (expired, second) = serve(&server, &capture, late).await;
+    assert_eq!(expired.status(), StatusCode::GATEWAY_TIMEOUT);
+    let decisions = capture.decisions_of(second);
+    assert_eq!(decisions.len(), 1, "{decisions:#?}");
+    assert_eq!(decisions[0].fields["decision"], "deadline_expired");
+    assert_eq!(decisions[0].fields["name"], "default");
+    assert!(decisions[0].fields.contains_key("queued_ms"));
+    assert_private(&decisions);
 }
