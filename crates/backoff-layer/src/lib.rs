@@ -410,12 +410,51 @@
 //! The throttle's are noticed by its ticker, a task that closes its window's slots every
 //! 200 ms while the throttle lives.
 //!
-//! # Tracing
+//! # Traces
 //!
-//! Besides those logs, each attempt runs in a `debug` span named `attempt` with the field
-//! `attempt` (the `X-Request-Attempt` value); the layer emits `debug` events when it
-//! schedules a retry (with `delay_ms`), when an attempt times out, when it sees the stop
-//! signal and when it gives up (with `reason`).
+//! Through [`tracing`](https://docs.rs/tracing), with the attribute names of
+//! OpenTelemetry's [HTTP client conventions](https://opentelemetry.io/docs/specs/semconv/http/http-spans/),
+//! so that [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) exports them as
+//! they are (the README shows the setup). Each request through the layer is a span, and
+//! each attempt a child span of it, all at `DEBUG` (the level of tower-http's `TraceLayer`
+//! spans): a filter at `INFO` keeps none of them, `backoff_layer=debug` keeps them all.
+//!
+//! | span | `otel.kind` | fields |
+//! |---|---|---|
+//! | `retry`, one per request, a child of the caller's current span | `internal` | `otel.name` (the method, `GET`), `http.request.method`, `server.address`, `server.port`, `url.full`; when it ends: `http.response.status_code` and `error.type` of the last attempt, `retry.attempts` (attempts sent), `retry.gave_up` (a [`GiveUpReason::as_str`], `stop_signal` included, when the layer stopped on a retryable failure) |
+//! | `attempt`, one per attempt, a child of `retry` | `client` | `attempt` (the `X-Request-Attempt` value), `otel.name`, `http.request.method`, `server.address`, `server.port`, `url.full`, `http.request.resend_count` (**retries only**: 1 on the first retry, absent on the first attempt, as the convention asks), `http.response.status_code`, `error.type`; for gRPC, `rpc.system` (`grpc`), `rpc.service`, `rpc.method`, `rpc.grpc.status_code`, and `otel.name` is `package.Service/Method` |
+//!
+//! The `attempt` span is OpenTelemetry's HTTP client span (one per physical request); the
+//! `retry` span is the logical operation its convention says a retrying client may add as
+//! their parent. `error.type` is the status code as text for a `4xx` or `5xx` (`"503"`),
+//! the `grpc-status` for a gRPC failure (`"14"`), and for an error without an answer a
+//! kind: `timeout`, `connect`, `overloaded`, `throttled`, or `_OTHER`. A gRPC status sent
+//! in trailers (a call that streamed) is not seen by the layer, which reads response heads;
+//! `rpc.grpc.status_code` is set when the head carries it (every rejection does).
+//!
+//! **Privacy**: `url.full` leaves out the user and password of the authority and replaces
+//! the value of every query parameter with `REDACTED` (`/search?q=REDACTED&key=REDACTED`):
+//! query strings carry tokens and signatures, and the convention asks for their removal.
+//! No header is recorded.
+//!
+//! Events, at `DEBUG`, in the `retry` span (their message is the event's name in
+//! OpenTelemetry):
+//!
+//! | event | fields | when |
+//! |---|---|---|
+//! | `retry wait` | `duration_ms`, `cause` (`backoff`, `retry_after` or `pushback`: the longer of the backoff's delay and the server's `Retry-After` or `grpc-retry-pushback-ms`, the backoff's on a tie), `http.request.resend_count` (of the retry it waits for) | before each retry |
+//! | `throttle refused` | (the span's `error.type` is `throttled`, `retry.attempts` 0, and it has no `attempt` child) | the client-side throttle refused the request: nothing was sent |
+//! | `budget refused` | `retry.attempts` | the retry budget refused a retry (a `gave up` follows) |
+//! | `stop signal` | `retry.attempts`, `policy` (`pass_up`, `honour_only`) | an attempt's failure carried the stop signal: not retried |
+//! | `gave up` | `retry.attempts`, `reason` (a [`GiveUpReason::as_str`]) | the layer stopped on a retryable failure |
+//!
+//! A success needs no event: its trace is the `retry` span and one `attempt`. An attempt
+//! cut short by the per-attempt timeout is also logged (`attempt timed out`).
+//!
+//! **Cost.** With no subscriber interested in them, the spans cost a check of the
+//! callsite's cached interest each, and no field is computed (no allocation): measured
+//! within noise of the layer without them (see `BENCHMARKS.md`). With a subscriber, the
+//! fields are computed once per span, `url.full` formatted by the subscriber itself.
 //!
 //! # Feature flags
 //!

@@ -129,6 +129,25 @@
 //! (and two buckets) of the last request. The layer also logs, once each, when it starts and
 //! stops answering with the stop signal (see [`signal`](signal#logs)).
 //!
+//! # Traces
+//!
+//! Each decision the layers make on a request they do not simply pass is a `DEBUG` event of
+//! the request's span (the current span while the layer runs: a server's trace layer,
+//! tower-http's `TraceLayer` for one, opens it), with the layer's `name` and a field
+//! `decision`:
+//!
+//! | `decision` | layer | other fields |
+//! |---|---|---|
+//! | `stop_signal`: a limiter's rejection answered with the stop signal | [`OverloadSignalLayer`] | `status`, `scope` (`server`, `caller`), `criticality` |
+//! | `rejection_passed`: a limiter's rejection passed on as it is (retry pressure under the rule) | [`OverloadSignalLayer`] | `status`, `scope`, `criticality` |
+//! | `stop_signal_propagated`: a downstream call received the stop signal | [`OverloadSignalLayer`] | `status` |
+//! | `stop_signal`, `deadline_exceeded`, `throttled`, `gave_up`: the answer to an inner error after a downstream call failed | [`OverloadSignalLayer`] | `marks`, `status` |
+//! | `deadline_expired`: the request's deadline had passed on arrival; not served | [`DeadlineLayer`] | `queued_ms` |
+//! | `deadline_cancelled`: the deadline passed while the work ran; dropped | [`DeadlineLayer`] | |
+//!
+//! A request the layers let through unchanged records nothing. **Privacy**: no event
+//! carries a client's address or key.
+//!
 //! # Feature flags
 //!
 //! None is on by default: the crate is plain Tower over `http`, and its layers read the

@@ -223,13 +223,30 @@
 //! Through [`tracing`], with the layer's name as the field `name`. A limit that starts
 //! rejecting is an episode, logged once when it begins (`WARN`, "rate limit engaged", at the
 //! first rejection) and once when it ends (`INFO`, "rate limit released", once nothing has
-//! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request;
-//! each rejection is logged at `TRACE`. Requests a keyed layer finds no key in are logged at
+//! been rejected for [`RateLimitLayer::QUIET_PERIOD`], 10 seconds), never once per request
+//! above `DEBUG`. Requests a keyed layer finds no key in are logged at
 //! the first, then at most once a minute while they keep coming (with their count): at
 //! `ERROR`, with the fix, when the key is the client IP (the server does not put the peer
 //! address in its requests, which no client can cause), at `WARN` otherwise.
 //!
 //! [`tracing`]: https://docs.rs/tracing/0.1/tracing/
+//!
+//! # Traces
+//!
+//! Each decision that refuses a request is a `DEBUG` event of the request's span (the
+//! current span while the layer runs: a server's trace layer, tower-http's `TraceLayer`
+//! for one, opens it), with the layer's `name` and a field `decision`:
+//!
+//! | `decision` | layer | other fields |
+//! |---|---|---|
+//! | `rate_limited` (`429`, gRPC `RESOURCE_EXHAUSTED`) | [`RateLimitLayer`] | `key_class` (`keyed`, `global`, ...), `criticality`, `retry_after_ms` |
+//! | `missing_key` | [`RateLimitLayer`] under `MissingKey::Reject` | `criticality` |
+//! | `exceeds_capacity` (`413`) | [`RateLimitLayer`] | `key_class`, `criticality`, `capacity` |
+//! | `at_capacity` (`503`, gRPC `UNAVAILABLE`) | [`AdaptiveLimitLayer`] | `criticality` (a lower level is shed first), `retry_after_ms` |
+//!
+//! The overload layer outside records its own (`rejection_passed`, `stop_signal`: see
+//! `overload-signal`'s crate docs). An admitted request records nothing. **Privacy**: an
+//! event names the key's class, never the key: no client address or API key is recorded.
 //!
 //! # What a request costs
 //!

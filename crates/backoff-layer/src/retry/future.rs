@@ -24,6 +24,7 @@ use super::destinations::SeriesIndex;
 use super::hint::{ServerHint, server_hint};
 use super::level::set_level;
 use super::stop::{StopSignals, remove_stop_signal};
+use super::trace::{self, WaitCause};
 use crate::BoxError;
 use crate::adapter::Adapter;
 use crate::body::{BodySource, ReplayBody};
@@ -78,7 +79,7 @@ pin_project! {
 }
 
 /// What `Retry::call` decided for a request it sent, kept by its future for the retries.
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub(crate) struct Sent {
     /// The deadline and how each attempt carries it.
     pub(crate) timing: Timing,
@@ -88,6 +89,8 @@ pub(crate) struct Sent {
     pub(crate) level: Option<Criticality>,
     /// Where the request's and its attempts' outcomes are counted.
     pub(crate) series: SeriesIndex,
+    /// The request's span (see `trace`).
+    pub(crate) span: tracing::Span,
 }
 
 /// Per-request bookkeeping, apart from the pinned parts.
@@ -123,6 +126,8 @@ struct RetryState<B> {
     /// Where the outcomes are counted, and whether the last attempt's was a success.
     series: SeriesIndex,
     success: bool,
+    /// The request's span, parent of the attempts' (see `trace`).
+    span: tracing::Span,
 }
 
 /// What to do with an attempt's outcome.
@@ -169,6 +174,7 @@ where
             ticket,
             level,
             series,
+            span: request_span,
         } = sent;
         let (template, service) = retry.unzip();
         let (first_end, timer_is_deadline) = match timing.window {
@@ -191,6 +197,7 @@ where
             level,
             series,
             success: false,
+            span: request_span,
         };
         Self {
             state: State::Called { future, span },
@@ -205,18 +212,28 @@ where
 
     /// The future of a request whose caller's deadline had passed before it reached the
     /// layer: it ends with [`GiveUpReason::Deadline`] and nothing is sent.
-    pub(crate) fn not_sent(config: Arc<RetryConfig>, series: SeriesIndex) -> Self {
-        Self::unsent(State::NotSent, config, series)
+    pub(crate) fn not_sent(
+        config: Arc<RetryConfig>,
+        span: tracing::Span,
+        series: SeriesIndex,
+    ) -> Self {
+        Self::unsent(State::NotSent, config, span, series)
     }
 
     /// The future of a request the throttle refused: it resolves at once to `error`.
     #[cold]
     pub(crate) fn refused(config: Arc<RetryConfig>, error: BoxError, series: SeriesIndex) -> Self {
-        Self::unsent(State::Refused { error: Some(error) }, config, series)
+        let state = State::Refused { error: Some(error) };
+        Self::unsent(state, config, tracing::Span::none(), series)
     }
 
     /// A future that sends nothing and ends in `state`.
-    fn unsent(state: State<S::Future>, config: Arc<RetryConfig>, series: SeriesIndex) -> Self {
+    fn unsent(
+        state: State<S::Future>,
+        config: Arc<RetryConfig>,
+        span: tracing::Span,
+        series: SeriesIndex,
+    ) -> Self {
         let retry = RetryState {
             config,
             template: None,
@@ -232,6 +249,7 @@ where
             level: None,
             series,
             success: false,
+            span,
         };
         Self {
             state,
@@ -313,6 +331,7 @@ impl<B> RetryState<B> {
             AttemptVerdict::Stop => return Next::Return(self.stop_signal::<A, _>(outcome)),
             AttemptVerdict::Final(_) => return Next::Return(self.finish::<A, _>(outcome, None)),
             AttemptVerdict::GivenUpBelow => {
+                trace::record_request(&self.span, &outcome, self.attempts, None);
                 self.config.destinations.request(self.series, false);
                 return Next::Return(outcome);
             }
@@ -372,16 +391,14 @@ impl<B> RetryState<B> {
             return give_up(self, GiveUpReason::Deadline);
         };
         if !config.budget.withdraw_at(self.level.unwrap_or_default()) {
+            trace::budget_refused(&self.span, self.attempts);
             return give_up(self, GiveUpReason::BudgetExhausted);
         }
 
         self.next_body = Some(body);
         config.metrics().retry_delay.record(delay.as_secs_f64());
-        tracing::debug!(
-            attempt = self.attempts,
-            delay_ms = u64::try_from(delay.as_millis()).unwrap_or(u64::MAX),
-            "retrying after a retryable failure"
-        );
+        let cause = WaitCause::of(backoff, hint.map(|h| (h.wait, h.pushback)));
+        trace::wait(&self.span, delay, cause, self.attempts);
         drop(give_up); // the outcome it holds is not returned: the retry replaces it
         Next::Retry(at)
     }
@@ -420,10 +437,11 @@ impl<B> RetryState<B> {
     ) -> Result<Response<ResBody>, BoxError> {
         self.config.stop_signal_seen();
         self.config.destinations.request(self.series, false);
-        match self.config.stop_signal_policy {
+        let policy = self.config.stop_signal_policy;
+        trace::stop_signal(&self.span, &outcome, self.attempts, policy);
+        match policy {
             StopSignals::PassUp => {
                 propagation::mark_downstream(Downstream::StopSignal);
-                tracing::debug!(attempts = self.attempts, "stop signal received");
                 let headers = match outcome {
                     Ok(response) => response.into_parts().0.headers,
                     Err(_) => HeaderMap::new(),
@@ -434,10 +452,6 @@ impl<B> RetryState<B> {
                 // NOTE: never the stop-signal mark: the overload layer above would answer
                 // our caller with the signal whatever the handler returns.
                 propagation::mark_downstream(Downstream::GaveUp);
-                tracing::debug!(
-                    attempts = self.attempts,
-                    "stop signal received; honoured, not passed up"
-                );
                 let info = RetryInfo {
                     attempts: self.attempts,
                     gave_up: Some(GiveUpReason::StopSignal),
@@ -469,7 +483,7 @@ impl<B> RetryState<B> {
             if let Some(counter) = self.config.metrics().gave_up(reason) {
                 counter.increment(1);
             }
-            tracing::debug!(attempts = self.attempts, %reason, "giving up");
+            trace::gave_up(&self.span, self.attempts, reason);
             // NOTE: a server layer above (the overload layer) answers the caller from these
             // marks when this error reaches it, instead of letting it reset the connection.
             propagation::mark_downstream(match reason {
@@ -480,6 +494,7 @@ impl<B> RetryState<B> {
                 _ => Downstream::GaveUp,
             });
         }
+        trace::record_request(&self.span, &outcome, self.attempts, gave_up);
         let info = RetryInfo {
             attempts: self.attempts,
             gave_up,
@@ -547,6 +562,7 @@ where
                             let timed_out: Result<Response<ResBody>, BoxError> =
                                 Err(Box::new(AttemptTimedOut::new()));
                             if *this.timer_is_deadline {
+                                trace::record_outcome(span, &timed_out);
                                 this.retry.observe(None, timed_out.as_ref().err());
                                 let retry = &this.retry;
                                 retry.config.destinations.attempt(retry.series, false);
@@ -560,6 +576,7 @@ where
                             timed_out
                         }
                     };
+                    trace::record_outcome(span, &outcome);
                     match this.retry.next::<A, _>(outcome) {
                         Next::Return(output) => {
                             this.state.set(State::Done);
@@ -620,7 +637,7 @@ where
                     let metrics = this.retry.config.metrics();
                     metrics.attempts.increment(1);
                     metrics.retries.increment(1);
-                    let span = tracing::debug_span!("attempt", attempt);
+                    let span = trace::retry_span(&this.retry.span, &this.retry.template, attempt);
                     let future = {
                         let _entered = span.enter();
                         service.call(request.map(A::attempt_body))

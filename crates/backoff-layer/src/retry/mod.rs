@@ -14,6 +14,7 @@ mod stop;
 mod telemetry;
 #[cfg(test)]
 mod tests;
+mod trace;
 
 pub use layer::{RetryBuilder, RetryLayer};
 pub use service::Retry;

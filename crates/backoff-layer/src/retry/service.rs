@@ -12,6 +12,7 @@ use super::config::RetryConfig;
 use super::deadline::Timing;
 use super::future::{ResponseFuture, Sent};
 use super::level::{outgoing_level, set_level};
+use super::trace;
 use crate::BoxError;
 use crate::adapter::{Adapter, Direct};
 use crate::body::{BodySource, ReplayBody};
@@ -79,6 +80,7 @@ where
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
         let config = Arc::clone(&self.config);
         let (mut parts, body) = request.into_parts();
+        let span = trace::request_span(&parts);
         // The level every attempt carries on the wire, and the one the throttle and the
         // budget shed by (absent: `critical`, the protocol's default).
         let on_wire = outgoing_level(&mut parts);
@@ -91,6 +93,7 @@ where
             Some(throttle) => match throttle.admit_at(Target::of(&parts), level) {
                 Ok(ticket) => ticket,
                 Err(refused) => {
+                    trace::throttle_refused(&span);
                     config.destinations.request(series, false);
                     let refused = A::throttled(refused);
                     return ResponseFuture::refused(config, refused, series);
@@ -129,7 +132,7 @@ where
             // No attempt after the deadline: the caller's had passed already.
             config.metrics().requests.increment(1);
             config.end_quiet_episodes();
-            return ResponseFuture::not_sent(config, series);
+            return ResponseFuture::not_sent(config, span, series);
         }
         Attempt::set(&mut parts.headers, 0);
         set_level(&mut parts.headers, on_wire);
@@ -139,9 +142,9 @@ where
         metrics.requests.increment(1);
         metrics.attempts.increment(1);
         config.end_quiet_episodes();
-        let span = tracing::debug_span!("attempt", attempt = 0u32);
+        let attempt_span = trace::first_attempt_span(&span, &parts);
         let future = {
-            let _entered = span.enter();
+            let _entered = attempt_span.enter();
             tracing::trace!("sending first attempt");
             self.inner
                 .call(Request::from_parts(parts, A::attempt_body(body)))
@@ -151,8 +154,9 @@ where
             ticket,
             level: on_wire,
             series,
+            span,
         };
-        ResponseFuture::new(future, span, config, retry, source, sent)
+        ResponseFuture::new(future, attempt_span, config, retry, source, sent)
     }
 }
 

@@ -22,3 +22,4 @@ mod retry_multiplication;
 mod telemetry;
 mod throttle;
 mod throttle_levels;
+mod traces;

@@ -141,7 +141,11 @@ where
         // this future.
         this.state.set(State::Done);
         layer.expired_running(caller);
-        tracing::debug!("request cancelled at its deadline");
+        tracing::debug!(
+            name = layer.name().as_str(),
+            decision = "deadline_cancelled",
+            "request cancelled at its deadline"
+        );
         Poll::Ready(Ok(deadline_exceeded_response(protocol)))
     }
 }

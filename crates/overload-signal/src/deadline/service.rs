@@ -170,6 +170,8 @@ fn expired<F>(
 ) -> ResponseFuture<F> {
     state.expired_on_arrival(queued, caller);
     tracing::debug!(
+        name = state.name().as_str(),
+        decision = "deadline_expired",
         queued_ms = u64::try_from(queued.as_millis()).unwrap_or(u64::MAX),
         "request expired before it was served"
     );

@@ -308,6 +308,7 @@ impl<C: Clock> SignalState<C> {
         if downstream_stop {
             tracing::debug!(
                 name = self.name().as_str(),
+                decision = "stop_signal_propagated",
                 status = %response.status(),
                 "downstream call received the stop signal; propagating it"
             );
@@ -341,12 +342,22 @@ impl<C: Clock> SignalState<C> {
                 self.passed_levels.note(level, self.histogram.clock().now());
             }
             self.metrics.get().rejection_passed(scope, level);
+            tracing::debug!(
+                name = self.name().as_str(),
+                decision = "rejection_passed",
+                status = %response.status(),
+                scope = scope.as_str(),
+                criticality = level.as_str(),
+                "rejection passed on: retry pressure under the rule"
+            );
             return;
         };
         tracing::debug!(
             name = self.name().as_str(),
+            decision = "stop_signal",
             status = %response.status(),
             scope = scope.as_str(),
+            criticality = level.as_str(),
             "rejection under high retry pressure; answering with the stop signal"
         );
         rewrite_as_stop_signal(response, protocol, rejection.into_stop_signal(self.name()));
@@ -400,6 +411,7 @@ impl<C: Clock> SignalState<C> {
         };
         tracing::debug!(
             name = self.name().as_str(),
+            decision = answer.as_str(),
             ?marks,
             status = %response.status(),
             "the inner service returned an error after a downstream call failed; answering"

@@ -29,7 +29,7 @@ impl ErrorAnswer {
         Self::GaveUp,
     ];
 
-    const fn as_str(self) -> &'static str {
+    pub(super) const fn as_str(self) -> &'static str {
         match self {
             Self::StopSignal => "stop_signal",
             Self::DeadlineExceeded => "deadline_exceeded",

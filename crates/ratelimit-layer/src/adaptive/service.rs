@@ -112,6 +112,14 @@ impl<S, C> AdaptiveLimit<S, C> {
                 ResponseFuture::admitted(self.inner.call(request), guard)
             }
             None => {
+                tracing::debug!(
+                    name = %self.state.name(),
+                    decision = RejectionKind::AtCapacity.as_str(),
+                    criticality = level.as_str(),
+                    retry_after_ms =
+                        u64::try_from(self.state.retry_after.as_millis()).unwrap_or(u64::MAX),
+                    "request rejected: at the adaptive limit"
+                );
                 let protocol = Protocol::of_request(&request);
                 let mut response = rejection(protocol, self.state.retry_after);
                 response.extensions_mut().insert(

@@ -250,7 +250,14 @@ fn refuse<B: Default>(
     refused: Option<(Duration, Option<QuotaStatus>, KeyClass)>,
 ) -> Response<B> {
     let protocol = Protocol::of_headers(&parts.headers);
+    let level = Criticality::of(&parts.extensions);
     let Some((retry_after, status, class)) = refused else {
+        tracing::debug!(
+            name = %state.name(),
+            decision = RejectionKind::MissingKey.as_str(),
+            criticality = level.as_str(),
+            "request rejected: no key"
+        );
         let mut response = missing_key(protocol);
         response.extensions_mut().insert(
             Rejection::new(RejectionKind::MissingKey, RejectionScope::Server)
@@ -264,7 +271,7 @@ fn refuse<B: Default>(
         remaining: 0,
         reset: state.window,
     });
-    state.rejected(class, Criticality::of(&parts.extensions), retry_after);
+    state.rejected(class, level, retry_after);
     rejection(state, protocol, retry_after, status, class)
 }
 
@@ -281,6 +288,7 @@ fn too_heavy<B: Default>(state: &RateLimitState, parts: &Parts, class: KeyClass)
         key_class = class.as_str(),
         criticality = level.as_str(),
         capacity = state.capacity,
+        decision = RejectionKind::ExceedsCapacity.as_str(),
         "request cost exceeds the limit's capacity"
     );
     exceeds_capacity(state, Protocol::of_headers(&parts.headers))

@@ -12,6 +12,7 @@ use overload_core::sync::StripedCounter;
 use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::{Criticality, RateLimitPolicy};
+use overload_signal::signal::RejectionKind;
 
 use super::decide::LocalDecide;
 #[cfg(feature = "redis")]
@@ -192,15 +193,19 @@ impl RateLimitState {
         self.decide.tick();
     }
 
-    /// Counts a rejection, and logs it at `WARN` when it begins an episode of the limit
-    /// engaged (at `TRACE` otherwise).
+    /// Counts a rejection, records it as a `DEBUG` event of the request's span (the
+    /// caller's current one), and logs it at `WARN` when it begins an episode of the limit
+    /// engaged.
     pub(crate) fn rejected(&self, class: KeyClass, level: Criticality, retry_after: Duration) {
         self.metrics.get().rejected(class, level).increment(1);
-        tracing::trace!(
+        // NOTE: the key's class, never the key: a client's address or API key stays out
+        // of traces.
+        tracing::debug!(
             name = %self.name(),
+            decision = RejectionKind::RateLimited.as_str(),
             key_class = class.as_str(),
             criticality = level.as_str(),
-            ?retry_after,
+            retry_after_ms = u64::try_from(retry_after.as_millis()).unwrap_or(u64::MAX),
             "rate limited"
         );
         if self.engaged.seen(self.decide.now()) {

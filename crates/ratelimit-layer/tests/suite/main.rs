@@ -28,3 +28,4 @@ mod layer;
 mod live_limits;
 mod peer_addr;
 mod properties;
+mod traces;
