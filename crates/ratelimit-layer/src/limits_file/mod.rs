@@ -56,10 +56,14 @@
 //! # Ok::<(), ratelimit_layer::limits_file::LimitsFileError>(())
 //! ```
 
+mod layer;
 mod limits;
+mod service;
 mod watch;
 
-pub use limits::{Limits, LimitsFileError};
+pub use layer::{LimitsLayer, LimitsLayerBuilder, LimitsLayerError};
+pub use limits::{EntryId, EntryLimit, Limits, LimitsFileError};
+pub use service::LimitsService;
 pub use watch::{LimitsWatcher, RELOADS_TOTAL, ReloadOutcome, Reloader};
 
 #[cfg(test)]

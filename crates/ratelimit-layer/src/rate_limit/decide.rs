@@ -11,6 +11,7 @@ use overload_core::telemetry::{LazyMetrics, LogThrottle};
 use overload_signal::criticality::{RecentLevels, Reserves};
 use overload_signal::protocol::Criticality;
 
+use super::state::Parameters;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, KeyedLimiter};
@@ -49,6 +50,10 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
 
     /// The limiter's clock, now.
     fn now(&self) -> u64;
+
+    /// The limiter's parameters in force: its quota, window and capacity (a live limiter's
+    /// change while it serves), from which the fields are advertised.
+    fn parameters(&self) -> Parameters;
 
     /// The layer's first request: registers the decision's own metrics.
     fn first_request(&self) {}
@@ -193,6 +198,15 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
     fn now(&self) -> u64 {
         self.clock.now()
     }
+
+    fn parameters(&self) -> Parameters {
+        parameters(&self.limiter)
+    }
+}
+
+/// `limiter`'s quota, window and capacity.
+fn parameters<L: Limiter>(limiter: &L) -> Parameters {
+    (limiter.quota(), limiter.window(), limiter.capacity())
 }
 
 /// One limit per key, in a [`KeyedLimiter`], and what to do with a request without one.
@@ -258,6 +272,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
 
     fn now(&self) -> u64 {
         self.map.clock().now()
+    }
+
+    fn parameters(&self) -> Parameters {
+        parameters(self.map.limiter())
     }
 
     fn first_request(&self) {
