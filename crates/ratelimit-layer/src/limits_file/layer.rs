@@ -80,10 +80,11 @@ use crate::rate_limit::RateLimitLayer;
 ///
 /// # fn main() -> Result<(), Box<dyn std::error::Error>> {
 /// let limits = Limits::parse("limits.toml", "[default]\nrate = 100\n")?;
-/// let proxies = TrustedProxies::new(ForwardedHeader::XForwardedFor, [IpNet::new([10, 0, 0, 0].into(), 8)?])?;
+/// let balancer = IpNet::new([10, 0, 0, 0].into(), 8)?;
+/// let proxies = TrustedProxies::new(ForwardedHeader::XForwardedFor, [balancer])?;
 /// let layer = LimitsLayer::builder()
 ///     .name("api")
-///     .client_ip(ClientIp::new().trusted_proxies(proxies))
+///     .client_ip(ClientIp::builder().trusted_proxies(proxies).build()?)
 ///     .admitted_headers(true)
 ///     .build(&limits)?;
 /// layer.apply(&Limits::parse("limits.toml", "[default]\nrate = 10\n")?);
@@ -385,7 +386,7 @@ impl LimitsLayerBuilder {
         if self.interval.is_zero() {
             return Err(ConfigError::out_of_range(
                 "interval",
-                &self.interval,
+                self.interval,
                 "above zero",
             ));
         }

@@ -195,7 +195,8 @@ impl Limits {
             })
         };
         // What an entry limits separately; an error points at the value.
-        let key_by = |what: &str, key: Option<&Spanned<String>>, default: KeyBy| match key {
+        let key_by = |what: &str, key: Option<&Spanned<String>>, default: KeyBy| {
+            match key {
             None => Ok(default),
             Some(k) => k.get_ref().parse::<KeyBy>().map_err(|_| {
                 err(
@@ -206,6 +207,7 @@ impl Limits {
                     ),
                 )
             }),
+        }
         };
         let limit = |what: &str, doc: &Spanned<LimitDoc>, default: KeyBy| {
             let l = doc.get_ref();
@@ -298,7 +300,11 @@ impl Limits {
 
     /// The entry a request for `path` from `tenant` takes its limit from, in the order of
     /// [`limit_for`](Self::limit_for), and its limit.
-    pub fn entry_for<'a>(&'a self, path: &str, tenant: Option<&str>) -> (EntryId<'a>, &'a EntryLimit) {
+    pub fn entry_for<'a>(
+        &'a self,
+        path: &str,
+        tenant: Option<&str>,
+    ) -> (EntryId<'a>, &'a EntryLimit) {
         if let Some((name, limit)) = tenant.and_then(|t| self.tenants.get_key_value(t)) {
             return (EntryId::Tenant(name), limit);
         }
@@ -340,7 +346,9 @@ impl Limits {
         let mut out = Vec::new();
         for id in ids {
             match (old.get(&id), next.get(&id)) {
-                (Some(o), Some(n)) if o != n => out.push(format!("{id}: {} -> {}", show(o), show(n))),
+                (Some(o), Some(n)) if o != n => {
+                    out.push(format!("{id}: {} -> {}", show(o), show(n)));
+                }
                 (Some(o), None) => out.push(format!("{id}: {} removed", show(o))),
                 (None, Some(n)) => out.push(format!("{id}: {} added", show(n))),
                 _ => {}

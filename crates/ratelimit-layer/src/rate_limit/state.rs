@@ -361,12 +361,7 @@ pub(crate) fn rate_limit_policy<L: Limiter>(
     name: &LayerName,
     limiter: &L,
 ) -> Result<AdvertisedLimit, ConfigError> {
-    advertise(
-        name,
-        limiter.quota(),
-        limiter.window(),
-        limiter.capacity(),
-    )
+    advertise(name, limiter.quota(), limiter.window(), limiter.capacity())
 }
 
 /// What [`rate_limit_policy`] advertises for a limiter of these parameters.
