@@ -1,29 +1,25 @@
 //! [`LimitsLayer`]: a limits file's limits in force, one rate limit per entry, changed while
 //! serving when the file changes.
 
-use std::collections::HashMap;
 use std::fmt;
 use std::path::Path;
-use std::sync::{Arc, Mutex, PoisonError};
+use std::sync::Arc;
 use std::time::Duration;
 
-use arc_swap::ArcSwap;
-use http::Request;
 use overload_core::ConfigError;
 use overload_core::clock::TokioClock;
 use overload_core::telemetry::LayerName;
 use tower_layer::Layer;
 
-use super::limits::{EntryId, EntryLimit, Limits, LimitsFileError};
+use super::limits::{Limits, LimitsFileError};
+use super::routes::{LimitsEntrySettings, LimitsState, LimitsTable};
 use super::service::LimitsService;
 use super::watch::{LimitsWatcher, Reloader};
-use crate::algorithm::{LiveTokenBucket, TokenBucketHandle};
-use crate::config::KeyBy;
 use crate::key::ClientIp;
 use crate::rate_limit::RateLimitLayer;
 
 /// A rate limit per entry of a limits file (the default, each route, each tenant), each a
-/// [`RateLimitLayer`] over a [`LiveTokenBucket`]; a request is limited by the entry
+/// [`RateLimitLayer`] over a [`LiveTokenBucket`](crate::algorithm::LiveTokenBucket); a request is limited by the entry
 /// [`Limits::entry_for`] picks (its tenant's, else its exact route's, else its longest
 /// prefix's, else the default) and answered as by any [`RateLimitLayer`]: `429` with
 /// `Retry-After`, `RateLimit-Policy` and `RateLimit` (gRPC `RESOURCE_EXHAUSTED`), marked for
@@ -41,7 +37,7 @@ use crate::rate_limit::RateLimitLayer;
 /// 250 ms, [`LimitsWatcher::INTERVAL`]): an entry present before and after keeps its layer,
 /// whose bucket takes the new rate, period and burst through its handle, with every key's
 /// state carried over (nothing admitted in a burst, nothing the new limit admits rejected:
-/// the rule of [`LiveTokenBucket`]); an added entry gets a new layer with fresh state; a
+/// the rule of [`LiveTokenBucket`](crate::algorithm::LiveTokenBucket)); an added entry gets a new layer with fresh state; a
 /// removed one is dropped, and its requests go to the entry that now matches them. An
 /// entry whose `key` changed starts afresh. The routing table is one `Arc` swapped
 /// lock-free: a request reads it with one atomic load. `RateLimit-Policy` follows the
@@ -87,140 +83,14 @@ use crate::rate_limit::RateLimitLayer;
 ///     .client_ip(ClientIp::builder().trusted_proxies(proxies).build()?)
 ///     .admitted_headers(true)
 ///     .build(&limits)?;
-/// layer.apply(&Limits::parse("limits.toml", "[default]\nrate = 10\n")?);
+/// layer.apply(&Limits::parse("limits.toml", "[default]\nrate = 10\n")?)?;
 /// assert_eq!(layer.current().limit_for("/", None).rate(), 10);
 /// # Ok(())
 /// # }
 /// ```
 #[derive(Clone)]
 pub struct LimitsLayer {
-    pub(super) shared: Arc<Shared>,
-}
-
-/// What every clone of a layer and its services share: the table, and the watcher that
-/// keeps it true to the file (stopped when the last of them goes).
-pub(super) struct Shared {
-    pub(super) table: Arc<Table>,
-    watcher: Option<LimitsWatcher>,
-}
-
-/// The routing table in force and what builds an entry.
-pub(super) struct Table {
-    entries: EntrySettings,
-    pub(super) routes: ArcSwap<Routes>,
-    /// Serializes [`apply`](Self::apply) (never a request).
-    apply: Mutex<()>,
-}
-
-/// The limits in force and the layer of each entry.
-pub(super) struct Routes {
-    limits: Limits,
-    default: Entry,
-    exact: HashMap<String, Entry>,
-    prefix: HashMap<String, Entry>,
-    tenant: HashMap<String, Entry>,
-}
-
-/// One entry's layer, and the handle that changes its bucket.
-#[derive(Clone)]
-pub(super) struct Entry {
-    pub(super) layer: RateLimitLayer,
-    handle: TokenBucketHandle,
-    key: KeyBy,
-}
-
-impl Routes {
-    fn get(&self, id: EntryId<'_>) -> Option<&Entry> {
-        match id {
-            EntryId::Default => Some(&self.default),
-            EntryId::Exact(path) => self.exact.get(path),
-            EntryId::Prefix(prefix) => self.prefix.get(prefix),
-            EntryId::Tenant(tenant) => self.tenant.get(tenant),
-        }
-    }
-
-    /// The entry whose limit `request` takes.
-    #[inline]
-    pub(super) fn entry_for<B>(&self, request: &Request<B>) -> &Entry {
-        let tenant = self
-            .limits
-            .tenant_header()
-            .and_then(|name| request.headers().get(name))
-            .and_then(|value| value.to_str().ok());
-        let (id, _) = self.limits.entry_for(request.uri().path(), tenant);
-        // NOTE: every entry of `limits` has its layer, built together; the default is the
-        // fallback that never happens.
-        self.get(id).unwrap_or(&self.default)
-    }
-}
-
-/// What every entry's layer is built with.
-struct EntrySettings {
-    name: LayerName,
-    client_ip: ClientIp,
-    admitted_headers: bool,
-    /// One clock for every entry's bucket and layer: a change takes effect at its `now`.
-    clock: TokioClock,
-}
-
-impl EntrySettings {
-    /// A new layer for `limit`.
-    fn entry(&self, limit: &EntryLimit) -> Result<Entry, ConfigError> {
-        let (bucket, handle) = LiveTokenBucket::new(limit.bucket.clone(), self.clock);
-        let builder = RateLimitLayer::builder(bucket)
-            .clock(self.clock)
-            .name(self.name.as_str())
-            .admitted_headers(self.admitted_headers);
-        let layer = match limit.key {
-            KeyBy::Global => builder.build()?,
-            KeyBy::Ip => builder.key_by_client_ip(self.client_ip.clone()).build()?,
-        };
-        Ok(Entry {
-            layer,
-            handle,
-            key: limit.key,
-        })
-    }
-
-    /// The entries of `limits`: those of `old` kept (their buckets set to the new
-    /// parameters), the others new.
-    fn routes(&self, limits: &Limits, old: Option<&Routes>) -> Result<Routes, ConfigError> {
-        let entry = |id: EntryId<'_>, limit: &EntryLimit| match old.and_then(|o| o.get(id)) {
-            Some(kept) if kept.key == limit.key => {
-                kept.handle.set(limit.bucket.clone());
-                Ok::<_, ConfigError>(kept.clone())
-            }
-            _ => self.entry(limit),
-        };
-        let (_, default) = limits.entry_for("", None);
-        let mut routes = Routes {
-            limits: limits.clone(),
-            default: entry(EntryId::Default, default)?,
-            exact: HashMap::new(),
-            prefix: HashMap::new(),
-            tenant: HashMap::new(),
-        };
-        for (id, limit) in limits.entries() {
-            let (map, name) = match id {
-                EntryId::Default => continue,
-                EntryId::Exact(p) => (&mut routes.exact, p),
-                EntryId::Prefix(p) => (&mut routes.prefix, p),
-                EntryId::Tenant(t) => (&mut routes.tenant, t),
-            };
-            map.insert(name.to_owned(), entry(id, limit)?);
-        }
-        Ok(routes)
-    }
-}
-
-impl Table {
-    fn apply(&self, limits: &Limits) -> Result<(), ConfigError> {
-        let _apply = self.apply.lock().unwrap_or_else(PoisonError::into_inner);
-        let old = self.routes.load_full();
-        let routes = self.entries.routes(limits, Some(&old))?;
-        self.routes.store(Arc::new(routes));
-        Ok(())
-    }
+    pub(super) shared: Arc<LimitsState>,
 }
 
 impl LimitsLayer {
@@ -343,7 +213,7 @@ impl LimitsLayerBuilder {
     /// The name is invalid (kind `Invalid`), or the interval is zero (kind `OutOfRange`).
     pub fn build(self, limits: &Limits) -> Result<LimitsLayer, ConfigError> {
         Ok(LimitsLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LimitsState {
                 table: Arc::new(self.table(limits)?),
                 watcher: None,
             }),
@@ -375,14 +245,14 @@ impl LimitsLayerBuilder {
             }
         });
         Ok(LimitsLayer {
-            shared: Arc::new(Shared {
+            shared: Arc::new(LimitsState {
                 table,
                 watcher: Some(watcher),
             }),
         })
     }
 
-    fn table(self, limits: &Limits) -> Result<Table, ConfigError> {
+    fn table(self, limits: &Limits) -> Result<LimitsTable, ConfigError> {
         if self.interval.is_zero() {
             return Err(ConfigError::out_of_range(
                 "interval",
@@ -390,18 +260,13 @@ impl LimitsLayerBuilder {
                 "above zero",
             ));
         }
-        let entries = EntrySettings {
+        let entries = LimitsEntrySettings {
             name: LayerName::new(self.name)?,
             client_ip: self.client_ip,
             admitted_headers: self.admitted_headers,
             clock: TokioClock::new(),
         };
-        let routes = entries.routes(limits, None)?;
-        Ok(Table {
-            entries,
-            routes: ArcSwap::from_pointee(routes),
-            apply: Mutex::new(()),
-        })
+        LimitsTable::new(entries, limits)
     }
 }
 

@@ -72,6 +72,7 @@
 
 mod layer;
 mod limits;
+mod routes;
 mod service;
 mod watch;
 

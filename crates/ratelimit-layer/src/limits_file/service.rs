@@ -7,7 +7,7 @@ use std::task::{Context, Poll};
 use http::{Request, Response};
 use tower_service::Service;
 
-use super::layer::Shared;
+use super::routes::LimitsState;
 use crate::rate_limit::future::ResponseFuture;
 use crate::rate_limit::service::call_local;
 
@@ -17,11 +17,11 @@ use crate::rate_limit::service::call_local;
 /// The wrapped service is reached with `get_ref`, `get_mut` and `into_inner`.
 pub struct LimitsService<S> {
     inner: S,
-    shared: Arc<Shared>,
+    shared: Arc<LimitsState>,
 }
 
 impl<S> LimitsService<S> {
-    pub(super) const fn new(inner: S, shared: Arc<Shared>) -> Self {
+    pub(super) const fn new(inner: S, shared: Arc<LimitsState>) -> Self {
         Self { inner, shared }
     }
 

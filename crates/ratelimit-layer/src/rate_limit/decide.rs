@@ -11,11 +11,14 @@ use overload_core::telemetry::{LazyMetrics, LogThrottle};
 use overload_signal::criticality::{RecentLevels, Reserves};
 use overload_signal::protocol::Criticality;
 
-use super::state::Parameters;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
 use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, KeyedLimiter};
 use crate::telemetry::KeyedLimitMetrics;
+
+/// A limiter's parameters as the fields describe them: its quota, its window and its
+/// capacity ([`Limiter::quota`], [`Limiter::window`], [`Limiter::capacity`]).
+pub(crate) type Parameters = (u64, Duration, u64);
 
 /// Decides a request: the limiter with its state(s) and key extractor, type-erased.
 pub(crate) trait LocalDecide: Send + Sync + 'static {

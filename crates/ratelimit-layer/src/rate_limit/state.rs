@@ -14,7 +14,7 @@ use overload_core::telemetry::{Episode, LayerName, LazyMetrics, Ticker};
 use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::{Criticality, RateLimitPolicy};
 
-use super::decide::LocalDecide;
+use super::decide::{LocalDecide, Parameters};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
@@ -317,10 +317,6 @@ pub(crate) struct AdvertisedLimit {
     pub(crate) policy: RateLimitPolicy,
     pub(crate) capacity: u64,
 }
-
-/// A limiter's parameters as the fields describe them: its quota, its window and its
-/// capacity ([`Limiter::quota`], [`Limiter::window`], [`Limiter::capacity`]).
-pub(crate) type Parameters = (u64, Duration, u64);
 
 /// The limit a layer advertises now, with its `RateLimit-Policy` value formatted, and the
 /// limiter's parameters it was formatted from.
