@@ -27,12 +27,12 @@
 //! oldest kept, and an idle key, the usual case, needs no conversion at all).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use overload_core::ConfigError;
 use overload_core::clock::Clock;
+use overload_core::sync::{AtomicU64, Ordering};
 
 use super::gcra::{TokenBucket, TokenBucketState};
 use super::limiter::{Decision, Limiter, QuotaStatus};
@@ -221,6 +221,9 @@ impl LiveTokenBucket {
             }
             if seen == CONVERTING || seen > snap.generation {
                 // Another request converts it, or converted it to a newer snapshot.
+                #[cfg(loom)]
+                loom::hint::spin_loop();
+                #[cfg(not(loom))]
                 std::hint::spin_loop();
                 continue;
             }
@@ -389,3 +392,7 @@ impl TokenBucketHandle {
 #[cfg(test)]
 #[path = "live_tests.rs"]
 mod tests;
+
+#[cfg(all(test, loom))]
+#[path = "live_loom_tests.rs"]
+mod loom_tests;
