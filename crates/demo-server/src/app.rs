@@ -15,6 +15,7 @@ use metrics_exporter_prometheus::PrometheusHandle;
 use overload_signal::criticality;
 use overload_signal::protocol::{Criticality, Protocol, is_stop_signal, stop_signal_response};
 use overload_signal::{DeadlineLayer, OverloadSignalLayer, is_overloaded};
+use ratelimit_layer::limits_file::LimitsLayer;
 use ratelimit_layer::{AdaptiveLimitLayer, OverloadProtectionLayer, RateLimitLayer, Remote};
 use tower::util::MapResponseLayer;
 
@@ -165,7 +166,8 @@ pub enum Stack {
 }
 
 /// The rate limiter of [`Stack::Full`]: a [`RateLimitLayer`] decided in this process (what
-/// the README composes), or one kept in Redis (`demo-server --redis-url`).
+/// the README composes), one kept in Redis (`demo-server --redis-url`), or the limits of a
+/// file, per route and tenant, reloaded while serving (`demo-server --limits`).
 ///
 /// Both convert with `.into()`:
 ///
@@ -187,6 +189,15 @@ pub enum FullRateLimit {
     /// A limit kept in Redis, decided there after a round trip (its local share while Redis
     /// is away).
     Redis(RateLimitLayer<Remote>),
+    /// A limit per entry of a limits file, decided in this process, changed when the file
+    /// changes.
+    File(LimitsLayer),
+}
+
+impl From<LimitsLayer> for FullRateLimit {
+    fn from(layer: LimitsLayer) -> Self {
+        Self::File(layer)
+    }
 }
 
 impl From<RateLimitLayer> for FullRateLimit {
@@ -450,6 +461,17 @@ pub fn app(config: AppConfig) -> Router {
         } => get(api).layer::<_, Infallible>((
             record,
             OverloadProtectionLayer::builder(rate_limit)
+                .signal(overload)
+                .deadline(deadline)
+                .build()
+                .expect("the demo sets no proxies twice"),
+        )),
+        Stack::Full {
+            overload,
+            rate_limit: FullRateLimit::File(limits),
+        } => get(api).layer::<_, Infallible>((
+            record,
+            OverloadProtectionLayer::builder(limits)
                 .signal(overload)
                 .deadline(deadline)
                 .build()

@@ -144,6 +144,25 @@ fn bad_flags_exit_with_usage_errors() {
         );
     }
 
+    // A limits file with an error: the server does not start, and says where.
+    let limits = std::env::temp_dir().join(format!("binary-limits-{}.toml", std::process::id()));
+    std::fs::write(&limits, "[default]\nrate = 10\nburst = 0\n").unwrap();
+    let out = Command::new(BIN)
+        .args(["--listen", "127.0.0.1:0", "--limits"])
+        .arg(&limits)
+        .output()
+        .unwrap();
+    let _ = std::fs::remove_file(&limits);
+    assert_eq!(out.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        stderr.contains(&format!(
+            "--limits: {}:3:9: [default]: burst must be at least 1, got 0",
+            limits.display()
+        )),
+        "{stderr}"
+    );
+
     let help = Command::new(BIN).arg("--help").output().unwrap();
     assert!(help.status.success());
     let text = String::from_utf8_lossy(&help.stdout);
@@ -161,6 +180,7 @@ fn bad_flags_exit_with_usage_errors() {
         "--header-read-timeout",
         "--max-connections",
         "--max-downstream-body",
+        "--limits",
     ] {
         assert!(text.contains(flag), "{flag} missing from --help");
     }

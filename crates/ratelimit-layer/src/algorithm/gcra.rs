@@ -1,6 +1,8 @@
 //! The token bucket, as the generic cell rate algorithm (GCRA) on one atomic word.
 
-use std::sync::atomic::{AtomicU64, Ordering};
+// NOTE: the crate's `sync` shim: loom's atomics under `cfg(loom)`, so that the model of
+// `LiveTokenBucket` (which converts this word) checks the code that ships.
+use overload_core::sync::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use overload_core::ConfigError;

@@ -27,12 +27,12 @@
 //! oldest kept, and an idle key, the usual case, needs no conversion at all).
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use arc_swap::ArcSwap;
 use overload_core::ConfigError;
 use overload_core::clock::Clock;
+use overload_core::sync::{AtomicU64, Ordering};
 
 use super::gcra::{TokenBucket, TokenBucketState};
 use super::limiter::{Decision, Limiter, QuotaStatus};
@@ -44,9 +44,16 @@ pub const HISTORY: usize = 16;
 /// compare-and-swap).
 const CONVERTING: u64 = u64::MAX;
 
-/// The carry-over rule (see the [module docs](self)): `tat`, written under `old`, as the
-/// theoretical arrival time under `new` from the change instant `at` (nanoseconds of the
-/// limiter's clock).
+/// The carry-over rule: `tat`, written under `old`, as the theoretical arrival time under
+/// `new` from the change instant `at` (nanoseconds of the limiter's clock).
+///
+/// A key's backlog `d = max(0, TAT − at)` is `d / T` units in use (`T` the emission
+/// interval). At a change from (`T`, `B`) to (`T'`, `B'`) the units in use are kept, up to
+/// the new burst: `d' = min(d × T' / T, B' × T')` (rounded down) and `TAT' = at + d'`; a key
+/// idle at `at` is left as it is. So after the change the key has exactly the units free
+/// that the new limit would leave it having had the same units in use: nothing the new
+/// limit admits is rejected, and from `at` on at most `B' + L / T'` units are admitted in
+/// any interval of length `L` (a lowered rate admits no burst).
 ///
 /// ```
 /// use ratelimit_layer::algorithm::carry_over;
@@ -109,7 +116,7 @@ impl Snapshot {
 }
 
 /// A [`TokenBucket`] whose rate and burst a [`TokenBucketHandle`] changes while it serves,
-/// carrying every key's state over by the rule of the [module docs](self). It is a
+/// carrying every key's state over by the rule of [`carry_over`]. It is a
 /// [`Limiter`]: a layer or a keyed map uses it as it would a [`TokenBucket`].
 ///
 /// The parameters are one `Arc` swapped lock-free ([`arc_swap`]); a request reads them
@@ -214,6 +221,9 @@ impl LiveTokenBucket {
             }
             if seen == CONVERTING || seen > snap.generation {
                 // Another request converts it, or converted it to a newer snapshot.
+                #[cfg(loom)]
+                loom::hint::spin_loop();
+                #[cfg(not(loom))]
                 std::hint::spin_loop();
                 continue;
             }
@@ -382,3 +392,7 @@ impl TokenBucketHandle {
 #[cfg(test)]
 #[path = "live_tests.rs"]
 mod tests;
+
+#[cfg(all(test, loom))]
+#[path = "live_loom_tests.rs"]
+mod loom_tests;

@@ -11,17 +11,53 @@ use serde::Deserialize;
 use toml::Spanned;
 
 use crate::algorithm::TokenBucket;
+use crate::config::KeyBy;
 
-/// The limits a file sets, validated: a [`TokenBucket`] for the default, each route and
-/// each tenant.
+/// The limits a file sets, validated: a [`EntryLimit`] for the default, each route and each
+/// tenant.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct Limits {
-    default: TokenBucket,
-    exact: BTreeMap<String, TokenBucket>,
+    default: EntryLimit,
+    exact: BTreeMap<String, EntryLimit>,
     /// Longest first.
-    prefixes: Vec<(String, TokenBucket)>,
+    prefixes: Vec<(String, EntryLimit)>,
     tenant_header: Option<HeaderName>,
-    tenants: BTreeMap<String, TokenBucket>,
+    tenants: BTreeMap<String, EntryLimit>,
+}
+
+/// One limit of the file: its token bucket, and what it limits separately.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub struct EntryLimit {
+    /// The rate, period and burst.
+    pub bucket: TokenBucket,
+    /// What is limited separately: each client IP address ([`KeyBy::Ip`], the default of
+    /// `[default]` and of the routes) or all the entry's requests together
+    /// ([`KeyBy::Global`], the default of a tenant: one bucket per tenant).
+    pub key: KeyBy,
+}
+
+/// Which entry of the file a request's limit comes from.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub enum EntryId<'a> {
+    /// `[default]`.
+    Default,
+    /// The `[[route]]` with `exact` this path.
+    Exact(&'a str),
+    /// The `[[route]]` with `prefix` this prefix.
+    Prefix(&'a str),
+    /// `[tenant.<name>]`.
+    Tenant(&'a str),
+}
+
+impl fmt::Display for EntryId<'_> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Self::Default => f.write_str("default"),
+            Self::Exact(path) => write!(f, "route exact {path:?}"),
+            Self::Prefix(prefix) => write!(f, "route prefix {prefix:?}"),
+            Self::Tenant(tenant) => write!(f, "tenant {tenant:?}"),
+        }
+    }
 }
 
 /// Why a limits file was refused: where (`path:line:column`) and what is wrong.
@@ -83,6 +119,7 @@ struct LimitDoc {
     rate: Spanned<u32>,
     period: Option<Spanned<String>>,
     burst: Option<Spanned<u32>>,
+    key: Option<Spanned<String>>,
 }
 
 #[derive(Deserialize)]
@@ -93,6 +130,7 @@ struct RouteDoc {
     rate: Spanned<u32>,
     period: Option<Spanned<String>>,
     burst: Option<Spanned<u32>>,
+    key: Option<Spanned<String>>,
 }
 
 impl Limits {
@@ -129,7 +167,8 @@ impl Limits {
         let bucket = |what: &str,
                       rate: &Spanned<u32>,
                       period: Option<&Spanned<String>>,
-                      burst: Option<&Spanned<u32>>| {
+                      burst: Option<&Spanned<u32>>|
+         -> Result<TokenBucket, LimitsFileError> {
             let period_value = match period {
                 None => TokenBucket::DEFAULT_PERIOD,
                 Some(p) => parse_duration(p.get_ref()).ok_or_else(|| {
@@ -155,11 +194,29 @@ impl Limits {
                 err(Some(span), format!("{what}: {e}"))
             })
         };
-        let limit = |what: &str, doc: &Spanned<LimitDoc>| {
-            let l = doc.get_ref();
-            bucket(what, &l.rate, l.period.as_ref(), l.burst.as_ref())
+        // What an entry limits separately; an error points at the value.
+        let key_by = |what: &str, key: Option<&Spanned<String>>, default: KeyBy| {
+            match key {
+            None => Ok(default),
+            Some(k) => k.get_ref().parse::<KeyBy>().map_err(|_| {
+                err(
+                    Some(k.span()),
+                    format!(
+                        "{what}: key: {:?} is neither \"ip\" (each client IP address) nor \"global\" (all together)",
+                        k.get_ref()
+                    ),
+                )
+            }),
+        }
         };
-        let default = limit("[default]", &doc.default)?;
+        let limit = |what: &str, doc: &Spanned<LimitDoc>, default: KeyBy| {
+            let l = doc.get_ref();
+            Ok::<_, LimitsFileError>(EntryLimit {
+                bucket: bucket(what, &l.rate, l.period.as_ref(), l.burst.as_ref())?,
+                key: key_by(what, l.key.as_ref(), default)?,
+            })
+        };
+        let default = limit("[default]", &doc.default, KeyBy::Ip)?;
         let mut exact = BTreeMap::new();
         let mut prefixes = Vec::new();
         for route in &doc.route {
@@ -181,7 +238,10 @@ impl Limits {
                     format!("{what}: a route's path must start with '/'"),
                 ));
             }
-            let limit = bucket(&what, &r.rate, r.period.as_ref(), r.burst.as_ref())?;
+            let limit = EntryLimit {
+                bucket: bucket(&what, &r.rate, r.period.as_ref(), r.burst.as_ref())?,
+                key: key_by(&what, r.key.as_ref(), KeyBy::Ip)?,
+            };
             let duplicate = if is_exact {
                 exact.insert(path.clone(), limit).is_some()
             } else if prefixes.iter().any(|(p, _)| p == path) {
@@ -212,7 +272,10 @@ impl Limits {
                     format!("[tenant.{key}]: tenants need `tenant_header`, the header naming them"),
                 ));
             }
-            tenants.insert(key.clone(), limit(&format!("[tenant.{key}]"), doc)?);
+            tenants.insert(
+                key.clone(),
+                limit(&format!("[tenant.{key}]"), doc, KeyBy::Global)?,
+            );
         }
         Ok(Self {
             default,
@@ -232,64 +295,64 @@ impl Limits {
     /// [`tenant_header`](Self::tenant_header)): the tenant's if the file sets one, else the
     /// exact route's, else the longest prefix's, else the default.
     pub fn limit_for(&self, path: &str, tenant: Option<&str>) -> &TokenBucket {
-        if let Some(limit) = tenant.and_then(|t| self.tenants.get(t)) {
-            return limit;
+        &self.entry_for(path, tenant).1.bucket
+    }
+
+    /// The entry a request for `path` from `tenant` takes its limit from, in the order of
+    /// [`limit_for`](Self::limit_for), and its limit.
+    pub fn entry_for<'a>(
+        &'a self,
+        path: &str,
+        tenant: Option<&str>,
+    ) -> (EntryId<'a>, &'a EntryLimit) {
+        if let Some((name, limit)) = tenant.and_then(|t| self.tenants.get_key_value(t)) {
+            return (EntryId::Tenant(name), limit);
         }
-        if let Some(limit) = self.exact.get(path) {
-            return limit;
+        if let Some((exact, limit)) = self.exact.get_key_value(path) {
+            return (EntryId::Exact(exact), limit);
         }
         self.prefixes
             .iter()
             .find(|(prefix, _)| path.starts_with(prefix.as_str()))
-            .map_or(&self.default, |(_, limit)| limit)
+            .map_or((EntryId::Default, &self.default), |(prefix, limit)| {
+                (EntryId::Prefix(prefix), limit)
+            })
+    }
+
+    /// Every entry of the file with its limit: the default, the exact routes, the prefixes
+    /// (longest first) and the tenants.
+    pub fn entries(&self) -> impl Iterator<Item = (EntryId<'_>, &EntryLimit)> {
+        std::iter::once((EntryId::Default, &self.default))
+            .chain(self.exact.iter().map(|(p, l)| (EntryId::Exact(p), l)))
+            .chain(self.prefixes.iter().map(|(p, l)| (EntryId::Prefix(p), l)))
+            .chain(self.tenants.iter().map(|(t, l)| (EntryId::Tenant(t), l)))
     }
 
     /// What differs from `self` to `new`, one line per limit, for the reload's log.
     pub fn changes(&self, new: &Self) -> Vec<String> {
-        let mut out = Vec::new();
-        let show = |b: &TokenBucket| format!("{}/{:?} burst {}", b.rate(), b.period(), b.burst());
-        let mut diff =
-            |what: String, old: Option<&TokenBucket>, new: Option<&TokenBucket>| match (old, new) {
-                (Some(o), Some(n)) if o != n => {
-                    out.push(format!("{what}: {} -> {}", show(o), show(n)));
-                }
-                (Some(o), None) => out.push(format!("{what}: {} removed", show(o))),
-                (None, Some(n)) => out.push(format!("{what}: {} added", show(n))),
-                _ => {}
+        let show = |l: &EntryLimit| {
+            let b = &l.bucket;
+            let key = match l.key {
+                KeyBy::Ip => "",
+                KeyBy::Global => ", global",
             };
-        diff("default".into(), Some(&self.default), Some(&new.default));
-        let union = |a: Vec<&String>, b: Vec<&String>| {
-            let mut all: Vec<String> = a.into_iter().chain(b).cloned().collect();
-            all.sort();
-            all.dedup();
-            all
+            format!("{}/{:?} burst {}{key}", b.rate(), b.period(), b.burst())
         };
-        for p in union(self.exact.keys().collect(), new.exact.keys().collect()) {
-            diff(
-                format!("route exact {p:?}"),
-                self.exact.get(&p),
-                new.exact.get(&p),
-            );
-        }
-        let find = |v: &[(String, TokenBucket)], p: &str| {
-            v.iter().find(|(q, _)| q == p).map(|(_, b)| b.clone())
-        };
-        for p in union(
-            self.prefixes.iter().map(|(p, _)| p).collect(),
-            new.prefixes.iter().map(|(p, _)| p).collect(),
-        ) {
-            diff(
-                format!("route prefix {p:?}"),
-                find(&self.prefixes, &p).as_ref(),
-                find(&new.prefixes, &p).as_ref(),
-            );
-        }
-        for t in union(self.tenants.keys().collect(), new.tenants.keys().collect()) {
-            diff(
-                format!("tenant {t:?}"),
-                self.tenants.get(&t),
-                new.tenants.get(&t),
-            );
+        let old: BTreeMap<EntryId<'_>, &EntryLimit> = self.entries().collect();
+        let next: BTreeMap<EntryId<'_>, &EntryLimit> = new.entries().collect();
+        let mut ids: Vec<EntryId<'_>> = old.keys().chain(next.keys()).copied().collect();
+        ids.sort();
+        ids.dedup();
+        let mut out = Vec::new();
+        for id in ids {
+            match (old.get(&id), next.get(&id)) {
+                (Some(o), Some(n)) if o != n => {
+                    out.push(format!("{id}: {} -> {}", show(o), show(n)));
+                }
+                (Some(o), None) => out.push(format!("{id}: {} removed", show(o))),
+                (None, Some(n)) => out.push(format!("{id}: {} added", show(n))),
+                _ => {}
+            }
         }
         if self.tenant_header != new.tenant_header {
             out.push(format!(

@@ -1,5 +1,16 @@
-//! Limits per route and per tenant from a TOML file, validated whole, and reloaded when it
-//! changes ([`LimitsWatcher`]).
+//! Limits per route and per tenant from a TOML file, validated whole, reloaded when it
+//! changes ([`LimitsWatcher`]), and put in force by a [`LimitsLayer`]:
+//!
+//! ```no_run
+//! # fn main() -> Result<(), Box<dyn std::error::Error>> {
+//! let limits = ratelimit_layer::limits_file::LimitsLayer::from_file("limits.toml", "api")?;
+//! let app: axum::Router = axum::Router::new()
+//!     .route("/api", axum::routing::get(|| async { "hello" }))
+//!     .layer(limits);
+//! # drop(app);
+//! # Ok(())
+//! # }
+//! ```
 //!
 //! # The file
 //!
@@ -12,6 +23,8 @@
 //! rate = 100        # units per period; required, at least 1
 //! period = "1s"     # optional, default "1s"; units ns, us, ms, s, m, h
 //! burst = 100       # optional, default the rate
+//! key = "ip"        # optional: "ip" (each client IP address, the default here and for
+//!                   # routes) or "global" (all the entry's requests together)
 //!
 //! # Routes: `exact` (the whole path) or `prefix` (the path starts with it), one of the two.
 //! # An exact route wins over every prefix; among prefixes the longest wins.
@@ -25,6 +38,7 @@
 //! rate = 1000
 //!
 //! # Tenants, by the value of `tenant_header`. A tenant's limit wins over the routes'.
+//! # A tenant's `key` is "global" unless set: one bucket for all the tenant's requests.
 //! [tenant.acme]
 //! rate = 1000
 //! burst = 200
@@ -56,10 +70,15 @@
 //! # Ok::<(), ratelimit_layer::limits_file::LimitsFileError>(())
 //! ```
 
+mod layer;
 mod limits;
+mod routes;
+mod service;
 mod watch;
 
-pub use limits::{Limits, LimitsFileError};
+pub use layer::{LimitsLayer, LimitsLayerBuilder, LimitsLayerError};
+pub use limits::{EntryId, EntryLimit, Limits, LimitsFileError};
+pub use service::LimitsService;
 pub use watch::{LimitsWatcher, RELOADS_TOTAL, ReloadOutcome, Reloader};
 
 #[cfg(test)]

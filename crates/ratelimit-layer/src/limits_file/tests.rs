@@ -104,6 +104,43 @@ fn a_request_gets_its_tenants_then_its_routes_then_the_default_limit() {
 }
 
 #[test]
+fn each_entry_says_what_it_keys_by_and_which_entry_a_request_takes() {
+    use crate::config::KeyBy;
+    let limits = Limits::parse("limits.toml", FILE).unwrap();
+    // Routes and the default per client IP, tenants global, unless the file says.
+    let key = |path, tenant| {
+        let (id, limit) = limits.entry_for(path, tenant);
+        (id.to_string(), limit.key)
+    };
+    assert_eq!(key("/", None), ("default".to_owned(), KeyBy::Ip));
+    assert_eq!(
+        key("/api/admin/x", None),
+        ("route prefix \"/api/admin/\"".to_owned(), KeyBy::Ip)
+    );
+    assert_eq!(
+        key("/api/health", None),
+        ("route exact \"/api/health\"".to_owned(), KeyBy::Ip)
+    );
+    assert_eq!(
+        key("/", Some("acme")),
+        ("tenant \"acme\"".to_owned(), KeyBy::Global)
+    );
+    assert_eq!(limits.entries().count(), 5);
+    let changed = Limits::parse(
+        "limits.toml",
+        "[default]\nrate = 100\nkey = \"global\"\n[tenant.acme]\nrate = 1\nkey = \"ip\"\n",
+    );
+    // A tenant needs the header; the key is read before that is checked.
+    assert!(changed.is_err());
+    let a = Limits::parse("l.toml", "[default]\nrate = 100\n").unwrap();
+    let b = Limits::parse("l.toml", "[default]\nrate = 100\nkey = \"global\"\n").unwrap();
+    assert_eq!(
+        a.changes(&b),
+        ["default: 100/1s burst 100 -> 100/1s burst 100, global"]
+    );
+}
+
+#[test]
 fn every_error_names_the_line_the_column_and_what_is_wrong() {
     let err = |text: &str| Limits::parse("l.toml", text).unwrap_err().to_string();
     assert_eq!(
@@ -112,7 +149,7 @@ fn every_error_names_the_line_the_column_and_what_is_wrong() {
     );
     assert_eq!(
         err("[default]\nrate = 10\nburts = 3\n"),
-        "l.toml:3:1: unknown field `burts`, expected one of `rate`, `period`, `burst`"
+        "l.toml:3:1: unknown field `burts`, expected one of `rate`, `period`, `burst`, `key`"
     );
     assert_eq!(
         err("[default]\nrate = \"ten\"\n"),
@@ -162,6 +199,10 @@ fn every_error_names_the_line_the_column_and_what_is_wrong() {
     assert_eq!(
         err("tenant_header = \"x tenant\"\n[default]\nrate = 1\n"),
         "l.toml:1:17: tenant_header: \"x tenant\" is not a header name"
+    );
+    assert_eq!(
+        err("[default]\nrate = 1\nkey = \"user\"\n"),
+        "l.toml:3:7: [default]: key: \"user\" is neither \"ip\" (each client IP address) nor \"global\" (all together)"
     );
     let unreadable =
         Limits::load(std::env::temp_dir().join("no-such-limits-file.toml")).unwrap_err();

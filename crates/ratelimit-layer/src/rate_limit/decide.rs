@@ -16,6 +16,10 @@ use crate::key::{KeyExtractor, MissingKey};
 use crate::keyed::{KeyClass, KeyedLimiter};
 use crate::telemetry::KeyedLimitMetrics;
 
+/// A limiter's parameters as the fields describe them: its quota, its window and its
+/// capacity ([`Limiter::quota`], [`Limiter::window`], [`Limiter::capacity`]).
+pub(crate) type Parameters = (u64, Duration, u64);
+
 /// Decides a request: the limiter with its state(s) and key extractor, type-erased.
 pub(crate) trait LocalDecide: Send + Sync + 'static {
     /// The decision, the quota status when a rejection (always) or an admission (when
@@ -49,6 +53,10 @@ pub(crate) trait LocalDecide: Send + Sync + 'static {
 
     /// The limiter's clock, now.
     fn now(&self) -> u64;
+
+    /// The limiter's parameters in force: its quota, window and capacity (a live limiter's
+    /// change while it serves), from which the fields are advertised.
+    fn parameters(&self) -> Parameters;
 
     /// The layer's first request: registers the decision's own metrics.
     fn first_request(&self) {}
@@ -193,6 +201,15 @@ impl<L: Limiter, C: Clock> LocalDecide for GlobalDecider<L, C> {
     fn now(&self) -> u64 {
         self.clock.now()
     }
+
+    fn parameters(&self) -> Parameters {
+        parameters(&self.limiter)
+    }
+}
+
+/// `limiter`'s quota, window and capacity.
+fn parameters<L: Limiter>(limiter: &L) -> Parameters {
+    (limiter.quota(), limiter.window(), limiter.capacity())
 }
 
 /// One limit per key, in a [`KeyedLimiter`], and what to do with a request without one.
@@ -258,6 +275,10 @@ impl<L: Limiter, C: Clock, E: KeyExtractor> LocalDecide for KeyedDecider<L, C, E
 
     fn now(&self) -> u64 {
         self.map.clock().now()
+    }
+
+    fn parameters(&self) -> Parameters {
+        parameters(self.map.limiter())
     }
 
     fn first_request(&self) {

@@ -203,11 +203,14 @@ where
         // NOTE: above the advertised limit's capacity, no wait would let the request in. Only
         // the local share of a limit kept in Redis, deciding while Redis is away, has a
         // capacity below it: a request between the two waits for Redis.
-        Some((Decision::OverCapacity { .. }, _, class)) if u64::from(cost) > state.capacity => {
-            ResponseFuture::answered(too_heavy(state, &parts, class))
-        }
         Some((Decision::OverCapacity { .. }, status, class)) => {
-            ResponseFuture::answered(refuse(state, &parts, Some((state.window, status, class))))
+            let advertised = state.advertised();
+            if u64::from(cost) > advertised.capacity {
+                ResponseFuture::answered(too_heavy(state, &parts, class))
+            } else {
+                let retry_after = advertised.window;
+                ResponseFuture::answered(refuse(state, &parts, Some((retry_after, status, class))))
+            }
         }
         None => ResponseFuture::answered(refuse(state, &parts, None)),
     }
@@ -234,9 +237,10 @@ pub(crate) fn admit(
 /// The `RateLimit-Policy` and `RateLimit` fields of an admitted response.
 #[inline(never)]
 fn admitted_fields(state: &RateLimitState, status: QuotaStatus) -> Box<(HeaderValue, HeaderValue)> {
+    let advertised = state.advertised();
     Box::new((
-        state.policy_header.clone(),
-        state.policy.status(status.remaining, status.reset),
+        advertised.header.clone(),
+        advertised.policy.status(status.remaining, status.reset),
     ))
 }
 
@@ -267,9 +271,9 @@ fn refuse<B: Default>(
     };
     // NOTE: `decide` reads the status for every rejection; a missing one (never expected) is
     // reported as a full window.
-    let status = status.unwrap_or(QuotaStatus {
+    let status = status.unwrap_or_else(|| QuotaStatus {
         remaining: 0,
-        reset: state.window,
+        reset: state.advertised().window,
     });
     state.rejected(class, level, retry_after);
     rejection(state, protocol, retry_after, status, class)
@@ -287,7 +291,7 @@ fn too_heavy<B: Default>(state: &RateLimitState, parts: &Parts, class: KeyClass)
         name = %state.name(),
         key_class = class.as_str(),
         criticality = level.as_str(),
-        capacity = state.capacity,
+        capacity = state.advertised().capacity,
         decision = RejectionKind::ExceedsCapacity.as_str(),
         "request cost exceeds the limit's capacity"
     );

@@ -17,7 +17,7 @@ mod layer;
 #[cfg(feature = "redis")]
 pub(crate) mod remote_decision;
 mod response;
-mod service;
+pub(crate) mod service;
 pub(crate) mod state;
 
 pub use layer::{RateLimitBuilder, RateLimitLayer};

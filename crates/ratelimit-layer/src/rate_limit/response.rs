@@ -24,11 +24,12 @@ pub(super) fn rejection<B: Default>(
     class: KeyClass,
 ) -> Response<B> {
     let mut response = too_many_requests_response(protocol, retry_after);
+    let advertised = state.advertised();
     let headers = response.headers_mut();
-    headers.insert(RATELIMIT_POLICY, state.policy_header.clone());
+    headers.insert(RATELIMIT_POLICY, advertised.header.clone());
     headers.insert(
         RATELIMIT,
-        state.policy.status(status.remaining, status.reset),
+        advertised.policy.status(status.remaining, status.reset),
     );
     // NOTE: the marker makes this a limiter's rejection, the only kind an overload layer
     // outside may turn into the stop signal. A keyed one concerns this client's own quota,
@@ -60,7 +61,7 @@ pub(super) fn exceeds_capacity<B: Default>(
     let mut response = exceeds_capacity_response(protocol);
     response
         .headers_mut()
-        .insert(RATELIMIT_POLICY, state.policy_header.clone());
+        .insert(RATELIMIT_POLICY, state.advertised().header.clone());
     response.extensions_mut().insert(
         Rejection::new(RejectionKind::ExceedsCapacity, RejectionScope::Caller)
             .with_layer(state.name().clone()),

@@ -106,25 +106,41 @@ where
     }
 
     fn call(&mut self, request: Request<ReqBody>) -> Self::Future {
-        self.state.on_request();
-        let state = &*self.state;
-        let level = Criticality::of(request.extensions());
-        if let Some((cost, decided)) = state.decide_unread(level) {
-            // NOTE: a limit that reads nothing of the request decides it whole: taking it
-            // apart and putting it back together would copy it twice. The admitted path in
-            // one expression, so that the inner service's future is built where it stays.
-            if let (Decision::Allow, status, _) = decided {
-                let fields = admit(state, status, level);
-                return ResponseFuture::admitted(self.inner.call(request), fields);
-            }
-            let (parts, body) = request.into_parts();
-            return respond(state, &mut self.inner, parts, body, cost, Some(decided));
+        call_local(&self.state, &mut self.inner, request)
+    }
+}
+
+/// What a [`Local`] limit with `state` does with `request` in front of `inner`: decides it
+/// and calls `inner` if it is admitted. Also the call of each limit of a
+/// [`LimitsLayer`](crate::limits_file::LimitsLayer).
+#[inline]
+pub(crate) fn call_local<S, ReqBody, ResBody>(
+    state: &Arc<RateLimitState>,
+    inner: &mut S,
+    request: Request<ReqBody>,
+) -> ResponseFuture<S::Future, ResBody>
+where
+    S: Service<Request<ReqBody>, Response = Response<ResBody>>,
+    ResBody: Default,
+{
+    state.on_request();
+    let state = &**state;
+    let level = Criticality::of(request.extensions());
+    if let Some((cost, decided)) = state.decide_unread(level) {
+        // NOTE: a limit that reads nothing of the request decides it whole: taking it
+        // apart and putting it back together would copy it twice. The admitted path in
+        // one expression, so that the inner service's future is built where it stays.
+        if let (Decision::Allow, status, _) = decided {
+            let fields = admit(state, status, level);
+            return ResponseFuture::admitted(inner.call(request), fields);
         }
         let (parts, body) = request.into_parts();
-        let cost = state.cost(&parts);
-        let decided = state.decide(&parts, cost);
-        respond(state, &mut self.inner, parts, body, cost, decided)
+        return respond(state, inner, parts, body, cost, Some(decided));
     }
+    let (parts, body) = request.into_parts();
+    let cost = state.cost(&parts);
+    let decided = state.decide(&parts, cost);
+    respond(state, inner, parts, body, cost, decided)
 }
 
 #[cfg(feature = "redis")]

@@ -6,6 +6,7 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use arc_swap::{ArcSwap, Guard};
 use http::HeaderValue;
 use http::request::Parts;
 use overload_core::sync::StripedCounter;
@@ -14,7 +15,7 @@ use overload_core::{ConfigError, ConfigErrorKind};
 use overload_signal::protocol::{Criticality, RateLimitPolicy};
 use overload_signal::signal::RejectionKind;
 
-use super::decide::LocalDecide;
+use super::decide::{LocalDecide, Parameters};
 #[cfg(feature = "redis")]
 use super::remote_decision::RemoteDecide;
 use crate::algorithm::{Decision, Limiter, QuotaStatus};
@@ -41,16 +42,15 @@ pub(crate) struct RateLimitState {
     /// (a fixed cost, one limit for every request, no remote decider): such a request is
     /// decided without being taken apart ([`decide_unread`](Self::decide_unread)).
     unread_cost: Option<u32>,
-    pub(crate) policy: RateLimitPolicy,
-    /// The largest cost the advertised limit admits: a request above it is answered `413`.
-    pub(crate) capacity: u64,
-    /// The `RateLimit-Policy` value, formatted once: it never changes.
-    pub(crate) policy_header: HeaderValue,
+    /// The limit advertised and answered for, formatted once per set of parameters: a live
+    /// limiter's ([`LiveTokenBucket`](crate::algorithm::LiveTokenBucket),
+    /// [`LiveWindow`](crate::algorithm::LiveWindow)) is formatted again after each change
+    /// (see [`advertised`](Self::advertised)).
+    advertised: ArcSwap<Advertised>,
+    /// Whether [`advertised`](Self::advertised) follows the local limiter's parameters:
+    /// `false` for a limit kept in Redis, which advertises the fleet's.
+    follows_limiter: bool,
     pub(crate) admitted_headers: bool,
-    /// The limiter's window: the `Retry-After` of a request above the capacity of the local
-    /// share of a limit kept in Redis (but not above the limit's own), and the reset of a
-    /// rejection without a status.
-    pub(crate) window: Duration,
     pub(crate) metrics: LazyMetrics<RateLimitMetrics>,
     /// The limit rejecting: begun by a rejection, over after `quiet` without one.
     engaged: Episode,
@@ -82,15 +82,14 @@ impl RateLimitState {
             RequestCost::Fixed(cost) if !decide.reads_request() => Some(cost),
             _ => None,
         };
+        let advertised = Advertised::new(decide.parameters(), limit, window);
         Self {
             decide,
             cost,
             unread_cost,
-            policy_header: limit.policy.to_header_value(),
-            policy: limit.policy,
-            capacity: limit.capacity,
+            advertised: ArcSwap::from_pointee(advertised),
+            follows_limiter: true,
             admitted_headers,
-            window,
             metrics: LazyMetrics::new(name),
             engaged: Episode::new(),
             quiet,
@@ -113,6 +112,33 @@ impl RateLimitState {
             RequestCost::Fixed(cost) => *cost,
             RequestCost::By(f) => f(parts),
         }
+    }
+
+    /// The limit advertised (`RateLimit-Policy`) and answered for (the capacity above which a
+    /// request is `413`), as of the limiter's parameters now.
+    ///
+    /// NOTE: only responses that carry the fields, and the `413` check, read it: one call to
+    /// the decision for the parameters and one atomic load while they stay the same; it is
+    /// formatted again (once, by whichever response sees the change first) when a live
+    /// limiter's parameters changed.
+    pub(crate) fn advertised(&self) -> Guard<Arc<Advertised>> {
+        let current = self.advertised.load();
+        if !self.follows_limiter {
+            return current;
+        }
+        let parameters = self.decide.parameters();
+        if parameters == current.parameters {
+            return current;
+        }
+        let (quota, window, capacity) = parameters;
+        // NOTE: the name was valid when the layer was built, so this cannot fail; if it did,
+        // the fields in force stay.
+        let Ok(limit) = advertise(self.name(), quota, window, capacity) else {
+            return current;
+        };
+        self.advertised
+            .store(Arc::new(Advertised::new(parameters, limit, window)));
+        self.advertised.load()
     }
 
     /// The local decision; see [`LocalDecide::decide`].
@@ -215,12 +241,13 @@ impl RateLimitState {
 
     #[cold]
     fn engage(&self, class: KeyClass, retry_after: Duration) {
+        let advertised = self.advertised();
         tracing::warn!(
             name = %self.name(),
             key_class = class.as_str(),
             ?retry_after,
-            quota = self.policy.quota(),
-            window = ?self.policy.window(),
+            quota = advertised.policy.quota(),
+            window = ?advertised.policy.window(),
             "rate limit engaged: rejecting requests above the limit (logged once; `INFO` \
              once no request has been rejected for {:?})",
             self.quiet
@@ -250,10 +277,9 @@ impl RateLimitState {
         limit: AdvertisedLimit,
         window: Duration,
     ) -> Self {
-        self.policy_header = limit.policy.to_header_value();
-        self.policy = limit.policy;
-        self.capacity = limit.capacity;
-        self.window = window;
+        let parameters = self.advertised.load().parameters;
+        self.advertised = ArcSwap::from_pointee(Advertised::new(parameters, limit, window));
+        self.follows_limiter = false;
         // NOTE: the remote decider reads the request.
         self.unread_cost = None;
         self.remote = Some(remote);
@@ -278,7 +304,7 @@ impl fmt::Debug for RateLimitState {
         };
         let mut d = f.debug_struct("RateLimitState");
         d.field("name", self.name())
-            .field("policy", &self.policy)
+            .field("policy", &self.advertised.load().policy)
             .field("cost", cost)
             .field("admitted_headers", &self.admitted_headers)
             .field("engaged", &self.engaged.is_active());
@@ -297,6 +323,34 @@ pub(crate) struct AdvertisedLimit {
     pub(crate) capacity: u64,
 }
 
+/// The limit a layer advertises now, with its `RateLimit-Policy` value formatted, and the
+/// limiter's parameters it was formatted from.
+#[derive(Debug)]
+pub(crate) struct Advertised {
+    parameters: Parameters,
+    pub(crate) policy: RateLimitPolicy,
+    /// The largest cost the advertised limit admits: a request above it is answered `413`.
+    pub(crate) capacity: u64,
+    /// The `RateLimit-Policy` value.
+    pub(crate) header: HeaderValue,
+    /// The limiter's window: the `Retry-After` of a request above the capacity of the local
+    /// share of a limit kept in Redis (but not above the limit's own), and the reset of a
+    /// rejection without a status.
+    pub(crate) window: Duration,
+}
+
+impl Advertised {
+    fn new(parameters: Parameters, limit: AdvertisedLimit, window: Duration) -> Self {
+        Self {
+            parameters,
+            header: limit.policy.to_header_value(),
+            policy: limit.policy,
+            capacity: limit.capacity,
+            window,
+        }
+    }
+}
+
 /// The limit `limiter` advertises under the layer's `name`, its `RateLimit-Policy` formatted
 /// once. The name is a valid structured field string whenever it is a valid [`LayerName`].
 ///
@@ -308,13 +362,20 @@ pub(crate) fn rate_limit_policy<L: Limiter>(
     name: &LayerName,
     limiter: &L,
 ) -> Result<AdvertisedLimit, ConfigError> {
-    let (quota, window) = policy_window(limiter.quota(), limiter.window(), limiter.capacity());
+    advertise(name, limiter.quota(), limiter.window(), limiter.capacity())
+}
+
+/// What [`rate_limit_policy`] advertises for a limiter of these parameters.
+fn advertise(
+    name: &LayerName,
+    quota: u64,
+    window: Duration,
+    capacity: u64,
+) -> Result<AdvertisedLimit, ConfigError> {
+    let (quota, window) = policy_window(quota, window, capacity);
     let policy = RateLimitPolicy::new(name.as_str(), quota, window)
         .map_err(|e| ConfigError::new("name", ConfigErrorKind::Invalid, e))?;
-    Ok(AdvertisedLimit {
-        policy,
-        capacity: limiter.capacity(),
-    })
+    Ok(AdvertisedLimit { policy, capacity })
 }
 
 /// The `q` and `w` of a limiter that admits `quota` units per `window` (its rate) and holds

@@ -25,6 +25,7 @@ mod decided_whole;
 mod in_axum;
 mod in_tonic;
 mod layer;
+mod limits_layer;
 mod live_limits;
 mod peer_addr;
 mod properties;

@@ -18,6 +18,7 @@ use overload_signal::{DeadlineLayer, OverloadSignalLayer};
 use ratelimit_layer::AdaptiveLimitLayer;
 use ratelimit_layer::config::{Algorithm, KeyBy, RateLimitConfig, RedisConfig};
 use ratelimit_layer::key::{ClientIp, ForwardedHeader, IpNet, TrustedProxies};
+use ratelimit_layer::limits_file::LimitsLayer;
 use ratelimit_layer::redis::RedisStore;
 
 #[cfg(test)]
@@ -42,6 +43,12 @@ the model: above --rate-limit requests are rejected at once with 429 Too Many Re
 Retry-After and the IETF RateLimit fields; when more than 5% of the last 10 seconds' requests
 were retries (the X-Request-Attempt header), rejections become 503 with
 X-Overloaded: stop-retrying.
+With --limits FILE, the limits of a TOML file (a default, per route, per tenant; see
+ratelimit_layer::limits_file) take the place of --rate-limit in --stack full, each entry a
+token bucket per client IP (or global), reloaded while serving when the file changes: a
+change is in force within a second, each kept limit keeping its clients' state; a file with
+an error is refused whole, logged at WARN with its line and column, and the limits in force
+stay. A bad file at startup is an error.
 --stack adaptive puts the overload-signal layer in front of an adaptive concurrency limit
 instead: no rate configured, it finds the model's capacity from its latency and rejects above
 it with 503 Service Unavailable and Retry-After. Both stacks have the deadline layer between
@@ -73,6 +80,9 @@ Examples:
   demo-server --listen 127.0.0.1:8071 --downstream http://127.0.0.1:8070/api
                                                a tier that calls the next one
   oha -z 10s -q 1000 http://127.0.0.1:8070/api see the limiter reject
+  demo-server --model instant --limits limits.toml
+                                               limits per route and tenant, reloaded when
+                                               limits.toml changes
   demo-server --model instant --rate-limit 300 --redis-url redis://127.0.0.1:6379 \\
       --redis-local-share 0.33 --listen 127.0.0.1:8071
                                                one of three servers sharing 300 req/s
@@ -122,6 +132,18 @@ pub(crate) struct Cli {
     /// Rate limiting algorithm.
     #[arg(long, default_value_t = Algorithm::TokenBucket, value_parser = algorithm_parser())]
     algorithm: Algorithm,
+
+    /// Limits per route and per tenant from this TOML file, in place of --rate-limit (which,
+    /// with --burst, --algorithm, --key and --redis-url, it excludes), with --stack full;
+    /// the file is looked at every 250 ms and a change is in force within a second. A file
+    /// with an error is refused whole: at startup the server does not start (the error
+    /// names path:line:column); later the limits in force stay and the reason is logged.
+    #[arg(
+        long,
+        value_name = "FILE",
+        conflicts_with_all = ["rate_limit", "burst", "algorithm", "key", "redis_url"]
+    )]
+    limits: Option<std::path::PathBuf>,
 
     /// What the rate limit applies to: all requests together, or each client IP address.
     #[arg(long, default_value_t = KeyBy::Global, value_parser = key_parser())]
@@ -449,15 +471,25 @@ impl Cli {
                     .unwrap_or_default()
             ));
         }
+        if self.limits.is_some() && self.stack != StackArg::Full {
+            return Err("--limits sets the rate limits of --stack full".to_owned());
+        }
         let overload = self.overload_layer()?;
         let stack = match self.stack {
             StackArg::None => Stack::None,
             StackArg::Deadline => Stack::Deadline,
             StackArg::Full => Stack::Full {
                 overload,
-                rate_limit: match &redis {
-                    None => self.rate_limit_config().layer().map(Into::into),
-                    Some(redis) => self.rate_limit_config().redis_layer(redis).map(Into::into),
+                rate_limit: match (&self.limits, &redis) {
+                    (Some(path), _) => Ok(LimitsLayer::builder()
+                        .client_ip(ClientIp::new())
+                        .watch(path)
+                        .map_err(|e| format!("--limits: {e}"))?
+                        .into()),
+                    (None, None) => self.rate_limit_config().layer().map(Into::into),
+                    (None, Some(redis)) => {
+                        self.rate_limit_config().redis_layer(redis).map(Into::into)
+                    }
                 }
                 .map_err(|e| e.to_string())?,
             },

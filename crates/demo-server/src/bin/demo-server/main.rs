@@ -35,7 +35,10 @@ fn main() -> ExitCode {
     tracing_subscriber::fmt()
         .with_env_filter(
             tracing_subscriber::EnvFilter::try_from_default_env()
-                .unwrap_or_else(|_| tracing_subscriber::EnvFilter::new("warn")),
+                // NOTE: a reload of the limits file at INFO too: what changed, once.
+                .unwrap_or_else(|_| {
+                    tracing_subscriber::EnvFilter::new("warn,ratelimit_layer::limits_file=info")
+                }),
         )
         .with_writer(std::io::stderr)
         .init();

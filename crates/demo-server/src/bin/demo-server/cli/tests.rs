@@ -559,3 +559,88 @@ fn the_full_stack_decides_in_the_process_without_redis_and_in_redis_with_it() {
         plan.stack
     );
 }
+
+/// A file of its own in the system's temporary directory, removed when dropped.
+struct LimitsFile(std::path::PathBuf);
+
+impl LimitsFile {
+    fn new(name: &str, text: &str) -> Self {
+        let path = std::env::temp_dir().join(format!(
+            "demo-server-limits-{}-{name}.toml",
+            std::process::id()
+        ));
+        std::fs::write(&path, text).unwrap();
+        Self(path)
+    }
+
+    fn arg(&self) -> &str {
+        self.0.to_str().unwrap()
+    }
+}
+
+impl Drop for LimitsFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+#[test]
+fn limits_from_a_file_take_the_place_of_the_rate_limit() {
+    use demo_server::app::FullRateLimit;
+
+    let file = LimitsFile::new(
+        "good",
+        "[default]\nrate = 100\n[[route]]\nexact = \"/api\"\nrate = 7\n",
+    );
+    let plan = parse(&["--limits", file.arg()]).unwrap().plan().unwrap();
+    let Stack::Full {
+        rate_limit: FullRateLimit::File(limits),
+        ..
+    } = &plan.stack
+    else {
+        panic!("{:?}", plan.stack)
+    };
+    assert_eq!(limits.current().limit_for("/api", None).rate(), 7);
+    // The flags of the single limit, and Redis, are refused beside it.
+    for other in [
+        &["--rate-limit", "10"][..],
+        &["--burst", "10"],
+        &["--algorithm", "fixed-window"],
+        &["--key", "ip"],
+        &["--redis-url", "redis://127.0.0.1:6390"],
+    ] {
+        let mut args = vec!["--limits", file.arg()];
+        args.extend_from_slice(other);
+        let err = parse(&args).unwrap_err().to_string();
+        assert!(err.contains("cannot be used with"), "{other:?}: {err}");
+    }
+    let err = parse(&["--limits", file.arg(), "--stack", "adaptive"])
+        .unwrap()
+        .plan()
+        .err()
+        .unwrap();
+    assert_eq!(err, "--limits sets the rate limits of --stack full");
+}
+
+#[test]
+fn a_bad_limits_file_stops_the_server_with_its_line_and_column() {
+    let file = LimitsFile::new("bad", "[default]\nrate = 100\nburst = -1\n");
+    let err = parse(&["--limits", file.arg()])
+        .unwrap()
+        .plan()
+        .err()
+        .unwrap();
+    assert!(
+        err.starts_with(&format!("--limits: {}:3:9: ", file.arg())),
+        "{err}"
+    );
+    let missing = parse(&["--limits", "/nonexistent/limits.toml"])
+        .unwrap()
+        .plan()
+        .err()
+        .unwrap();
+    assert!(
+        missing.starts_with("--limits: /nonexistent/limits.toml: cannot read: "),
+        "{missing}"
+    );
+}
