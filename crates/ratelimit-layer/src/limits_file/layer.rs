@@ -50,6 +50,13 @@ use crate::rate_limit::RateLimitLayer;
 /// The watcher thread lives as long as the layer: dropping the last clone of the layer and
 /// of the services it made stops it.
 ///
+/// # Metrics
+///
+/// Every entry writes the metrics of a [`RateLimitLayer`] under the layer's one `name`, so
+/// the counters (requests, rejections) add up over the entries. The
+/// `ratelimit_layer_keys` gauge is the exception, a known gap: each entry sets it to its
+/// own count of keys, so it shows one entry's figure at a time, not the sum.
+///
 /// # Examples
 ///
 /// From a file, watched, with the defaults (named `default`, client IP from the
