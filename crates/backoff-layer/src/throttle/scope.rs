@@ -5,7 +5,6 @@ use std::borrow::Cow;
 use std::fmt;
 use std::hash::{BuildHasher, Hash, Hasher};
 
-use foldhash::quality::RandomState;
 use http::Uri;
 use http::request::Parts;
 
@@ -124,14 +123,22 @@ pub(crate) struct DestinationKeys {
     /// Two destinations share a state only if their 64-bit keys collide: about 2^-64 for a
     /// pair; foldhash is only minimally resistant to inputs crafted against it, and nothing
     /// of its seed or its output leaves the process.
-    hasher: RandomState,
+    hasher: KeyHasher,
 }
+
+/// The keys' hasher: seeded at random (see [`DestinationKeys`]); under `cfg(loom)` with a
+/// fixed seed, since a loom model must explore the same interleavings on every run and a
+/// key decides where a destination's slot is probed for.
+#[cfg(not(loom))]
+type KeyHasher = foldhash::quality::RandomState;
+#[cfg(loom)]
+type KeyHasher = foldhash::quality::FixedState;
 
 impl DestinationKeys {
     pub(crate) fn new(scope: ThrottleScope) -> Self {
         Self {
             scope,
-            hasher: RandomState::default(),
+            hasher: KeyHasher::default(),
         }
     }
 
