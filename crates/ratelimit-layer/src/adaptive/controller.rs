@@ -129,6 +129,9 @@ pub(super) struct GradientController {
     /// probe interval.
     next_stale_probe: u64,
     windows_at_min: u32,
+    /// Whether the previous tracking window's gradient was at its floor: only a second
+    /// window there in a row halves the limit without the headroom.
+    previous_at_floor: bool,
     probes: u64,
 }
 
@@ -151,6 +154,7 @@ impl GradientController {
             stale_windows: 0,
             next_stale_probe: 0,
             windows_at_min: 0,
+            previous_at_floor: false,
             probes: 0,
         };
         if controller.baseline.is_some() {
@@ -183,6 +187,11 @@ impl GradientController {
 
     pub(super) fn last_latency(&self) -> Option<u64> {
         self.last_latency
+    }
+
+    /// Whether the current window measures the baseline: a probe, or the first measurement.
+    pub(super) fn measures_baseline(&self) -> bool {
+        matches!(self.phase, ControllerPhase::Probing { .. }) || self.baseline.is_none()
     }
 
     /// How many outcomes the current window needs before it may close: a measurement of the
@@ -244,6 +253,7 @@ impl GradientController {
                 self.doubtful_baseline = false;
                 self.reference = None;
                 self.stale_windows = 0;
+                self.previous_at_floor = false;
                 self.schedule_probe(now);
                 self.windows_at_min = 0;
                 self.update(false)
@@ -424,14 +434,22 @@ impl GradientController {
         // service whose latency is noisy near its knee (M/M/10: a window median of 50
         // exponential service times varies by about 20 %), the limit then swings under the
         // knee and the workers idle (issue 34). It is not added when the gradient is at its
-        // floor (0.5): a limit under a persistently and much slower service then still
-        // halves to its floor (with the headroom it would settle at 4, 0.5 * 4 + sqrt(4)),
-        // where a stale baseline is detected.
-        let headroom = if gradient > GRADIENT_MIN {
-            self.limit.sqrt()
-        } else {
+        // floor (0.5) in two windows in a row: a limit under a persistently and much slower
+        // service then still halves to its floor (with the headroom it would settle at 4,
+        // 0.5 * 4 + sqrt(4)), where a stale baseline is detected. One window there keeps
+        // it: the median of 50 exponential service times is 2 standard errors high about
+        // one window in forty, which read as twice the target would halve a limit sitting a
+        // few requests above an M/M/10's knee (16 to 8) and idle its workers until the
+        // limit grew back (issue 34: 190 to 200 req/s of 200 at 10x, run to run); with the
+        // headroom it falls by a quarter (16 to 12), and a second window confirms a real
+        // collapse.
+        let at_floor = gradient <= GRADIENT_MIN;
+        let headroom = if at_floor && self.previous_at_floor {
             0.0
+        } else {
+            self.limit.sqrt()
         };
+        self.previous_at_floor = at_floor;
         let mut next = gradient * self.limit + headroom;
         // NOTE: a limit that traffic never reached says nothing about the service: growing
         // it then would let a later burst in all at once. Grow only when at least half of

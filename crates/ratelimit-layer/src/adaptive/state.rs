@@ -64,6 +64,20 @@ pub(crate) struct AdaptiveLimitState<C> {
     /// Requests admitted before this time (clock nanoseconds) are not sampled: set when the
     /// limit changes, so that a window measures the limit in force.
     sample_floor: AtomicU64,
+    /// While a window measures the baseline (a probe, or the first measurement): how many
+    /// more admitted requests it samples; 0 otherwise. A measurement samples the first N
+    /// requests *admitted* in it ([`AdmittedRequest::measured`]), however long they take:
+    /// one that took the first N to *complete* read only the quick ones (those still
+    /// running when the N-th completed are the slow ones), so its baseline was low, by
+    /// about 10 % on exponential service times at a probe's concurrency of 7, and the
+    /// limit settled nearer the knee than its target says (issue 34).
+    measure_quota: AtomicU64,
+    /// Whether the window measures the baseline: it samples only measured requests, and
+    /// counts `measure_lost`.
+    measuring: AtomicBool,
+    /// Requests a baseline measurement sampled that ended with no outcome (dropped, left
+    /// out): they count toward closing it, or it would wait for its deadline.
+    measure_lost: AtomicU64,
     /// A request dropped before it completed (an outer timeout fired, the client went away)
     /// after running longer than this (clock nanoseconds: the baseline times the tolerance)
     /// is sampled with the time it ran, a lower bound on its latency; `u64::MAX` while there
@@ -121,6 +135,8 @@ pub(super) struct AdmittedRequest {
     pub(super) started: u64,
     /// The generation it was admitted in (see [`HeldRequests`]).
     pub(super) generation: u64,
+    /// Whether it is one of the requests a baseline measurement samples.
+    pub(super) measured: bool,
 }
 
 impl<C: Clock> AdaptiveLimitState<C> {
@@ -153,6 +169,13 @@ impl<C: Clock> AdaptiveLimitState<C> {
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
             close_by: AtomicU64::new(u64::MAX),
             sample_floor: AtomicU64::new(0),
+            measure_quota: AtomicU64::new(if controller.measures_baseline() {
+                controller.samples_needed()
+            } else {
+                0
+            }),
+            measuring: AtomicBool::new(controller.measures_baseline()),
+            measure_lost: AtomicU64::new(0),
             slow_drop: AtomicU64::new(slow_drop),
             quantile: settings.quantile,
             tolerance: settings.tolerance,
@@ -295,6 +318,12 @@ impl<C: Clock> AdaptiveLimitState<C> {
             .fetch_sub(released.count as usize, Ordering::AcqRel);
         if self.slow_drop.load(Ordering::Relaxed) != u64::MAX {
             self.sampler.record_many(released.age, released.count);
+        } else if self.measuring.load(Ordering::Relaxed) {
+            // NOTE: released requests never complete here: those a baseline measurement
+            // sampled count toward closing it (all of them, measured or not, which at worst
+            // closes it a little early), or it could wait for them for ever.
+            self.measure_lost
+                .fetch_add(released.count, Ordering::Relaxed);
         }
         let metrics = self.metrics.get();
         metrics.held.increment(released.count);
@@ -355,12 +384,15 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 } else {
                     self.metrics.get().admitted[level.rank()].increment(1);
                 }
+                let measured =
+                    self.measure_quota.load(Ordering::Acquire) != 0 && self.take_measured_slot(now);
                 // NOTE: after the in-flight count, never before: the tick takes a released
                 // generation's count off `in_flight`, which must already hold it.
                 let generation = self.held.admit();
                 Some(AdmittedRequest {
                     started: now,
                     generation,
+                    measured,
                 })
             }
             Err(in_flight) => {
@@ -436,7 +468,9 @@ impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
         }
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
-        if admitted.started >= self.sample_floor.load(Ordering::Relaxed) {
+        if admitted.started >= self.sample_floor.load(Ordering::Relaxed)
+            && (admitted.measured || !self.measuring.load(Ordering::Relaxed))
+        {
             let elapsed = now.saturating_sub(admitted.started);
             match completion {
                 Completion::Overloaded => self.sampler.record_failure(),
@@ -444,13 +478,17 @@ impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
                 Completion::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
                     self.sampler.record(elapsed);
                 }
-                Completion::Dropped | Completion::LeftOut => {}
+                Completion::Dropped | Completion::LeftOut => {
+                    if self.measuring.load(Ordering::Relaxed) {
+                        self.measure_lost.fetch_add(1, Ordering::Relaxed);
+                    }
+                }
             }
         }
         // NOTE: checked whatever the outcome, so that a probe whose requests are all
         // dropped (or rejected inside) still ends at its deadline.
         let due = now >= self.close_at.load(Ordering::Relaxed)
-            && self.sampler.outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed);
+            && self.closing_outcomes() >= self.close_after_outcomes.load(Ordering::Relaxed);
         if due {
             self.close_window(now, Close::Due);
         } else if now >= self.close_by.load(Ordering::Relaxed) {
@@ -537,7 +575,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             Close::Due | Close::Deadline => {
                 timed_out
                     || (now >= close_at
-                        && self.sampler.outcomes()
+                        && self.closing_outcomes()
                             >= self.close_after_outcomes.load(Ordering::Relaxed))
             }
             // NOTE: the window the tick found held full, not a fresh one opened since.
@@ -562,7 +600,13 @@ impl<C: Clock> AdaptiveLimitState<C> {
             timed_out,
         };
         let before = controller.limit();
+        let was_probing = matches!(controller.phase(), ControllerPhase::Probing { .. });
         let update = controller.on_window(now, stats);
+        // NOTE: a probe that could read no latency yet (its sampled requests all ended with
+        // no outcome) goes on, within the deadline it started with.
+        let probe_goes_on = was_probing
+            && !update.probe_started
+            && matches!(controller.phase(), ControllerPhase::Probing { .. });
         // NOTE: the next window samples only requests admitted from now on, under the new
         // limit: a request admitted under the previous one measures the previous decision,
         // and counting it makes the limit overshoot (it would see no queue for a whole
@@ -570,6 +614,21 @@ impl<C: Clock> AdaptiveLimitState<C> {
         if update.limit != before || update.probe_started {
             self.sample_floor.store(now, Ordering::Relaxed);
         }
+        // NOTE: a window that measures the baseline samples the first requests admitted in
+        // it, however long they take; the others measure what completes.
+        let measures = controller.measures_baseline();
+        self.measure_lost.store(0, Ordering::Relaxed);
+        self.measuring.store(measures, Ordering::Relaxed);
+        // NOTE: after the floor (`Release`, read `Acquire` by the admission that sees the
+        // quota): an admission that counts toward the quota reads the new floor.
+        self.measure_quota.store(
+            if measures {
+                controller.samples_needed()
+            } else {
+                0
+            },
+            Ordering::Release,
+        );
         self.limit.store(update.limit, Ordering::Relaxed);
         self.slow_drop
             .store(slow_drop(&controller, self.tolerance), Ordering::Relaxed);
@@ -583,10 +642,12 @@ impl<C: Clock> AdaptiveLimitState<C> {
             now.saturating_add(controller.window_nanos()),
             Ordering::Relaxed,
         );
-        let close_by = controller
-            .deadline_nanos()
-            .map_or(u64::MAX, |deadline| now.saturating_add(deadline));
-        self.close_by.store(close_by, Ordering::Relaxed);
+        if !probe_goes_on {
+            let close_by = controller
+                .deadline_nanos()
+                .map_or(u64::MAX, |deadline| now.saturating_add(deadline));
+            self.close_by.store(close_by, Ordering::Relaxed);
+        }
         tracing::trace!(
             limit = update.limit,
             before,
@@ -608,6 +669,26 @@ impl<C: Clock> AdaptiveLimitState<C> {
         if let Some(latency) = stats.latency {
             metrics.latency.set(latency as f64 / 1e9);
         }
+    }
+
+    /// An admission at `now` while a baseline measurement still samples: whether it took
+    /// one of the measurement's slots (and is sampled).
+    #[cold]
+    fn take_measured_slot(&self, now: u64) -> bool {
+        // NOTE: a request admitted before the measurement began is not sampled, and takes
+        // no slot.
+        now >= self.sample_floor.load(Ordering::Relaxed)
+            && self
+                .measure_quota
+                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1))
+                .is_ok()
+    }
+
+    /// What counts toward closing the window: its outcomes, and the requests a baseline
+    /// measurement sampled that ended with none.
+    #[inline]
+    fn closing_outcomes(&self) -> u64 {
+        self.sampler.outcomes() + self.measure_lost.load(Ordering::Relaxed)
     }
 
     /// Outcomes recorded in the current window.

@@ -171,6 +171,71 @@ fn clones_share_one_limit_and_the_fake_clock_measures_latency() {
     );
 }
 
+/// Regression (issue 34): a baseline measurement sampled the first N requests to
+/// *complete*, so the slow ones still running when the N-th completed were left out and the
+/// baseline was low (about 10 % on exponential service times at a probe's concurrency,
+/// enough to settle the limit on an M/M/10's knee and idle its workers). It samples the
+/// first N requests *admitted*: here four requests admitted first take 10, 100, 100 and
+/// 100 ms, and three admitted after them take 2 ms each and complete first. Sampling the
+/// first four to complete read 2 ms; the first four admitted read 100 ms.
+#[test]
+fn a_baseline_measurement_samples_the_first_requests_admitted_not_the_first_to_complete() {
+    use tokio::sync::oneshot;
+    let clock = FakeClock::new();
+    let layer = AdaptiveLimitLayer::builder()
+        .clock(clock.clone())
+        .probe_samples(4)
+        .initial_limit(8)
+        .build()
+        .unwrap();
+    let answers = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let pending = Arc::clone(&answers);
+    let mut service = layer.layer(service_fn(move |_: Request<()>| {
+        let (answer, answered) = oneshot::channel::<()>();
+        pending.lock().unwrap().push(Some(answer));
+        async move {
+            answered.await.unwrap();
+            Ok::<_, Infallible>(Response::new(()))
+        }
+    }));
+    let waker = std::task::Waker::noop();
+    let mut cx = std::task::Context::from_waker(waker);
+    let mut started: Vec<_> = (0..4)
+        .map(|_| Box::pin(service.call(Request::new(()))))
+        .collect();
+    for future in &mut started {
+        assert!(future.as_mut().poll(&mut cx).is_pending());
+    }
+    let answer = |i: usize| {
+        let sender = answers.lock().unwrap()[i].take().expect("answered once");
+        sender.send(()).unwrap();
+    };
+    // The first admitted ends at 10 ms.
+    clock.advance(Duration::from_millis(10));
+    answer(0);
+    assert!(started[0].as_mut().poll(&mut cx).is_ready());
+    // Three quick ones, admitted after the first four, end at once.
+    for i in 4..7 {
+        let mut quick = Box::pin(service.call(Request::new(())));
+        assert!(quick.as_mut().poll(&mut cx).is_pending());
+        clock.advance(Duration::from_millis(2));
+        answer(i);
+        assert!(quick.as_mut().poll(&mut cx).is_ready());
+    }
+    assert_eq!(layer.status().baseline, None, "still measuring");
+    // The three slow ones end at 100 ms.
+    clock.advance(Duration::from_millis(84));
+    for i in 1..4 {
+        answer(i);
+        assert!(started[i].as_mut().poll(&mut cx).is_ready());
+    }
+    let baseline = layer.status().baseline.expect("measured");
+    assert!(
+        baseline.abs_diff(Duration::from_millis(100)) <= Duration::from_millis(8),
+        "{baseline:?}: the first four admitted took 10, 100, 100 and 100 ms"
+    );
+}
+
 /// A limit past its baseline measurement (ten requests of 10 ms), at 50.
 fn tracking_layer() -> AdaptiveLimitLayer {
     AdaptiveLimitLayer::builder()

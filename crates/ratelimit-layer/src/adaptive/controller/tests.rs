@@ -181,7 +181,33 @@ fn settles_where_latency_meets_the_target() {
 fn halves_at_most_per_window_when_latency_explodes() {
     let mut c = tracking(100);
     let u = c.on_window(100 * MS, calm(10_000, 20));
-    assert_eq!(u.limit, 10, "0.5 * 20");
+    assert_eq!(u.limit, 14, "one window at the floor: 0.5 * 20 + sqrt(20)");
+    let u = c.on_window(200 * MS, calm(10_000, 20));
+    assert_eq!(u.limit, 7, "the second in a row: 0.5 * 14.47, no headroom");
+}
+
+/// Regression (issue 34): on an M/M/10 at 10x, a limit sitting a few requests above the
+/// 10 workers (16) met one window whose median was 2 standard errors high (78 ms against a
+/// target of 39: the gradient at its floor) and halved to 8, under the knee: the workers
+/// idled until it grew back, and a 20 s point served 190 to 200 req/s from run to run. One
+/// window at the floor now keeps the `sqrt(L)` headroom (16 to 12, still above the knee);
+/// the next window, at the target again, brings it back, and only two windows at the floor
+/// in a row halve it.
+#[test]
+fn one_window_at_twice_the_target_does_not_halve_a_limit_above_the_knee() {
+    let mut c = tracking(31);
+    // Settle near the knee: 16 in force.
+    c.limit = 16.0;
+    let u = c.on_window(100 * MS, window(78, 16));
+    assert_eq!(u.limit, 12, "0.5 * 16 + sqrt(16)");
+    // The next window is an ordinary one: the limit holds above the knee.
+    let u = c.on_window(400 * MS, window(45, 12));
+    assert!(u.limit >= 12, "{}", u.limit);
+    // Two at the floor in a row: the second halves.
+    c.limit = 16.0;
+    let first = c.on_window(700 * MS, window(78, 16)).limit;
+    let second = c.on_window(1_000 * MS, window(78, first)).limit;
+    assert_eq!((first, second), (12, 6), "12, then 0.5 * 12");
 }
 
 #[test]
@@ -417,7 +443,10 @@ fn a_first_baseline_measured_full_and_rejecting_is_measured_again_at_the_first_o
     assert_eq!(u.limit, 28, "the limit before the probe comes back");
     // With the new target (44 ms), the limit comes down to where the queue is short.
     let u = c.on_window(1_100 * MS, window(100, 28));
-    assert_eq!(u.limit, 14, "halved at most: 0.5 * 27.8");
+    assert_eq!(
+        u.limit, 19,
+        "one window at the gradient's floor: 0.5 * 27.8 + sqrt(27.8)"
+    );
     assert!(!u.probe_started);
     // The probe ended the doubt: overloaded windows (rejecting, above the target) wait for
     // the interval again. M/M/10 in words: 35 ms, plus 5 ms per request queued.
@@ -528,9 +557,12 @@ fn a_window_a_little_above_the_target_holds_the_limit_and_one_far_above_halves_i
     // 156 ms against a target of 125: gradient 0.8, 20 * 0.8 + sqrt(20) = 20.5.
     let u = c.on_window(100 * MS, window(156, 20));
     assert_eq!(u.limit, 20);
-    // 250 ms: gradient 0.5, its floor: halved, no headroom.
+    // 250 ms: gradient 0.5, its floor: cut by a quarter (the headroom kept: one window
+    // there may be noise), then halved by a second in a row, with no headroom.
     let u = c.on_window(200 * MS, window(250, 20));
-    assert_eq!(u.limit, 10);
+    assert_eq!(u.limit, 15, "0.5 * 20.5 + sqrt(20.5) = 14.8");
+    let u = c.on_window(300 * MS, window(250, 15));
+    assert_eq!(u.limit, 7, "0.5 * 14.8");
 }
 
 /// Regression (issue 34, review finding F1): a dependency that doubled the service's
