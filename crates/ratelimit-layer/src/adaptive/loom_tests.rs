@@ -30,7 +30,18 @@ impl Clock for Still {
     }
 }
 
+/// A limit of `limit`, tracking from a seeded baseline: no baseline measurement takes a slot
+/// of its quota at each admission (that race has its own model, on [`measuring`]).
 fn shared(limit: usize) -> AdaptiveLimitState<Still> {
+    state(limit, 1_000, Some(EPOCH))
+}
+
+/// A state measuring its first baseline, which samples the first `samples` admitted.
+fn measuring(limit: usize, samples: u64) -> AdaptiveLimitState<Still> {
+    state(limit, samples, None)
+}
+
+fn state(limit: usize, samples: u64, baseline: Option<u64>) -> AdaptiveLimitState<Still> {
     let settings = AdaptiveSettings {
         initial_limit: limit,
         min_limit: limit,
@@ -41,12 +52,12 @@ fn shared(limit: usize) -> AdaptiveLimitState<Still> {
         tolerance: 1.25,
         probe_interval: Duration::from_secs(60),
         probe_jitter: 0.0,
-        probe_samples: 1_000,
+        probe_samples: samples,
         probe_share: 0.25,
         probe_timeout: Duration::from_secs(5),
         failure_threshold: 0.1,
         backoff: 0.9,
-        baseline: None,
+        baseline,
         seed: 0,
     };
     AdaptiveLimitState::new(
@@ -216,5 +227,28 @@ fn loom_a_racing_sheddable_request_never_takes_the_room_left_for_critical() {
         shared.complete(&first, Completion::Served);
         shared.complete(&critical, Completion::Served);
         assert_eq!(shared.status().in_flight, 0);
+    });
+}
+
+/// Two requests admitted at once while the baseline measurement has one sample left: exactly
+/// one of them is the measured one, whatever the interleaving (the quota is never overdrawn
+/// nor lost).
+#[test]
+fn loom_a_measurement_samples_exactly_its_quota_of_admissions() {
+    model(|| {
+        let state = Arc::new(measuring(2, 1));
+        let other = Arc::clone(&state);
+        let racer = thread::spawn(move || {
+            other
+                .try_admit(Criticality::default())
+                .expect("a limit of 2")
+                .measured
+        });
+        let mine = state
+            .try_admit(Criticality::default())
+            .expect("a limit of 2")
+            .measured;
+        let theirs = racer.join().unwrap();
+        assert!(mine ^ theirs, "measured: {mine}, {theirs}");
     });
 }
