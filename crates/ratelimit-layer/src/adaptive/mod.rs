@@ -450,6 +450,7 @@ mod layer;
 mod levels;
 #[cfg(all(test, loom))]
 mod loom_tests;
+mod measurement;
 mod sampler;
 mod service;
 mod state;

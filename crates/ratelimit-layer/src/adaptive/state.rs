@@ -17,11 +17,9 @@ use overload_signal::protocol::Criticality;
 use super::controller::{
     AdaptiveSettings, AdaptiveWindowStats, ControllerPhase, GradientController,
 };
-use super::held::{
-    HeldRequests, RELEASE_AFTER_MAX, RELEASE_AFTER_MIN, RELEASE_AFTER_TARGETS,
-    RELEASE_AFTER_UNMEASURED, Released,
-};
+use super::held::{HeldRequests, Released};
 use super::levels::Levels;
+use super::measurement::{Measurement, release_after, slow_drop};
 use super::sampler::LatencySampler;
 use crate::telemetry::AdaptiveLimitMetrics;
 
@@ -64,20 +62,8 @@ pub(crate) struct AdaptiveLimitState<C> {
     /// Requests admitted before this time (clock nanoseconds) are not sampled: set when the
     /// limit changes, so that a window measures the limit in force.
     sample_floor: AtomicU64,
-    /// While a window measures the baseline (a probe, or the first measurement): how many
-    /// more admitted requests it samples; 0 otherwise. A measurement samples the first N
-    /// requests *admitted* in it ([`AdmittedRequest::measured`]), however long they take:
-    /// one that took the first N to *complete* read only the quick ones (those still
-    /// running when the N-th completed are the slow ones), so its baseline was low, by
-    /// about 10 % on exponential service times at a probe's concurrency of 7, and the
-    /// limit settled nearer the knee than its target says (issue 34).
-    measure_quota: AtomicU64,
-    /// Whether the window measures the baseline: it samples only measured requests, and
-    /// counts `measure_lost`.
-    measuring: AtomicBool,
-    /// Requests a baseline measurement sampled that ended with no outcome (dropped, left
-    /// out): they count toward closing it, or it would wait for its deadline.
-    measure_lost: AtomicU64,
+    /// The requests a baseline measurement samples.
+    measurement: Measurement,
     /// A request dropped before it completed (an outer timeout fired, the client went away)
     /// after running longer than this (clock nanoseconds: the baseline times the tolerance)
     /// is sampled with the time it ran, a lower bound on its latency; `u64::MAX` while there
@@ -169,13 +155,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
             close_after_outcomes: AtomicU64::new(controller.samples_needed()),
             close_by: AtomicU64::new(u64::MAX),
             sample_floor: AtomicU64::new(0),
-            measure_quota: AtomicU64::new(if controller.measures_baseline() {
-                controller.samples_needed()
-            } else {
-                0
-            }),
-            measuring: AtomicBool::new(controller.measures_baseline()),
-            measure_lost: AtomicU64::new(0),
+            measurement: Measurement::new(&controller),
             slow_drop: AtomicU64::new(slow_drop),
             quantile: settings.quantile,
             tolerance: settings.tolerance,
@@ -318,12 +298,11 @@ impl<C: Clock> AdaptiveLimitState<C> {
             .fetch_sub(released.count as usize, Ordering::AcqRel);
         if self.slow_drop.load(Ordering::Relaxed) != u64::MAX {
             self.sampler.record_many(released.age, released.count);
-        } else if self.measuring.load(Ordering::Relaxed) {
+        } else {
             // NOTE: released requests never complete here: those a baseline measurement
             // sampled count toward closing it (all of them, measured or not, which at worst
             // closes it a little early), or it could wait for them for ever.
-            self.measure_lost
-                .fetch_add(released.count, Ordering::Relaxed);
+            self.measurement.lose(released.count);
         }
         let metrics = self.metrics.get();
         metrics.held.increment(released.count);
@@ -384,8 +363,7 @@ impl<C: Clock> AdaptiveLimitState<C> {
                 } else {
                     self.metrics.get().admitted[level.rank()].increment(1);
                 }
-                let measured =
-                    self.measure_quota.load(Ordering::Acquire) != 0 && self.take_measured_slot(now);
+                let measured = self.measurement.admit(now, &self.sample_floor);
                 // NOTE: after the in-flight count, never before: the tick takes a released
                 // generation's count off `in_flight`, which must already hold it.
                 let generation = self.held.admit();
@@ -469,7 +447,7 @@ impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
         self.in_flight.fetch_sub(1, Ordering::AcqRel);
         let now = self.clock.now();
         if admitted.started >= self.sample_floor.load(Ordering::Relaxed)
-            && (admitted.measured || !self.measuring.load(Ordering::Relaxed))
+            && self.measurement.samples(admitted.measured)
         {
             let elapsed = now.saturating_sub(admitted.started);
             match completion {
@@ -478,11 +456,7 @@ impl<C: Clock> CompleteRequest for AdaptiveLimitState<C> {
                 Completion::Dropped if elapsed > self.slow_drop.load(Ordering::Relaxed) => {
                     self.sampler.record(elapsed);
                 }
-                Completion::Dropped | Completion::LeftOut => {
-                    if self.measuring.load(Ordering::Relaxed) {
-                        self.measure_lost.fetch_add(1, Ordering::Relaxed);
-                    }
-                }
+                Completion::Dropped | Completion::LeftOut => self.measurement.lose(1),
             }
         }
         // NOTE: checked whatever the outcome, so that a probe whose requests are all
@@ -506,39 +480,6 @@ enum Close {
     Deadline,
     /// The tick found it held full while nothing completes: it closes whatever it holds.
     HeldFull,
-}
-
-/// How long a request may be in flight before the tick releases it (clock nanoseconds):
-/// the setting, or ten times the target latency (the baseline times the tolerance) within
-/// 1..=30 s, or 5 s while no baseline is known.
-fn release_after(fixed: Option<u64>, controller: &GradientController, tolerance: f64) -> u64 {
-    if let Some(fixed) = fixed {
-        return fixed;
-    }
-    match controller.baseline() {
-        Some(baseline) => {
-            // Float to integer casts saturate.
-            let bound = (baseline as f64 * tolerance * RELEASE_AFTER_TARGETS) as u64;
-            bound.clamp(
-                saturating_nanos(RELEASE_AFTER_MIN),
-                saturating_nanos(RELEASE_AFTER_MAX),
-            )
-        }
-        None => saturating_nanos(RELEASE_AFTER_UNMEASURED),
-    }
-}
-
-/// The time after which a dropped request is sampled, for the controller's state: the
-/// baseline times the tolerance, or never (`u64::MAX`) while there is no baseline or one is
-/// being measured (its samples must be completed requests).
-fn slow_drop(controller: &GradientController, tolerance: f64) -> u64 {
-    match (controller.baseline(), controller.phase()) {
-        (Some(baseline), ControllerPhase::Tracking) => {
-            // Float to integer casts saturate: a huge product is `u64::MAX`, never sampled.
-            (baseline as f64 * tolerance) as u64
-        }
-        _ => u64::MAX,
-    }
 }
 
 impl<C: Clock> AdaptiveLimitState<C> {
@@ -614,21 +555,9 @@ impl<C: Clock> AdaptiveLimitState<C> {
         if update.limit != before || update.probe_started {
             self.sample_floor.store(now, Ordering::Relaxed);
         }
-        // NOTE: a window that measures the baseline samples the first requests admitted in
-        // it, however long they take; the others measure what completes.
-        let measures = controller.measures_baseline();
-        self.measure_lost.store(0, Ordering::Relaxed);
-        self.measuring.store(measures, Ordering::Relaxed);
-        // NOTE: after the floor (`Release`, read `Acquire` by the admission that sees the
-        // quota): an admission that counts toward the quota reads the new floor.
-        self.measure_quota.store(
-            if measures {
-                controller.samples_needed()
-            } else {
-                0
-            },
-            Ordering::Release,
-        );
+        // NOTE: after the floor: an admission that counts toward the quota reads the new
+        // floor.
+        self.measurement.open(&controller);
         self.limit.store(update.limit, Ordering::Relaxed);
         self.slow_drop
             .store(slow_drop(&controller, self.tolerance), Ordering::Relaxed);
@@ -671,24 +600,11 @@ impl<C: Clock> AdaptiveLimitState<C> {
         }
     }
 
-    /// An admission at `now` while a baseline measurement still samples: whether it took
-    /// one of the measurement's slots (and is sampled).
-    #[cold]
-    fn take_measured_slot(&self, now: u64) -> bool {
-        // NOTE: a request admitted before the measurement began is not sampled, and takes
-        // no slot.
-        now >= self.sample_floor.load(Ordering::Relaxed)
-            && self
-                .measure_quota
-                .fetch_update(Ordering::AcqRel, Ordering::Relaxed, |n| n.checked_sub(1))
-                .is_ok()
-    }
-
     /// What counts toward closing the window: its outcomes, and the requests a baseline
     /// measurement sampled that ended with none.
     #[inline]
     fn closing_outcomes(&self) -> u64 {
-        self.sampler.outcomes() + self.measure_lost.load(Ordering::Relaxed)
+        self.sampler.outcomes() + self.measurement.lost()
     }
 
     /// Outcomes recorded in the current window.
