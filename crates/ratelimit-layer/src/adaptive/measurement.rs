@@ -30,16 +30,13 @@ pub(super) struct Measurement {
 impl Measurement {
     /// The bookkeeping of the controller's first window.
     pub(super) fn new(controller: &GradientController) -> Self {
-        let measuring = controller.measures_baseline();
-        Self {
-            quota: AtomicU64::new(if measuring {
-                controller.samples_needed()
-            } else {
-                0
-            }),
-            measuring: AtomicBool::new(measuring),
+        let measurement = Self {
+            quota: AtomicU64::new(0),
+            measuring: AtomicBool::new(false),
             lost: AtomicU64::new(0),
-        }
+        };
+        measurement.open(controller);
+        measurement
     }
 
     /// A new window opens (the controller has taken the last one's stats): the quota of a
