@@ -6,13 +6,13 @@
 # and the first-level data-cache misses per request, of each and added by the stack.
 #
 # Throughput on a small shared machine swings by 10 % from one run to the next, which hides
-# a 5 % cost (BENCHMARKS.md, issue 23); these counts hold from run to run within a few
-# percent. They include the first-level cache misses, which an in-process loop keeps out of
-# sight: in a real server the kernel's networking and hyper run between two requests, and
-# the stack's code is cold at each one. User space only, on valgrind's model of the host's
-# caches. Needs valgrind (Debian: valgrind), oha (cargo install oha), curl and Linux's
-# /proc. Every process listens on 127.0.0.1 only and is stopped by its PID (SIGTERM, then
-# SIGKILL after a minute).
+# a 5 % cost (BENCHMARKS.md, "The full stack's cost against bare"); these counts hold from
+# run to run within a few percent. They include the first-level cache misses, which an
+# in-process loop keeps out of sight: in a real server the kernel's networking and hyper run
+# between two requests, and the stack's code is cold at each one. User space only, on
+# valgrind's model of the host's caches. Needs valgrind (Debian: valgrind), oha (cargo
+# install oha), curl and Linux's /proc. Every process listens on 127.0.0.1 only and is
+# stopped by its PID (SIGTERM, then SIGKILL after a minute).
 #
 #   cargo build --release -p demo-server
 #   bash scripts/stack-cachegrind.sh

@@ -12,8 +12,8 @@
 # Settings (environment): ROUNDS (6), SECONDS_PER_RUN (5), CONNECTIONS (50), PINNED (0).
 # With PINNED=1 each server runs one runtime worker on CPU 1 and oha runs on CPU 0 (taskset),
 # so that the figure is the server's own cost rather than how the scheduler shares the
-# cores between oha and the server's workers (BENCHMARKS.md, issue 23, says why both are
-# given).
+# cores between oha and the server's workers (BENCHMARKS.md, "The full stack's cost against
+# bare", says why both are given).
 set -euo pipefail
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 
