@@ -415,9 +415,10 @@
 //! Through [`tracing`](https://docs.rs/tracing), with the attribute names of
 //! OpenTelemetry's [HTTP client conventions](https://opentelemetry.io/docs/specs/semconv/http/http-spans/),
 //! so that [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry) exports them as
-//! they are (the README shows the setup). Each request through the layer is a span, and
-//! each attempt a child span of it, all at `DEBUG` (the level of tower-http's `TraceLayer`
-//! spans): a filter at `INFO` keeps none of them, `backoff_layer=debug` keeps them all.
+//! they are (the setup is [below](#exporting-to-opentelemetry)). Each request through the
+//! layer is a span, and each attempt a child span of it, all at `DEBUG` (the level of
+//! tower-http's `TraceLayer` spans): a filter at `INFO` keeps none of them,
+//! `backoff_layer=debug` keeps them all.
 //!
 //! | span | `otel.kind` | fields |
 //! |---|---|---|
@@ -449,12 +450,56 @@
 //! | `gave up` | `retry.attempts`, `reason` (a [`GiveUpReason::as_str`]) | the layer stopped on a retryable failure |
 //!
 //! A success needs no event: its trace is the `retry` span and one `attempt`. An attempt
-//! cut short by the per-attempt timeout is also logged (`attempt timed out`).
+//! cut short by the per-attempt timeout is also logged (`attempt timed out`). A request
+//! that was retried twice and then stopped is one `retry` span with three `attempt`
+//! children, the second and third carrying `http.request.resend_count` 1 and 2, and in the
+//! `retry` span two `retry wait` events and the `stop signal` event (the crate's test
+//! `tests/suite/traces.rs` captures exactly that).
 //!
 //! **Cost.** With no subscriber interested in them, the spans cost a check of the
 //! callsite's cached interest each, and no field is computed (no allocation): measured
 //! within noise of the layer without them (see `BENCHMARKS.md`). With a subscriber, the
 //! fields are computed once per span, `url.full` formatted by the subscriber itself.
+//!
+//! ## Exporting to OpenTelemetry
+//!
+//! This crate installs no subscriber (nor a metrics recorder): the application does. To
+//! export the spans through [`tracing-opentelemetry`](https://docs.rs/tracing-opentelemetry)
+//! over OTLP, with these versions in `Cargo.toml`:
+//!
+//! ```toml
+//! opentelemetry = "0.33"
+//! opentelemetry_sdk = "0.33"
+//! opentelemetry-otlp = "0.33"   # OTLP over HTTP (protobuf)
+//! tracing-opentelemetry = "0.34"
+//! tracing-subscriber = { version = "0.3", features = ["env-filter"] }
+//! ```
+//!
+//! install, at the start of `main`, a subscriber whose filter keeps the layers' `DEBUG`
+//! spans and events (those of `overload-signal` and `ratelimit-layer` too, which record
+//! their decisions as events of the server's request span):
+//!
+//! ```text
+//! use opentelemetry::trace::TracerProvider as _;
+//! use opentelemetry_otlp::WithExportConfig;
+//! use tracing_subscriber::{layer::SubscriberExt, util::SubscriberInitExt};
+//!
+//! let exporter = opentelemetry_otlp::SpanExporter::builder()
+//!     .with_http()
+//!     .with_endpoint("http://127.0.0.1:4318/v1/traces")
+//!     .build()?;
+//! let provider = opentelemetry_sdk::trace::SdkTracerProvider::builder()
+//!     .with_batch_exporter(exporter)
+//!     .with_resource(opentelemetry_sdk::Resource::builder().with_service_name("checkout").build())
+//!     .build();
+//! tracing_subscriber::registry()
+//!     .with(tracing_subscriber::EnvFilter::new(
+//!         "info,backoff_layer=debug,overload_signal=debug,ratelimit_layer=debug,tower_http=debug",
+//!     ))
+//!     .with(tracing_opentelemetry::layer().with_tracer(provider.tracer("checkout")))
+//!     .init();
+//! // ... and `provider.shutdown()?` before the process exits, to flush the last batch.
+//! ```
 //!
 //! # Feature flags
 //!

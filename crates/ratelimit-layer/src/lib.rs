@@ -58,6 +58,43 @@
 //! `503` and `Retry-After` (gRPC: `UNAVAILABLE` with a pushback). See [`adaptive`] for the
 //! algorithm, its sources and its defaults.
 //!
+//! # Limits changed while serving
+//!
+//! Every limit has a handle that changes it at run time, for every clone of the layer and
+//! every service it made, without losing any key's state and without admitting a burst:
+//!
+//! | limit | what changes | how |
+//! |---|---|---|
+//! | token bucket | rate, burst | [`LiveTokenBucket::new`](algorithm::LiveTokenBucket::new) gives the limiter and a [`TokenBucketHandle`](algorithm::TokenBucketHandle) (`set_rate`, `set_burst`, `set`) |
+//! | fixed or sliding window | quota | [`LiveWindow`](algorithm::LiveWindow) and its [`WindowHandle::set_quota`](algorithm::WindowHandle::set_quota) |
+//! | adaptive limit | its bounds | [`AdaptiveLimitLayer::set_bounds`]`(min, max)` |
+//! | the overload layer's stop rule | its threshold, or any of its settings | [`OverloadSignalLayer::set_rule`](overload_signal::OverloadSignalLayer::set_rule); `layer.set_rule(layer.rule().to_builder().retry_share(0.1).build()?)` changes the threshold alone |
+//!
+//! A token bucket keeps each key's units in use across a change, up to the new burst: a
+//! lowered rate admits no burst, a raised one refuses nothing the new rate admits
+//! ([`carry_over`](algorithm::carry_over) has the rule), and `RateLimit-Policy` states the
+//! new limit from the next answer on. Give the live bucket and its layer one clock: a change
+//! takes effect at that clock's `now`.
+//!
+//! ```
+//! use ratelimit_layer::algorithm::LiveTokenBucket;
+//! use ratelimit_layer::clock::TokioClock;
+//! use ratelimit_layer::{RateLimitLayer, TokenBucket};
+//!
+//! let clock = TokioClock::new();
+//! let (bucket, handle) =
+//!     LiveTokenBucket::new(TokenBucket::builder(100).burst(20).build()?, clock);
+//! let layer = RateLimitLayer::builder(bucket).clock(clock).build()?;
+//! // Later, while serving (an admin endpoint, a configuration watcher):
+//! handle.set_rate(50)?;
+//! # let _ = layer;
+//! # Ok::<(), ratelimit_layer::ConfigError>(())
+//! ```
+//!
+//! Limits per route and per tenant can come from a TOML file instead, reloaded when it
+//! changes ([`limits_file`]). A limit kept in Redis ([`redis`]) cannot be changed while
+//! serving yet: it takes a plain [`TokenBucket`] or [`SlidingWindow`].
+//!
 //! # Keys
 //!
 //! One global limit by default; or one per client IP ([`key::ClientIp`], forwarding

@@ -28,19 +28,86 @@
 //!
 //! # Behind Envoy
 //!
-//! Envoy (and the meshes and gateways built on it: Istio, Envoy Gateway, Contour) retries by
-//! its route's retry policy. Measured with Envoy 1.40, it retries a `503` that carries
-//! `X-Overloaded` or its own `x-envoy-overloaded`, and never an answer that carries
-//! `x-envoy-ratelimited: true` unless the policy's `retry_on` names `envoy-ratelimited`;
-//! so every stop signal this crate sends carries `x-envoy-ratelimited: true`, and Envoy
-//! passes it on, headers and all, to its own client. An operator keeps it working by
-//! **not naming `envoy-ratelimited` in `retry_on`** (an Envoy that names it retries every
-//! stop signal, up to `num_retries`), and lets Envoy count its attempts with
-//! `include_request_attempt_count: true` on the route or virtual host. A node-local
-//! rejection (`429` or `503` with `Retry-After`) does not carry the header: Envoy may retry
-//! it, elsewhere, as it invites. A client of this workspace behind Envoy reads Envoy's own
-//! shedding (`x-envoy-overloaded`) and rate limiting (`x-envoy-ratelimited: true`) as the
-//! stop signal, as Envoy's own router reads a rate-limited answer.
+//! Most fleets retry in a proxy: an Envoy sidecar or gateway (Istio, Envoy Gateway, Contour,
+//! App Mesh) retries for the service by its route's retry policy. The server layers read
+//! what Envoy sends and answer with what it obeys: nothing to change in code, three settings
+//! of the route.
+//!
+//! - **`include_request_attempt_count: true`** on the route or virtual host. Envoy then
+//!   sends `x-envoy-attempt-count` (`1` on the first attempt), which the overload layer
+//!   counts as it counts `X-Request-Attempt` (the largest of the counters a request carries
+//!   counts, so our client's first try retried by a sidecar is a retry; see [`Attempt`]).
+//!   Without it the server cannot tell Envoy's retries from first tries, and never sends the
+//!   stop signal on their account. Istio sets it on the virtual hosts it generates; Contour's
+//!   setting is `includeRequestAttemptCount`.
+//! - **A `retry_on` that does not name `envoy-ratelimited`.** Measured with Envoy 1.40,
+//!   Envoy retries a `503` that carries `X-Overloaded` alone, or its own
+//!   `x-envoy-overloaded`, and a gRPC stop signal whose only mark is its negative pushback,
+//!   like any other failure; it never retries an answer that carries
+//!   `x-envoy-ratelimited: true` unless the policy's `retry_on` names `envoy-ratelimited`.
+//!   So every stop signal this crate sends carries `x-envoy-ratelimited: true`, and Envoy
+//!   passes it on, headers and all, to its own client. Istio's default policy
+//!   (`connect-failure,refused-stream,unavailable,cancelled,retriable-status-codes` with
+//!   `503`) and one that adds `429` and `resource-exhausted` are both safe; a policy that
+//!   names `envoy-ratelimited` retries every stop signal, up to `num_retries`, and brings the
+//!   storm back. A node-local rejection (`429` or `503` with `Retry-After`) does not carry
+//!   the header: Envoy may retry it, elsewhere, as it invites.
+//! - **The route's `timeout`.** Envoy sends what is left of it on every attempt as
+//!   `x-envoy-expected-rq-timeout-ms`, and the [deadline layer](crate::DeadlineLayer)
+//!   cancels work still queued or running when it passes (the earliest of the deadlines a
+//!   request carries counts). That value is relative, counted from when the server reads the
+//!   request, so a request that waited in a stalled server's listen queue looks new. For
+//!   such requests to be dropped on arrival, let Envoy send the absolute deadline as well,
+//!   in `X-Request-Deadline` ([`WireDeadline`]), whose send time the deadline layer believes
+//!   from the callers it [trusts](crate::Trust) (by default those on private networks: a
+//!   sidecar's or an internal gateway's address), within its skew allowance. On the route,
+//!   with `timeout` the route's timeout in milliseconds:
+//!
+//! ```yaml
+//! request_headers_to_add:
+//! - header: { key: x-request-deadline, value: "t=%START_TIME(%s%3f)%, timeout=15000" }
+//!   append_action: ADD_IF_ABSENT   # an edge Envoy: OVERWRITE_IF_EXISTS_OR_ADD
+//! ```
+//!
+//! `ADD_IF_ABSENT` keeps a caller's own `X-Request-Deadline` (a client of this workspace
+//! sends one), which then reaches the server from Envoy's address, trusted: right for a
+//! sidecar or an internal gateway, whose callers are trusted anyway. An edge Envoy, whose
+//! callers are not, overwrites it. An edge Envoy should also show its clients' addresses
+//! (`use_remote_address: true`, which appends each to `X-Forwarded-For`): Envoy passes a
+//! client's own `X-Request-Attempt` on untouched, and the default trust counts a claimed
+//! retry only from private networks (see [`Attempt`], "Counters from proxies and other
+//! clients").
+//!
+//! A client of this workspace behind Envoy reads Envoy's own shedding
+//! (`x-envoy-overloaded`) and rate limiting (`x-envoy-ratelimited: true`) as the stop
+//! signal, as Envoy's own router reads a rate-limited answer: not retried, no retry budget
+//! spent, counted by the client-side throttle.
+//!
+//! The headers each side writes and reads:
+//!
+//! | header | on | written by | read by |
+//! |---|---|---|---|
+//! | `X-Request-Attempt: N` (`0`: first try) | request | `backoff-layer`'s `RetryLayer`, on every attempt | the overload layer (trusted callers); Envoy passes it on |
+//! | `x-envoy-attempt-count: N` (`1`: first attempt) | request | Envoy, with `include_request_attempt_count` (replacing a client's) | the overload layer, as `N - 1` (trusted callers); `RetryLayer` removes a caller's before sending |
+//! | `grpc-previous-rpc-attempts: N` | request | gRPC clients in every language | the overload layer, on gRPC requests (trusted callers); `RetryLayer` removes a caller's |
+//! | `x-envoy-expected-rq-timeout-ms` | request | Envoy: what is left of the route timeout | the deadline layer, from arrival, from anyone |
+//! | `X-Overloaded: stop-retrying` | response | the stop signal | `RetryLayer` (stop); Envoy retries it unless it also carries the next one, and passes it on |
+//! | `x-envoy-ratelimited: true` | response | the stop signal; Envoy's rate limiter | Envoy: never retried unless `retry_on` names `envoy-ratelimited`; `RetryLayer`: stop |
+//! | `x-envoy-overloaded` | response | Envoy, when it sheds (circuit breaker, overload manager) | `RetryLayer`: stop; Envoy's own retries do not stop on it |
+//! | `grpc-retry-pushback-ms: -1` | response | the gRPC stop signal | `RetryLayer` and every gRPC client (gRPC A6): stop; Envoy passes it on |
+//!
+//! # gRPC clients in other languages
+//!
+//! gRPC's own clients (Python, C++, Ruby and PHP on C-core; Java, Go and Node alike, by
+//! gRPC's retry design, A6) retry by their service config, and the server layers work with
+//! them as they are: they send `grpc-previous-rpc-attempts` on retries, which the overload
+//! layer counts (from the callers it trusts), and a negative `grpc-retry-pushback-ms`, the
+//! gRPC stop signal, makes them fail the call at once with `UNAVAILABLE`, whatever their
+//! `retryPolicy`. Keep their `retryThrottling` on: a channel with a small `maxTokens`
+//! throttles itself within a few failures; the stop signal is for the fleet as a whole, and
+//! for every new process, which starts with a full bucket. Between such clients and the
+//! server, an Envoy stops retrying the stop signal only because it carries
+//! `x-envoy-ratelimited: true` (above).
 //!
 //! # Outcomes
 //!

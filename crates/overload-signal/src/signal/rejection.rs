@@ -71,8 +71,9 @@ use overload_core::telemetry::LayerName;
 /// ```
 ///
 /// Only the head of a response is changed by the layers; a gRPC rejection's body must stay
-/// empty (trailers-only), so shape HTTP answers only ([`Protocol::of_headers`] on the
-/// request tells them apart).
+/// empty (trailers-only), and so must a gRPC-Web one (`content-type:
+/// application/grpc-web...`, answered with gRPC statuses in its own content type): shape
+/// HTTP answers only ([`Protocol::of_headers`] on the request tells them apart).
 ///
 /// [`Protocol::of_headers`]: crate::protocol::Protocol::of_headers
 #[derive(Clone, Debug, PartialEq, Eq)]

@@ -13,9 +13,9 @@
 //! | exempt ([`exempt`](AdaptiveLimitBuilder::exempt): health checks) | the inner response, untouched, never rejected | same |
 //!
 //! Both rejections are the wire protocol's "node at capacity, retry later" row (the
-//! workspace README's protocol table): the HTTP status and the gRPC code say the same thing,
-//! `503` and `UNAVAILABLE`, and neither is the stop signal (no `X-Overloaded`, no negative
-//! pushback). Each carries a [`Rejection`] of kind
+//! [protocol table](overload_signal::protocol#the-protocol-at-a-glance)): the HTTP status
+//! and the gRPC code say the same thing, `503` and `UNAVAILABLE`, and neither is the stop
+//! signal (no `X-Overloaded`, no negative pushback). Each carries a [`Rejection`] of kind
 //! [`AtCapacity`](overload_signal::signal::RejectionKind::AtCapacity) in its extensions,
 //! for the overload layer and for your response mapper.
 //!

@@ -69,6 +69,19 @@
 //! assert_eq!(err.to_string(), "limits.toml:2:8: [default]: rate must be at least 1, got 0");
 //! # Ok::<(), ratelimit_layer::limits_file::LimitsFileError>(())
 //! ```
+//!
+//! # Reloading
+//!
+//! [`LimitsLayer::from_file`] looks at the file every 250 ms ([`LimitsWatcher::INTERVAL`]),
+//! by its SHA-256, so the symbolic link swap of a Kubernetes `ConfigMap` volume is seen too:
+//! a change is in force within a second, and each entry kept across it keeps its clients'
+//! state. A file with any error is refused whole: at startup `from_file` returns the error
+//! (`limits.toml:LINE:COL: what`); later the limits in force stay, the reason is logged at
+//! `WARN`, and `ratelimit_layer_limits_reloads_total{result="refused"}` counts it.
+//!
+//! Write the file whole and rename it over the old one, as editors and `ConfigMap` volumes
+//! do: a look that catches a file rewritten in place half-way may refuse it, or put in force
+//! a shorter file that happens to parse, until the next look.
 
 mod layer;
 mod limits;

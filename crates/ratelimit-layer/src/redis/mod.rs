@@ -109,7 +109,9 @@
 //!   arithmetic (Lua's numbers are doubles) is exact.
 //!
 //! The fixed window is not offered: the sliding window costs the same round trip without
-//! its edge bursts.
+//! its edge bursts. Nor, yet, are the live limiters of [limits changed while
+//! serving](crate#limits-changed-while-serving): a limit kept in Redis keeps the rate it was
+//! built with.
 //!
 //! **The server's clock going back** (a step, or a failover to a replica whose clock is
 //! behind) does not reject for the length of the step: a token bucket whose arrival time
