@@ -17,10 +17,11 @@ use std::sync::atomic::{AtomicU32, Ordering::Relaxed};
 
 use backoff_layer::adapter::Tonic;
 use backoff_layer::{BoxError, Retry, RetryInfo, RetryLayer, is_overloaded};
-use overload_signal::protocol::Attempt;
+use overload_signal::protocol::{Attempt, STOP_RETRYING, X_OVERLOADED};
+use tonic::metadata::MetadataMap;
 use tonic::service::interceptor::InterceptedService;
 use tonic::transport::{Channel, Server, server::TcpIncoming};
-use tonic::{Request, Status};
+use tonic::{Code, Request, Status};
 use tonic_health::pb::{HealthCheckRequest, health_client::HealthClient};
 use tower::ServiceBuilder;
 
@@ -36,10 +37,10 @@ fn script(request: Request<()>) -> Result<Request<()>, Status> {
         0 | 1 => Err(Status::unavailable("warming up")),
         2 => Ok(request),
         _ => {
-            let mut status = Status::unavailable("overloaded");
-            let stop = "stop-retrying".parse().expect("ASCII");
-            status.metadata_mut().insert("x-overloaded", stop);
-            Err(status)
+            let mut headers = http::HeaderMap::new();
+            headers.insert(X_OVERLOADED, http::HeaderValue::from_static(STOP_RETRYING));
+            let stop = MetadataMap::from_headers(headers);
+            Err(Status::with_metadata(Code::Unavailable, "overloaded", stop))
         }
     }
 }
